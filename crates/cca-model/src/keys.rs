@@ -1,0 +1,71 @@
+//! The key layout of the fact store. Facts are grouped by who derives them:
+//! `desired/` is written by users through the API, `derived/` by
+//! controllers, `observed/` by node agents and `meta/` by the server itself.
+//! Builders here are the only place key strings are spelled out.
+
+/// Root of facts compiled from the user's `.cca` files.
+pub const DESIRED: &str = "desired/";
+/// Root of facts computed by controllers.
+pub const DERIVED: &str = "derived/";
+/// Root of facts reported by node agents.
+pub const OBSERVED: &str = "observed/";
+/// Root of the control plane's own bookkeeping (leader lease, schema).
+pub const META: &str = "meta/";
+
+/// `desired/service/{svc}`: a service spec.
+pub fn desired_service(service: &str) -> String {
+    format!("{DESIRED}service/{service}")
+}
+
+/// `derived/instance/{svc}/{id}`: one placed instance.
+pub fn derived_instance(service: &str, instance: &str) -> String {
+    format!("{DERIVED}instance/{service}/{instance}")
+}
+
+/// `observed/node/{node}`: a node's registration, attached to its lease.
+pub fn observed_node(node: &str) -> String {
+    format!("{OBSERVED}node/{node}")
+}
+
+/// `observed/instance/{id}`: an instance's reported state.
+pub fn observed_instance(instance: &str) -> String {
+    format!("{OBSERVED}instance/{instance}")
+}
+
+/// `meta/leader`: the leader lease and fencing token.
+pub const LEADER: &str = "meta/leader";
+
+/// The smallest key greater than every key starting with `prefix`, or
+/// `None` when no such key exists (empty prefix, or all bytes 0xff). Used to
+/// turn a prefix into a half-open key range.
+pub fn prefix_end(prefix: &[u8]) -> Option<Vec<u8>> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < u8::MAX {
+            end.push(last + 1);
+            return Some(end);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_increments_last_byte() {
+        assert_eq!(prefix_end(b"desired/"), Some(b"desired0".to_vec()));
+        assert_eq!(prefix_end(b"a\xff"), Some(b"b".to_vec()));
+        assert_eq!(prefix_end(b"\xff\xff"), None);
+        assert_eq!(prefix_end(b""), None);
+    }
+
+    #[test]
+    fn builders_spell_the_layout() {
+        assert_eq!(desired_service("web"), "desired/service/web");
+        assert_eq!(derived_instance("web", "web-1"), "derived/instance/web/web-1");
+        assert_eq!(observed_node("n1"), "observed/node/n1");
+        assert_eq!(observed_instance("web-1"), "observed/instance/web-1");
+    }
+}
