@@ -17,6 +17,43 @@ pub fn desired_service(service: &str) -> String {
     format!("{DESIRED}service/{service}")
 }
 
+/// `desired/service/{svc}/tag/{key}`: one user tag of a service.
+pub fn desired_service_tag(service: &str, key: &str) -> String {
+    format!("{DESIRED}service/{service}/tag/{key}")
+}
+
+/// `desired/service/{svc}/secret/{secret}`: a service's grant to read a secret.
+pub fn desired_service_secret(service: &str, secret: &str) -> String {
+    format!("{DESIRED}service/{service}/secret/{secret}")
+}
+
+/// `desired/gate/{name}`: external HTTP(S) entry to a service.
+pub fn desired_gate(name: &str) -> String {
+    format!("{DESIRED}gate/{name}")
+}
+
+/// `desired/connection/{name}`: the parts of a connection URL.
+pub fn desired_connection(name: &str) -> String {
+    format!("{DESIRED}connection/{name}")
+}
+
+/// `desired/secret-decl/{name}`: a secret a program declares. Kept apart
+/// from `desired/secret/{name}` (the encrypted value) so compiling a program
+/// never overwrites a secret's value.
+pub fn desired_secret_declaration(name: &str) -> String {
+    format!("{DESIRED}secret-decl/{name}")
+}
+
+/// `desired/network/policy/{name}`: allow/deny rules between services.
+pub fn desired_network_policy(name: &str) -> String {
+    format!("{DESIRED}network/policy/{name}")
+}
+
+/// `desired/group/{name}`: services co-scheduled on one node.
+pub fn desired_group(name: &str) -> String {
+    format!("{DESIRED}group/{name}")
+}
+
 /// `derived/instance/{svc}/{id}`: one placed instance.
 pub fn derived_instance(service: &str, instance: &str) -> String {
     format!("{DERIVED}instance/{service}/{instance}")

@@ -4,5 +4,6 @@
 
 pub mod keys;
 pub mod ownership;
+pub mod spec;
 
 pub use ownership::{Owner, OwnershipError, owner_of};

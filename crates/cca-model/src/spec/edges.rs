@@ -1,0 +1,126 @@
+//! The desired facts around services: gates (external HTTP entry),
+//! connections (database URLs assembled from parts), secret declarations
+//! and grants, network policy and co-scheduled groups.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::service::Protocol;
+
+/// `desired/gate/{name}`: external traffic for `hosts` goes to a service port.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateSpec {
+    pub name: String,
+    pub hosts: Vec<String>,
+    pub service: String,
+    /// The target port number, resolved from a port name when one was used.
+    pub port: u16,
+    pub sticky: Option<Sticky>,
+    pub tls: Option<Tls>,
+}
+
+/// Cookie-based session affinity.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sticky {
+    /// Defaults to `__CCA_STICKY_{service}`.
+    pub cookie: String,
+    pub secure: bool,
+    pub http_only: bool,
+    pub same_site: SameSite,
+}
+
+/// The cookie's `SameSite` attribute.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SameSite {
+    Strict,
+    Lax,
+    None,
+}
+
+/// Where a gate's certificate comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Tls {
+    /// The server issues a certificate for the gate's hosts from its CA.
+    SelfSigned,
+    /// PEM certificate chain and key, each held in a secret.
+    Secrets { cert: String, key: String },
+}
+
+/// `desired/connection/{name}`: parts of a URL the agent assembles (with
+/// the secret as password, escaped) and mounts into granted instances.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnectionSpec {
+    pub name: String,
+    pub driver: String,
+    pub user: Option<String>,
+    pub secret: Option<String>,
+    pub host: String,
+    pub port: u16,
+    pub database: Option<String>,
+    pub params: BTreeMap<String, String>,
+}
+
+/// `desired/secret-decl/{name}`: a secret the program expects to exist. The
+/// value itself is set with `cca secret set` and stored encrypted under
+/// `desired/secret/{name}`, which a compile never writes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretSpec {
+    pub name: String,
+    pub description: Option<String>,
+}
+
+/// `desired/service/{svc}/secret/{secret}`: a service may read a secret.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "source", rename_all = "snake_case")]
+pub enum SecretGrant {
+    /// Written in the service block (`secret db_password`).
+    Explicit,
+    /// Implied by a connection the service references.
+    Connection { connection: String },
+}
+
+/// `desired/network/policy/{name}`: ordered allow/deny rules; the first
+/// rule that matches a flow decides it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkPolicy {
+    pub name: String,
+    pub rules: Vec<NetworkRule>,
+}
+
+/// One `allow`/`deny` line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkRule {
+    pub action: RuleAction,
+    pub from: Peer,
+    pub to: Peer,
+    /// Empty means every port.
+    pub ports: Vec<u16>,
+    pub protocol: Option<Protocol>,
+}
+
+/// Whether a matching flow passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RuleAction {
+    Allow,
+    Deny,
+}
+
+/// One side of a flow.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Peer {
+    /// `*`: every service (and, as a source, the outside world).
+    Any,
+    Service(String),
+}
+
+/// `desired/group/{name}`: services placed together on one node, sharing a
+/// network namespace and volumes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupSpec {
+    pub name: String,
+    pub services: Vec<String>,
+}

@@ -1,0 +1,182 @@
+//! Typed desired facts: what a compiled `.cca` program asks the cluster
+//! for. The DSL compiler produces a [`Program`]; [`Program::facts`] turns it
+//! into the ordered `(key, JSON bytes)` pairs `cca apply` writes under
+//! `desired/`. The JSON encoding lives here, next to the types, so every
+//! reader of a fact decodes it the same way.
+
+mod edges;
+mod quantity;
+mod service;
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+pub use edges::{
+    ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, NetworkRule, Peer, RuleAction, SameSite,
+    SecretGrant, SecretSpec, Sticky, Tls,
+};
+pub use quantity::{Cpu, Duration, Memory, Percent, QuantityError};
+pub use service::{
+    Autoscale, DisruptionBudget, HealthCheck, HorizontalScale, InitStep, Placement, PortSpec,
+    Probe, Protocol, Resources, ServiceSpec, UpdateStrategy, VerticalScale, VolumeSpec, Workload,
+};
+
+use crate::keys;
+
+/// Everything one compile asks for, keyed by name. Ordered maps keep the
+/// output deterministic: the same program always yields the same bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Program {
+    pub services: BTreeMap<String, ServiceSpec>,
+    /// Service → tag key → tag value.
+    pub tags: BTreeMap<String, BTreeMap<String, String>>,
+    /// Service → secret → why the service may read it.
+    pub grants: BTreeMap<String, BTreeMap<String, SecretGrant>>,
+    pub gates: BTreeMap<String, GateSpec>,
+    pub connections: BTreeMap<String, ConnectionSpec>,
+    pub secrets: BTreeMap<String, SecretSpec>,
+    pub networks: BTreeMap<String, NetworkPolicy>,
+    pub groups: BTreeMap<String, GroupSpec>,
+}
+
+/// One desired fact: a key under `desired/` and its JSON value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Fact {
+    pub key: String,
+    pub value: Vec<u8>,
+}
+
+/// A fact value that could not be encoded (never expected for these types,
+/// but encoding is fallible in serde's contract).
+#[derive(Debug, thiserror::Error)]
+#[error("cannot encode desired fact `{key}`: {source}")]
+pub struct EncodeError {
+    pub key: String,
+    #[source]
+    pub source: serde_json::Error,
+}
+
+impl Program {
+    /// All facts of the program, sorted by key.
+    pub fn facts(&self) -> Result<Vec<Fact>, EncodeError> {
+        let mut facts = Vec::new();
+        for (name, spec) in &self.services {
+            push(&mut facts, keys::desired_service(name), spec)?;
+        }
+        for (service, tags) in &self.tags {
+            for (key, value) in tags {
+                push(&mut facts, keys::desired_service_tag(service, key), value)?;
+            }
+        }
+        for (service, grants) in &self.grants {
+            for (secret, grant) in grants {
+                let key = keys::desired_service_secret(service, secret);
+                push(&mut facts, key, grant)?;
+            }
+        }
+        for (name, gate) in &self.gates {
+            push(&mut facts, keys::desired_gate(name), gate)?;
+        }
+        for (name, connection) in &self.connections {
+            push(&mut facts, keys::desired_connection(name), connection)?;
+        }
+        for (name, secret) in &self.secrets {
+            push(&mut facts, keys::desired_secret_declaration(name), secret)?;
+        }
+        for (name, policy) in &self.networks {
+            push(&mut facts, keys::desired_network_policy(name), policy)?;
+        }
+        for (name, group) in &self.groups {
+            push(&mut facts, keys::desired_group(name), group)?;
+        }
+        facts.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(facts)
+    }
+}
+
+fn push<T: Serialize>(facts: &mut Vec<Fact>, key: String, value: &T) -> Result<(), EncodeError> {
+    match serde_json::to_vec(value) {
+        Ok(value) => {
+            facts.push(Fact { key, value });
+            Ok(())
+        }
+        Err(source) => Err(EncodeError { key, source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn service(name: &str) -> ServiceSpec {
+        ServiceSpec {
+            name: name.to_owned(),
+            workload: Workload::Process {
+                run: "cca whoami --port $PORT".to_owned(),
+            },
+            replicas: 2,
+            ports: vec![PortSpec {
+                name: Some("http".to_owned()),
+                number: 8080,
+                protocol: Protocol::Tcp,
+            }],
+            env: BTreeMap::new(),
+            resources: Resources::default(),
+            health: None,
+            placement: Placement::default(),
+            connections: Vec::new(),
+            volumes: Vec::new(),
+            init: Vec::new(),
+            update: UpdateStrategy::default(),
+            budget: None,
+            autoscale: None,
+            stateful: false,
+            scale_to_zero: None,
+        }
+    }
+
+    #[test]
+    fn facts_are_sorted_and_under_desired() {
+        let mut program = Program::default();
+        program.services.insert("web".into(), service("web"));
+        program
+            .tags
+            .entry("web".into())
+            .or_default()
+            .insert("team".into(), "payments".into());
+        program
+            .grants
+            .entry("web".into())
+            .or_default()
+            .insert("db".into(), SecretGrant::Explicit);
+        program.secrets.insert(
+            "db".into(),
+            SecretSpec {
+                name: "db".into(),
+                description: None,
+            },
+        );
+        let facts = program.facts().expect("encodes");
+        let keys: Vec<&str> = facts.iter().map(|f| f.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            [
+                "desired/secret-decl/db",
+                "desired/service/web",
+                "desired/service/web/secret/db",
+                "desired/service/web/tag/team",
+            ]
+        );
+        assert_eq!(facts[2].value, br#"{"source":"explicit"}"#);
+        assert_eq!(facts[3].value, br#""payments""#);
+    }
+
+    #[test]
+    fn a_service_round_trips_through_json() {
+        let spec = service("web");
+        let bytes = serde_json::to_vec(&spec).expect("encodes");
+        let back: ServiceSpec = serde_json::from_slice(&bytes).expect("decodes");
+        assert_eq!(back, spec);
+    }
+}

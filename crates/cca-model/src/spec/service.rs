@@ -1,0 +1,179 @@
+//! The desired shape of one service, as compiled from a `service` block:
+//! what to run, how many, on which ports, with which resources, health
+//! checks, placement hints, volumes, init steps and rollout rules.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::quantity::{Cpu, Duration, Memory, Percent};
+
+/// `desired/service/{name}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceSpec {
+    pub name: String,
+    pub workload: Workload,
+    pub replicas: u32,
+    pub ports: Vec<PortSpec>,
+    pub env: BTreeMap<String, String>,
+    pub resources: Resources,
+    pub health: Option<HealthCheck>,
+    pub placement: Placement,
+    /// Connections whose assembled URL is mounted as a file in each instance.
+    pub connections: Vec<String>,
+    pub volumes: Vec<VolumeSpec>,
+    pub init: Vec<InitStep>,
+    pub update: UpdateStrategy,
+    pub budget: Option<DisruptionBudget>,
+    pub autoscale: Option<Autoscale>,
+    /// Ordinal instance ids, ordered start and stop, per-ordinal volumes.
+    pub stateful: bool,
+    /// Scale to zero instances after this long without traffic; the gate
+    /// or VIP activates the service again on the next request.
+    pub scale_to_zero: Option<Duration>,
+}
+
+/// What an instance runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Workload {
+    /// An OCI container. `command`, when set, replaces the image's command
+    /// and is always run as `sh -c COMMAND`.
+    Image {
+        image: String,
+        command: Option<String>,
+    },
+    /// A host process, run as `sh -c RUN`.
+    Process { run: String },
+}
+
+/// Transport protocol of a port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Protocol {
+    Tcp,
+    Udp,
+}
+
+/// One port a service listens on. Instances learn the port actually bound
+/// to them from `PORT` (the first port) and `CCA_PORT_{NAME}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortSpec {
+    /// `None` for an unnamed port (`port 8080`).
+    pub name: Option<String>,
+    pub number: u16,
+    pub protocol: Protocol,
+}
+
+/// Per-instance resource requests, also used as limits.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Resources {
+    pub cpu: Option<Cpu>,
+    pub memory: Option<Memory>,
+}
+
+/// How the agent decides an instance is healthy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthCheck {
+    pub probe: Probe,
+    pub interval: Duration,
+    pub timeout: Duration,
+    /// Consecutive failures before the instance counts as unhealthy.
+    pub retries: u32,
+}
+
+/// One kind of health probe.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Probe {
+    /// GET `path` on `port`; any 2xx or 3xx is healthy.
+    Http { path: String, port: u16 },
+    /// A TCP connect to `port` succeeds.
+    Tcp { port: u16 },
+    /// `sh -c command` inside the instance exits 0.
+    Exec { command: String },
+}
+
+/// Where instances may and should run.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// Soft: prefer nodes already running these services.
+    pub colocate: Vec<String>,
+    /// Soft: prefer nodes not running these services.
+    pub separate: Vec<String>,
+    /// Hard: only nodes whose labels have exactly these values.
+    pub restrict: BTreeMap<String, String>,
+    /// Soft: spread instances evenly across the values of these node labels.
+    pub spread: Vec<String>,
+}
+
+/// A named volume mounted at `path`; per ordinal for stateful services.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeSpec {
+    pub name: String,
+    pub path: String,
+    pub size: Option<Memory>,
+}
+
+/// A step run to completion, in order, before the main workload starts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InitStep {
+    pub name: String,
+    /// Run as `sh -c command`.
+    pub command: Option<String>,
+    /// Defaults to the service's own image.
+    pub image: Option<String>,
+    /// A connection to dial (TCP) before the step counts as done: catches
+    /// wrong passwords and unreachable databases before the main start.
+    pub probe: Option<String>,
+}
+
+/// How a new version replaces the old one.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpdateStrategy {
+    pub max_unavailable: u32,
+    pub max_surge: u32,
+    /// Roll back automatically after this many new instances fail health.
+    pub rollback_after: u32,
+}
+
+impl Default for UpdateStrategy {
+    fn default() -> Self {
+        UpdateStrategy {
+            max_unavailable: 1,
+            max_surge: 1,
+            rollback_after: 3,
+        }
+    }
+}
+
+/// Bounds voluntary disruption (drain, rolling update).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DisruptionBudget {
+    pub max_unavailable: u32,
+}
+
+/// Automatic scaling: more instances (horizontal), bigger ones (vertical).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Autoscale {
+    pub horizontal: Option<HorizontalScale>,
+    pub vertical: Option<VerticalScale>,
+}
+
+/// Instance count between `min` and `max`, aiming at target utilisation.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HorizontalScale {
+    pub min: u32,
+    pub max: u32,
+    pub cpu: Option<Percent>,
+    pub memory: Option<Percent>,
+}
+
+/// Per-instance resources adjusted within bounds from observed usage.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerticalScale {
+    pub min_cpu: Option<Cpu>,
+    pub max_cpu: Option<Cpu>,
+    pub min_memory: Option<Memory>,
+    pub max_memory: Option<Memory>,
+}
