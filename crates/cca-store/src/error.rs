@@ -8,7 +8,7 @@ use crate::types::{LeaseId, Revision};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// The backend could not be reached; nothing was changed. Retry later.
     #[error("store unavailable: {reason}")]

@@ -130,7 +130,10 @@ mod tests {
         );
         assert_eq!(
             "etcd://a:2379,b:2379".parse::<StoreUrl>().ok(),
-            Some(StoreUrl::Etcd(vec!["http://a:2379".into(), "http://b:2379".into()]))
+            Some(StoreUrl::Etcd(vec![
+                "http://a:2379".into(),
+                "http://b:2379".into()
+            ]))
         );
         let err = "redis://x".parse::<StoreUrl>().expect_err("unknown scheme");
         assert!(err.to_string().contains("expected `embedded:DIR`"), "{err}");

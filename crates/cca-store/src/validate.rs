@@ -42,6 +42,31 @@ pub(crate) fn txn(txn: &Txn) -> Result<()> {
             Op::DeletePrefix { prefix } => key(prefix)?,
         }
     }
+    no_overlapping_writes(&txn.ops)
+}
+
+/// One txn writes each key at most once (etcd refuses the same): otherwise
+/// which write wins would depend on op order and watchers would see a key
+/// twice in one revision.
+fn no_overlapping_writes(ops: &[Op]) -> Result<()> {
+    let target = |op: &Op| match op {
+        Op::Put { key, .. } | Op::Delete { key } => (key.clone(), false),
+        Op::DeletePrefix { prefix } => (prefix.clone(), true),
+    };
+    for (index, op) in ops.iter().enumerate() {
+        let (key, is_prefix) = target(op);
+        for other in &ops[index + 1..] {
+            let (other_key, other_is_prefix) = target(other);
+            let overlaps = key == other_key
+                || (is_prefix && other_key.starts_with(&key))
+                || (other_is_prefix && key.starts_with(&other_key));
+            if overlaps {
+                return Err(StoreError::InvalidRequest(format!(
+                    "transaction writes `{key}` and `{other_key}`, which overlap; write each key once per transaction"
+                )));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -58,5 +83,23 @@ mod tests {
         assert!(txn(&wipe).is_err());
         assert!(key("").is_err());
         assert!(txn(&Txn::new().then(Op::put("k", vec![0u8; MAX_VALUE_BYTES]))).is_ok());
+    }
+
+    #[test]
+    fn overlapping_writes_in_one_txn_are_refused() {
+        let twice = Txn::new().then(Op::put("a", "1")).then(Op::delete("a"));
+        let err = txn(&twice).expect_err("same key twice");
+        assert!(
+            err.to_string().contains("`a` and `a`, which overlap"),
+            "{err}"
+        );
+        let under = Txn::new()
+            .then(Op::delete_prefix("dir/"))
+            .then(Op::put("dir/x", "1"));
+        assert!(txn(&under).is_err());
+        let apart = Txn::new()
+            .then(Op::delete_prefix("dir/"))
+            .then(Op::put("dis", "1"));
+        assert!(txn(&apart).is_ok());
     }
 }

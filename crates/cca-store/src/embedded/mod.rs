@@ -1,18 +1,234 @@
-//! Embedded backend (being written).
+//! The embedded store, CCattler's default: the whole key space in memory
+//! for reads, made durable in one redb file under the data directory. One
+//! writer thread owns all changes and commits queued requests together
+//! (group commit: one fsync for many transactions); readers never wait for
+//! the disk and only ever see durable data. Leases carry wall-clock
+//! deadlines so that a lease that ran out while the server was down expires
+//! as soon as the store opens.
+
+mod codec;
+mod disk;
+mod state;
+mod watchers;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self as std_mpsc, Sender};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
 use crate::error::{Result, StoreError};
+use crate::types::{KeyValue, LeaseId, RangePage, RangeRequest, Revision, Txn, TxnOutcome};
+use crate::{Store, WatchStream, lease_ttl_secs, validate};
+use state::State;
+use writer::Request;
+
+pub use disk::FILE_NAME;
+
+/// Revisions of history kept for watches by default.
+pub const DEFAULT_HISTORY_RETENTION: usize = 50_000;
+
+/// Where and how the embedded store keeps its data.
 #[derive(Clone, Debug)]
 pub struct Config {
-    pub dir: std::path::PathBuf,
+    /// The data directory; the store's file is `DIR/store.redb`.
+    pub dir: PathBuf,
+    /// Revisions of history kept for watchers to resume from; older
+    /// revisions are compacted away automatically.
+    pub history_retention: usize,
 }
+
 impl Config {
-    pub fn new(dir: impl Into<std::path::PathBuf>) -> Self {
-        Self { dir: dir.into() }
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            history_retention: DEFAULT_HISTORY_RETENTION,
+        }
+    }
+
+    pub fn history_retention(mut self, revisions: usize) -> Self {
+        self.history_retention = revisions.max(1);
+        self
     }
 }
+
+/// State shared by the handle, the writer thread and watch tasks.
 #[derive(Debug)]
-pub struct EmbeddedStore;
+struct Shared {
+    state: RwLock<State>,
+    /// Set when a write failed: every later operation fails with it.
+    fatal: OnceLock<StoreError>,
+    /// Where watch catch-up tasks run.
+    runtime: tokio::runtime::Handle,
+}
+
+impl Shared {
+    fn read_state(&self) -> RwLockReadGuard<'_, State> {
+        // The state is only mutated by `State::apply`, which cannot leave it
+        // half-changed by panicking midway through plain map operations.
+        self.state
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn write_state(&self) -> RwLockWriteGuard<'_, State> {
+        self.state
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn fail(&self, error: &StoreError) {
+        let _ = self.fatal.set(error.clone());
+    }
+
+    fn check(&self) -> Result<()> {
+        match self.fatal.get() {
+            Some(error) => Err(error.clone()),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A handle to an open embedded store. Cheap to share behind an `Arc`;
+/// dropping the last handle stops the writer and closes the file.
+#[derive(Debug)]
+pub struct EmbeddedStore {
+    shared: Arc<Shared>,
+    requests: Sender<Request>,
+    writer: Option<std::thread::JoinHandle<()>>,
+    path: PathBuf,
+}
+
 impl EmbeddedStore {
-    pub async fn open(_config: Config) -> Result<EmbeddedStore> {
-        Err(StoreError::Closed)
+    /// Opens (or creates) the store in `config.dir`. Must be called inside a
+    /// tokio runtime. Fails, without modifying anything, when the data file
+    /// is corrupt, truncated, foreign, or in use by another process.
+    pub async fn open(config: Config) -> Result<Self> {
+        let runtime = tokio::runtime::Handle::current();
+        let dir = config.dir.clone();
+        let (file, state) = tokio::task::spawn_blocking(move || disk::DataFile::open(&dir))
+            .await
+            .map_err(|err| StoreError::DataFile {
+                path: config.dir.join(FILE_NAME),
+                problem: format!("opening failed: {err}"),
+            })??;
+        let path = file.path().to_owned();
+        let shared = Arc::new(Shared {
+            state: RwLock::new(state),
+            fatal: OnceLock::new(),
+            runtime,
+        });
+        let (requests, receiver) = std_mpsc::channel();
+        let writer_shared = Arc::clone(&shared);
+        let retention = config.history_retention.max(1);
+        let writer = std::thread::Builder::new()
+            .name("cca-store-writer".into())
+            .spawn(move || writer::run(writer_shared, file, receiver, retention))
+            .map_err(|err| StoreError::DataFile {
+                path: path.clone(),
+                problem: format!("cannot start the writer thread: {err}"),
+            })?;
+        let store = Self {
+            shared,
+            requests,
+            writer: Some(writer),
+            path,
+        };
+        // Every batch expires due leases first, so this empty transaction
+        // makes sure a lease that ran out while the store was down is gone
+        // before anyone can read its keys.
+        store.txn(Txn::new()).await?;
+        Ok(store)
+    }
+
+    /// The data file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops the writer after the requests already queued and closes the
+    /// file, so the directory can be opened again at once.
+    pub async fn close(mut self) {
+        let writer = self.writer.take();
+        drop(self);
+        if let Some(writer) = writer {
+            let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+        }
+    }
+
+    async fn request<T>(&self, make: impl FnOnce(writer::Reply<T>) -> Request) -> Result<T> {
+        self.shared.check()?;
+        let (reply, answer) = oneshot::channel();
+        self.requests.send(make(reply)).map_err(|_| self.closed())?;
+        answer.await.map_err(|_| self.closed())?
+    }
+
+    fn closed(&self) -> StoreError {
+        self.shared
+            .fatal
+            .get()
+            .cloned()
+            .unwrap_or(StoreError::Closed)
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for EmbeddedStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        self.shared.check()?;
+        validate::key(key)?;
+        Ok(self.shared.read_state().kvs.get(key).cloned())
+    }
+
+    async fn range(&self, request: RangeRequest) -> Result<RangePage> {
+        self.shared.check()?;
+        Ok(self.shared.read_state().range(&request))
+    }
+
+    async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
+        validate::txn(&txn)?;
+        self.request(|reply| Request::Txn(txn, reply)).await
+    }
+
+    async fn watch(&self, prefix: &str, from_revision: Revision) -> Result<WatchStream> {
+        self.shared.check()?;
+        if from_revision < 0 {
+            return Err(StoreError::InvalidRequest(format!(
+                "watch from revision {from_revision}: revisions start at 1 (0 means from now)"
+            )));
+        }
+        let (sender, stream) = WatchStream::channel();
+        watchers::start(&self.shared, prefix.to_owned(), from_revision, sender);
+        Ok(stream)
+    }
+
+    async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId> {
+        let ttl = lease_ttl_secs(ttl)?;
+        self.request(|reply| Request::Grant(ttl, reply)).await
+    }
+
+    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration> {
+        let ttl = self
+            .request(|reply| Request::KeepAlive(lease, reply))
+            .await?;
+        Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(0)))
+    }
+
+    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
+        self.request(|reply| Request::Revoke(lease, reply))
+            .await
+            .map(drop)
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        self.request(|reply| Request::Compact(revision, reply))
+            .await
+    }
+
+    async fn current_revision(&self) -> Result<Revision> {
+        self.shared.check()?;
+        Ok(self.shared.read_state().revision)
     }
 }

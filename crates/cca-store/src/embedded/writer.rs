@@ -1,0 +1,189 @@
+//! The embedded store's single writer: a dedicated thread that drains every
+//! queued request into one batch, evaluates the batch on top of the
+//! committed state, writes it to disk with one fsync (group commit), then
+//! publishes it to readers and watchers and answers the callers. It also
+//! expires leases and compacts history past the retention.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::oneshot;
+
+use super::Shared;
+use super::disk::DataFile;
+use super::state::{Staged, State};
+use super::watchers;
+use crate::error::{Result, StoreError};
+use crate::types::{LeaseId, Revision, Txn, TxnOutcome};
+
+/// Most requests folded into one batch (one fsync).
+const MAX_BATCH: usize = 1024;
+
+/// How often the writer looks for expired leases when otherwise idle.
+const LEASE_CHECK_INTERVAL: Duration = Duration::from_millis(100);
+
+pub(super) type Reply<T> = oneshot::Sender<Result<T>>;
+
+/// A request to the writer.
+#[derive(Debug)]
+pub(super) enum Request {
+    Txn(Txn, Reply<TxnOutcome>),
+    Grant(i64, Reply<LeaseId>),
+    KeepAlive(LeaseId, Reply<i64>),
+    Revoke(LeaseId, Reply<Revision>),
+    Compact(Revision, Reply<()>),
+}
+
+/// An answer computed during evaluation, sent once the batch is durable.
+enum Answer {
+    Txn(Reply<TxnOutcome>, Result<TxnOutcome>),
+    Lease(Reply<LeaseId>, Result<LeaseId>),
+    Ttl(Reply<i64>, Result<i64>),
+    Revoked(Reply<Revision>, Result<Revision>),
+    Compacted(Reply<()>, Result<()>),
+}
+
+impl Answer {
+    fn send(self) {
+        // A caller that stopped waiting has nothing to be told.
+        let _ = match self {
+            Answer::Txn(reply, result) => reply.send(result).map_err(drop),
+            Answer::Lease(reply, result) => reply.send(result).map_err(drop),
+            Answer::Ttl(reply, result) => reply.send(result).map_err(drop),
+            Answer::Revoked(reply, result) => reply.send(result).map_err(drop),
+            Answer::Compacted(reply, result) => reply.send(result).map_err(drop),
+        };
+    }
+
+    fn fail(self, error: &StoreError) {
+        let error = error.clone();
+        let _ = match self {
+            Answer::Txn(reply, _) => reply.send(Err(error)).map_err(drop),
+            Answer::Lease(reply, _) => reply.send(Err(error)).map_err(drop),
+            Answer::Ttl(reply, _) => reply.send(Err(error)).map_err(drop),
+            Answer::Revoked(reply, _) => reply.send(Err(error)).map_err(drop),
+            Answer::Compacted(reply, _) => reply.send(Err(error)).map_err(drop),
+        };
+    }
+}
+
+/// The writer's loop; returns when every request sender is gone or a write
+/// fails (then the store refuses everything with that write error).
+pub(super) fn run(
+    shared: Arc<Shared>,
+    file: DataFile,
+    requests: Receiver<Request>,
+    retention: usize,
+) {
+    let writer = Writer {
+        shared,
+        file,
+        retention,
+    };
+    loop {
+        let first = match requests.recv_timeout(LEASE_CHECK_INTERVAL) {
+            Ok(request) => Some(request),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => return,
+        };
+        let batch: Vec<Request> = first
+            .into_iter()
+            .chain(std::iter::from_fn(|| requests.try_recv().ok()))
+            .take(MAX_BATCH)
+            .collect();
+        if !writer.commit(batch) {
+            return;
+        }
+    }
+}
+
+struct Writer {
+    shared: Arc<Shared>,
+    file: DataFile,
+    retention: usize,
+}
+
+impl Writer {
+    /// Evaluates, persists and publishes one batch (plus lease expiry and
+    /// compaction). Returns false after a fatal write error.
+    fn commit(&self, batch: Vec<Request>) -> bool {
+        let (staged, answers) = {
+            let state = self.shared.read_state();
+            self.evaluate(&state, batch)
+        };
+        if staged.is_empty() {
+            answers.into_iter().for_each(Answer::send);
+            return true;
+        }
+        if let Err(error) = self.file.write(&staged) {
+            tracing::error!(%error, "store write failed; the store is now closed");
+            self.shared.fail(&error);
+            answers.into_iter().for_each(|answer| answer.fail(&error));
+            return false;
+        }
+        {
+            let mut state = self.shared.write_state();
+            let entries = state.apply(staged);
+            let mut live = std::mem::take(&mut state.watchers);
+            watchers::fan_out(&self.shared, &mut live, &entries);
+            state.watchers.append(&mut live);
+        }
+        answers.into_iter().for_each(Answer::send);
+        true
+    }
+
+    fn evaluate(&self, state: &State, batch: Vec<Request>) -> (Staged, Vec<Answer>) {
+        let now = now_ms();
+        let mut staged = Staged::new(state);
+        let answers = batch
+            .into_iter()
+            .map(|request| match request {
+                Request::Txn(txn, reply) => {
+                    let result = staged.txn(state, &txn);
+                    Answer::Txn(reply, result)
+                }
+                Request::Grant(ttl, reply) => Answer::Lease(reply, Ok(staged.grant(ttl, now))),
+                Request::KeepAlive(id, reply) => {
+                    let result = staged.keep_alive(state, id, now);
+                    Answer::Ttl(reply, result)
+                }
+                Request::Revoke(id, reply) => {
+                    let result = staged.revoke(state, id);
+                    Answer::Revoked(reply, result)
+                }
+                Request::Compact(revision, reply) => {
+                    let result = staged.compact(state, revision);
+                    Answer::Compacted(reply, result)
+                }
+            })
+            .collect();
+        for id in staged.expired_leases(state, now) {
+            if let Err(error) = staged.revoke(state, id) {
+                tracing::warn!(lease = id, %error, "expiring lease failed");
+            }
+        }
+        self.compact_past_retention(state, &mut staged);
+        (staged, answers)
+    }
+
+    /// Keeps at most `retention` revisions of history.
+    fn compact_past_retention(&self, state: &State, staged: &mut Staged) {
+        let retained_from = staged.revision - self.retention as Revision;
+        let compacted = staged.compact_to.unwrap_or(state.compact_revision);
+        // Compact in steps of a tenth of the retention so that the log is
+        // not trimmed (and rewritten) on every single commit.
+        let step = (self.retention as Revision / 10).max(1);
+        if retained_from >= compacted + step {
+            staged.compact_to = Some(retained_from);
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+        })
+}
