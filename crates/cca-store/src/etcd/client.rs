@@ -1,0 +1,202 @@
+//! Connections to the etcd members and the retry discipline every request
+//! goes through. One gRPC client per member; requests go to the current
+//! member and move to the next one when it cannot be reached, so a dead
+//! member costs one failed attempt, not a random share of all requests.
+//! Failed attempts are retried with jittered exponential backoff, except
+//! that a request which may already have taken effect is only resent when
+//! sending it twice is harmless.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, KvClient, LeaseClient, WatchClient};
+
+use super::Config;
+use super::errors::Failure;
+use crate::error::{Result, StoreError};
+
+/// HTTP/2 keep-alive pings find a dead connection that no error announces
+/// (a partitioned member). etcd answers pings sent more often than every
+/// 5 s (`--grpc-keepalive-min-time`) by closing the connection.
+const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One etcd member and the clients that talk to it.
+pub(super) struct Member {
+    pub(super) url: String,
+    pub(super) kv: KvClient,
+    pub(super) watch: WatchClient,
+    pub(super) lease: LeaseClient,
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a request may be sent again after an attempt that may have
+/// taken effect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Resend {
+    /// Taking effect twice is harmless (reads, keep-alives, revocations).
+    Always,
+    /// Taking effect twice is not (transactions): resend only after
+    /// attempts that surely had no effect.
+    OnlyIfNotApplied,
+}
+
+/// The members of the cluster, the one requests currently go to, and how
+/// hard to try.
+#[derive(Debug)]
+pub(super) struct Members {
+    members: Vec<Arc<Member>>,
+    current: AtomicUsize,
+    attempts: u32,
+    base_delay: Duration,
+    max_delay: Duration,
+    request_timeout: Duration,
+}
+
+impl Members {
+    /// Prepares a client per endpoint. Connections are made lazily, on the
+    /// first request, so this fails only on malformed endpoints.
+    pub(super) async fn connect(config: &Config) -> Result<Self> {
+        if config.endpoints.is_empty() {
+            return Err(StoreError::InvalidRequest(
+                "etcd store needs at least one endpoint, e.g. http://127.0.0.1:2379".into(),
+            ));
+        }
+        let options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT)
+            // etcd counts pings on idle connections as abuse.
+            .with_keep_alive_while_idle(false)
+            // A member cut off from the quorum refuses at once instead of
+            // letting requests hang; we then move on to another member.
+            .with_require_leader(true);
+        let mut members = Vec::with_capacity(config.endpoints.len());
+        for url in &config.endpoints {
+            let client = Client::connect([url], Some(options.clone()))
+                .await
+                .map_err(|err| {
+                    StoreError::InvalidRequest(format!("etcd endpoint `{url}`: {err}"))
+                })?;
+            members.push(Arc::new(Member {
+                url: url.clone(),
+                kv: client
+                    .kv_client()
+                    .max_decoding_message_size(config.max_response_bytes),
+                watch: client
+                    .watch_client()
+                    .max_decoding_message_size(config.max_response_bytes),
+                lease: client.lease_client(),
+            }));
+        }
+        Ok(Self {
+            members,
+            current: AtomicUsize::new(0),
+            attempts: config.retry_attempts.max(1),
+            base_delay: config.retry_base_delay,
+            max_delay: config.retry_max_delay,
+            request_timeout: config.request_timeout,
+        })
+    }
+
+    /// The member requests currently go to, and its index.
+    pub(super) fn pick(&self) -> (usize, Arc<Member>) {
+        let index = self.current.load(Ordering::Relaxed) % self.members.len();
+        (index, Arc::clone(&self.members[index]))
+    }
+
+    /// Moves on from the member at `index` after it failed us, unless
+    /// another request already did.
+    pub(super) fn failed(&self, index: usize) {
+        let next = (index + 1) % self.members.len();
+        let _ = self
+            .current
+            .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
+    }
+
+    /// The endpoints, for messages.
+    pub(super) fn endpoints(&self) -> String {
+        let urls: Vec<&str> = self.members.iter().map(|m| m.url.as_str()).collect();
+        urls.join(", ")
+    }
+
+    /// How long to wait before retry number `retry` (1-based): exponential,
+    /// capped, with "equal jitter" — at least half the delay so retries stay
+    /// spaced out, the rest random so clients do not retry in lockstep.
+    pub(super) fn backoff(&self, retry: u32) -> Duration {
+        let exponential = self
+            .base_delay
+            .saturating_mul(1u32 << retry.saturating_sub(1).min(16))
+            .min(self.max_delay);
+        let half = exponential / 2;
+        half + half.mul_f64(fastrand::f64())
+    }
+
+    /// Runs `attempt` against the current member until it succeeds, fails
+    /// for good, or the retries run out. `attempt` is told whether an
+    /// earlier attempt may have taken effect, so it can read "already done"
+    /// answers (lease not found on a revoke) as success.
+    pub(super) async fn call<T, F, Fut>(
+        &self,
+        what: &str,
+        resend: Resend,
+        mut attempt: F,
+    ) -> Result<T>
+    where
+        F: FnMut(Arc<Member>, bool) -> Fut,
+        Fut: Future<Output = Result<T, Failure>>,
+    {
+        let mut maybe_applied = false;
+        let mut last_failure = String::new();
+        for retry in 0..self.attempts {
+            if retry > 0 {
+                tokio::time::sleep(self.backoff(retry)).await;
+            }
+            let (index, member) = self.pick();
+            let url = member.url.clone();
+            let outcome =
+                tokio::time::timeout(self.request_timeout, attempt(member, maybe_applied))
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Failure::MaybeApplied(format!(
+                            "no answer within {:?}",
+                            self.request_timeout
+                        )))
+                    });
+            match outcome {
+                Ok(value) => return Ok(value),
+                Err(Failure::Final(err)) => return Err(err),
+                Err(Failure::NotApplied(reason)) => {
+                    tracing::debug!(what, %url, %reason, "etcd request not applied; retrying");
+                    last_failure = format!("{url}: {reason}");
+                }
+                Err(Failure::MaybeApplied(reason)) if resend == Resend::OnlyIfNotApplied => {
+                    return Err(StoreError::OutcomeUnknown {
+                        reason: format!("{what} sent to etcd at {url}: {reason}"),
+                    });
+                }
+                Err(Failure::MaybeApplied(reason)) => {
+                    tracing::debug!(what, %url, %reason, "etcd request failed; retrying");
+                    maybe_applied = true;
+                    last_failure = format!("{url}: {reason}");
+                }
+            }
+            self.failed(index);
+        }
+        Err(StoreError::Unavailable {
+            reason: format!(
+                "{what} failed {} times against etcd [{}]; last: {last_failure}",
+                self.attempts,
+                self.endpoints()
+            ),
+        })
+    }
+}

@@ -1,0 +1,207 @@
+//! The conformance suite on the etcd backend, each case on its own fresh
+//! etcd, plus what only the etcd backend has to get right: the key
+//! namespace, values at etcd's request-size limit, and connection trouble —
+//! a server that is down, one that stops answering, and one that restarts
+//! under a watch.
+
+mod conformance;
+mod support;
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cca_store::etcd::{Config, EtcdStore};
+use cca_store::{
+    MAX_VALUE_BYTES, Op, RangeRequest, Revision, Store, StoreError, Txn, WatchEvent, WatchMessage,
+    WatchStream,
+};
+use support::etcd::EtcdServer;
+
+async fn fixture() -> conformance::Fixture {
+    let server = EtcdServer::start();
+    let store = connect(&server).await;
+    (
+        Arc::new(store) as Arc<dyn Store>,
+        Box::new(server) as Box<dyn Any + Send>,
+    )
+}
+
+conformance_tests!(fixture);
+
+async fn connect(server: &EtcdServer) -> EtcdStore {
+    EtcdStore::connect(Config::new(vec![server.endpoint()]))
+        .await
+        .expect("connect to etcd")
+}
+
+async fn put(store: &EtcdStore, key: &str, value: &str) -> Revision {
+    let outcome = store
+        .txn(Txn::new().then(Op::put(key, value)))
+        .await
+        .expect("put");
+    assert!(outcome.is_committed());
+    outcome.revision()
+}
+
+/// The next message's revision and `key=value` / `-key` summary.
+async fn next_change(watch: &mut WatchStream) -> (Revision, Vec<String>) {
+    let message = tokio::time::timeout(Duration::from_secs(10), watch.next_message())
+        .await
+        .expect("a watch message within 10 s")
+        .expect("a watch message");
+    let WatchMessage::Events { revision, events } = message else {
+        panic!("expected events, got {message:?}");
+    };
+    let summary = events
+        .iter()
+        .map(|event| match event {
+            WatchEvent::Put(kv) => format!("{}={}", kv.key, String::from_utf8_lossy(&kv.value)),
+            WatchEvent::Delete { key, .. } => format!("-{key}"),
+        })
+        .collect();
+    (revision, summary)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_live_under_the_namespace_and_other_keys_are_invisible() {
+    let server = EtcdServer::start();
+    let store = connect(&server).await;
+    let mut raw = etcd_client::Client::connect([server.endpoint()], None)
+        .await
+        .expect("raw client");
+    raw.put("elsewhere/x", "not ours", None)
+        .await
+        .expect("raw put");
+    put(&store, "a", "1").await;
+
+    let raw_ours = raw.get("cca/a", None).await.expect("raw get");
+    assert_eq!(raw_ours.kvs()[0].value(), b"1");
+    let page = store.range(RangeRequest::prefix("")).await.expect("range");
+    let keys: Vec<&str> = page.kvs.iter().map(|kv| kv.key.as_str()).collect();
+    assert_eq!(keys, ["a"]);
+
+    raw.put(b"cca/\xff".to_vec(), "binary key", None)
+        .await
+        .expect("raw put");
+    match store.range(RangeRequest::prefix("")).await {
+        Err(StoreError::Backend(reason)) => assert!(reason.contains("not UTF-8"), "{reason}"),
+        other => panic!("a non-UTF-8 key must be reported, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_up_to_the_limit_fit_in_etcds_request_size() {
+    let server = EtcdServer::start();
+    let store = connect(&server).await;
+    let value = vec![7u8; MAX_VALUE_BYTES];
+    let txn = Txn::new().then(Op::put("largest", value.clone()));
+    assert!(store.txn(txn).await.expect("largest value").is_committed());
+    assert_eq!(
+        store
+            .get("largest")
+            .await
+            .expect("get")
+            .expect("largest")
+            .value,
+        value
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_no_etcd_is_unavailable_and_names_the_endpoint() {
+    let server = EtcdServer::start();
+    let endpoint = server.endpoint();
+    drop(server);
+    let mut config = Config::new(vec![endpoint.clone()]);
+    config.retry_attempts = 2;
+    match EtcdStore::connect(config).await {
+        Err(StoreError::Unavailable { reason }) => assert!(reason.contains(&endpoint), "{reason}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_while_etcd_is_down_are_unavailable_and_apply_nothing() {
+    let mut server = EtcdServer::start();
+    let store = connect(&server).await;
+    put(&store, "before", "1").await;
+    server.kill();
+    // Let the client notice the closed connection, so the txn below is
+    // refused while connecting rather than lost on a dying connection.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let started = Instant::now();
+    let txn = store.txn(Txn::new().then(Op::put("during", "1"))).await;
+    assert!(
+        matches!(txn, Err(StoreError::Unavailable { .. })),
+        "{txn:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+    let read = store.get("before").await;
+    assert!(
+        matches!(read, Err(StoreError::Unavailable { .. })),
+        "{read:?}"
+    );
+
+    server.restart();
+    assert_eq!(store.get("during").await.expect("get after restart"), None);
+    assert!(store.get("before").await.expect("get").is_some());
+    put(&store, "after", "1").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_txn_that_gets_no_answer_has_an_unknown_outcome() {
+    let server = EtcdServer::start();
+    let mut config = Config::new(vec![server.endpoint()]);
+    config.request_timeout = Duration::from_millis(300);
+    let store = EtcdStore::connect(config).await.expect("connect");
+    put(&store, "k", "1").await;
+
+    server.pause();
+    let txn = store.txn(Txn::new().then(Op::put("k", "2"))).await;
+    server.resume();
+    assert!(
+        matches!(txn, Err(StoreError::OutcomeUnknown { .. })),
+        "{txn:?}"
+    );
+    // Whatever became of it, the store serves again once etcd answers.
+    assert!(store.get("k").await.expect("get").is_some());
+    put(&store, "k", "3").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumes_across_an_etcd_restart_without_gaps_or_duplicates() {
+    let mut server = EtcdServer::start();
+    let store = connect(&server).await;
+    let other = connect(&server).await;
+    let mut watch = store.watch("w/", 0).await.expect("watch");
+    let first = put(&store, "w/1", "a").await;
+    assert_eq!(
+        next_change(&mut watch).await,
+        (first, vec!["w/1=a".to_owned()])
+    );
+
+    server.restart();
+    // Written while the watch is (probably still) reconnecting: the watch
+    // must replay them from where it stopped.
+    let mut expected = Vec::new();
+    for i in 2..=4 {
+        let key = format!("w/{i}");
+        expected.push((put(&other, &key, "b").await, vec![format!("{key}=b")]));
+    }
+    for change in expected {
+        assert_eq!(next_change(&mut watch).await, change);
+    }
+    let live = put(&other, "w/5", "c").await;
+    assert_eq!(
+        next_change(&mut watch).await,
+        (live, vec!["w/5=c".to_owned()])
+    );
+    let quiet = tokio::time::timeout(Duration::from_millis(300), watch.next()).await;
+    assert!(quiet.is_err(), "no duplicate may follow: {quiet:?}");
+}
