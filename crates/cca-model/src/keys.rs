@@ -101,7 +101,10 @@ mod tests {
     #[test]
     fn builders_spell_the_layout() {
         assert_eq!(desired_service("web"), "desired/service/web");
-        assert_eq!(derived_instance("web", "web-1"), "derived/instance/web/web-1");
+        assert_eq!(
+            derived_instance("web", "web-1"),
+            "derived/instance/web/web-1"
+        );
         assert_eq!(observed_node("n1"), "observed/node/n1");
         assert_eq!(observed_instance("web-1"), "observed/instance/web-1");
     }

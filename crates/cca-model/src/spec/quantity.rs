@@ -159,7 +159,7 @@ fn scaled(text: &str, number: &str, scale: u64) -> Result<u64, QuantityError> {
     let denominator = 10u128.checked_pow(exponent).ok_or_else(too_precise)?;
     let numerator: u128 = fraction.parse().map_err(|_| too_precise())?;
     let scaled_fraction = numerator * u128::from(scale);
-    if scaled_fraction % denominator != 0 {
+    if !scaled_fraction.is_multiple_of(denominator) {
         return Err(too_precise());
     }
     let fraction_value = u64::try_from(scaled_fraction / denominator).map_err(|_| overflow())?;

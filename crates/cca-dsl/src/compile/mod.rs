@@ -1,0 +1,272 @@
+//! The compiler: syntax trees of a loaded program → the typed desired facts
+//! of `cca_model::spec`, with every semantic check (unknown keys, wrong
+//! types and units, port ranges, duplicates, required fields, undefined
+//! references, conflicting options) reported as a diagnostic. Compiling the
+//! same input twice gives the same program and so the same fact bytes.
+
+mod checks;
+mod edges;
+mod read;
+mod service;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use cca_model::spec::Program;
+
+use crate::ast::{Entry, File};
+use crate::diagnostic::{Diagnostic, FileId, Span, codes};
+use crate::schema::{self, Context};
+use crate::source::{FileSystem, LoadError, Loaded, MemoryFs, load, load_str};
+use crate::suggest::did_you_mean;
+use crate::template::Values;
+
+/// The outcome of compiling one program.
+#[derive(Debug, Clone)]
+pub struct Compilation {
+    pub loaded: Loaded,
+    pub program: Program,
+    /// Load, syntax and semantic diagnostics, in file order.
+    pub diagnostics: Vec<Diagnostic>,
+}
+
+impl Compilation {
+    pub fn has_errors(&self) -> bool {
+        self.diagnostics.iter().any(Diagnostic::is_error)
+    }
+}
+
+/// Loads `path` (and its inclusions) and compiles it with `values`.
+pub fn compile_file(
+    fs: &dyn FileSystem,
+    path: &Path,
+    values: &Values,
+) -> Result<Compilation, LoadError> {
+    let loaded = load(fs, path)?;
+    Ok(compile_loaded(loaded, values))
+}
+
+/// Compiles a single in-memory file named `main.cca` (no inclusions can be
+/// read). Used by tests, the benchmark and the property tests.
+pub fn compile_str(text: &str, values: &Values) -> Compilation {
+    let loaded = load_str(&MemoryFs::new(), Path::new("main.cca"), text);
+    compile_loaded(loaded, values)
+}
+
+/// Compiles already-loaded sources.
+pub fn compile_loaded(loaded: Loaded, values: &Values) -> Compilation {
+    let mut diagnostics = loaded.diagnostics.clone();
+    for (_, file) in loaded.sources.files() {
+        diagnostics.extend(file.parse.errors.iter().cloned());
+    }
+    let mut compiler = Compiler::new(&loaded, values);
+    for (id, file) in loaded.sources.files() {
+        compiler.file(id, File::new(&file.text, &file.parse.root));
+    }
+    compiler.finish();
+    diagnostics.append(&mut compiler.diagnostics);
+    diagnostics.sort_by_key(|d| (d.file, d.span.start, d.span.end));
+    let program = compiler.program;
+    Compilation {
+        loaded,
+        program,
+        diagnostics,
+    }
+}
+
+/// Where something was written: for "defined here" notes and references.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Site {
+    pub file: FileId,
+    pub span: Span,
+}
+
+/// The kinds of named things a program defines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Kind {
+    Service,
+    Gate,
+    Connection,
+    Secret,
+    Network,
+    Group,
+}
+
+impl Kind {
+    fn noun(self) -> &'static str {
+        match self {
+            Kind::Service => "service",
+            Kind::Gate => "gate",
+            Kind::Connection => "connection",
+            Kind::Secret => "secret",
+            Kind::Network => "network policy",
+            Kind::Group => "group",
+        }
+    }
+}
+
+/// A use of a name, checked once every definition is known.
+#[derive(Debug, Clone)]
+pub(crate) struct Reference {
+    pub kind: Kind,
+    pub name: String,
+    pub site: Site,
+    /// What uses it, for the message: "gate `shop`".
+    pub user: String,
+}
+
+pub(crate) struct Compiler<'l> {
+    loaded: &'l Loaded,
+    values: &'l Values,
+    pub(crate) program: Program,
+    pub(crate) diagnostics: Vec<Diagnostic>,
+    pub(crate) definitions: BTreeMap<(Kind, String), Site>,
+    pub(crate) references: Vec<Reference>,
+    /// Gate targets whose port is a name, resolved once services are known.
+    pub(crate) gate_ports: Vec<edges::PendingGatePort>,
+    /// Sites of restrict values, for lint warnings.
+    pub(crate) restrict_sites: BTreeMap<(String, String), Site>,
+    /// Current file while compiling it.
+    pub(crate) file: FileId,
+}
+
+impl<'l> Compiler<'l> {
+    fn new(loaded: &'l Loaded, values: &'l Values) -> Compiler<'l> {
+        Compiler {
+            loaded,
+            values,
+            program: Program::default(),
+            diagnostics: Vec::new(),
+            definitions: BTreeMap::new(),
+            references: Vec::new(),
+            gate_ports: Vec::new(),
+            restrict_sites: BTreeMap::new(),
+            file: FileId::default(),
+        }
+    }
+
+    fn file(&mut self, id: FileId, file: File<'_>) {
+        self.file = id;
+        for entry in file.entries() {
+            self.top_level(entry);
+        }
+    }
+
+    fn top_level(&mut self, entry: Entry<'_>) {
+        match entry.key() {
+            "service" => self.service(entry),
+            "gate" => self.gate(entry),
+            "connection" => self.connection(entry),
+            "secret" => self.secret(entry),
+            "network" => self.network(entry),
+            "group" => self.group(entry),
+            "from" => self.check_include_entry(entry),
+            other => self.unknown_block(entry, other),
+        }
+    }
+
+    fn unknown_block(&mut self, entry: Entry<'_>, key: &str) {
+        let mut diagnostic = Diagnostic::error(
+            codes::UNKNOWN_BLOCK,
+            entry.key_span(),
+            format!("unknown block `{key}`"),
+        )
+        .with_label("not a top-level block");
+        if key == "route" {
+            diagnostic = diagnostic.with_help("external traffic blocks are called `gate`");
+        } else if let Some(close) = did_you_mean(key, schema::names(Context::File)) {
+            diagnostic = diagnostic.with_help(format!("did you mean `{close}`?"));
+        } else if schema::lookup(Context::Service, key).is_some() {
+            diagnostic = diagnostic.with_help(format!("`{key}` belongs inside a `service` block"));
+        } else {
+            diagnostic = diagnostic.with_help(
+                "a file holds service, gate, connection, secret, network and group blocks",
+            );
+        }
+        self.report(diagnostic);
+    }
+
+    fn check_include_entry(&mut self, entry: Entry<'_>) {
+        let values = entry.values();
+        let is_path = values.len() == 1
+            && matches!(
+                values[0],
+                crate::ast::Value::Token {
+                    kind: crate::syntax::TokenKind::String | crate::syntax::TokenKind::TripleString,
+                    ..
+                }
+            );
+        if !is_path || entry.block().is_some() {
+            self.report(
+                Diagnostic::error(
+                    codes::WRONG_ARITY,
+                    entry.span(),
+                    "`from` takes one file path",
+                )
+                .with_help("write `from \"other.cca\"`"),
+            );
+        }
+    }
+
+    /// Records a definition; a second one with the same name is an error
+    /// pointing at the first.
+    pub(crate) fn define(&mut self, kind: Kind, name: &str, span: Span) -> bool {
+        let site = Site {
+            file: self.file,
+            span,
+        };
+        if let Some(first) = self.definitions.get(&(kind, name.to_owned())).copied() {
+            let position = self.loaded.sources.position(first.file, first.span);
+            let mut diagnostic = Diagnostic::error(
+                codes::DUPLICATE_NAME,
+                span,
+                format!("{} `{name}` is defined twice", kind.noun()),
+            )
+            .with_label("second definition");
+            if first.file == self.file {
+                diagnostic = diagnostic.with_secondary(first.span, "first defined here");
+            } else {
+                diagnostic = diagnostic.with_note(format!("first defined at {position}"));
+            }
+            self.report(diagnostic);
+            return false;
+        }
+        self.definitions.insert((kind, name.to_owned()), site);
+        true
+    }
+
+    pub(crate) fn refer(&mut self, kind: Kind, name: &str, span: Span, user: String) {
+        self.references.push(Reference {
+            kind,
+            name: name.to_owned(),
+            site: Site {
+                file: self.file,
+                span,
+            },
+            user,
+        });
+    }
+
+    /// Adds a diagnostic for the current file.
+    pub(crate) fn report(&mut self, diagnostic: Diagnostic) {
+        let file = self.file;
+        self.diagnostics.push(diagnostic.in_file(file));
+    }
+
+    /// The text of a value-position `from` file.
+    pub(crate) fn inclusion(&self, node_start: u32) -> Option<&'l str> {
+        self.loaded
+            .inclusions
+            .get(&(self.file, node_start))
+            .map(String::as_str)
+    }
+
+    fn finish(&mut self) {
+        self.resolve_gate_ports();
+        self.check_references();
+        self.grant_connection_secrets();
+        self.check_placement();
+        self.check_groups();
+        self.warn_unused();
+    }
+}
