@@ -175,6 +175,26 @@ async fn a_txn_that_gets_no_answer_has_an_unknown_outcome() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_txn_cut_off_by_a_dying_server_has_an_unknown_outcome() {
+    let mut server = EtcdServer::start();
+    let store = Arc::new(connect(&server).await);
+    // Frozen, the server takes the request off the wire but never answers;
+    // killed, it resets the connection under the waiting txn.
+    server.pause();
+    let sender = Arc::clone(&store);
+    let txn = tokio::spawn(async move { sender.txn(Txn::new().then(Op::put("k", "1"))).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.kill();
+    let txn = txn.await.expect("txn task");
+    match txn {
+        Err(StoreError::OutcomeUnknown { reason }) => {
+            assert!(reason.contains(&server.endpoint()), "{reason}");
+        }
+        other => panic!("expected OutcomeUnknown, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_resumes_across_an_etcd_restart_without_gaps_or_duplicates() {
     let mut server = EtcdServer::start();
     let store = connect(&server).await;

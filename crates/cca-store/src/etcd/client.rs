@@ -57,8 +57,7 @@ pub(super) struct Members {
     members: Vec<Arc<Member>>,
     current: AtomicUsize,
     attempts: u32,
-    base_delay: Duration,
-    max_delay: Duration,
+    backoff: Backoff,
     request_timeout: Duration,
 }
 
@@ -101,8 +100,10 @@ impl Members {
             members,
             current: AtomicUsize::new(0),
             attempts: config.retry_attempts.max(1),
-            base_delay: config.retry_base_delay,
-            max_delay: config.retry_max_delay,
+            backoff: Backoff {
+                base: config.retry_base_delay,
+                max: config.retry_max_delay,
+            },
             request_timeout: config.request_timeout,
         })
     }
@@ -128,18 +129,6 @@ impl Members {
         urls.join(", ")
     }
 
-    /// How long to wait before retry number `retry` (1-based): exponential,
-    /// capped, with "equal jitter" — at least half the delay so retries stay
-    /// spaced out, the rest random so clients do not retry in lockstep.
-    pub(super) fn backoff(&self, retry: u32) -> Duration {
-        let exponential = self
-            .base_delay
-            .saturating_mul(1u32 << retry.saturating_sub(1).min(16))
-            .min(self.max_delay);
-        let half = exponential / 2;
-        half + half.mul_f64(fastrand::f64())
-    }
-
     /// Runs `attempt` against the current member until it succeeds, fails
     /// for good, or the retries run out. `attempt` is told whether an
     /// earlier attempt may have taken effect, so it can read "already done"
@@ -158,7 +147,7 @@ impl Members {
         let mut last_failure = String::new();
         for retry in 0..self.attempts {
             if retry > 0 {
-                tokio::time::sleep(self.backoff(retry)).await;
+                tokio::time::sleep(self.backoff.delay(retry)).await;
             }
             let (index, member) = self.pick();
             let url = member.url.clone();
@@ -198,5 +187,57 @@ impl Members {
                 self.endpoints()
             ),
         })
+    }
+}
+
+/// Exponential backoff between attempts.
+#[derive(Clone, Copy, Debug)]
+struct Backoff {
+    /// The delay before the first retry; doubled for every further one.
+    base: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    /// How long to wait before retry number `retry` (1-based), with "equal
+    /// jitter": at least half the delay so retries stay spaced out, the
+    /// rest random so that clients do not retry in lockstep.
+    fn delay(self, retry: u32) -> Duration {
+        let exponential = self
+            .base
+            .saturating_mul(1u32 << retry.saturating_sub(1).min(16))
+            .min(self.max);
+        let half = exponential / 2;
+        half + half.mul_f64(fastrand::f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_jitter() {
+        let backoff = Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        };
+        for (retry, full) in [
+            (1, 100),
+            (2, 200),
+            (3, 400),
+            (4, 800),
+            (5, 1000),
+            (40, 1000),
+        ] {
+            let full = Duration::from_millis(full);
+            for _ in 0..20 {
+                let delay = backoff.delay(retry);
+                assert!(
+                    delay >= full / 2 && delay <= full,
+                    "retry {retry}: {delay:?}"
+                );
+            }
+        }
     }
 }

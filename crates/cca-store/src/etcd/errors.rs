@@ -156,3 +156,101 @@ fn describe(message: &str, status: &(dyn StdError + 'static)) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use std::fmt;
+
+    use super::*;
+
+    /// An error with one cause, like tonic's `Status` and its source.
+    #[derive(Debug)]
+    struct Caused(&'static str, Option<Box<dyn StdError + Send + Sync>>);
+
+    impl fmt::Display for Caused {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl StdError for Caused {
+        fn source(&self) -> Option<&(dyn StdError + 'static)> {
+            self.1
+                .as_deref()
+                .map(|err| err as &(dyn StdError + 'static))
+        }
+    }
+
+    fn status(message: &'static str) -> Caused {
+        Caused(message, None)
+    }
+
+    fn io_status(message: &'static str, kind: io::ErrorKind) -> Caused {
+        let io = io::Error::new(kind, "os error");
+        Caused(
+            message,
+            Some(Box::new(Caused("transport error", Some(Box::new(io))))),
+        )
+    }
+
+    fn kind(failure: &Failure) -> &'static str {
+        match failure {
+            Failure::NotApplied(_) => "not applied",
+            Failure::MaybeApplied(_) => "maybe applied",
+            Failure::Final(StoreError::InvalidRequest(_)) => "invalid",
+            Failure::Final(_) => "final",
+        }
+    }
+
+    #[test]
+    fn failures_before_sending_are_safe_to_retry() {
+        let refused = io_status("tcp connect error", io::ErrorKind::ConnectionRefused);
+        assert_eq!(
+            kind(&classify_status(14, "tcp connect error", &refused)),
+            "not applied"
+        );
+        for message in ["etcdserver: no leader", "etcdserver: too many requests"] {
+            assert_eq!(
+                kind(&classify_status(14, message, &status(message))),
+                "not applied"
+            );
+        }
+    }
+
+    #[test]
+    fn failures_after_sending_leave_the_outcome_open() {
+        let reset = io_status("transport error", io::ErrorKind::ConnectionReset);
+        assert_eq!(
+            kind(&classify_status(2, "transport error", &reset)),
+            "maybe applied"
+        );
+        let timed_out = "etcdserver: request timed out";
+        assert_eq!(
+            kind(&classify_status(14, timed_out, &status(timed_out))),
+            "maybe applied"
+        );
+        let Failure::MaybeApplied(reason) = classify_status(2, "transport error", &reset) else {
+            panic!("maybe applied");
+        };
+        assert_eq!(reason, "transport error: os error");
+    }
+
+    #[test]
+    fn requests_etcd_never_accepts_are_invalid_and_other_refusals_final() {
+        let too_large = message::REQUEST_TOO_LARGE;
+        assert_eq!(
+            kind(&classify_status(3, too_large, &status(too_large))),
+            "invalid"
+        );
+        let grpc_limit = "grpc: received message larger than max (2000000 vs. 1572864)";
+        assert_eq!(
+            kind(&classify_status(8, grpc_limit, &status(grpc_limit))),
+            "invalid"
+        );
+        let no_space = "etcdserver: mvcc: database space exceeded";
+        assert_eq!(
+            kind(&classify_status(8, no_space, &status(no_space))),
+            "final"
+        );
+    }
+}

@@ -12,17 +12,50 @@ use etcd_client::{
     TxnOp, TxnOpResponse, TxnResponse,
 };
 
+use super::EtcdStore;
+use super::client::Resend;
+use super::errors::{classify, message, server_said};
 use super::keys::Namespace;
 use crate::error::{Result, StoreError};
 use crate::types::{Compare, CompareOp, CompareTarget, KeyValue, LeaseId, Op, Txn, TxnOutcome};
 
+impl EtcdStore {
+    /// Sends a transaction once — resent only when it surely was not
+    /// applied — and reads etcd's answer.
+    pub(super) async fn apply(&self, request: EtcdRequest) -> Result<TxnOutcome> {
+        let answer = self
+            .members
+            .call("transaction", Resend::OnlyIfNotApplied, |member, _| {
+                let mut kv = member.kv.clone();
+                let etcd_txn = request.request.clone();
+                async move {
+                    match kv.txn(etcd_txn).await {
+                        Ok(response) => Ok(Some(response)),
+                        // etcd does not say which lease; looked up below.
+                        Err(err) if server_said(&err, message::LEASE_NOT_FOUND) => Ok(None),
+                        Err(err) => Err(classify(err)),
+                    }
+                }
+            })
+            .await?;
+        match answer {
+            Some(response) => request.outcome(&self.ns, &response),
+            None => Err(StoreError::LeaseNotFound(
+                self.missing_lease(&request.leases).await?,
+            )),
+        }
+    }
+}
+
 /// A transaction ready to send, with what is needed to read the answer.
 #[derive(Clone, Debug)]
 pub(super) struct EtcdRequest {
-    pub(super) request: EtcdTxn,
+    request: EtcdTxn,
     compares: Vec<Compare>,
     /// The keys the failure branch reads, in the order it reads them.
     compared_keys: Vec<String>,
+    /// The leases the puts attach keys to, each once.
+    leases: Vec<LeaseId>,
 }
 
 impl EtcdRequest {
@@ -52,6 +85,7 @@ impl EtcdRequest {
             request,
             compares: txn.compares.clone(),
             compared_keys,
+            leases: leases(txn),
         }
     }
 
@@ -100,17 +134,21 @@ impl EtcdRequest {
         }
         Ok(values)
     }
+}
 
-    /// The leases the transaction attaches keys to.
-    pub(super) fn leases(txn: &Txn) -> BTreeSet<LeaseId> {
-        txn.ops
-            .iter()
-            .filter_map(|op| match op {
-                Op::Put { lease, .. } => *lease,
-                _ => None,
-            })
-            .collect()
+/// The leases a transaction attaches keys to, each once.
+fn leases(txn: &Txn) -> Vec<LeaseId> {
+    let mut leases = Vec::new();
+    for op in &txn.ops {
+        if let Op::Put {
+            lease: Some(id), ..
+        } = op
+            && !leases.contains(id)
+        {
+            leases.push(*id);
+        }
     }
+    leases
 }
 
 /// The index of the first compare that does not hold for `current`.
