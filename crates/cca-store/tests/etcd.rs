@@ -91,7 +91,7 @@ async fn keys_live_under_the_namespace_and_other_keys_are_invisible() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn values_up_to_the_limit_fit_in_etcds_request_size() {
+async fn values_up_to_the_limit_fit_and_larger_requests_are_invalid() {
     let server = EtcdServer::start();
     let store = connect(&server).await;
     let value = vec![7u8; MAX_VALUE_BYTES];
@@ -106,6 +106,20 @@ async fn values_up_to_the_limit_fit_in_etcds_request_size() {
             .value,
         value
     );
+
+    // Each value fits, their sum does not: etcd refuses the request, the
+    // larger one already in its gRPC layer.
+    for values in [2, 3] {
+        let txn = (0..values).fold(Txn::new(), |txn, i| {
+            txn.then(Op::put(format!("big/{i}"), vec![1u8; 1024 * 1024]))
+        });
+        match store.txn(txn).await {
+            Err(StoreError::InvalidRequest(reason)) => {
+                assert!(reason.contains("too large"), "{reason}")
+            }
+            other => panic!("{values} MiB in one txn must be refused, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
