@@ -109,22 +109,38 @@ impl Members {
     }
 
     /// The member requests currently go to, and its index.
-    pub(super) fn pick(&self) -> (usize, Arc<Member>) {
+    fn pick(&self) -> (usize, Arc<Member>) {
         let index = self.current.load(Ordering::Relaxed) % self.members.len();
         (index, Arc::clone(&self.members[index]))
     }
 
     /// Moves on from the member at `index` after it failed us, unless
     /// another request already did.
-    pub(super) fn failed(&self, index: usize) {
+    fn failed(&self, index: usize) {
         let next = (index + 1) % self.members.len();
         let _ = self
             .current
             .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
     }
 
+    /// One attempt, which fails as "maybe applied" when no answer comes
+    /// within the request timeout.
+    async fn within_timeout<T>(
+        &self,
+        attempt: impl Future<Output = Result<T, Failure>>,
+    ) -> Result<T, Failure> {
+        tokio::time::timeout(self.request_timeout, attempt)
+            .await
+            .unwrap_or_else(|_| {
+                Err(Failure::MaybeApplied(format!(
+                    "no answer within {:?}",
+                    self.request_timeout
+                )))
+            })
+    }
+
     /// The endpoints, for messages.
-    pub(super) fn endpoints(&self) -> String {
+    fn endpoints(&self) -> String {
         let urls: Vec<&str> = self.members.iter().map(|m| m.url.as_str()).collect();
         urls.join(", ")
     }
@@ -151,15 +167,7 @@ impl Members {
             }
             let (index, member) = self.pick();
             let url = member.url.clone();
-            let outcome =
-                tokio::time::timeout(self.request_timeout, attempt(member, maybe_applied))
-                    .await
-                    .unwrap_or_else(|_| {
-                        Err(Failure::MaybeApplied(format!(
-                            "no answer within {:?}",
-                            self.request_timeout
-                        )))
-                    });
+            let outcome = self.within_timeout(attempt(member, maybe_applied)).await;
             match outcome {
                 Ok(value) => return Ok(value),
                 Err(Failure::Final(err)) => return Err(err),
@@ -168,6 +176,8 @@ impl Members {
                     last_failure = format!("{url}: {reason}");
                 }
                 Err(Failure::MaybeApplied(reason)) if resend == Resend::OnlyIfNotApplied => {
+                    // The next request should not wait on this member too.
+                    self.failed(index);
                     return Err(StoreError::OutcomeUnknown {
                         reason: format!("{what} sent to etcd at {url}: {reason}"),
                     });
