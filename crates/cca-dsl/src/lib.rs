@@ -10,6 +10,7 @@
 //! tokio; files are read only through [`source::FileSystem`].
 
 pub mod ast;
+pub mod commands;
 pub mod compile;
 pub mod diagnostic;
 pub mod format;

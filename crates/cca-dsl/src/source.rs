@@ -4,6 +4,7 @@
 //! each file loaded once, cycles reported) and reads value-position
 //! `from "path"` files.
 
+use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::io;
 use std::path::{Component, Path, PathBuf};
@@ -14,9 +15,11 @@ use crate::syntax::{NodeKind, Parse, SyntaxElement, SyntaxNode, TokenKind, parse
 /// Files larger than this are refused before parsing.
 pub const MAX_FILE_BYTES: usize = 64 << 20;
 
-/// Where source files come from. Tests use [`MemoryFs`].
+/// Where source files come from and `cca fmt` writes to. Tests use
+/// [`MemoryFs`].
 pub trait FileSystem {
     fn read(&self, path: &Path) -> io::Result<Vec<u8>>;
+    fn write(&self, path: &Path, contents: &[u8]) -> io::Result<()>;
 }
 
 /// The machine's file system.
@@ -27,12 +30,22 @@ impl FileSystem for RealFs {
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         std::fs::read(path)
     }
+
+    /// Writes a sibling temporary file and renames it over `path`, so an
+    /// interrupted `cca fmt` never leaves a half-written file.
+    fn write(&self, path: &Path, contents: &[u8]) -> io::Result<()> {
+        let mut temporary = path.as_os_str().to_owned();
+        temporary.push(".cca-fmt.tmp");
+        let temporary = PathBuf::from(temporary);
+        std::fs::write(&temporary, contents)?;
+        std::fs::rename(&temporary, path)
+    }
 }
 
 /// An in-memory file system keyed by normalised path.
 #[derive(Debug, Default, Clone)]
 pub struct MemoryFs {
-    files: BTreeMap<PathBuf, Vec<u8>>,
+    files: RefCell<BTreeMap<PathBuf, Vec<u8>>>,
 }
 
 impl MemoryFs {
@@ -41,7 +54,14 @@ impl MemoryFs {
     }
 
     pub fn insert(&mut self, path: impl AsRef<Path>, contents: impl Into<Vec<u8>>) {
-        self.files.insert(normalize(path.as_ref()), contents.into());
+        self.files
+            .get_mut()
+            .insert(normalize(path.as_ref()), contents.into());
+    }
+
+    /// The current contents of a file, if it exists.
+    pub fn contents(&self, path: impl AsRef<Path>) -> Option<Vec<u8>> {
+        self.files.borrow().get(&normalize(path.as_ref())).cloned()
     }
 
     pub fn with(mut self, path: impl AsRef<Path>, contents: impl Into<Vec<u8>>) -> MemoryFs {
@@ -53,9 +73,17 @@ impl MemoryFs {
 impl FileSystem for MemoryFs {
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         self.files
+            .borrow()
             .get(&normalize(path))
             .cloned()
             .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, "no such file"))
+    }
+
+    fn write(&self, path: &Path, contents: &[u8]) -> io::Result<()> {
+        self.files
+            .borrow_mut()
+            .insert(normalize(path), contents.to_vec());
+        Ok(())
     }
 }
 
