@@ -36,6 +36,10 @@ pub enum StoreError {
         current: Revision,
     },
 
+    /// A store URL that names no backend we know.
+    #[error("invalid store URL: {0}")]
+    InvalidUrl(String),
+
     /// The request itself is malformed; retrying will not help.
     #[error("invalid store request: {0}")]
     InvalidRequest(String),

@@ -69,8 +69,8 @@ impl std::str::FromStr for StoreUrl {
     fn from_str(url: &str) -> Result<Self> {
         if let Some(dir) = url.strip_prefix("embedded:") {
             if dir.is_empty() {
-                return Err(StoreError::InvalidRequest(
-                    "store URL `embedded:` needs a directory, e.g. `embedded:./data`".into(),
+                return Err(StoreError::InvalidUrl(
+                    "`embedded:` needs a directory, e.g. `embedded:./data`".into(),
                 ));
             }
             return Ok(StoreUrl::Embedded(dir.into()));
@@ -83,14 +83,14 @@ impl std::str::FromStr for StoreUrl {
                 .map(|h| format!("http://{h}"))
                 .collect();
             if endpoints.is_empty() {
-                return Err(StoreError::InvalidRequest(
-                    "store URL `etcd://` needs at least one host:port".into(),
+                return Err(StoreError::InvalidUrl(
+                    "`etcd://` needs at least one host:port".into(),
                 ));
             }
             return Ok(StoreUrl::Etcd(endpoints));
         }
-        Err(StoreError::InvalidRequest(format!(
-            "unknown store URL `{url}`: expected `embedded:DIR` or `etcd://host:port[,host:port...]`"
+        Err(StoreError::InvalidUrl(format!(
+            "`{url}`: expected `embedded:DIR` or `etcd://host:port[,host:port...]`"
         )))
     }
 }

@@ -1,1 +1,53 @@
-fn main() {}
+//! The `cca` binary: argument parsing and wiring only. Each subcommand's
+//! logic lives in the crate that owns its concept; the modules here turn
+//! arguments into calls and results into output and exit codes.
+
+mod store_cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// CCattler: run services on a fleet of machines.
+#[derive(Debug, Parser)]
+#[command(name = "cca", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Read and write the fact store directly (an operator's tool, like etcdctl).
+    Store(store_cmd::StoreArgs),
+}
+
+fn main() -> ExitCode {
+    init_tracing();
+    let cli = Cli::parse();
+    let outcome = match cli.command {
+        Command::Store(args) => store_cmd::run(args),
+    };
+    match outcome {
+        Ok(code) => code,
+        Err(error) => {
+            report(&error);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[allow(clippy::print_stderr, reason = "the CLI reports its errors on stderr")]
+fn report(error: &anyhow::Error) {
+    eprintln!("error: {error:#}");
+}
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
