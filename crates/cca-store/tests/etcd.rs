@@ -239,3 +239,37 @@ async fn a_watch_resumes_across_an_etcd_restart_without_gaps_or_duplicates() {
     let quiet = tokio::time::timeout(Duration::from_millis(300), watch.next()).await;
     assert!(quiet.is_err(), "no duplicate may follow: {quiet:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resuming_into_compacted_history_reports_the_compaction() {
+    let mut server = EtcdServer::start();
+    // A slow retry, so that history is compacted before the watch is back.
+    let mut config = Config::new(vec![server.endpoint()]);
+    config.retry_base_delay = Duration::from_secs(3);
+    config.retry_max_delay = Duration::from_secs(3);
+    let watching = EtcdStore::connect(config).await.expect("connect");
+    let mut watch = watching.watch("w/", 0).await.expect("watch");
+    let first = put(&watching, "w/1", "a").await;
+    assert_eq!(next_change(&mut watch).await.0, first);
+
+    server.kill();
+    // The watch's first attempt to resume fails; its next one is >= 1.5 s away.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.restart();
+    let other = connect(&server).await;
+    put(&other, "w/2", "b").await;
+    let third = put(&other, "w/3", "c").await;
+    other.compact(third).await.expect("compact");
+
+    let message = tokio::time::timeout(Duration::from_secs(10), watch.next_message())
+        .await
+        .expect("a watch message within 10 s")
+        .expect("a watch message");
+    assert_eq!(
+        message,
+        WatchMessage::Compacted {
+            compact_revision: third
+        }
+    );
+    assert!(watch.next().await.is_none(), "a compacted watch ends");
+}
