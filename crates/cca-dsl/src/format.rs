@@ -215,25 +215,39 @@ impl<'a> Printer<'a> {
         self.out.push(']');
     }
 
+    /// One item per line with a trailing comma; a comment that followed an
+    /// item on its line stays there, others get their own line.
     fn multiline_list(&mut self, list: &'a SyntaxNode, depth: usize) {
-        self.out.push_str("[\n");
+        self.out.push('[');
+        let mut item_on_line = false;
         for child in &list.children {
             match child {
+                SyntaxElement::Token(token) if token.kind == TokenKind::Newline => {
+                    item_on_line = false;
+                }
                 SyntaxElement::Token(token) if token.kind == TokenKind::Comment => {
-                    self.indent(depth + 1);
                     let text = self.source.get(token.span.range()).unwrap_or_default();
+                    if item_on_line {
+                        self.out.push(' ');
+                    } else {
+                        self.out.push('\n');
+                        self.indent(depth + 1);
+                    }
                     self.out.push_str(text.trim_end());
-                    self.out.push('\n');
+                    item_on_line = false;
                 }
                 other => {
                     if let Some(value) = list_value(self.source, other) {
+                        self.out.push('\n');
                         self.indent(depth + 1);
                         self.value(&value, depth + 1);
-                        self.out.push_str(",\n");
+                        self.out.push(',');
+                        item_on_line = true;
                     }
                 }
             }
         }
+        self.out.push('\n');
         self.indent(depth);
         self.out.push(']');
     }

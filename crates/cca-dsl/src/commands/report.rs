@@ -63,15 +63,16 @@ pub fn render_human(sources: &SourceMap, diagnostics: &[Diagnostic], style: Styl
         if handler.render_report(&mut out, &adapter).is_err() {
             out.push_str(&format!("{}: {}\n", diagnostic.code, diagnostic.message));
         }
+        for note in &diagnostic.notes {
+            out.push_str(&format!("  note: {note}\n"));
+        }
     }
     out
 }
 
-/// Help and notes together: miette has one footer line per diagnostic.
+/// The help line; notes are printed after the report (miette has no notes).
 fn help_text(diagnostic: &Diagnostic) -> Option<String> {
-    let mut lines: Vec<String> = diagnostic.help.iter().cloned().collect();
-    lines.extend(diagnostic.notes.iter().map(|note| format!("note: {note}")));
-    (!lines.is_empty()).then(|| lines.join("\n"))
+    diagnostic.help.clone()
 }
 
 /// A file's text with its name, borrowed for the rendering.

@@ -12,7 +12,7 @@ use crate::ast::{Block, Entry, Value, decode_string};
 use crate::diagnostic::{Diagnostic, Span, codes};
 use crate::schema::{self, Context, Form};
 use crate::suggest::did_you_mean;
-use crate::syntax::{TokenKind, lex};
+use crate::syntax::{NodeKind, SyntaxElement, TokenKind, lex};
 use crate::template::{escape_for_string, substitute};
 
 /// A value with templates and strings resolved.
@@ -115,8 +115,12 @@ impl Compiler<'_> {
         }
     }
 
-    /// All values of an entry, resolved.
+    /// All values of an entry, resolved. An entry with a syntax error
+    /// gives `None` silently: the parser has reported it already.
     pub(crate) fn scalars(&mut self, entry: Entry<'_>) -> Option<Vec<Spanned>> {
+        if is_broken(entry) {
+            return None;
+        }
         let mut out = Vec::new();
         let mut ok = true;
         for value in entry.values() {
@@ -483,6 +487,24 @@ impl Compiler<'_> {
         }
         Some((name, first.span))
     }
+}
+
+/// Whether the parser reported an error inside this entry (outside its
+/// block, whose entries are checked on their own).
+fn is_broken(entry: Entry<'_>) -> bool {
+    let mut values = 0;
+    for child in &entry.node.children {
+        match child {
+            SyntaxElement::Node(node) if node.kind == NodeKind::Error => return true,
+            SyntaxElement::Node(node) if node.kind != NodeKind::Block && node.has_errors() => {
+                return true;
+            }
+            SyntaxElement::Token(token) if token.kind == TokenKind::Unknown => return true,
+            SyntaxElement::Token(token) if token.kind.is_trivia() => {}
+            _ => values += 1,
+        }
+    }
+    entry.has_eq() && values < 3
 }
 
 fn without_article(what: &str) -> &str {

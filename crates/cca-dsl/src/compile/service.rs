@@ -45,6 +45,8 @@ struct Draft {
     autoscale_span: Option<Span>,
     stateful: Option<Span>,
     scale_to_zero: Option<(Duration, Span)>,
+    /// `image` or `run` was written, even if its value was invalid.
+    wrote_workload: bool,
 }
 
 impl Compiler<'_> {
@@ -105,6 +107,7 @@ impl Compiler<'_> {
 
     fn service_entry(&mut self, service: &str, item: Entry<'_>, draft: &mut Draft) {
         let user = format!("service `{service}`");
+        draft.wrote_workload |= matches!(item.key(), "image" | "run");
         match item.key() {
             "image" => draft.image = self.setting_text(item).map(|t| (t, item.span())),
             "run" => draft.run = self.setting_text(item).map(|t| (t, item.span())),
@@ -169,6 +172,9 @@ impl Compiler<'_> {
     }
 
     fn workload(&mut self, draft: &Draft, at: Span) -> Option<Workload> {
+        if draft.image.is_none() && draft.run.is_none() && draft.wrote_workload {
+            return None;
+        }
         match (&draft.image, &draft.run) {
             (Some((image, _)), None) => Some(Workload::Image {
                 image: image.clone(),

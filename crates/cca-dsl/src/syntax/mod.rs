@@ -218,7 +218,10 @@ impl SyntaxNode {
                 SyntaxElement::Node(node) => node.write_shape(source, depth + 1, out),
                 SyntaxElement::Token(token) if is_layout(token.kind) => {}
                 SyntaxElement::Token(token) => {
-                    let text = source.get(token.span.range()).unwrap_or_default();
+                    let mut text = source.get(token.span.range()).unwrap_or_default();
+                    if token.kind == TokenKind::Comment {
+                        text = text.trim_end();
+                    }
                     out.push_str(&format!("{indent}  {:?} {text:?}\n", token.kind));
                 }
             }

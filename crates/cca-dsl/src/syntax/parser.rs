@@ -93,6 +93,9 @@ impl Parser<'_> {
     }
 
     fn expected_value_after_eq(&mut self, found: Option<TokenKind>) {
+        if found == Some(TokenKind::Unknown) {
+            return;
+        }
         let span = self.current_span();
         let found = found.map_or("the end of the file", TokenKind::describe);
         self.error(
@@ -252,19 +255,18 @@ impl Parser<'_> {
     fn skip_line(&mut self, found: TokenKind, expected: &str) -> SyntaxElement {
         let start = self.offset();
         let span = self.current_span();
-        let mut message = format!("expected {expected}, found {}", found.describe());
-        let mut help = None;
-        if starts_value(found) {
-            message = format!("unexpected {}", found.describe());
-            help =
-                Some("an entry is `key value...` or `key = value` (which takes exactly one value)");
-        }
+        let message = format!("expected {expected}, found {}", found.describe());
         let mut diagnostic =
             Diagnostic::error(codes::UNEXPECTED_TOKEN, span, message).with_label("unexpected here");
-        if let Some(help) = help {
-            diagnostic = diagnostic.with_help(help);
+        if starts_value(found) {
+            diagnostic = diagnostic.with_help(
+                "an entry is `key value...` or `key = value` (which takes exactly one value)",
+            );
         }
-        self.error(diagnostic);
+        // The lexer has already reported unknown characters.
+        if found != TokenKind::Unknown {
+            self.error(diagnostic);
+        }
         let mut children = Children::new();
         while let Some(kind) = self.peek_raw() {
             if matches!(
