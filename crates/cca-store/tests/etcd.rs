@@ -1,8 +1,8 @@
 //! The conformance suite on the etcd backend, each case on its own fresh
 //! etcd, plus what only the etcd backend has to get right: the key
 //! namespace, values at etcd's request-size limit, and connection trouble —
-//! a server that is down, one that stops answering, and one that restarts
-//! under a watch.
+//! a server that is down, one that stops answering or dies mid-request, and
+//! one that restarts under a watch (also while history is compacted).
 
 mod conformance;
 mod support;
