@@ -88,6 +88,7 @@ pub mod codes {
     pub const INVALID_UTF8: Code = Code("E006");
     pub const UNMATCHED_CLOSE: Code = Code("E007");
     pub const INVALID_ESCAPE: Code = Code("E008");
+    pub const TOO_MANY_ERRORS: Code = Code("E009");
     pub const UNKNOWN_BLOCK: Code = Code("E010");
     pub const UNKNOWN_KEY: Code = Code("E011");
     pub const WRONG_ARITY: Code = Code("E012");

@@ -216,6 +216,9 @@ impl Lexer<'_> {
 
     /// Advances over one whole UTF-8 character.
     fn skip_char(&mut self) {
+        if self.pos >= self.bytes.len() {
+            return;
+        }
         self.pos += 1;
         while self.pos < self.bytes.len() && !self.text.is_char_boundary(self.pos) {
             self.pos += 1;
@@ -294,6 +297,8 @@ mod tests {
         assert_eq!(tokens[2].span, Span::new(2, 7));
         let (_, errors) = lex("a \"\"\"never");
         assert_eq!(errors[0].message, "unterminated triple-quoted string");
+        let (tokens, _) = lex("\"x\\");
+        assert_eq!(tokens[0].span, Span::new(0, 3));
     }
 
     #[test]

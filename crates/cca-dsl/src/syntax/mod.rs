@@ -8,7 +8,7 @@ mod parser;
 
 use serde::Serialize;
 
-use crate::diagnostic::{Diagnostic, Span};
+use crate::diagnostic::{Diagnostic, Span, codes};
 
 pub use lexer::{Token, lex};
 
@@ -252,11 +252,30 @@ pub struct Parse {
 /// followed), so a hostile file cannot overflow the stack.
 pub const MAX_DEPTH: usize = 128;
 
+/// At most this many syntax errors are kept per file: past that, a file
+/// is not worth reading error by error (binary garbage, a wrong file).
+pub const MAX_ERRORS: usize = 100;
+
 /// Parses `text` into a lossless tree. Never fails and never panics.
 pub fn parse(text: &str) -> Parse {
     let (tokens, mut errors) = lex(text);
     let (root, parse_errors) = parser::parse_tokens(text, &tokens);
     errors.extend(parse_errors);
+    errors.sort_by_key(|e| (e.span.start, e.span.end));
+    if errors.len() > MAX_ERRORS {
+        let dropped = errors.len() - MAX_ERRORS;
+        let at = errors[MAX_ERRORS].span;
+        errors.truncate(MAX_ERRORS);
+        errors.push(
+            Diagnostic::error(
+                codes::TOO_MANY_ERRORS,
+                at,
+                format!("{dropped} more syntax errors not shown"),
+            )
+            .with_label("stopped reporting here")
+            .with_help("is this a .cca file?"),
+        );
+    }
     Parse { root, errors }
 }
 
