@@ -57,6 +57,7 @@ impl EtcdServer {
     /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
     pub fn pause(&self) {
         self.member.signal("STOP");
+        self.member.wait_until_stopped();
     }
 
     /// Thaws a paused server (SIGCONT).
@@ -267,6 +268,34 @@ impl Member {
             .status()
             .expect("run kill");
         assert!(status.success(), "kill -{signal} failed");
+    }
+
+    /// SIGSTOP returns before every thread has stopped; a request sent in
+    /// that window could still be served. Waits until /proc shows every
+    /// thread of the process stopped.
+    fn wait_until_stopped(&self) {
+        let child = self.child.as_ref().expect("etcd is running");
+        let tasks = format!("/proc/{}/task", child.id());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            let all_stopped = std::fs::read_dir(&tasks)
+                .expect("read the process's threads")
+                .filter_map(Result::ok)
+                .all(|task| {
+                    let stat =
+                        std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+                    // The state follows the parenthesised command name.
+                    stat.rsplit(')')
+                        .next()
+                        .map(str::trim_start)
+                        .is_some_and(|rest| rest.starts_with('T'))
+                });
+            if all_stopped {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("etcd did not stop within 5 s of SIGSTOP");
     }
 
     fn kill(&mut self) {
