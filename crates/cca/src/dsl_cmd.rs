@@ -13,29 +13,29 @@ use clap::{Args, ValueEnum};
 
 /// `cca fmt [--check] FILES…`
 #[derive(Debug, Args)]
-pub struct FmtArgs {
+pub(crate) struct FmtArgs {
     /// Change nothing; list the files that are not formatted and exit 1.
     #[arg(long)]
-    pub check: bool,
+    pub(crate) check: bool,
     /// The `.cca` files to format.
     #[arg(required = true, value_name = "FILE")]
-    pub files: Vec<PathBuf>,
+    pub(crate) files: Vec<PathBuf>,
 }
 
 /// `cca lint [--format human|json] FILES…`
 #[derive(Debug, Args)]
-pub struct LintArgs {
+pub(crate) struct LintArgs {
     /// How to print diagnostics.
     #[arg(long, value_enum, default_value_t = LintFormat::Human)]
-    pub format: LintFormat,
+    pub(crate) format: LintFormat,
     /// The `.cca` files to check.
     #[arg(required = true, value_name = "FILE")]
-    pub files: Vec<PathBuf>,
+    pub(crate) files: Vec<PathBuf>,
 }
 
 /// Output formats of `cca lint`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum LintFormat {
+pub(crate) enum LintFormat {
     /// Source excerpts with underlines, on stderr.
     Human,
     /// One JSON document on stdout, for editors and CI.
@@ -44,28 +44,28 @@ pub enum LintFormat {
 
 /// `cca render [--values F] [--set k=v] [--set-from-env k=ENV] FILE`
 #[derive(Debug, Args)]
-pub struct RenderArgs {
+pub(crate) struct RenderArgs {
     /// A `.ccv` values file; may repeat, later files win.
     #[arg(long = "values", value_name = "FILE")]
-    pub values: Vec<PathBuf>,
+    pub(crate) values: Vec<PathBuf>,
     /// Set one value; overrides values files.
     #[arg(long = "set", value_name = "KEY=VALUE")]
-    pub set: Vec<String>,
+    pub(crate) set: Vec<String>,
     /// Set one value from an environment variable; overrides `--set`.
     #[arg(long = "set-from-env", value_name = "KEY=ENV_VAR")]
-    pub set_from_env: Vec<String>,
+    pub(crate) set_from_env: Vec<String>,
     /// The template to expand.
     #[arg(value_name = "FILE")]
-    pub file: PathBuf,
+    pub(crate) file: PathBuf,
 }
 
 /// Runs `cca fmt`.
-pub fn fmt(args: &FmtArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn fmt(args: &FmtArgs) -> anyhow::Result<ExitCode> {
     run(|io| commands::fmt(&RealFs, &args.files, args.check, io)).context("cca fmt")
 }
 
 /// Runs `cca lint`.
-pub fn lint(args: &LintArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn lint(args: &LintArgs) -> anyhow::Result<ExitCode> {
     let format = match args.format {
         LintFormat::Human => DiagnosticFormat::Human,
         LintFormat::Json => DiagnosticFormat::Json,
@@ -74,7 +74,7 @@ pub fn lint(args: &LintArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// Runs `cca render`.
-pub fn render(args: &RenderArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn render(args: &RenderArgs) -> anyhow::Result<ExitCode> {
     let options = ValueOptions {
         files: args.values.clone(),
         set: args.set.clone(),

@@ -2,6 +2,7 @@
 //! logic lives in the crate that owns its concept; the modules here turn
 //! arguments into calls and results into output and exit codes.
 
+mod dsl_cmd;
 mod store_cmd;
 
 use std::process::ExitCode;
@@ -20,6 +21,12 @@ struct Cli {
 enum Command {
     /// Read and write the fact store directly (an operator's tool, like etcdctl).
     Store(store_cmd::StoreArgs),
+    /// Rewrite .cca files in the canonical layout (--check: only list them).
+    Fmt(dsl_cmd::FmtArgs),
+    /// Check .cca files for errors and warnings without a cluster.
+    Lint(dsl_cmd::LintArgs),
+    /// Print a .cca template with its {{ values.KEY }} placeholders expanded.
+    Render(dsl_cmd::RenderArgs),
 }
 
 fn main() -> ExitCode {
@@ -27,6 +34,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let outcome = match cli.command {
         Command::Store(args) => store_cmd::run(args),
+        Command::Fmt(args) => dsl_cmd::fmt(&args),
+        Command::Lint(args) => dsl_cmd::lint(&args),
+        Command::Render(args) => dsl_cmd::render(&args),
     };
     match outcome {
         Ok(code) => code,

@@ -354,7 +354,7 @@ impl Compiler<'_> {
                     }
                 }
                 "database" => spec.database = self.setting_text(item),
-                "params" => spec.params = self.string_map(item, Context::Params).0,
+                "params" => spec.params = self.string_map(item, Context::Params),
                 _ => {}
             }
         }

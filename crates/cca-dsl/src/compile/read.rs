@@ -342,7 +342,8 @@ impl Compiler<'_> {
         let Some(block) = block else {
             return Vec::new();
         };
-        let mut seen: BTreeMap<&'a str, Span> = BTreeMap::new();
+        // Blocks are small: a list beats a map here.
+        let mut seen: Vec<(&'a str, Span)> = Vec::new();
         let mut known = Vec::new();
         for entry in block.entries() {
             let key = entry.key();
@@ -350,11 +351,16 @@ impl Compiler<'_> {
                 self.unknown_key(entry, context);
                 continue;
             };
-            if entry.block().is_some() && spec.block.is_none() {
+            let block = if spec.block.is_none() {
+                entry.block()
+            } else {
+                None
+            };
+            if let Some(block) = block {
                 self.report(
                     Diagnostic::error(
                         codes::WRONG_ARITY,
-                        entry.block().map_or(entry.span(), Block::span),
+                        block.span(),
                         format!("`{key}` takes no block"),
                     )
                     .with_label("unexpected block"),
@@ -362,8 +368,7 @@ impl Compiler<'_> {
                 continue;
             }
             if matches!(spec.form, Form::Setting | Form::Flag) {
-                if let Some(first) = seen.get(key) {
-                    let first = *first;
+                if let Some(&(_, first)) = seen.iter().find(|(seen_key, _)| *seen_key == key) {
                     self.report(
                         Diagnostic::error(
                             codes::DUPLICATE_KEY,
@@ -375,7 +380,7 @@ impl Compiler<'_> {
                     );
                     continue;
                 }
-                seen.insert(key, entry.key_span());
+                seen.push((key, entry.key_span()));
             }
             known.push(entry);
         }
@@ -425,25 +430,33 @@ impl Compiler<'_> {
         &mut self,
         entry: Entry<'_>,
         context: Context,
-    ) -> (BTreeMap<String, String>, BTreeMap<String, Span>) {
-        let mut map = BTreeMap::new();
-        let mut spans = BTreeMap::new();
+    ) -> BTreeMap<String, String> {
+        self.string_pairs(entry, context)
+            .into_iter()
+            .map(|(key, value, _)| (key, value))
+            .collect()
+    }
+
+    /// The pairs of a free-form block with the span of each value.
+    pub(crate) fn string_pairs(
+        &mut self,
+        entry: Entry<'_>,
+        context: Context,
+    ) -> Vec<(String, String, Span)> {
+        let mut pairs = Vec::new();
         let block = self.block_of(entry);
         for item in self.entries(block, context) {
             let Some(value) = self.single(item) else {
                 continue;
             };
-            let text = match &value.value {
-                Scalar::Text(text) | Scalar::Name(text) | Scalar::Number(text) => text.clone(),
-                _ => {
-                    self.wrong_type(&value, "a string");
-                    continue;
+            match value.value {
+                Scalar::Text(text) | Scalar::Name(text) | Scalar::Number(text) => {
+                    pairs.push((item.key().to_owned(), text, value.span));
                 }
-            };
-            map.insert(item.key().to_owned(), text);
-            spans.insert(item.key().to_owned(), value.span);
+                _ => self.wrong_type(&value, "a string"),
+            }
         }
-        (map, spans)
+        pairs
     }
 
     /// The name after a block keyword: `service web { ... }`.

@@ -106,7 +106,7 @@ impl Compiler<'_> {
     }
 
     fn service_entry(&mut self, service: &str, item: Entry<'_>, draft: &mut Draft) {
-        let user = format!("service `{service}`");
+        let user = || format!("service `{service}`");
         draft.wrote_workload |= matches!(item.key(), "image" | "run");
         match item.key() {
             "image" => draft.image = self.setting_text(item).map(|t| (t, item.span())),
@@ -114,19 +114,19 @@ impl Compiler<'_> {
             "command" => draft.command = self.setting_text(item).map(|t| (t, item.span())),
             "replicas" => draft.replicas = self.setting_count(item).map(|n| (n, item.span())),
             "port" => self.port(item, draft),
-            "env" => draft.env.extend(self.string_map(item, Context::Env).0),
+            "env" => draft.env.extend(self.string_map(item, Context::Env)),
             "resources" => self.resources(item, &mut draft.resources),
             "placement" => self.placement(service, item, &mut draft.placement),
-            "tags" => draft.tags.extend(self.string_map(item, Context::Tags).0),
+            "tags" => draft.tags.extend(self.string_map(item, Context::Tags)),
             "secret" => {
                 for (name, span) in self.names(item) {
-                    self.refer(Kind::Secret, &name, span, user.clone());
+                    self.refer(Kind::Secret, &name, span, user());
                     draft.secrets.push((name, span));
                 }
             }
             "connection" => {
                 for (name, span) in self.names(item) {
-                    self.refer(Kind::Connection, &name, span, user.clone());
+                    self.refer(Kind::Connection, &name, span, user());
                     draft.connections.push(name);
                 }
             }
@@ -536,18 +536,15 @@ impl Compiler<'_> {
                     }
                 }
                 "restrict" => {
-                    let (labels, spans) = self.string_map(entry, Context::Restrict);
-                    for (key, value) in &labels {
-                        if let Some(span) = spans.get(key) {
-                            let site = super::Site {
-                                file: self.file,
-                                span: *span,
-                            };
-                            self.restrict_sites
-                                .entry((service.to_owned(), key.clone()))
-                                .or_insert(site);
-                        }
-                        placement.restrict.insert(key.clone(), value.clone());
+                    for (key, value, span) in self.string_pairs(entry, Context::Restrict) {
+                        let site = super::Site {
+                            file: self.file,
+                            span,
+                        };
+                        self.restrict_sites
+                            .entry((service.to_owned(), key.clone()))
+                            .or_insert(site);
+                        placement.restrict.insert(key, value);
                     }
                 }
                 "spread" => {

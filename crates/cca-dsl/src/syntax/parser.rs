@@ -53,7 +53,8 @@ impl Parser<'_> {
     /// `key value... [block]` or `key = value`.
     fn entry(&mut self) -> SyntaxElement {
         let start = self.offset();
-        let mut children = vec![self.bump()];
+        let mut children = Vec::with_capacity(8);
+        children.push(self.bump());
         self.eat_whitespace(&mut children);
         if self.peek_raw() == Some(TokenKind::Eq) {
             children.push(self.bump());
@@ -144,7 +145,8 @@ impl Parser<'_> {
         self.depth += 1;
         let start = self.offset();
         let open = self.tokens[self.pos].span;
-        let mut children = vec![self.bump()];
+        let mut children = Vec::with_capacity(16);
+        children.push(self.bump());
         loop {
             match self.peek_raw() {
                 None => {
@@ -321,7 +323,7 @@ impl Parser<'_> {
 }
 
 fn node(kind: NodeKind, children: Children, at: usize) -> SyntaxElement {
-    SyntaxElement::Node(SyntaxNode::new(kind, children, at))
+    SyntaxElement::Node(Box::new(SyntaxNode::new(kind, children, at)))
 }
 
 fn is_separator(kind: TokenKind) -> bool {
