@@ -72,6 +72,51 @@ pub fn observed_instance(instance: &str) -> String {
 /// `meta/leader`: the leader lease and fencing token.
 pub const LEADER: &str = "meta/leader";
 
+/// Root of the event log (`events/{at:013}-{seq:06}`).
+pub const EVENTS: &str = "events/";
+
+/// Prefixes of the collections controllers and the API read.
+pub const DESIRED_SERVICES: &str = "desired/service/";
+pub const DESIRED_NODES: &str = "desired/node/";
+pub const DERIVED_INSTANCES: &str = "derived/instance/";
+pub const DERIVED_NODES: &str = "derived/node/";
+pub const DERIVED_UNPLACED: &str = "derived/unplaced/";
+pub const DERIVED_ENDPOINTS: &str = "derived/endpoint/";
+pub const OBSERVED_NODES: &str = "observed/node/";
+pub const OBSERVED_HEARTBEATS: &str = "observed/heartbeat/";
+pub const OBSERVED_INSTANCES: &str = "observed/instance/";
+
+/// `desired/node/{node}`: an operator's drain/disable intent.
+pub fn desired_node(node: &str) -> String {
+    format!("{DESIRED_NODES}{node}")
+}
+
+/// `derived/node/{node}`: the node's condition, as the node controller sees it.
+pub fn derived_node(node: &str) -> String {
+    format!("{DERIVED_NODES}{node}")
+}
+
+/// `derived/unplaced/{svc}`: demand of a service the scheduler could not place.
+pub fn derived_unplaced(service: &str) -> String {
+    format!("{DERIVED_UNPLACED}{service}")
+}
+
+/// `derived/endpoint/{svc}/{port}`: ready backends of one service port.
+pub fn derived_endpoint(service: &str, port: &str) -> String {
+    format!("{DERIVED_ENDPOINTS}{service}/{port}")
+}
+
+/// `observed/heartbeat/{node}`: the agent's leased liveness key.
+pub fn observed_heartbeat(node: &str) -> String {
+    format!("{OBSERVED_HEARTBEATS}{node}")
+}
+
+/// `events/{at:013}-{seq:06}`: sorts by time; `seq` tells apart events of
+/// one millisecond.
+pub fn event(at_millis: i64, seq: u32) -> String {
+    format!("{EVENTS}{at_millis:013}-{seq:06}")
+}
+
 /// The smallest key greater than every key starting with `prefix`, or
 /// `None` when no such key exists (empty prefix, or all bytes 0xff). Used to
 /// turn a prefix into a half-open key range.
@@ -107,5 +152,7 @@ mod tests {
         );
         assert_eq!(observed_node("n1"), "observed/node/n1");
         assert_eq!(observed_instance("web-1"), "observed/instance/web-1");
+        assert_eq!(derived_endpoint("web", "http"), "derived/endpoint/web/http");
+        assert_eq!(event(1_700_000_000_000, 7), "events/1700000000000-000007");
     }
 }

@@ -2,6 +2,7 @@
 //! may write it. This crate does no IO and knows nothing of tokio, HTTP or
 //! any store backend; every other crate builds on it.
 
+pub mod cluster;
 pub mod keys;
 pub mod ownership;
 pub mod spec;

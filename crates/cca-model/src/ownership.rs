@@ -2,7 +2,7 @@
 //! plane's runner checks each controller's writes against this table before
 //! committing, which is what lets controllers run without locks.
 
-use crate::keys::{DESIRED, META, OBSERVED};
+use crate::keys;
 
 /// Who may write a key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -32,14 +32,16 @@ pub enum OwnershipError {
 
 /// Prefix → owner, most specific first.
 const TABLE: &[(&str, Owner)] = &[
-    ("derived/instance/", Owner::Controller("instance")),
-    ("derived/unplaced/", Owner::Controller("scheduler")),
-    ("derived/endpoint/", Owner::Controller("endpoint")),
+    (keys::DERIVED_INSTANCES, Owner::Controller("scheduler")),
+    (keys::DERIVED_UNPLACED, Owner::Controller("scheduler")),
+    (keys::DERIVED_NODES, Owner::Controller("node")),
+    (keys::DERIVED_ENDPOINTS, Owner::Controller("endpoint")),
     ("derived/vip/", Owner::Controller("network")),
     ("derived/subnet/", Owner::Controller("network")),
-    (DESIRED, Owner::Api),
-    (OBSERVED, Owner::Agent),
-    (META, Owner::Server),
+    (keys::DESIRED, Owner::Api),
+    (keys::OBSERVED, Owner::Agent),
+    (keys::META, Owner::Server),
+    (keys::EVENTS, Owner::Server),
 ];
 
 /// The owner of `key`, or an error when no prefix in the table covers it.
@@ -75,7 +77,7 @@ mod tests {
     fn most_specific_prefix_wins() {
         assert_eq!(
             owner_of("derived/instance/web/1"),
-            Ok(Owner::Controller("instance"))
+            Ok(Owner::Controller("scheduler"))
         );
         assert_eq!(owner_of("desired/service/web"), Ok(Owner::Api));
         assert_eq!(owner_of("observed/node/n1"), Ok(Owner::Agent));
@@ -83,11 +85,11 @@ mod tests {
 
     #[test]
     fn foreign_and_unowned_writes_are_refused_with_the_key() {
-        let err = check_write(&Owner::Controller("scheduler"), "derived/instance/a/1")
-            .expect_err("scheduler does not own instances");
+        let err = check_write(&Owner::Controller("endpoint"), "derived/instance/a/1")
+            .expect_err("the endpoint controller does not own instances");
         assert_eq!(
             err.to_string(),
-            "key `derived/instance/a/1` belongs to Controller(\"instance\"), not Controller(\"scheduler\")"
+            "key `derived/instance/a/1` belongs to Controller(\"scheduler\"), not Controller(\"endpoint\")"
         );
         let err = owner_of("derived/mystery/x").expect_err("nobody owns it");
         assert_eq!(

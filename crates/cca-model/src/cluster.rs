@@ -1,0 +1,258 @@
+//! The cluster's live state as facts: nodes (registration, heartbeat,
+//! operator intent, derived condition), instances (placement, reported
+//! status), unplaced demand, endpoints and the event log. Each type names
+//! the key it lives under and who writes it; all are JSON in the store.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::spec::{Cpu, Memory};
+
+/// Milliseconds since the Unix epoch; the clock every fact uses.
+pub type Millis = i64;
+
+/// `observed/node/{node}`, written by the node's agent when it registers.
+/// Permanent: a node that stops heartbeating stays known (and becomes
+/// unreachable) until an operator removes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    /// Allocatable CPU.
+    pub cpu: Cpu,
+    /// Allocatable memory.
+    pub memory: Memory,
+    /// `amd64`, `arm64`, … (Go/OCI spelling).
+    pub arch: String,
+    pub zone: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    /// Addresses other nodes and clients reach this node at.
+    pub addresses: Vec<String>,
+    /// Where the agent serves logs and exec for the API server.
+    pub agent_url: Option<String>,
+    pub registered_at: Millis,
+}
+
+impl NodeInfo {
+    /// The value of a placement label: `arch` and `zone` are labels too.
+    pub fn label(&self, name: &str) -> Option<&str> {
+        match name {
+            "arch" => Some(&self.arch),
+            "zone" => self.zone.as_deref(),
+            "node" | "name" => Some(&self.name),
+            _ => self.labels.get(name).map(String::as_str),
+        }
+    }
+}
+
+/// `observed/heartbeat/{node}`: attached to the agent's lease, so it
+/// vanishes when the agent stops renewing it. Its presence means alive.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Heartbeat {
+    pub lease_ttl_secs: u64,
+    pub started_at: Millis,
+}
+
+/// `desired/node/{node}`: what an operator asked of a node.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeControl {
+    /// Move every instance off, respecting disruption budgets.
+    pub drain: bool,
+    /// Place nothing new here; running instances stay.
+    pub disabled: bool,
+}
+
+/// `derived/node/{node}`, written by the node controller.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeStatus {
+    pub condition: NodeCondition,
+    /// When the condition last changed.
+    pub since: Millis,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NodeCondition {
+    Ready,
+    /// The heartbeat lease expired; instances are replaced after a grace
+    /// period.
+    Unreachable,
+}
+
+/// `derived/instance/{service}/{id}`, written by the scheduler: one
+/// instance of a service, placed on a node. Agents run what is placed on
+/// their node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Instance {
+    pub id: String,
+    pub service: String,
+    pub node: String,
+    /// Stable ordinal of a stateful service's instance (`db-0`, `db-1`).
+    pub ordinal: Option<u32>,
+    /// Hash of the service spec this instance runs; a change rolls it.
+    pub spec_hash: String,
+    /// Resources reserved on the node (copied from the spec at placement).
+    pub cpu: Cpu,
+    pub memory: Memory,
+    /// Host ports reserved on the node, by service port name or number.
+    pub host_ports: BTreeMap<String, u16>,
+    pub created_at: Millis,
+    /// The scheduler asked the agent to stop it (drain, scale down, roll);
+    /// the record goes once the agent reports it stopped.
+    pub stopping: bool,
+}
+
+/// `observed/instance/{id}`, written by the agent running the instance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceStatus {
+    pub id: String,
+    pub service: String,
+    pub node: String,
+    pub state: InstanceState,
+    /// `None` until a health check has run (or when there is none).
+    pub healthy: Option<bool>,
+    pub pid: Option<u32>,
+    /// Address the instance is reachable at (container IP or node address).
+    pub address: Option<String>,
+    /// Host ports actually bound, by service port name or number.
+    pub host_ports: BTreeMap<String, u16>,
+    pub restarts: u32,
+    pub last_exit: Option<ExitInfo>,
+    /// Human-readable detail of the current state.
+    pub message: Option<String>,
+    pub updated_at: Millis,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InstanceState {
+    /// Accepted by the agent, not started yet (image pull, init steps).
+    Pending,
+    Starting,
+    Running,
+    /// Crashed; the agent restarts it with backoff.
+    Restarting,
+    Stopping,
+    Stopped,
+    /// Gave up: restarts exhausted or it cannot start at all.
+    Failed,
+}
+
+impl InstanceState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            InstanceState::Pending => "pending",
+            InstanceState::Starting => "starting",
+            InstanceState::Running => "running",
+            InstanceState::Restarting => "restarting",
+            InstanceState::Stopping => "stopping",
+            InstanceState::Stopped => "stopped",
+            InstanceState::Failed => "failed",
+        }
+    }
+}
+
+/// How a process last ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitInfo {
+    pub code: Option<i32>,
+    pub signal: Option<i32>,
+    /// `oom_killed`, `killed`, `exited`, `start_failed`, …
+    pub reason: String,
+    pub at: Millis,
+    /// The last lines the instance wrote, for `cca describe`.
+    pub log_tail: Vec<String>,
+}
+
+/// `derived/unplaced/{service}/{slot}`, written by the scheduler: demand it
+/// could not place, and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Unplaced {
+    pub service: String,
+    /// How many instances of the service are waiting.
+    pub count: u32,
+    pub reason: UnplacedReason,
+    /// The constraint that failed, e.g. `memory: needs 512Mi, at most 256Mi free`.
+    pub constraint: String,
+    /// The node that came closest, with what it lacks.
+    pub nearest_node: Option<String>,
+    pub since: Millis,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnplacedReason {
+    /// Some node could take it if it had more room.
+    InsufficientCapacity,
+    /// No node can ever take it as the cluster is (labels, ports, arch).
+    UnsatisfiableConstraint,
+}
+
+/// `derived/endpoint/{service}/{port}`, written by the endpoint controller:
+/// the ready backends of one service port.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Endpoints {
+    pub service: String,
+    pub port: String,
+    pub backends: Vec<Backend>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Backend {
+    pub instance: String,
+    pub node: String,
+    pub address: String,
+    pub port: u16,
+}
+
+/// `events/{at:013}-{seq}`: one entry of the event log (kept for a
+/// retention period, then deleted).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    pub at: Millis,
+    pub level: EventLevel,
+    /// Which component said it: `api`, `scheduler`, `node`, an agent's node name.
+    pub source: String,
+    /// What it is about: `service/web`, `node/n1`, `instance/web-3`.
+    pub subject: String,
+    pub message: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventLevel {
+    Info,
+    Warning,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arch_zone_and_name_are_labels() {
+        let node = NodeInfo {
+            name: "n1".into(),
+            cpu: Cpu(2000),
+            memory: Memory(1 << 30),
+            arch: "amd64".into(),
+            zone: Some("eu-1a".into()),
+            labels: BTreeMap::from([("disk".into(), "ssd".into())]),
+            addresses: vec!["127.0.0.1".into()],
+            agent_url: None,
+            registered_at: 0,
+        };
+        assert_eq!(node.label("arch"), Some("amd64"));
+        assert_eq!(node.label("zone"), Some("eu-1a"));
+        assert_eq!(node.label("disk"), Some("ssd"));
+        assert_eq!(node.label("name"), Some("n1"));
+        assert_eq!(node.label("gpu"), None);
+    }
+
+    #[test]
+    fn states_serialise_in_snake_case() {
+        let json = serde_json::to_string(&InstanceState::Restarting).expect("encodes");
+        assert_eq!(json, "\"restarting\"");
+        assert_eq!(InstanceState::Restarting.as_str(), "restarting");
+    }
+}
