@@ -100,6 +100,17 @@ pub struct Instance {
     /// The scheduler asked the agent to stop it (drain, scale down, roll);
     /// the record goes once the agent reports it stopped.
     pub stopping: bool,
+    /// The instance this one takes over from (a drain or rebalancing move):
+    /// the scheduler stops that one once this one runs. Until then this
+    /// instance is a surge and does not count towards the replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaces: Option<String>,
+    /// When failed predecessors of this instance were replaced (newest
+    /// last, pruned to the scheduler's failure window). The scheduler sums
+    /// these per service to cap replacements, so the restart budget is
+    /// computed from facts and survives a leader change.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<Millis>,
 }
 
 /// `observed/instance/{id}`, written by the agent running the instance.
