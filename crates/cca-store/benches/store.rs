@@ -7,10 +7,7 @@
 //! /usr/bin/etcd is missing (`scripts/test` installs it).
 
 #![allow(clippy::print_stdout, reason = "a benchmark reports on stdout")]
-#![allow(missing_debug_implementations, unreachable_pub, dead_code)]
-
-#[path = "../tests/support/etcd.rs"]
-mod etcd_server;
+#![allow(missing_debug_implementations)]
 
 use std::fs::OpenOptions;
 use std::io::{Seek, SeekFrom, Write};
@@ -242,7 +239,7 @@ fn main() {
         store: Arc::new(embedded),
     }];
     let _etcd = if std::path::Path::new("/usr/bin/etcd").exists() {
-        let server = etcd_server::EtcdServer::start();
+        let server = cca_store::testing::etcd::EtcdServer::start();
         let config = cca_store::etcd::Config::new(vec![server.endpoint()]);
         let store = rt
             .block_on(EtcdStore::connect(config))

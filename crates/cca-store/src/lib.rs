@@ -7,6 +7,8 @@
 pub mod embedded;
 pub mod error;
 pub mod etcd;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod types;
 mod validate;
 mod watch;
@@ -52,6 +54,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// The store's current revision.
     async fn current_revision(&self) -> Result<Revision>;
+
+    /// Most ops (and most compares) one transaction may carry; callers that
+    /// can split their work split it into transactions of this size.
+    fn max_txn_ops(&self) -> usize;
 }
 
 /// Which backend to open, parsed from a store URL.

@@ -5,18 +5,17 @@
 //! one that restarts under a watch (also while history is compacted).
 
 mod conformance;
-mod support;
 
 use std::any::Any;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cca_store::etcd::{Config, EtcdStore};
+use cca_store::testing::etcd::EtcdServer;
 use cca_store::{
     MAX_VALUE_BYTES, Op, RangeRequest, Revision, Store, StoreError, Txn, WatchEvent, WatchMessage,
     WatchStream,
 };
-use support::etcd::EtcdServer;
 
 async fn fixture() -> conformance::Fixture {
     let server = EtcdServer::start();

@@ -2,13 +2,11 @@
 //! client talks to, or the leader — must not interrupt reads, transactions
 //! or watches.
 
-mod support;
-
 use std::time::Duration;
 
 use cca_store::etcd::{Config, EtcdStore};
+use cca_store::testing::etcd::EtcdCluster;
 use cca_store::{Compare, CompareOp, Op, Revision, Store, Txn, WatchMessage, WatchStream};
-use support::etcd::EtcdCluster;
 
 /// A store whose first (current) endpoint is member `first`.
 async fn connect_via(cluster: &EtcdCluster, first: usize) -> EtcdStore {

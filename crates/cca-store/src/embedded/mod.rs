@@ -231,4 +231,8 @@ impl Store for EmbeddedStore {
         self.shared.check()?;
         Ok(self.shared.read_state().revision)
     }
+
+    fn max_txn_ops(&self) -> usize {
+        usize::MAX
+    }
 }

@@ -64,6 +64,9 @@ pub struct Config {
     pub retry_max_delay: Duration,
     /// Largest response accepted (big ranges, watch catch-up batches).
     pub max_response_bytes: usize,
+    /// Most operations (and most compares) etcd accepts in one transaction:
+    /// its `--max-txn-ops`, 128 unless the cluster was started otherwise.
+    pub max_txn_ops: usize,
 }
 
 impl Config {
@@ -78,6 +81,7 @@ impl Config {
             retry_base_delay: Duration::from_millis(100),
             retry_max_delay: Duration::from_secs(1),
             max_response_bytes: 512 * 1024 * 1024,
+            max_txn_ops: 128,
         }
     }
 }
@@ -87,6 +91,7 @@ impl Config {
 pub struct EtcdStore {
     members: Arc<Members>,
     ns: Namespace,
+    max_txn_ops: usize,
 }
 
 impl EtcdStore {
@@ -96,6 +101,7 @@ impl EtcdStore {
         let store = EtcdStore {
             members: Arc::new(Members::connect(&config).await?),
             ns: Namespace::new(config.namespace),
+            max_txn_ops: config.max_txn_ops.max(1),
         };
         store.current_revision_read().await?;
         Ok(store)
@@ -218,5 +224,9 @@ impl Store for EtcdStore {
 
     async fn current_revision(&self) -> Result<Revision> {
         self.current_revision_read().await
+    }
+
+    fn max_txn_ops(&self) -> usize {
+        self.max_txn_ops
     }
 }
