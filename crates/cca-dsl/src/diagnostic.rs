@@ -103,10 +103,8 @@ pub mod codes {
     pub const INVALID_NAME: Code = Code("E021");
     pub const INCLUDE_FAILED: Code = Code("E030");
     pub const INCLUDE_CYCLE: Code = Code("E031");
-    pub const INCLUDE_PLACEMENT: Code = Code("E032");
     pub const UNSET_VALUE: Code = Code("E040");
     pub const BAD_PLACEHOLDER: Code = Code("E041");
-    pub const BAD_VALUES_FILE: Code = Code("E042");
     pub const UNKNOWN_LABEL_VALUE: Code = Code("W001");
     pub const UNSATISFIABLE_HINT: Code = Code("W002");
     pub const UNUSED_SECRET: Code = Code("W003");
