@@ -6,6 +6,9 @@
 
 pub mod cache;
 pub mod controller;
+pub mod leader;
+pub mod metrics;
+pub mod runner;
 pub mod view;
 
 pub use cache::Cache;

@@ -1,0 +1,184 @@
+//! The runner against real stores: plans are committed and no-op plans
+//! cost no write; writes outside a controller's domain are refused; and on
+//! a real etcd two servers elect exactly one leader, the other takes over
+//! within the lease TTL when the leader dies, and the deposed leader's late
+//! commit is refused by the fencing token.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cca_control::leader::LeaderRecord;
+use cca_control::metrics::Metrics;
+use cca_control::runner::{Runner, RunnerConfig};
+use cca_control::{Cache, Context, Controller, Plan, View, Write};
+use cca_model::keys;
+use cca_store::embedded::{Config, EmbeddedStore};
+use cca_store::etcd::EtcdStore;
+use cca_store::testing::etcd::EtcdServer;
+use cca_store::{Compare, CompareOp, Op, RangeRequest, Store, Txn, TxnOutcome};
+use tokio::sync::watch;
+
+/// Writes `key` once (as the controller named `name`), then is converged.
+struct WriteOnce {
+    name: &'static str,
+    key: String,
+}
+
+impl Controller for WriteOnce {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn interests(&self) -> &'static [&'static str] {
+        &["derived/"]
+    }
+
+    fn reconcile(&self, view: &View, _: &Context) -> Plan {
+        let mut plan = Plan::default();
+        if view.mod_revision(&self.key) == 0 && !view.endpoints.contains_key(self.key.trim_start_matches(keys::DERIVED_ENDPOINTS)) {
+            plan.writes.push(Write::put_json(self.key.clone(), &serde_json::json!({"service": "s", "port": "p", "backends": []})));
+        }
+        plan
+    }
+}
+
+async fn embedded() -> (Arc<dyn Store>, tempfile::TempDir) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = EmbeddedStore::open(Config::new(dir.path())).await.expect("open");
+    (Arc::new(store), dir)
+}
+
+struct Server {
+    metrics: Arc<Metrics>,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn start(store: Arc<dyn Store>, id: &str, controller: Arc<dyn Controller>, ttl: Duration) -> Server {
+    let cache = Arc::new(Cache::start(Arc::clone(&store)).await.expect("cache"));
+    let metrics = Arc::new(Metrics::new());
+    let mut config = RunnerConfig::new(id);
+    config.leader.ttl = ttl;
+    let runner = Runner::new(store, cache, vec![controller], Arc::clone(&metrics), config);
+    let (stop, stopped) = watch::channel(false);
+    let task = tokio::spawn(runner.run(stopped));
+    Server { metrics, stop, task }
+}
+
+async fn eventually(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if check().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out after {timeout:?} waiting for {what}");
+}
+
+fn metric(metrics: &Metrics, line_start: &str) -> f64 {
+    metrics
+        .render()
+        .lines()
+        .find(|line| line.starts_with(line_start))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_is_committed_once_and_a_converged_view_costs_no_write() {
+    let (store, _dir) = embedded().await;
+    let key = keys::derived_endpoint("web", "http");
+    let controller = Arc::new(WriteOnce { name: "endpoint", key: key.clone() });
+    let server = start(Arc::clone(&store), "a", controller, Duration::from_secs(2)).await;
+    eventually("the plan's write", Duration::from_secs(5), async || {
+        store.get(&key).await.expect("get").is_some()
+    })
+    .await;
+    let settled = store.current_revision().await.expect("revision");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(store.current_revision().await.expect("revision"), settled, "a no-op plan wrote");
+    assert_eq!(metric(&server.metrics, "reconciliation_writes_total{controller=\"endpoint\"}"), 1.0);
+    assert!(metric(&server.metrics, "reconciliation_cycle_total{controller=\"endpoint\"}") >= 2.0);
+    assert_eq!(metric(&server.metrics, "leader "), 1.0);
+    let _ = server.stop.send(true);
+    server.task.await.expect("runner stops");
+    assert_eq!(store.get(keys::LEADER).await.expect("get"), None, "a stopping leader resigns");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_outside_the_controllers_domain_is_refused() {
+    let (store, _dir) = embedded().await;
+    let foreign = keys::derived_instance("web", "web-1");
+    let controller = Arc::new(WriteOnce { name: "endpoint", key: foreign.clone() });
+    let server = start(Arc::clone(&store), "a", controller, Duration::from_secs(2)).await;
+    eventually("a refused cycle", Duration::from_secs(5), async || {
+        metric(&server.metrics, "reconciliation_errors_total{controller=\"endpoint\"}") >= 1.0
+    })
+    .await;
+    assert_eq!(store.get(&foreign).await.expect("get"), None);
+    let derived = store.range(RangeRequest::prefix(keys::DERIVED)).await.expect("range");
+    assert!(derived.kvs.is_empty(), "nothing under derived/ may be written: {:?}", derived.kvs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_servers_on_etcd_elect_one_leader_and_fail_over_within_the_ttl() {
+    const TTL: Duration = Duration::from_secs(2);
+    let etcd = EtcdServer::start();
+    let connect = || async {
+        let store = EtcdStore::connect(cca_store::etcd::Config::new(vec![etcd.endpoint()]))
+            .await
+            .expect("connect");
+        Arc::new(store) as Arc<dyn Store>
+    };
+    let observer = connect().await;
+    let writes = |server: &str| -> Arc<dyn Controller> {
+        Arc::new(WriteOnce {
+            name: "endpoint",
+            key: keys::derived_endpoint("leader", server),
+        })
+    };
+    let a = start(connect().await, "server-a", writes("server-a"), TTL).await;
+    let b = start(connect().await, "server-b", writes("server-b"), TTL).await;
+
+    eventually("a leader's controller to run", Duration::from_secs(5), async || {
+        observer.range(RangeRequest::prefix("derived/endpoint/leader/")).await.expect("range").kvs.len() == 1
+    })
+    .await;
+    let record = observer.get(keys::LEADER).await.expect("get").expect("a leader");
+    let leader: LeaderRecord = serde_json::from_slice(&record.value).expect("leader record");
+    let (leading, standby, standby_name) = if leader.server == "server-a" { (a, b, "server-b") } else { (b, a, "server-a") };
+    assert_eq!(metric(&leading.metrics, "leader "), 1.0);
+    assert_eq!(metric(&standby.metrics, "leader "), 0.0, "exactly one server leads");
+    let ran: Vec<String> = observer
+        .range(RangeRequest::prefix("derived/endpoint/leader/"))
+        .await
+        .expect("range")
+        .kvs
+        .into_iter()
+        .map(|kv| kv.key)
+        .collect();
+    assert_eq!(ran, [keys::derived_endpoint("leader", &leader.server)], "only the leader's controllers run");
+
+    // The leader dies without resigning: its lease must run out.
+    leading.task.abort();
+    let killed = Instant::now();
+    eventually("the standby to take over", TTL * 3, async || metric(&standby.metrics, "leader ") == 1.0).await;
+    let takeover = killed.elapsed();
+    eprintln!("takeover after {takeover:?} with a {TTL:?} lease TTL");
+    assert!(takeover <= TTL + Duration::from_millis(2500), "takeover took {takeover:?} with a {TTL:?} TTL");
+    eventually("the new leader's controller to run", Duration::from_secs(5), async || {
+        observer.get(&keys::derived_endpoint("leader", standby_name)).await.expect("get").is_some()
+    })
+    .await;
+
+    // A late commit fenced with the old leader's token is refused.
+    let stale_fence = Compare::mod_revision(keys::LEADER, CompareOp::Equal, record.mod_revision);
+    let late = Txn::new().when(stale_fence).then(Op::put(keys::derived_endpoint("late", "write"), "{}"));
+    let outcome = observer.txn(late).await.expect("txn");
+    assert!(matches!(outcome, TxnOutcome::CompareFailed { index: 0, .. }), "{outcome:?}");
+    assert_eq!(observer.get(&keys::derived_endpoint("late", "write")).await.expect("get"), None);
+    let _ = standby.stop.send(true);
+    let _ = standby.task.await;
+}
