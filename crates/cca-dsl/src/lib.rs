@@ -1,7 +1,7 @@
 //! `cca-dsl`: the `.cca` language. Text is lexed and parsed into a lossless
 //! syntax tree ([`syntax`]) that never fails to build; a typed view
 //! ([`ast`]) sits on top; [`compile`] checks the program and turns it into
-//! the typed desired facts of `cca_model::spec`; [`format`] prints the
+//! the typed desired facts of `cca_model::spec`; [`format`](mod@format) prints the
 //! canonical layout; [`template`] expands `{{ values.key }}`; [`source`]
 //! loads files (and `from` inclusions) through a small file-system trait;
 //! [`commands`] implements `cca fmt`, `cca lint` and `cca render`.

@@ -126,6 +126,44 @@ fn diagnostics_fixtures() {
     }
 }
 
+/// Every key the schema accepts is exercised by `compile/everything.cca`,
+/// so a key the compiler silently ignored would show in its snapshot.
+#[test]
+fn the_everything_fixture_uses_every_key() {
+    use cca_dsl::schema::{Context, names};
+    let text =
+        std::fs::read_to_string(fixtures_dir().join("compile/everything.cca")).expect("readable");
+    let words: std::collections::BTreeSet<&str> = text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .collect();
+    let contexts = [
+        Context::File,
+        Context::Service,
+        Context::Resources,
+        Context::Health,
+        Context::Placement,
+        Context::Update,
+        Context::Budget,
+        Context::Autoscale,
+        Context::Vertical,
+        Context::Init,
+        Context::Gate,
+        Context::Sticky,
+        Context::Tls,
+        Context::Connection,
+        Context::Secret,
+        Context::Network,
+        Context::Group,
+    ];
+    let missing: Vec<String> = contexts
+        .iter()
+        .flat_map(|context| names(*context).map(move |name| (context, name)))
+        .filter(|(_, name)| *name != "from" && !words.contains(name))
+        .map(|(context, name)| format!("{context:?}.{name}"))
+        .collect();
+    assert!(missing.is_empty(), "not exercised: {missing:?}");
+}
+
 #[test]
 fn compile_fixtures() {
     let fs = memory_fs("compile");
