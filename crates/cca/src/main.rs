@@ -2,12 +2,14 @@
 //! logic lives in the crate that owns its concept; the modules here turn
 //! arguments into calls and results into output and exit codes.
 
+mod cluster_cmd;
 mod dsl_cmd;
+mod server_cmd;
 mod store_cmd;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 /// CCattler: run services on a fleet of machines.
 #[derive(Debug, Parser)]
@@ -27,6 +29,10 @@ enum Command {
     Lint(dsl_cmd::LintArgs),
     /// Print a .cca template with its {{ values.KEY }} placeholders expanded.
     Render(dsl_cmd::RenderArgs),
+    /// Run the control plane: the API server on the fact store.
+    Server(server_cmd::ServerArgs),
+    #[command(flatten)]
+    Cluster(cluster_cmd::ClusterCommand),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +43,8 @@ fn main() -> ExitCode {
         Command::Fmt(args) => dsl_cmd::fmt(&args),
         Command::Lint(args) => dsl_cmd::lint(&args),
         Command::Render(args) => dsl_cmd::render(&args),
+        Command::Server(args) => server_cmd::run(args),
+        Command::Cluster(command) => cluster_cmd::run(command, Cli::command),
     };
     match outcome {
         Ok(code) => code,

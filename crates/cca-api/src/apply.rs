@@ -1,0 +1,273 @@
+//! `apply` and `diff`: compare a program's facts with the desired facts in
+//! the store and write the difference in ONE transaction guarded by the
+//! mod revision of every key it touches (retried on conflict, never half
+//! applied).
+//!
+//! Semantics: every object of the program is upserted; sub-facts (tags,
+//! secret grants) of the program's services that the program no longer
+//! has are deleted; objects the program does not mention are left alone,
+//! unless `prune` is set, in which case every program-managed fact the
+//! program does not have is deleted (operator node controls and secret
+//! values are never program-managed).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cca_model::cluster::{EventLevel, Millis};
+use cca_model::keys;
+use cca_model::spec::{Fact, Program};
+use cca_store::{Compare, CompareOp, KeyValue, Op, RangeRequest, Txn, TxnOutcome};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ApiError, ApiResult};
+use crate::state::{ApiState, encode, now_millis};
+use crate::types::ApplyReport;
+use crate::validate::check_program;
+
+/// Prefixes whose facts come from programs (and only from programs).
+pub(crate) const PROGRAM_PREFIXES: &[&str] = &[
+    keys::DESIRED_SERVICES,
+    "desired/gate/",
+    "desired/connection/",
+    "desired/secret-decl/",
+    "desired/network/policy/",
+    "desired/group/",
+];
+
+/// Root of the API's bookkeeping about services (when first applied).
+/// Kept outside `desired/service/` so programs and the cache ignore it.
+pub(crate) const SERVICE_META: &str = "desired/service-meta/";
+
+/// How many times a conflicting apply is re-planned before giving up.
+const ATTEMPTS: usize = 5;
+
+/// `desired/service-meta/{svc}`: when the service was applied.
+pub(crate) fn service_meta_key(service: &str) -> String {
+    format!("{SERVICE_META}{service}")
+}
+
+/// What the API remembers about a service besides its spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct ServiceMeta {
+    pub(crate) created_at: Millis,
+    pub(crate) updated_at: Millis,
+}
+
+/// A planned apply: the report and the transaction that makes it true.
+#[derive(Debug)]
+pub(crate) struct ApplyPlan {
+    pub(crate) report: ApplyReport,
+    pub(crate) txn: Txn,
+}
+
+/// Applies (or with `dry_run`, only diffs) `program` against the store.
+pub(crate) async fn apply_program(
+    state: &ApiState,
+    program: &Program,
+    prune: bool,
+    dry_run: bool,
+) -> ApiResult<ApplyReport> {
+    check_program(program)?;
+    let facts = program
+        .facts()
+        .map_err(|error| ApiError::invalid(error.to_string()))?;
+    for _ in 0..ATTEMPTS {
+        let page = state
+            .store()
+            .range(RangeRequest::prefix(keys::DESIRED))
+            .await?;
+        let current: BTreeMap<String, KeyValue> = page
+            .kvs
+            .into_iter()
+            .map(|kv| (kv.key.clone(), kv))
+            .collect();
+        let mut plan = plan(&facts, program, &current, prune, now_millis());
+        plan.report.dry_run = dry_run;
+        if dry_run || plan.report.is_empty() {
+            return Ok(plan.report);
+        }
+        let summary = summarize(&plan.report);
+        plan.txn
+            .ops
+            .push(state.event_op(EventLevel::Info, "apply", summary));
+        match state.store().txn(plan.txn).await? {
+            TxnOutcome::Committed { revision } => {
+                plan.report.revision = Some(revision);
+                return Ok(plan.report);
+            }
+            TxnOutcome::CompareFailed { .. } => continue,
+        }
+    }
+    Err(ApiError::conflict(
+        "desired facts kept changing while applying; nothing was written, retry",
+    ))
+}
+
+/// Compares `facts` with `current` and plans the writes. Pure.
+pub(crate) fn plan(
+    facts: &[Fact],
+    program: &Program,
+    current: &BTreeMap<String, KeyValue>,
+    prune: bool,
+    now: Millis,
+) -> ApplyPlan {
+    let mut report = ApplyReport::default();
+    let mut txn = Txn::new();
+    let wanted: BTreeSet<&str> = facts.iter().map(|fact| fact.key.as_str()).collect();
+    for fact in facts {
+        let existing = current.get(&fact.key);
+        match existing {
+            None => report.created.push(fact.key.clone()),
+            Some(kv) if kv.value != fact.value => report.changed.push(fact.key.clone()),
+            Some(_) => {
+                report.unchanged += 1;
+                continue;
+            }
+        }
+        guard(&mut txn, &fact.key, existing);
+        txn.ops.push(Op::put(fact.key.clone(), fact.value.clone()));
+    }
+    for (key, kv) in current {
+        if is_program_managed(key)
+            && !wanted.contains(key.as_str())
+            && (prune || belongs_to_program(key, program))
+        {
+            report.deleted.push(key.clone());
+            guard(&mut txn, key, Some(kv));
+            txn.ops.push(Op::delete(key.clone()));
+        }
+    }
+    plan_service_meta(&report, current, now, &mut txn);
+    ApplyPlan { report, txn }
+}
+
+/// Records when each created or changed service was applied, and forgets
+/// deleted ones.
+fn plan_service_meta(
+    report: &ApplyReport,
+    current: &BTreeMap<String, KeyValue>,
+    now: Millis,
+    txn: &mut Txn,
+) {
+    let written = report.created.iter().chain(&report.changed);
+    for service in written.filter_map(|key| service_of_spec_key(key)) {
+        let key = service_meta_key(service);
+        let existing = current.get(&key);
+        let created_at = existing
+            .and_then(|kv| serde_json::from_slice::<ServiceMeta>(&kv.value).ok())
+            .map_or(now, |meta| meta.created_at);
+        guard(txn, &key, existing);
+        let meta = ServiceMeta {
+            created_at,
+            updated_at: now,
+        };
+        txn.ops.push(Op::put(key, encode(&meta)));
+    }
+    for service in report
+        .deleted
+        .iter()
+        .filter_map(|key| service_of_spec_key(key))
+    {
+        let key = service_meta_key(service);
+        if let Some(kv) = current.get(&key) {
+            guard(txn, &key, Some(kv));
+            txn.ops.push(Op::delete(key));
+        }
+    }
+}
+
+/// The transaction only applies if `key` is still as it was read.
+fn guard(txn: &mut Txn, key: &str, read: Option<&KeyValue>) {
+    let revision = read.map_or(0, |kv| kv.mod_revision);
+    txn.compares
+        .push(Compare::mod_revision(key, CompareOp::Equal, revision));
+}
+
+fn is_program_managed(key: &str) -> bool {
+    PROGRAM_PREFIXES
+        .iter()
+        .any(|prefix| key.starts_with(prefix))
+}
+
+/// True for sub-facts (`desired/service/{svc}/…`) of a service the program defines.
+fn belongs_to_program(key: &str, program: &Program) -> bool {
+    key.strip_prefix(keys::DESIRED_SERVICES)
+        .and_then(|rest| rest.split_once('/'))
+        .is_some_and(|(service, _)| program.services.contains_key(service))
+}
+
+/// `desired/service/{svc}` → `svc` (not for sub-facts).
+fn service_of_spec_key(key: &str) -> Option<&str> {
+    key.strip_prefix(keys::DESIRED_SERVICES)
+        .filter(|rest| !rest.contains('/'))
+}
+
+fn summarize(report: &ApplyReport) -> String {
+    format!(
+        "applied: {} created, {} changed, {} deleted",
+        report.created.len(),
+        report.changed.len(),
+        report.deleted.len()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kv(key: &str, value: &[u8], mod_revision: i64) -> (String, KeyValue) {
+        let kv = KeyValue {
+            key: key.into(),
+            value: value.to_vec(),
+            create_revision: mod_revision,
+            mod_revision,
+            version: 1,
+            lease: None,
+        };
+        (key.into(), kv)
+    }
+
+    fn fact(key: &str, value: &[u8]) -> Fact {
+        Fact {
+            key: key.into(),
+            value: value.to_vec(),
+        }
+    }
+
+    #[test]
+    fn connections_not_in_the_program_stay_unless_pruned() {
+        let current = BTreeMap::from([kv("desired/connection/db", b"{}", 3)]);
+        let kept = plan(&[], &Program::default(), &current, false, 0);
+        assert!(kept.report.is_empty());
+        let pruned = plan(&[], &Program::default(), &current, true, 0);
+        assert_eq!(pruned.report.deleted, ["desired/connection/db"]);
+        assert_eq!(
+            pruned.txn.compares,
+            [Compare::mod_revision(
+                "desired/connection/db",
+                CompareOp::Equal,
+                3
+            )]
+        );
+    }
+
+    #[test]
+    fn node_controls_and_secret_values_are_never_pruned() {
+        let current = BTreeMap::from([
+            kv("desired/node/n1", b"{}", 2),
+            kv("desired/secret/db", b"x", 2),
+        ]);
+        let pruned = plan(&[], &Program::default(), &current, true, 0);
+        assert!(pruned.report.is_empty());
+        assert!(pruned.txn.ops.is_empty());
+    }
+
+    #[test]
+    fn unchanged_facts_are_counted_not_written() {
+        let current = BTreeMap::from([kv("desired/gate/g", b"1", 4)]);
+        let facts = [fact("desired/gate/g", b"1"), fact("desired/gate/h", b"2")];
+        let planned = plan(&facts, &Program::default(), &current, false, 0);
+        assert_eq!(planned.report.unchanged, 1);
+        assert_eq!(planned.report.created, ["desired/gate/h"]);
+        assert_eq!(planned.txn.ops.len(), 1);
+    }
+}

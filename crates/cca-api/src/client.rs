@@ -1,0 +1,364 @@
+//! The typed client of the API: one method per endpoint, errors carrying
+//! the server's status and message. Used by the CLI and, later, by agents.
+//! Plain HTTP for now; TLS settings will be added to [`Client::with_http`]'s
+//! caller (build the `reqwest::Client` with the cluster CA and a client
+//! certificate) without changing any method.
+
+use std::marker::PhantomData;
+
+use cca_model::cluster::{InstanceStatus, Millis};
+use cca_model::spec::Program;
+use cca_store::{LeaseId, Revision};
+use reqwest::{Method, RequestBuilder, Response};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::types::*;
+
+/// What can go wrong talking to the API.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an error.
+    #[error("{message} (HTTP {status})")]
+    Api { status: u16, message: String },
+    /// No answer: the server is down, unreachable, or the connection broke.
+    #[error("cannot reach the API server at {url}: {reason}")]
+    Unreachable { url: String, reason: String },
+    /// The server answered something this client does not understand.
+    #[error("unexpected answer from the API server: {0}")]
+    Decode(String),
+}
+
+impl ClientError {
+    /// The HTTP status of an API error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+pub type ClientResult<T> = Result<T, ClientError>;
+
+/// Filters of [`Client::instances`].
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct InstanceQuery {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// `k=v` filters, all of which must hold.
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "comma_joined")]
+    pub tags: Vec<String>,
+    pub all: bool,
+}
+
+/// Filters of [`Client::events`].
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct EventQuery {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<Millis>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
+fn comma_joined<S: serde::Serializer>(tags: &[String], serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(&tags.join(","))
+}
+
+/// A client of one API server.
+#[derive(Clone, Debug)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    /// A client of the server at `base` (`http://127.0.0.1:9770`).
+    pub fn new(base: &str) -> Self {
+        Self::with_http(reqwest::Client::new(), base)
+    }
+
+    /// A client using a configured `reqwest::Client` (timeouts, later TLS).
+    pub fn with_http(http: reqwest::Client, base: &str) -> Self {
+        Self {
+            http,
+            base: base.trim_end_matches('/').to_owned(),
+        }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    pub async fn apply(&self, program: &Program, prune: bool) -> ClientResult<ApplyReport> {
+        let request = self
+            .request(Method::POST, "/v1/apply")
+            .query(&[("prune", prune)]);
+        self.json(request.json(program)).await
+    }
+
+    pub async fn diff(&self, program: &Program, prune: bool) -> ClientResult<ApplyReport> {
+        let request = self
+            .request(Method::POST, "/v1/diff")
+            .query(&[("prune", prune)]);
+        self.json(request.json(program)).await
+    }
+
+    /// Services carrying every `k=v` tag.
+    pub async fn services(&self, tags: &[String]) -> ClientResult<Vec<ServiceSummary>> {
+        let mut request = self.request(Method::GET, "/v1/services");
+        if !tags.is_empty() {
+            request = request.query(&[("tag", tags.join(","))]);
+        }
+        self.json(request).await
+    }
+
+    pub async fn service(&self, name: &str) -> ClientResult<ServiceDetail> {
+        let path = format!("/v1/services/{}", segment(name));
+        self.json(self.request(Method::GET, &path)).await
+    }
+
+    pub async fn scale(&self, service: &str, replicas: u32) -> ClientResult<ScaleReport> {
+        let path = format!("/v1/services/{}/scale", segment(service));
+        let request = self
+            .request(Method::POST, &path)
+            .json(&ScaleRequest { replicas });
+        self.json(request).await
+    }
+
+    pub async fn delete_service(&self, name: &str) -> ClientResult<DeleteReport> {
+        let path = format!("/v1/services/{}", segment(name));
+        self.json(self.request(Method::DELETE, &path)).await
+    }
+
+    pub async fn instances(&self, query: &InstanceQuery) -> ClientResult<Vec<InstanceSummary>> {
+        self.json(self.request(Method::GET, "/v1/instances").query(query))
+            .await
+    }
+
+    pub async fn instance(&self, id: &str) -> ClientResult<InstanceDetail> {
+        let path = format!("/v1/instances/{}", segment(id));
+        self.json(self.request(Method::GET, &path)).await
+    }
+
+    pub async fn nodes(&self) -> ClientResult<Vec<NodeSummary>> {
+        self.json(self.request(Method::GET, "/v1/nodes")).await
+    }
+
+    pub async fn node(&self, name: &str) -> ClientResult<NodeDetail> {
+        let path = format!("/v1/nodes/{}", segment(name));
+        self.json(self.request(Method::GET, &path)).await
+    }
+
+    pub async fn drain(&self, node: &str) -> ClientResult<NodeControlReport> {
+        self.node_action(node, "drain").await
+    }
+
+    pub async fn disable_node(&self, node: &str) -> ClientResult<NodeControlReport> {
+        self.node_action(node, "disable").await
+    }
+
+    pub async fn enable_node(&self, node: &str) -> ClientResult<NodeControlReport> {
+        self.node_action(node, "enable").await
+    }
+
+    async fn node_action(&self, node: &str, action: &str) -> ClientResult<NodeControlReport> {
+        let path = format!("/v1/nodes/{}/{action}", segment(node));
+        self.json(self.request(Method::POST, &path)).await
+    }
+
+    pub async fn status(&self) -> ClientResult<ClusterStatus> {
+        self.json(self.request(Method::GET, "/v1/status")).await
+    }
+
+    pub async fn events(&self, query: &EventQuery) -> ClientResult<Vec<EventRecord>> {
+        self.json(self.request(Method::GET, "/v1/events").query(query))
+            .await
+    }
+
+    /// Changes under `prefix` from revision `from` (0: from now).
+    pub async fn watch(&self, prefix: &str, from: Revision) -> ClientResult<LineStream<WatchLine>> {
+        let request = self
+            .request(Method::GET, "/v1/watch")
+            .query(&[("prefix", prefix.to_owned()), ("from", from.to_string())]);
+        self.stream(request).await
+    }
+
+    /// Prometheus text of `/metrics`.
+    pub async fn metrics(&self) -> ClientResult<String> {
+        let response = self.send(self.request(Method::GET, "/metrics")).await?;
+        response
+            .text()
+            .await
+            .map_err(|error| self.unreachable(&error))
+    }
+
+    pub async fn register(&self, request: &RegisterRequest) -> ClientResult<RegisterReply> {
+        self.json(
+            self.request(Method::POST, "/v1/agent/register")
+                .json(request),
+        )
+        .await
+    }
+
+    /// Keeps the node's lease alive; a 409 means "register again".
+    pub async fn heartbeat(&self, node: &str, lease_id: LeaseId) -> ClientResult<HeartbeatReply> {
+        let path = format!("/v1/agent/nodes/{}/heartbeat", segment(node));
+        let request = self
+            .request(Method::POST, &path)
+            .json(&HeartbeatRequest { lease_id });
+        self.json(request).await
+    }
+
+    /// The node's assignments: a snapshot then changes, or with `from > 0`
+    /// the changes from that revision on.
+    pub async fn assignments(
+        &self,
+        node: &str,
+        from: Revision,
+    ) -> ClientResult<LineStream<AssignmentLine>> {
+        let path = format!("/v1/agent/nodes/{}/assignments", segment(node));
+        let request = self.request(Method::GET, &path).query(&[("from", from)]);
+        self.stream(request).await
+    }
+
+    pub async fn report(&self, node: &str, status: &InstanceStatus) -> ClientResult<WriteReply> {
+        let path = format!(
+            "/v1/agent/nodes/{}/instances/{}",
+            segment(node),
+            segment(&status.id)
+        );
+        self.json(self.request(Method::PUT, &path).json(status))
+            .await
+    }
+
+    pub async fn forget_instance(&self, node: &str, id: &str) -> ClientResult<WriteReply> {
+        let path = format!(
+            "/v1/agent/nodes/{}/instances/{}",
+            segment(node),
+            segment(id)
+        );
+        self.json(self.request(Method::DELETE, &path)).await
+    }
+
+    fn request(&self, method: Method, path: &str) -> RequestBuilder {
+        self.http.request(method, format!("{}{path}", self.base))
+    }
+
+    async fn json<T: DeserializeOwned>(&self, request: RequestBuilder) -> ClientResult<T> {
+        let response = self.send(request).await?;
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|error| self.unreachable(&error))?;
+        serde_json::from_slice(&bytes).map_err(|error| ClientError::Decode(error.to_string()))
+    }
+
+    async fn stream<T: DeserializeOwned>(
+        &self,
+        request: RequestBuilder,
+    ) -> ClientResult<LineStream<T>> {
+        let response = self.send(request).await?;
+        Ok(LineStream {
+            response,
+            buffer: Vec::new(),
+            kind: PhantomData,
+        })
+    }
+
+    /// Sends a request; error statuses become [`ClientError::Api`].
+    async fn send(&self, request: RequestBuilder) -> ClientResult<Response> {
+        let response = request
+            .send()
+            .await
+            .map_err(|error| self.unreachable(&error))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let body = response.bytes().await.unwrap_or_default();
+        let message = serde_json::from_slice::<ErrorBody>(&body)
+            .map(|body| body.error)
+            .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
+        Err(ClientError::Api {
+            status: status.as_u16(),
+            message,
+        })
+    }
+
+    fn unreachable(&self, error: &reqwest::Error) -> ClientError {
+        let mut reason = error.to_string();
+        let mut source = std::error::Error::source(error);
+        while let Some(cause) = source {
+            reason = format!("{reason}: {cause}");
+            source = cause.source();
+        }
+        ClientError::Unreachable {
+            url: self.base.clone(),
+            reason,
+        }
+    }
+}
+
+/// Escapes a name for one path segment.
+fn segment(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for byte in name.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// A stream of newline-delimited JSON values.
+#[derive(Debug)]
+pub struct LineStream<T> {
+    response: Response,
+    buffer: Vec<u8>,
+    kind: PhantomData<fn() -> T>,
+}
+
+impl<T: DeserializeOwned> LineStream<T> {
+    /// The next line; `None` when the server ended the stream.
+    pub async fn next(&mut self) -> Option<ClientResult<T>> {
+        loop {
+            if let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=end).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return Some(
+                    serde_json::from_slice(&line).map_err(|e| ClientError::Decode(e.to_string())),
+                );
+            }
+            match self.response.chunk().await {
+                Ok(Some(chunk)) => self.buffer.extend_from_slice(&chunk),
+                Ok(None) => return None,
+                Err(error) => {
+                    return Some(Err(ClientError::Unreachable {
+                        url: self.response.url().to_string(),
+                        reason: error.to_string(),
+                    }));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_are_escaped() {
+        assert_eq!(segment("web-1"), "web-1");
+        assert_eq!(segment("a/b c"), "a%2Fb%20c");
+    }
+}

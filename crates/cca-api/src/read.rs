@@ -1,0 +1,210 @@
+//! Read models built from one cache [`View`]: the rows of `get`, the
+//! details of `describe`, the cluster `status`. Pure functions of a
+//! snapshot, so every answer is consistent with itself.
+
+use std::collections::BTreeMap;
+
+use cca_control::View;
+use cca_model::cluster::{InstanceState, Millis};
+use cca_model::spec::{Cpu, Memory, ServiceSpec, Workload};
+
+use crate::types::{ClusterStatus, InstanceSummary, NodeCounts, NodeSummary, ServiceSummary};
+
+/// Filters of `get instances`.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct InstanceFilter {
+    pub(crate) service: Option<String>,
+    pub(crate) node: Option<String>,
+    /// Tags every instance's service must carry.
+    pub(crate) tags: Vec<(String, String)>,
+    /// Include stopped and failed instances.
+    pub(crate) all: bool,
+}
+
+/// One row per service carrying every tag in `tags`.
+pub(crate) fn services(
+    view: &View,
+    tags: &[(String, String)],
+    created: &BTreeMap<String, Millis>,
+) -> Vec<ServiceSummary> {
+    view.services
+        .iter()
+        .filter(|(name, _)| has_tags(view, name, tags))
+        .map(|(name, spec)| service_summary(view, name, spec, created.get(name).copied()))
+        .collect()
+}
+
+pub(crate) fn service_summary(
+    view: &View,
+    name: &str,
+    spec: &ServiceSpec,
+    created_at: Option<Millis>,
+) -> ServiceSummary {
+    let mine = || view.instances.values().filter(|i| i.service == name);
+    let running = mine()
+        .filter(|i| state_of(view, &i.id) == Some(InstanceState::Running))
+        .count();
+    ServiceSummary {
+        name: name.to_owned(),
+        workload: match spec.workload {
+            Workload::Image { .. } => "image".into(),
+            Workload::Process { .. } => "process".into(),
+        },
+        replicas: spec.replicas,
+        instances: mine().filter(|i| !i.stopping).count(),
+        running,
+        unplaced: view.unplaced.get(name).map_or(0, |u| u.count),
+        tags: view
+            .tags
+            .get(name)
+            .map(|tags| tags.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .unwrap_or_default(),
+        created_at,
+    }
+}
+
+fn has_tags(view: &View, service: &str, tags: &[(String, String)]) -> bool {
+    let held = view.tags.get(service);
+    tags.iter().all(|(key, value)| {
+        held.and_then(|held| held.get(key))
+            .is_some_and(|held| held == value)
+    })
+}
+
+fn state_of(view: &View, id: &str) -> Option<InstanceState> {
+    view.statuses.get(id).map(|status| status.state)
+}
+
+/// Instances placed or reported, filtered. Reports whose placement is
+/// gone are listed too (they are what an agent still runs or ran).
+pub(crate) fn instances(view: &View, filter: &InstanceFilter) -> Vec<InstanceSummary> {
+    let placed = view.instances.keys();
+    let orphans = view
+        .statuses
+        .keys()
+        .filter(|id| !view.instances.contains_key(*id));
+    let mut rows: Vec<InstanceSummary> = placed
+        .chain(orphans)
+        .filter_map(|id| instance_summary(view, id))
+        .filter(|row| keep(view, row, filter))
+        .collect();
+    rows.sort_by(|a, b| (&a.service, &a.id).cmp(&(&b.service, &b.id)));
+    rows
+}
+
+fn keep(view: &View, row: &InstanceSummary, filter: &InstanceFilter) -> bool {
+    let ended =
+        row.state == InstanceState::Stopped.as_str() || row.state == InstanceState::Failed.as_str();
+    (filter.all || !ended)
+        && filter.service.as_ref().is_none_or(|s| *s == row.service)
+        && filter.node.as_ref().is_none_or(|n| *n == row.node)
+        && has_tags(view, &row.service, &filter.tags)
+}
+
+/// The row of one instance, from its placement and its latest report.
+pub(crate) fn instance_summary(view: &View, id: &str) -> Option<InstanceSummary> {
+    let placement = view.instances.get(id);
+    let status = view.statuses.get(id);
+    let (service, node) = match (placement, status) {
+        (Some(p), _) => (p.service.clone(), p.node.clone()),
+        (None, Some(s)) => (s.service.clone(), s.node.clone()),
+        (None, None) => return None,
+    };
+    Some(InstanceSummary {
+        id: id.to_owned(),
+        service,
+        node,
+        state: status.map_or("assigned", |s| s.state.as_str()).to_owned(),
+        healthy: status.and_then(|s| s.healthy),
+        restarts: status.map_or(0, |s| s.restarts),
+        address: status.and_then(|s| s.address.clone()),
+        ordinal: placement.and_then(|p| p.ordinal),
+        stopping: placement.is_some_and(|p| p.stopping),
+        placed: placement.is_some(),
+        created_at: placement.map(|p| p.created_at),
+    })
+}
+
+/// One row per registered node.
+pub(crate) fn nodes(view: &View) -> Vec<NodeSummary> {
+    view.nodes
+        .keys()
+        .filter_map(|name| node_summary(view, name))
+        .collect()
+}
+
+pub(crate) fn node_summary(view: &View, name: &str) -> Option<NodeSummary> {
+    let info = view.nodes.get(name)?;
+    let control = view.node_controls.get(name);
+    let placed: Vec<_> = view.instances.values().filter(|i| i.node == name).collect();
+    Some(NodeSummary {
+        name: name.to_owned(),
+        status: node_condition(view, name).to_owned(),
+        draining: control.is_some_and(|c| c.drain),
+        disabled: control.is_some_and(|c| c.disabled),
+        cpu: info.cpu,
+        memory: info.memory,
+        cpu_allocated: Cpu(placed.iter().map(|i| i.cpu.0).sum()),
+        memory_allocated: Memory(placed.iter().map(|i| i.memory.0).sum()),
+        instances: placed.len(),
+        arch: info.arch.clone(),
+        zone: info.zone.clone(),
+        labels: info.labels.clone(),
+        addresses: info.addresses.clone(),
+        registered_at: info.registered_at,
+    })
+}
+
+/// The node controller's verdict when it has one; until then a live
+/// heartbeat lease means ready.
+fn node_condition(view: &View, name: &str) -> &'static str {
+    use cca_model::cluster::NodeCondition;
+    match view.node_statuses.get(name).map(|s| s.condition) {
+        Some(NodeCondition::Ready) => "ready",
+        Some(NodeCondition::Unreachable) => "unreachable",
+        None if view.heartbeats.contains_key(name) => "ready",
+        None => "unreachable",
+    }
+}
+
+/// The cluster summary.
+pub(crate) fn status(view: &View) -> ClusterStatus {
+    let nodes = nodes(view);
+    let counts = NodeCounts {
+        total: nodes.len(),
+        ready: nodes.iter().filter(|n| n.status == "ready").count(),
+        unreachable: nodes.iter().filter(|n| n.status == "unreachable").count(),
+        draining: nodes.iter().filter(|n| n.draining).count(),
+        disabled: nodes.iter().filter(|n| n.disabled).count(),
+    };
+    let all = InstanceFilter {
+        all: true,
+        ..InstanceFilter::default()
+    };
+    let mut by_state = BTreeMap::new();
+    for row in instances(view, &all) {
+        *by_state.entry(row.state).or_insert(0) += 1;
+    }
+    ClusterStatus {
+        revision: view.revision,
+        nodes: counts,
+        services: view.services.len(),
+        instances: by_state,
+        unplaced: view.unplaced.values().map(|u| (*u.value).clone()).collect(),
+        invalid_facts: view
+            .invalid
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    }
+}
+
+/// Parses `k=v` tag filters.
+pub(crate) fn parse_tags(raw: &[String]) -> Result<Vec<(String, String)>, String> {
+    raw.iter()
+        .map(|tag| match tag.split_once('=') {
+            Some((key, value)) if !key.is_empty() => Ok((key.to_owned(), value.to_owned())),
+            _ => Err(format!("tag filter `{tag}` is not of the form key=value")),
+        })
+        .collect()
+}

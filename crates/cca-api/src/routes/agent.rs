@@ -1,0 +1,382 @@
+//! Endpoints for node agents: register (node info plus a leased
+//! heartbeat key), heartbeat (lease keep-alive), the node-scoped stream of
+//! assignments, and observed-state reports. An agent may only report on
+//! instances placed on its own node — except to say one stopped or failed,
+//! which it must be able to do after the placement moved away.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::response::Response;
+use cca_model::cluster::{Heartbeat, Instance, InstanceState, InstanceStatus, NodeInfo};
+use cca_model::keys;
+use cca_store::{
+    Compare, CompareOp, KeyValue, Op, RangeRequest, Revision, StoreError, Txn, TxnOutcome,
+    WatchEvent, WatchMessage,
+};
+use serde::Deserialize;
+
+use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
+use crate::routes::watch::{LineSender, ndjson};
+use crate::state::{ApiState, encode, now_millis};
+use crate::types::{
+    Assignment, AssignmentLine, HeartbeatReply, HeartbeatRequest, RegisterReply, RegisterRequest,
+    WriteReply,
+};
+use crate::validate::check_name;
+
+/// Registers a node: writes `observed/node/{n}` (kept across restarts,
+/// with its first registration time) and `observed/heartbeat/{n}` attached
+/// to a fresh lease the agent must keep alive.
+pub(crate) async fn register(
+    State(state): State<ApiState>,
+    JsonBody(request): JsonBody<RegisterRequest>,
+) -> ApiResult<Json<RegisterReply>> {
+    check_name("node", &request.name)?;
+    let name = request.name.clone();
+    let node_key = keys::observed_node(&name);
+    let previous = state.store().get(&node_key).await?;
+    let registered_at = previous
+        .as_ref()
+        .and_then(|kv| serde_json::from_slice::<NodeInfo>(&kv.value).ok())
+        .map_or_else(now_millis, |info| info.registered_at);
+    let old_lease = state
+        .store()
+        .get(&keys::observed_heartbeat(&name))
+        .await?
+        .and_then(|kv| kv.lease);
+    let ttl = state.config().node_lease_ttl;
+    let lease_id = state.store().grant_lease(ttl).await?;
+    let info = node_info(request, registered_at);
+    let heartbeat = Heartbeat {
+        lease_ttl_secs: ttl.as_secs(),
+        started_at: now_millis(),
+    };
+    let txn = Txn::new()
+        .then(Op::put(&node_key, encode(&info)))
+        .then(Op::put_with_lease(
+            keys::observed_heartbeat(&name),
+            encode(&heartbeat),
+            lease_id,
+        ));
+    let revision = state.store().txn(txn).await?.revision();
+    if let Some(old) = old_lease.filter(|old| *old != lease_id) {
+        // The heartbeat key now rides the new lease; the old one would
+        // only linger until it expires.
+        let _ = state.store().revoke_lease(old).await;
+    }
+    Ok(Json(RegisterReply {
+        node: name,
+        lease_id,
+        ttl_secs: ttl.as_secs(),
+        revision,
+    }))
+}
+
+fn node_info(request: RegisterRequest, registered_at: i64) -> NodeInfo {
+    NodeInfo {
+        name: request.name,
+        cpu: request.cpu,
+        memory: request.memory,
+        arch: request.arch,
+        zone: request.zone,
+        labels: request.labels,
+        addresses: request.addresses,
+        agent_url: request.agent_url,
+        registered_at,
+    }
+}
+
+/// Keeps the node's lease alive. A lease that is gone (expired, revoked,
+/// or not this node's) is 409: the agent must register again.
+pub(crate) async fn heartbeat(
+    State(state): State<ApiState>,
+    Path(node): Path<String>,
+    JsonBody(request): JsonBody<HeartbeatRequest>,
+) -> ApiResult<Json<HeartbeatReply>> {
+    check_name("node", &node)?;
+    let current = state
+        .store()
+        .get(&keys::observed_heartbeat(&node))
+        .await?
+        .and_then(|kv| kv.lease);
+    if current != Some(request.lease_id) {
+        return Err(re_register(&node, request.lease_id));
+    }
+    match state.store().keep_alive(request.lease_id).await {
+        Ok(ttl) => Ok(Json(HeartbeatReply {
+            ttl_secs: ttl.as_secs(),
+        })),
+        Err(StoreError::LeaseNotFound(_)) => Err(re_register(&node, request.lease_id)),
+        Err(error) => Err(error.into()),
+    }
+}
+
+fn re_register(node: &str, lease: i64) -> ApiError {
+    ApiError::conflict(format!(
+        "lease {lease} is not the live lease of node `{node}` (it expired or was replaced); register again"
+    ))
+}
+
+/// Query of the assignment stream.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AssignmentQuery {
+    /// Resume after a revision already seen (the stream replays changes
+    /// from `from` on, without a snapshot). Absent or 0: snapshot first.
+    #[serde(default)]
+    from: Revision,
+}
+
+/// Streams the instances placed on `node`: a snapshot (unless resuming),
+/// then puts and deletes as placements change.
+pub(crate) async fn assignments(
+    State(state): State<ApiState>,
+    Path(node): Path<String>,
+    QueryArgs(query): QueryArgs<AssignmentQuery>,
+) -> ApiResult<Response> {
+    check_name("node", &node)?;
+    let permit = state.stream_permit()?;
+    let page = state
+        .store()
+        .range(RangeRequest::prefix(keys::DERIVED_INSTANCES))
+        .await?;
+    let resuming = query.from > 0;
+    let start = if resuming {
+        query.from
+    } else {
+        page.revision + 1
+    };
+    let stream = state.store().watch(keys::DERIVED_INSTANCES, start).await?;
+    let tracker = Tracker::new(node, &page.kvs);
+    let snapshot = (!resuming).then(|| AssignmentLine::Snapshot {
+        revision: page.revision,
+        assignments: tracker.snapshot(&state, &page.kvs),
+    });
+    let producer_state = state.clone();
+    Ok(ndjson(&state, permit, move |lines| async move {
+        if let Some(snapshot) = snapshot
+            && !lines.send(&snapshot).await
+        {
+            return;
+        }
+        follow_assignments(producer_state, tracker, stream, lines).await;
+    }))
+}
+
+/// Which placement keys are on which node, to turn the global instance
+/// watch into one node's assignments.
+struct Tracker {
+    node: String,
+    /// Placement key → node it is on.
+    nodes: BTreeMap<String, String>,
+}
+
+impl Tracker {
+    fn new(node: String, kvs: &[KeyValue]) -> Self {
+        let nodes = kvs
+            .iter()
+            .filter_map(|kv| Some((kv.key.clone(), decode_instance(&kv.value)?.node)))
+            .collect();
+        Self { node, nodes }
+    }
+
+    fn snapshot(&self, state: &ApiState, kvs: &[KeyValue]) -> Vec<Assignment> {
+        kvs.iter()
+            .filter_map(|kv| decode_instance(&kv.value))
+            .filter(|instance| instance.node == self.node)
+            .map(|instance| assignment(state, instance))
+            .collect()
+    }
+
+    /// The line an event means for this node, if any.
+    fn line(
+        &mut self,
+        state: &ApiState,
+        revision: Revision,
+        event: WatchEvent,
+    ) -> Option<AssignmentLine> {
+        match event {
+            WatchEvent::Put(kv) => {
+                let instance = decode_instance(&kv.value)?;
+                let was = self.nodes.insert(kv.key, instance.node.clone());
+                if instance.node == self.node {
+                    Some(AssignmentLine::Put {
+                        revision,
+                        assignment: assignment(state, instance),
+                    })
+                } else if was.as_deref() == Some(self.node.as_str()) {
+                    Some(AssignmentLine::Delete {
+                        revision,
+                        id: instance.id,
+                    })
+                } else {
+                    None
+                }
+            }
+            WatchEvent::Delete { key, .. } => {
+                // A key never seen was deleted before the range this stream
+                // started from (resuming): tell the agent, which ignores ids
+                // it does not run.
+                let was = self.nodes.remove(&key);
+                let ours = was.as_deref().is_none_or(|node| node == self.node);
+                let id = key.rsplit('/').next().unwrap_or_default().to_owned();
+                ours.then_some(AssignmentLine::Delete { revision, id })
+            }
+        }
+    }
+}
+
+async fn follow_assignments(
+    state: ApiState,
+    mut tracker: Tracker,
+    mut stream: cca_store::WatchStream,
+    lines: LineSender,
+) {
+    while let Some(message) = lines.next_message(&mut stream).await {
+        let out = match message {
+            Ok(WatchMessage::Events { revision, events }) => events
+                .into_iter()
+                .filter_map(|event| tracker.line(&state, revision, event))
+                .collect(),
+            Ok(WatchMessage::Compacted { compact_revision }) => {
+                vec![AssignmentLine::Compacted { compact_revision }]
+            }
+            Err(_) => return,
+        };
+        for line in &out {
+            if !lines.send(line).await {
+                return;
+            }
+        }
+    }
+}
+
+fn decode_instance(value: &[u8]) -> Option<Instance> {
+    serde_json::from_slice(value).ok()
+}
+
+fn assignment(state: &ApiState, instance: Instance) -> Assignment {
+    let spec = state
+        .cache()
+        .view()
+        .services
+        .get(&instance.service)
+        .map(|spec| (*spec.value).clone());
+    Assignment { instance, spec }
+}
+
+/// Writes `observed/instance/{id}` for an instance of the reporting node.
+pub(crate) async fn report(
+    State(state): State<ApiState>,
+    Path((node, id)): Path<(String, String)>,
+    JsonBody(status): JsonBody<InstanceStatus>,
+) -> ApiResult<Json<WriteReply>> {
+    check_name("node", &node)?;
+    check_name("instance", &id)?;
+    check_name("service", &status.service)?;
+    if status.id != id || status.node != node {
+        return Err(ApiError::invalid(format!(
+            "the report is about instance `{}` on node `{}`, but was sent for `{id}` on `{node}`",
+            status.id, status.node
+        )));
+    }
+    known_node(&state, &node).await?;
+    let placement_key = keys::derived_instance(&status.service, &id);
+    let placement = state.store().get(&placement_key).await?;
+    let placed_here = placement
+        .as_ref()
+        .and_then(|kv| decode_instance(&kv.value))
+        .is_some_and(|instance| instance.node == node);
+    let ended = matches!(status.state, InstanceState::Stopped | InstanceState::Failed);
+    if !placed_here && !ended {
+        return Err(ApiError::conflict(format!(
+            "instance `{id}` is not placed on node `{node}`; only a stopped or failed report is accepted"
+        )));
+    }
+    let observed_key = keys::observed_instance(&id);
+    let observed = state.store().get(&observed_key).await?;
+    check_reporter(observed.as_ref(), &node, &id, placed_here)?;
+    let txn = Txn::new()
+        // The placement and the record must still be as checked.
+        .when(Compare::mod_revision(
+            &placement_key,
+            CompareOp::Equal,
+            placement.as_ref().map_or(0, |kv| kv.mod_revision),
+        ))
+        .when(Compare::mod_revision(
+            &observed_key,
+            CompareOp::Equal,
+            observed.as_ref().map_or(0, |kv| kv.mod_revision),
+        ))
+        .then(Op::put(&observed_key, encode(&status)));
+    commit(&state, txn, &id).await
+}
+
+/// A record written by another node may only be overwritten by the node
+/// the instance is placed on now.
+fn check_reporter(
+    observed: Option<&KeyValue>,
+    node: &str,
+    id: &str,
+    placed_here: bool,
+) -> ApiResult<()> {
+    let owner = observed
+        .and_then(|kv| serde_json::from_slice::<InstanceStatus>(&kv.value).ok())
+        .map(|status| status.node);
+    match owner {
+        Some(owner) if owner != node && !placed_here => Err(ApiError::conflict(format!(
+            "instance `{id}` is reported by node `{owner}`, not `{node}`"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Deletes `observed/instance/{id}` when the reporting node wrote it.
+pub(crate) async fn forget(
+    State(state): State<ApiState>,
+    Path((node, id)): Path<(String, String)>,
+) -> ApiResult<Json<WriteReply>> {
+    check_name("node", &node)?;
+    check_name("instance", &id)?;
+    let key = keys::observed_instance(&id);
+    let kv =
+        state.store().get(&key).await?.ok_or_else(|| {
+            ApiError::not_found(format!("instance `{id}` has no observed record"))
+        })?;
+    let owner = serde_json::from_slice::<InstanceStatus>(&kv.value)
+        .map(|status| status.node)
+        .ok();
+    if owner.as_deref() != Some(node.as_str()) {
+        return Err(ApiError::conflict(format!(
+            "the record of instance `{id}` was not written by node `{node}`"
+        )));
+    }
+    let txn = Txn::new()
+        .when(Compare::mod_revision(
+            &key,
+            CompareOp::Equal,
+            kv.mod_revision,
+        ))
+        .then(Op::delete(&key));
+    commit(&state, txn, &id).await
+}
+
+async fn known_node(state: &ApiState, node: &str) -> ApiResult<()> {
+    match state.store().get(&keys::observed_node(node)).await? {
+        Some(_) => Ok(()),
+        None => Err(ApiError::not_found(format!(
+            "node `{node}` is not registered; register first"
+        ))),
+    }
+}
+
+async fn commit(state: &ApiState, txn: Txn, id: &str) -> ApiResult<Json<WriteReply>> {
+    match state.store().txn(txn).await? {
+        TxnOutcome::Committed { revision } => Ok(Json(WriteReply { revision })),
+        TxnOutcome::CompareFailed { .. } => Err(ApiError::conflict(format!(
+            "instance `{id}` changed while reporting; read the assignment again and retry"
+        ))),
+    }
+}

@@ -1,0 +1,124 @@
+//! The event log: `GET /v1/events` and the retention task that deletes
+//! events older than the retention period or beyond the maximum count.
+//! Event keys sort by time (`events/{at:013}-{seq:06}`), so "the oldest"
+//! is "the first keys".
+
+use axum::Json;
+use axum::extract::State;
+use cca_model::cluster::{Event, Millis};
+use cca_model::keys;
+use cca_store::{KeyValue, Op, RangeRequest, Store, Txn};
+use serde::Deserialize;
+
+use crate::error::{ApiResult, QueryArgs};
+use crate::state::{ApiState, now_millis};
+use crate::types::EventRecord;
+
+/// Events returned when the query does not say.
+const DEFAULT_LIMIT: usize = 100;
+/// Deletes per retention transaction (keeps each one small).
+const DELETE_BATCH: usize = 1_000;
+
+/// Query of `GET /v1/events`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EventQuery {
+    /// Only events at or after this time (ms since the epoch).
+    since: Option<Millis>,
+    /// Only events whose subject starts with this (`service/web`, `node/`).
+    subject: Option<String>,
+    /// At most this many, the newest (default 100).
+    limit: Option<usize>,
+}
+
+pub(crate) async fn list(
+    State(state): State<ApiState>,
+    QueryArgs(query): QueryArgs<EventQuery>,
+) -> ApiResult<Json<Vec<EventRecord>>> {
+    let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
+    let records = read_events(&state, query.since, query.subject.as_deref(), limit).await?;
+    Ok(Json(records))
+}
+
+/// The newest `limit` events about `subject`, oldest first.
+pub(crate) async fn recent_about(
+    state: &ApiState,
+    subject: &str,
+    limit: usize,
+) -> ApiResult<Vec<EventRecord>> {
+    read_events(state, None, Some(subject), limit).await
+}
+
+async fn read_events(
+    state: &ApiState,
+    since: Option<Millis>,
+    subject: Option<&str>,
+    limit: usize,
+) -> ApiResult<Vec<EventRecord>> {
+    let mut request = RangeRequest::prefix(keys::EVENTS);
+    if let Some(since) = since {
+        request = request.after(format!("{}{since:013}", keys::EVENTS));
+    }
+    let page = state.store().range(request).await?;
+    let mut records: Vec<EventRecord> = page
+        .kvs
+        .iter()
+        .filter_map(decode)
+        .filter(|record| subject.is_none_or(|s| record.event.subject.starts_with(s)))
+        .collect();
+    let skip = records.len().saturating_sub(limit);
+    records.drain(..skip);
+    Ok(records)
+}
+
+fn decode(kv: &KeyValue) -> Option<EventRecord> {
+    let event: Event = serde_json::from_slice(&kv.value).ok()?;
+    Some(EventRecord {
+        key: kv.key.clone(),
+        event,
+    })
+}
+
+/// Deletes old events every retention interval until shutdown.
+pub(crate) async fn retention_task(state: ApiState) {
+    let mut shutdown = state.shutdown_signal();
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(state.config().retention_interval) => {}
+            _ = shutdown.wait_for(|stop| *stop) => return,
+        }
+        let retention =
+            i64::try_from(state.config().event_retention.as_millis()).unwrap_or(i64::MAX);
+        let cutoff = now_millis().saturating_sub(retention);
+        if let Err(error) = prune_events(state.store(), cutoff, state.config().max_events).await {
+            tracing::warn!(%error, "event retention failed; retrying next interval");
+        }
+    }
+}
+
+/// Deletes events before `cutoff` and the oldest beyond `max_events`;
+/// returns how many were deleted.
+pub(crate) async fn prune_events(
+    store: &dyn Store,
+    cutoff: Millis,
+    max_events: usize,
+) -> cca_store::Result<usize> {
+    let page = store.range(RangeRequest::prefix(keys::EVENTS)).await?;
+    let excess = page.kvs.len().saturating_sub(max_events);
+    let cutoff_key = format!("{}{cutoff:013}", keys::EVENTS);
+    let doomed: Vec<&str> = page
+        .kvs
+        .iter()
+        .enumerate()
+        .filter(|(index, kv)| *index < excess || kv.key < cutoff_key)
+        .map(|(_, kv)| kv.key.as_str())
+        .collect();
+    for batch in doomed.chunks(DELETE_BATCH) {
+        let txn = Txn {
+            compares: Vec::new(),
+            ops: batch.iter().map(|key| Op::delete(*key)).collect(),
+        };
+        store.txn(txn).await?;
+    }
+    Ok(doomed.len())
+}

@@ -1,0 +1,219 @@
+//! Write endpoints of users: apply, diff, scale, delete, and the operator
+//! intents drain / disable / enable of a node. Each write is one store
+//! transaction with compare-and-swap on what it read, and logs an event in
+//! that same transaction.
+
+use axum::Json;
+use axum::extract::{Path, State};
+use cca_model::cluster::{EventLevel, NodeControl};
+use cca_model::keys;
+use cca_model::spec::{Program, ServiceSpec};
+use cca_store::{Compare, CompareOp, Op, RangeRequest, Txn, TxnOutcome};
+use serde::Deserialize;
+
+use crate::apply::{apply_program, service_meta_key};
+use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
+use crate::state::{ApiState, encode};
+use crate::types::{ApplyReport, DeleteReport, NodeControlReport, ScaleReport, ScaleRequest};
+use crate::validate::{MAX_REPLICAS, check_name};
+
+/// Attempts of a read-modify-write before answering 409.
+const ATTEMPTS: usize = 3;
+
+/// Query of apply and diff.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ApplyQuery {
+    /// Also delete program-managed facts the program does not have.
+    #[serde(default)]
+    prune: bool,
+}
+
+pub(crate) async fn apply(
+    State(state): State<ApiState>,
+    QueryArgs(query): QueryArgs<ApplyQuery>,
+    JsonBody(program): JsonBody<Program>,
+) -> ApiResult<Json<ApplyReport>> {
+    apply_program(&state, &program, query.prune, false)
+        .await
+        .map(Json)
+}
+
+pub(crate) async fn diff(
+    State(state): State<ApiState>,
+    QueryArgs(query): QueryArgs<ApplyQuery>,
+    JsonBody(program): JsonBody<Program>,
+) -> ApiResult<Json<ApplyReport>> {
+    apply_program(&state, &program, query.prune, true)
+        .await
+        .map(Json)
+}
+
+/// Sets a service's replicas in its spec, guarded by the spec's revision.
+/// The next `apply` of the service's file sets them back to the file's.
+pub(crate) async fn scale(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+    JsonBody(request): JsonBody<ScaleRequest>,
+) -> ApiResult<Json<ScaleReport>> {
+    check_name("service", &name)?;
+    if request.replicas > MAX_REPLICAS {
+        return Err(ApiError::invalid(format!(
+            "{} replicas is more than the limit of {MAX_REPLICAS}",
+            request.replicas
+        )));
+    }
+    let key = keys::desired_service(&name);
+    for _ in 0..ATTEMPTS {
+        let kv = state
+            .store()
+            .get(&key)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("service `{name}` not found")))?;
+        let mut spec: ServiceSpec = serde_json::from_slice(&kv.value).map_err(|error| {
+            ApiError::internal(format!("stored spec of `{name}` does not decode: {error}"))
+        })?;
+        let previous = spec.replicas;
+        spec.replicas = request.replicas;
+        let message = format!("scaled from {previous} to {} replicas", request.replicas);
+        let txn = Txn::new()
+            .when(Compare::mod_revision(
+                &key,
+                CompareOp::Equal,
+                kv.mod_revision,
+            ))
+            .then(Op::put(&key, encode(&spec)))
+            .then(state.event_op(EventLevel::Info, &format!("service/{name}"), message));
+        if let TxnOutcome::Committed { revision } = state.store().txn(txn).await? {
+            return Ok(Json(ScaleReport {
+                service: name,
+                previous,
+                replicas: request.replicas,
+                revision,
+            }));
+        }
+    }
+    Err(ApiError::conflict(format!(
+        "service `{name}` kept changing while scaling; retry"
+    )))
+}
+
+/// Deletes a service's spec, its sub-facts (tags, grants) and bookkeeping.
+pub(crate) async fn delete_service(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<DeleteReport>> {
+    check_name("service", &name)?;
+    let key = keys::desired_service(&name);
+    let sub_prefix = format!("{key}/");
+    for _ in 0..ATTEMPTS {
+        let spec = state
+            .store()
+            .get(&key)
+            .await?
+            .ok_or_else(|| ApiError::not_found(format!("service `{name}` not found")))?;
+        let subs = state
+            .store()
+            .range(RangeRequest::prefix(&sub_prefix))
+            .await?;
+        let mut deleted = vec![key.clone()];
+        deleted.extend(subs.kvs.iter().map(|kv| kv.key.clone()));
+        let txn = Txn::new()
+            .when(Compare::mod_revision(
+                &key,
+                CompareOp::Equal,
+                spec.mod_revision,
+            ))
+            .then(Op::delete(&key))
+            .then(Op::delete_prefix(&sub_prefix))
+            .then(Op::delete(service_meta_key(&name)))
+            .then(state.event_op(
+                EventLevel::Info,
+                &format!("service/{name}"),
+                "deleted".into(),
+            ));
+        if let TxnOutcome::Committed { revision } = state.store().txn(txn).await? {
+            return Ok(Json(DeleteReport {
+                service: name,
+                deleted,
+                revision,
+            }));
+        }
+    }
+    Err(ApiError::conflict(format!(
+        "service `{name}` kept changing while deleting; retry"
+    )))
+}
+
+pub(crate) async fn drain(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<NodeControlReport>> {
+    change_node(&state, &name, "drain requested", |control| {
+        control.drain = true;
+    })
+    .await
+}
+
+pub(crate) async fn disable(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<NodeControlReport>> {
+    change_node(&state, &name, "disabled: no new placements", |control| {
+        control.disabled = true;
+    })
+    .await
+}
+
+/// Clears both drain and disable, like `kubectl uncordon`.
+pub(crate) async fn enable(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<NodeControlReport>> {
+    change_node(&state, &name, "enabled", |control| {
+        *control = NodeControl::default();
+    })
+    .await
+}
+
+/// Read-modify-write of `desired/node/{name}` for a registered node.
+async fn change_node(
+    state: &ApiState,
+    name: &str,
+    message: &str,
+    change: impl Fn(&mut NodeControl),
+) -> ApiResult<Json<NodeControlReport>> {
+    check_name("node", name)?;
+    if state
+        .store()
+        .get(&keys::observed_node(name))
+        .await?
+        .is_none()
+    {
+        return Err(ApiError::not_found(format!("node `{name}` not found")));
+    }
+    let key = keys::desired_node(name);
+    for _ in 0..ATTEMPTS {
+        let current = state.store().get(&key).await?;
+        let mut control: NodeControl = match &current {
+            Some(kv) => serde_json::from_slice(&kv.value).unwrap_or_default(),
+            None => NodeControl::default(),
+        };
+        change(&mut control);
+        let read_revision = current.as_ref().map_or(0, |kv| kv.mod_revision);
+        let txn = Txn::new()
+            .when(Compare::mod_revision(&key, CompareOp::Equal, read_revision))
+            .then(Op::put(&key, encode(&control)))
+            .then(state.event_op(EventLevel::Info, &format!("node/{name}"), message.into()));
+        if let TxnOutcome::Committed { revision } = state.store().txn(txn).await? {
+            return Ok(Json(NodeControlReport {
+                node: name.to_owned(),
+                control,
+                revision,
+            }));
+        }
+    }
+    Err(ApiError::conflict(format!(
+        "node `{name}` kept changing; retry"
+    )))
+}

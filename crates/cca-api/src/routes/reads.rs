@@ -1,0 +1,206 @@
+//! Read endpoints: `get` and `describe` for services, instances and nodes,
+//! `status` and `/metrics`. All answer from one cache snapshot that
+//! reflects at least the store's revision at the time of the request, so a
+//! read after a write sees the write.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::IntoResponse;
+use cca_control::View;
+use cca_model::cluster::Millis;
+use cca_store::RangeRequest;
+use serde::Deserialize;
+
+use crate::apply::{SERVICE_META, ServiceMeta};
+use crate::error::{ApiError, ApiResult, QueryArgs};
+use crate::read::{self, InstanceFilter};
+use crate::routes::events::recent_about;
+use crate::state::ApiState;
+use crate::types::{
+    ClusterStatus, InstanceDetail, InstanceSummary, NodeDetail, NodeSummary, ServiceDetail,
+    ServiceSummary,
+};
+
+/// How long a read waits for the cache to catch up with the store before
+/// answering from the snapshot it has.
+const CATCH_UP: Duration = Duration::from_secs(2);
+
+/// A snapshot at least as new as the store was when the request arrived.
+pub(crate) async fn fresh_view(state: &ApiState) -> ApiResult<Arc<View>> {
+    let revision = state.store().current_revision().await?;
+    match tokio::time::timeout(CATCH_UP, state.cache().view_at_least(revision)).await {
+        Ok(view) => Ok(view?),
+        Err(_) => Ok(state.cache().view()),
+    }
+}
+
+/// Query of `GET /v1/services`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ServiceQuery {
+    /// `k=v[,k=v…]`: services carrying every tag.
+    tag: Option<String>,
+}
+
+/// Query of `GET /v1/instances`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct InstanceQuery {
+    service: Option<String>,
+    node: Option<String>,
+    tag: Option<String>,
+    #[serde(default)]
+    all: bool,
+}
+
+fn tags(raw: Option<&str>) -> ApiResult<Vec<(String, String)>> {
+    let raw: Vec<String> = raw
+        .into_iter()
+        .flat_map(|text| text.split(','))
+        .filter(|tag| !tag.is_empty())
+        .map(str::to_owned)
+        .collect();
+    read::parse_tags(&raw).map_err(ApiError::bad_request)
+}
+
+pub(crate) async fn services(
+    State(state): State<ApiState>,
+    QueryArgs(query): QueryArgs<ServiceQuery>,
+) -> ApiResult<Json<Vec<ServiceSummary>>> {
+    let tags = tags(query.tag.as_deref())?;
+    let view = fresh_view(&state).await?;
+    let created = service_creation_times(&state).await?;
+    Ok(Json(read::services(&view, &tags, &created)))
+}
+
+pub(crate) async fn service(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<ServiceDetail>> {
+    let view = fresh_view(&state).await?;
+    let spec = view
+        .services
+        .get(&name)
+        .ok_or_else(|| ApiError::not_found(format!("service `{name}` not found")))?;
+    let created = service_creation_times(&state).await?;
+    let filter = InstanceFilter {
+        service: Some(name.clone()),
+        all: true,
+        ..InstanceFilter::default()
+    };
+    let endpoint_prefix = format!("{name}/");
+    Ok(Json(ServiceDetail {
+        summary: read::service_summary(&view, &name, spec, created.get(&name).copied()),
+        spec: (*spec.value).clone(),
+        instances: read::instances(&view, &filter),
+        unplaced: view.unplaced.get(&name).map(|u| (*u.value).clone()),
+        endpoints: view
+            .endpoints
+            .iter()
+            .filter(|(key, _)| key.starts_with(&endpoint_prefix))
+            .map(|(_, e)| (*e.value).clone())
+            .collect(),
+        events: recent_about(&state, &format!("service/{name}"), 20).await?,
+    }))
+}
+
+/// When each service was first applied, from the API's bookkeeping.
+async fn service_creation_times(state: &ApiState) -> ApiResult<BTreeMap<String, Millis>> {
+    let page = state
+        .store()
+        .range(RangeRequest::prefix(SERVICE_META))
+        .await?;
+    Ok(page
+        .kvs
+        .iter()
+        .filter_map(|kv| {
+            let name = kv.key.strip_prefix(SERVICE_META)?;
+            let meta: ServiceMeta = serde_json::from_slice(&kv.value).ok()?;
+            Some((name.to_owned(), meta.created_at))
+        })
+        .collect())
+}
+
+pub(crate) async fn instances(
+    State(state): State<ApiState>,
+    QueryArgs(query): QueryArgs<InstanceQuery>,
+) -> ApiResult<Json<Vec<InstanceSummary>>> {
+    let filter = InstanceFilter {
+        tags: tags(query.tag.as_deref())?,
+        service: query.service,
+        node: query.node,
+        all: query.all,
+    };
+    let view = fresh_view(&state).await?;
+    Ok(Json(read::instances(&view, &filter)))
+}
+
+pub(crate) async fn instance(
+    State(state): State<ApiState>,
+    Path(id): Path<String>,
+) -> ApiResult<Json<InstanceDetail>> {
+    let view = fresh_view(&state).await?;
+    let summary = read::instance_summary(&view, &id)
+        .ok_or_else(|| ApiError::not_found(format!("instance `{id}` not found")))?;
+    Ok(Json(InstanceDetail {
+        summary,
+        placement: view.instances.get(&id).map(|i| (*i.value).clone()),
+        status: view.statuses.get(&id).map(|s| (*s.value).clone()),
+    }))
+}
+
+pub(crate) async fn nodes(State(state): State<ApiState>) -> ApiResult<Json<Vec<NodeSummary>>> {
+    let view = fresh_view(&state).await?;
+    Ok(Json(read::nodes(&view)))
+}
+
+pub(crate) async fn node(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<NodeDetail>> {
+    let view = fresh_view(&state).await?;
+    let (Some(summary), Some(info)) = (read::node_summary(&view, &name), view.nodes.get(&name))
+    else {
+        return Err(ApiError::not_found(format!("node `{name}` not found")));
+    };
+    let filter = InstanceFilter {
+        node: Some(name.clone()),
+        all: true,
+        ..InstanceFilter::default()
+    };
+    Ok(Json(NodeDetail {
+        summary,
+        info: (*info.value).clone(),
+        control: view
+            .node_controls
+            .get(&name)
+            .map(|c| (*c.value).clone())
+            .unwrap_or_default(),
+        condition: view.node_statuses.get(&name).map(|s| (*s.value).clone()),
+        heartbeat: view.heartbeats.get(&name).map(|h| (*h.value).clone()),
+        instances: read::instances(&view, &filter),
+    }))
+}
+
+pub(crate) async fn status(State(state): State<ApiState>) -> ApiResult<Json<ClusterStatus>> {
+    let view = fresh_view(&state).await?;
+    Ok(Json(read::status(&view)))
+}
+
+/// Prometheus text: the API's request metrics, then the plugged-in ones.
+pub(crate) async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
+    let mut text = state.requests().render();
+    text.push_str(&state.extra_metrics());
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+}

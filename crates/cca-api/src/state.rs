@@ -1,0 +1,184 @@
+//! What every handler shares: the store (for writes and exact reads), the
+//! watch-fed cache (for fast, consistent reads), limits, the request
+//! metrics, a pluggable renderer for the control plane's own metrics, and
+//! the shutdown signal that ends long-lived streams.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use cca_control::Cache;
+use cca_model::cluster::{Event, EventLevel, Millis};
+use cca_model::keys;
+use cca_store::{Op, Store};
+use tokio::sync::{Semaphore, watch};
+
+use crate::error::{ApiError, ApiResult};
+use crate::metrics::RequestMetrics;
+
+/// Renders extra Prometheus text for `/metrics` (the controller runner's).
+pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
+
+/// Limits and periods of the API server.
+#[derive(Clone, Debug)]
+pub struct ApiConfig {
+    /// Largest request body accepted.
+    pub max_body_bytes: usize,
+    /// Requests served at once; more wait up to `queue_timeout`.
+    pub max_concurrent_requests: usize,
+    pub queue_timeout: Duration,
+    /// Open watch and assignment streams at once.
+    pub max_streams: usize,
+    /// TTL of an agent's heartbeat lease.
+    pub node_lease_ttl: Duration,
+    /// Events older than this are deleted.
+    pub event_retention: Duration,
+    /// At most this many events are kept (the oldest go first).
+    pub max_events: usize,
+    /// How often the retention task runs.
+    pub retention_interval: Duration,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 8 * 1024 * 1024,
+            max_concurrent_requests: 256,
+            queue_timeout: Duration::from_secs(5),
+            max_streams: 1024,
+            node_lease_ttl: Duration::from_secs(15),
+            event_retention: Duration::from_secs(3600),
+            max_events: 10_000,
+            retention_interval: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Shared state of the API; cheap to clone.
+#[derive(Clone)]
+pub struct ApiState {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn Store>,
+    cache: Arc<Cache>,
+    config: ApiConfig,
+    extra_metrics: MetricsRenderer,
+    requests: RequestMetrics,
+    request_permits: Semaphore,
+    stream_permits: Arc<Semaphore>,
+    shutdown: watch::Sender<bool>,
+    event_seq: AtomicU32,
+}
+
+impl std::fmt::Debug for ApiState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ApiState")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ApiState {
+    /// State over `store` and a cache following it. `extra_metrics` is
+    /// appended to `/metrics` (pass [`no_extra_metrics`] when there are none).
+    pub fn new(
+        store: Arc<dyn Store>,
+        cache: Arc<Cache>,
+        config: ApiConfig,
+        extra_metrics: MetricsRenderer,
+    ) -> Self {
+        let (shutdown, _) = watch::channel(false);
+        let inner = Inner {
+            request_permits: Semaphore::new(config.max_concurrent_requests),
+            stream_permits: Arc::new(Semaphore::new(config.max_streams)),
+            store,
+            cache,
+            config,
+            extra_metrics,
+            requests: RequestMetrics::default(),
+            shutdown,
+            event_seq: AtomicU32::new(fastrand::u32(..1_000_000)),
+        };
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    pub fn store(&self) -> &dyn Store {
+        self.inner.store.as_ref()
+    }
+
+    pub fn cache(&self) -> &Cache {
+        &self.inner.cache
+    }
+
+    pub fn config(&self) -> &ApiConfig {
+        &self.inner.config
+    }
+
+    pub(crate) fn requests(&self) -> &RequestMetrics {
+        &self.inner.requests
+    }
+
+    pub(crate) fn extra_metrics(&self) -> String {
+        (self.inner.extra_metrics)()
+    }
+
+    pub(crate) fn request_permits(&self) -> &Semaphore {
+        &self.inner.request_permits
+    }
+
+    /// A permit for one long-lived stream, or 503 when too many are open.
+    pub(crate) fn stream_permit(&self) -> ApiResult<tokio::sync::OwnedSemaphorePermit> {
+        Arc::clone(&self.inner.stream_permits)
+            .try_acquire_owned()
+            .map_err(|_| ApiError::unavailable("too many open watch streams; retry later"))
+    }
+
+    /// Resolves when the server begins shutting down.
+    pub(crate) fn shutdown_signal(&self) -> watch::Receiver<bool> {
+        self.inner.shutdown.subscribe()
+    }
+
+    /// Tells streams and background tasks to end.
+    pub(crate) fn begin_shutdown(&self) {
+        self.inner.shutdown.send_replace(true);
+    }
+
+    /// A put of one event-log entry, to add to the transaction it reports.
+    pub(crate) fn event_op(&self, level: EventLevel, subject: &str, message: String) -> Op {
+        let at = now_millis();
+        // A per-server counter from a random start keeps keys of one
+        // millisecond apart, across servers too with high probability.
+        let seq = self.inner.event_seq.fetch_add(1, Ordering::Relaxed) % 1_000_000;
+        let event = Event {
+            at,
+            level,
+            source: "api".into(),
+            subject: subject.into(),
+            message,
+        };
+        Op::put(keys::event(at, seq), encode(&event))
+    }
+}
+
+/// No extra metrics.
+pub fn no_extra_metrics() -> MetricsRenderer {
+    Arc::new(String::new)
+}
+
+/// Wall-clock time in milliseconds since the epoch.
+pub(crate) fn now_millis() -> Millis {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Millis::try_from(since_epoch.as_millis()).unwrap_or(Millis::MAX)
+}
+
+/// JSON bytes of a fact. Fact types are plain data with string keys, so
+/// encoding cannot fail; an empty value would be refused by decoders.
+pub(crate) fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    serde_json::to_vec(value).unwrap_or_default()
+}

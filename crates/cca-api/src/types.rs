@@ -1,0 +1,282 @@
+//! The JSON shapes of the API, shared by the server and the typed
+//! [`Client`](crate::Client) so both always agree. Field names are stable:
+//! `cca … -o json` prints these types, and scripts rely on them.
+
+use std::collections::BTreeMap;
+
+use cca_model::cluster::{
+    Endpoints, Event, Heartbeat, Instance, InstanceStatus, Millis, NodeControl, NodeInfo,
+    NodeStatus, Unplaced,
+};
+use cca_model::spec::{Cpu, Memory, ServiceSpec};
+use cca_store::{LeaseId, Revision};
+use serde::{Deserialize, Serialize};
+
+/// The body of every error response.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: String,
+}
+
+/// What `apply` changed (or, for `diff`, would change), by store key.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyReport {
+    /// True for `diff`: nothing was written.
+    pub dry_run: bool,
+    /// The revision of the write; `None` when nothing was written.
+    pub revision: Option<Revision>,
+    pub created: Vec<String>,
+    pub changed: Vec<String>,
+    pub deleted: Vec<String>,
+    /// How many facts of the program were already as asked.
+    pub unchanged: usize,
+}
+
+impl ApplyReport {
+    /// True when the program matches the store.
+    pub fn is_empty(&self) -> bool {
+        self.created.is_empty() && self.changed.is_empty() && self.deleted.is_empty()
+    }
+}
+
+/// One row of `get services`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceSummary {
+    pub name: String,
+    /// `process` or `image`.
+    pub workload: String,
+    pub replicas: u32,
+    /// Placed instances that are not being stopped.
+    pub instances: usize,
+    /// Instances reported running.
+    pub running: usize,
+    /// Instances waiting for a node.
+    pub unplaced: u32,
+    pub tags: BTreeMap<String, String>,
+    /// When the service was first applied (absent for services written
+    /// around the API).
+    pub created_at: Option<Millis>,
+}
+
+/// `describe service`: the spec, its instances, and why some are pending.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ServiceDetail {
+    pub summary: ServiceSummary,
+    pub spec: ServiceSpec,
+    pub instances: Vec<InstanceSummary>,
+    /// Demand the scheduler could not place, with the reason.
+    pub unplaced: Option<Unplaced>,
+    pub endpoints: Vec<Endpoints>,
+    /// Recent events about this service.
+    pub events: Vec<EventRecord>,
+}
+
+/// One row of `get instances`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceSummary {
+    pub id: String,
+    pub service: String,
+    pub node: String,
+    /// The reported state (`running`, `failed`, …), or `assigned` when the
+    /// instance is placed but its agent has not reported yet.
+    pub state: String,
+    pub healthy: Option<bool>,
+    pub restarts: u32,
+    pub address: Option<String>,
+    pub ordinal: Option<u32>,
+    /// The scheduler asked the agent to stop it.
+    pub stopping: bool,
+    /// False for a reported instance whose placement is gone.
+    pub placed: bool,
+    pub created_at: Option<Millis>,
+}
+
+/// `describe instance`: placement, the latest report, last exit and logs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceDetail {
+    pub summary: InstanceSummary,
+    pub placement: Option<Instance>,
+    pub status: Option<InstanceStatus>,
+}
+
+/// One row of `get nodes`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeSummary {
+    pub name: String,
+    /// `ready` or `unreachable`.
+    pub status: String,
+    pub draining: bool,
+    pub disabled: bool,
+    pub cpu: Cpu,
+    pub memory: Memory,
+    /// Reserved by the instances placed here.
+    pub cpu_allocated: Cpu,
+    pub memory_allocated: Memory,
+    pub instances: usize,
+    pub arch: String,
+    pub zone: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub addresses: Vec<String>,
+    pub registered_at: Millis,
+}
+
+/// `describe node`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeDetail {
+    pub summary: NodeSummary,
+    pub info: NodeInfo,
+    pub control: NodeControl,
+    pub condition: Option<NodeStatus>,
+    pub heartbeat: Option<Heartbeat>,
+    pub instances: Vec<InstanceSummary>,
+}
+
+/// `status`: the cluster at a glance.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    pub revision: Revision,
+    pub nodes: NodeCounts,
+    pub services: usize,
+    /// Instances by state (`assigned` for placed but not yet reported).
+    pub instances: BTreeMap<String, usize>,
+    pub unplaced: Vec<Unplaced>,
+    /// Facts in the store that do not decode (hand-edited or foreign).
+    pub invalid_facts: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeCounts {
+    pub total: usize,
+    pub ready: usize,
+    pub unreachable: usize,
+    pub draining: usize,
+    pub disabled: usize,
+}
+
+/// Body of `scale`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleRequest {
+    pub replicas: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleReport {
+    pub service: String,
+    pub previous: u32,
+    pub replicas: u32,
+    pub revision: Revision,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteReport {
+    pub service: String,
+    pub deleted: Vec<String>,
+    pub revision: Revision,
+}
+
+/// Answer of drain / disable / enable: the node's operator intent now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeControlReport {
+    pub node: String,
+    pub control: NodeControl,
+    pub revision: Revision,
+}
+
+/// One entry of the event log with its key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventRecord {
+    pub key: String,
+    #[serde(flatten)]
+    pub event: Event,
+}
+
+/// One line of the `watch` stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WatchLine {
+    /// `key` now holds `value` (JSON when the fact is JSON, else a string).
+    Put {
+        revision: Revision,
+        key: String,
+        value: serde_json::Value,
+    },
+    Delete {
+        revision: Revision,
+        key: String,
+    },
+    /// History before `compact_revision + 1` is gone; the stream ends.
+    /// Re-read and watch again from the current revision.
+    Compacted {
+        compact_revision: Revision,
+    },
+}
+
+/// What an agent sends to join: its node's capacity and identity.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterRequest {
+    pub name: String,
+    pub cpu: Cpu,
+    pub memory: Memory,
+    pub arch: String,
+    #[serde(default)]
+    pub zone: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    #[serde(default)]
+    pub agent_url: Option<String>,
+}
+
+/// The lease the agent must keep alive with heartbeats.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RegisterReply {
+    pub node: String,
+    pub lease_id: LeaseId,
+    pub ttl_secs: u64,
+    pub revision: Revision,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatRequest {
+    pub lease_id: LeaseId,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeartbeatReply {
+    pub ttl_secs: u64,
+}
+
+/// An instance placed on the agent's node with the spec it runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Assignment {
+    pub instance: Instance,
+    /// The service's current spec; `None` while the service is being deleted.
+    pub spec: Option<ServiceSpec>,
+}
+
+/// One line of a node's assignment stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AssignmentLine {
+    /// Everything placed on the node at `revision` (first line unless resuming).
+    Snapshot {
+        revision: Revision,
+        assignments: Vec<Assignment>,
+    },
+    /// An instance was placed on the node or its placement changed.
+    Put {
+        revision: Revision,
+        assignment: Assignment,
+    },
+    /// The instance is no longer placed on the node: stop it.
+    Delete { revision: Revision, id: String },
+    /// Resuming is impossible; reconnect without `from` for a snapshot.
+    Compacted { compact_revision: Revision },
+}
+
+/// Answer of an observed-state report or delete.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteReply {
+    pub revision: Revision,
+}

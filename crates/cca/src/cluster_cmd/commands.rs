@@ -1,0 +1,396 @@
+//! The cluster commands themselves: compile locally where needed, call the
+//! API through the typed client, print through [`output`](super::output).
+
+use anyhow::{Context, Result, bail};
+use cca_api::types::{
+    ApplyReport, EventRecord, InstanceSummary, NodeSummary, ServiceSummary, WatchLine,
+};
+use cca_api::{Client, EventQuery, InstanceQuery};
+use cca_dsl::commands::{Style, ValueOptions, gather_values};
+use cca_dsl::compile::compile_file;
+use cca_dsl::source::RealFs;
+use cca_model::spec::Program;
+
+use super::output::{self, Format, age, now_millis, or_dash};
+use super::{
+    ApplyArgs, ClusterCommand, EventsArgs, GetArgs, Kind, ServerAddr, WatchArgs, describe,
+};
+
+/// Runs one command against the API server.
+pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
+    match command {
+        ClusterCommand::Apply(args) => apply(&args, false).await,
+        ClusterCommand::Diff(args) => apply(&args, true).await,
+        ClusterCommand::Get(args) => get(&args).await,
+        ClusterCommand::Describe(args) => describe::describe(&client(&args.addr), &args).await,
+        ClusterCommand::Status(args) => {
+            describe::status(&client(&args.addr), args.out.output).await
+        }
+        ClusterCommand::Scale(args) => {
+            let report = client(&args.addr)
+                .scale(&args.service, args.replicas)
+                .await?;
+            output::line(&format!(
+                "service/{} scaled from {} to {} replicas",
+                report.service, report.previous, report.replicas
+            ));
+            Ok(())
+        }
+        ClusterCommand::Delete(args) => {
+            let report = client(&args.addr).delete_service(&args.name).await?;
+            output::line(&format!("service/{} deleted", report.service));
+            Ok(())
+        }
+        ClusterCommand::Drain(args) => {
+            client(&args.addr).drain(&args.node).await?;
+            output::line(&format!("node/{} draining", args.node));
+            Ok(())
+        }
+        ClusterCommand::DisableNode(args) => {
+            client(&args.addr).disable_node(&args.node).await?;
+            output::line(&format!("node/{} disabled", args.node));
+            Ok(())
+        }
+        ClusterCommand::EnableNode(args) => {
+            client(&args.addr).enable_node(&args.node).await?;
+            output::line(&format!("node/{} enabled", args.node));
+            Ok(())
+        }
+        ClusterCommand::Events(args) => events(&args).await,
+        ClusterCommand::Watch(args) => watch(&args).await,
+        ClusterCommand::Completions(_) => Ok(()),
+    }
+}
+
+pub(super) fn client(addr: &ServerAddr) -> Client {
+    Client::new(&addr.server)
+}
+
+/// Compiles every file (reporting diagnostics on stderr) into one program.
+fn compile(args: &ApplyArgs) -> Result<Program> {
+    let options = ValueOptions {
+        files: args.values.clone(),
+        set: args.set.clone(),
+        set_from_env: args.set_from_env.clone(),
+    };
+    let env = |name: &str| std::env::var(name).ok();
+    let mut program = Program::default();
+    let mut failed = false;
+    for path in &args.files {
+        let values = gather_values(&RealFs, path, &options, &env)
+            .map_err(|message| anyhow::anyhow!(message))?;
+        let compilation = compile_file(&RealFs, path, &values)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if !compilation.diagnostics.is_empty() {
+            report_diagnostics(&compilation);
+        }
+        failed |= compilation.has_errors();
+        merge(&mut program, compilation.program)?;
+    }
+    if failed {
+        bail!("the files have errors; nothing was sent to the server");
+    }
+    Ok(program)
+}
+
+#[allow(clippy::print_stderr, reason = "compiler diagnostics go to stderr")]
+fn report_diagnostics(compilation: &cca_dsl::compile::Compilation) {
+    let style = Style {
+        color: std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        ..Style::default()
+    };
+    let text = cca_dsl::commands::report::render_human(
+        &compilation.loaded.sources,
+        &compilation.diagnostics,
+        style,
+    );
+    eprint!("{text}");
+}
+
+/// Adds `part` to `program`; a name defined by two files is an error.
+fn merge(program: &mut Program, part: Program) -> Result<()> {
+    fn into<T>(
+        kind: &str,
+        target: &mut std::collections::BTreeMap<String, T>,
+        source: std::collections::BTreeMap<String, T>,
+    ) -> Result<()> {
+        for (name, value) in source {
+            if target.insert(name.clone(), value).is_some() {
+                bail!("{kind} `{name}` is defined in more than one file");
+            }
+        }
+        Ok(())
+    }
+    into("service", &mut program.services, part.services)?;
+    into("tags of service", &mut program.tags, part.tags)?;
+    into("secret grants of service", &mut program.grants, part.grants)?;
+    into("gate", &mut program.gates, part.gates)?;
+    into("connection", &mut program.connections, part.connections)?;
+    into("secret", &mut program.secrets, part.secrets)?;
+    into("network policy", &mut program.networks, part.networks)?;
+    into("group", &mut program.groups, part.groups)
+}
+
+async fn apply(args: &ApplyArgs, dry_run: bool) -> Result<()> {
+    let program = compile(args)?;
+    let client = client(&args.addr);
+    let report = if dry_run {
+        client.diff(&program, args.prune).await?
+    } else {
+        client.apply(&program, args.prune).await?
+    };
+    if output::structured(args.out.output, &report)? {
+        return Ok(());
+    }
+    print_report(&report);
+    Ok(())
+}
+
+/// `service/web created`, … then a summary line.
+fn print_report(report: &ApplyReport) {
+    let (created, changed, deleted) = if report.dry_run {
+        ("would be created", "would change", "would be deleted")
+    } else {
+        ("created", "changed", "deleted")
+    };
+    for (keys, verb) in [
+        (&report.created, created),
+        (&report.changed, changed),
+        (&report.deleted, deleted),
+    ] {
+        for key in keys {
+            output::line(&format!("{} {verb}", short_key(key)));
+        }
+    }
+    let summary = format!(
+        "{} created, {} changed, {} deleted, {} unchanged",
+        report.created.len(),
+        report.changed.len(),
+        report.deleted.len(),
+        report.unchanged
+    );
+    match (report.dry_run, report.revision) {
+        (true, _) => output::line(&format!("diff: {summary}")),
+        (false, Some(revision)) => {
+            output::line(&format!("applied at revision {revision}: {summary}"))
+        }
+        (false, None) => output::line(&format!("nothing to apply: {summary}")),
+    }
+}
+
+/// `desired/service/web` → `service/web`.
+fn short_key(key: &str) -> &str {
+    key.strip_prefix(cca_model::keys::DESIRED).unwrap_or(key)
+}
+
+async fn get(args: &GetArgs) -> Result<()> {
+    let client = client(&args.addr);
+    let format = args.out.output;
+    match args.kind {
+        Kind::Services => {
+            let rows = client.services(&args.tags).await?;
+            if !output::structured(format, &rows)? {
+                service_table(&rows);
+            }
+        }
+        Kind::Instances => {
+            let query = InstanceQuery {
+                service: args.service.clone(),
+                node: args.node.clone(),
+                tags: args.tags.clone(),
+                all: args.all,
+            };
+            let rows = client.instances(&query).await?;
+            if !output::structured(format, &rows)? {
+                instance_table(&rows);
+            }
+        }
+        Kind::Nodes => {
+            let rows = client.nodes().await?;
+            if !output::structured(format, &rows)? {
+                node_table(&rows);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn service_table(rows: &[ServiceSummary]) {
+    let now = now_millis();
+    let rows = rows
+        .iter()
+        .map(|s| {
+            let tags: Vec<String> = s.tags.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            vec![
+                s.name.clone(),
+                s.workload.clone(),
+                format!("{}/{}", s.running, s.replicas),
+                s.instances.to_string(),
+                s.unplaced.to_string(),
+                or_dash(Some(tags.join(","))),
+                age(s.created_at, now),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "name",
+            "workload",
+            "running",
+            "instances",
+            "unplaced",
+            "tags",
+            "age",
+        ],
+        rows,
+    );
+}
+
+pub(super) fn instance_table(rows: &[InstanceSummary]) {
+    let now = now_millis();
+    let rows = rows
+        .iter()
+        .map(|i| {
+            let state = if i.stopping {
+                format!("{} (stopping)", i.state)
+            } else {
+                i.state.clone()
+            };
+            vec![
+                i.id.clone(),
+                i.service.clone(),
+                i.node.clone(),
+                state,
+                i.healthy
+                    .map_or("-".into(), |h| if h { "yes".into() } else { "no".into() }),
+                i.restarts.to_string(),
+                or_dash(i.address.clone()),
+                age(i.created_at, now),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "id", "service", "node", "state", "healthy", "restarts", "address", "age",
+        ],
+        rows,
+    );
+}
+
+/// `ready`, `ready,draining`, `unreachable,disabled`, …
+pub(super) fn node_state(node: &NodeSummary) -> String {
+    let mut state = node.status.clone();
+    if node.draining {
+        state.push_str(",draining");
+    }
+    if node.disabled {
+        state.push_str(",disabled");
+    }
+    state
+}
+
+fn node_table(rows: &[NodeSummary]) {
+    let now = now_millis();
+    let rows = rows
+        .iter()
+        .map(|n| {
+            vec![
+                n.name.clone(),
+                node_state(n),
+                format!("{}/{}", output::cpu(n.cpu_allocated), output::cpu(n.cpu)),
+                format!(
+                    "{}/{}",
+                    output::memory(n.memory_allocated),
+                    output::memory(n.memory)
+                ),
+                n.instances.to_string(),
+                n.arch.clone(),
+                or_dash(n.zone.clone()),
+                age(Some(n.registered_at), now),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "name",
+            "status",
+            "cpu",
+            "memory",
+            "instances",
+            "arch",
+            "zone",
+            "age",
+        ],
+        rows,
+    );
+}
+
+async fn events(args: &EventsArgs) -> Result<()> {
+    let since = match &args.since {
+        Some(text) => {
+            let span = cca_model::spec::Duration::parse(text)
+                .with_context(|| format!("--since `{text}`"))?;
+            let millis = i64::try_from(span.0).unwrap_or(i64::MAX);
+            Some(now_millis().saturating_sub(millis))
+        }
+        None => None,
+    };
+    let query = EventQuery {
+        since,
+        subject: args.subject.clone(),
+        limit: Some(args.limit),
+    };
+    let records = client(&args.addr).events(&query).await?;
+    if !output::structured(args.out.output, &records)? {
+        event_table(&records);
+    }
+    Ok(())
+}
+
+pub(super) fn event_table(records: &[EventRecord]) {
+    let now = now_millis();
+    let rows = records
+        .iter()
+        .map(|r| {
+            let level = serde_json::to_value(r.event.level)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            vec![
+                age(Some(r.event.at), now),
+                level,
+                r.event.source.clone(),
+                r.event.subject.clone(),
+                r.event.message.clone(),
+            ]
+        })
+        .collect();
+    output::table(&["age", "level", "source", "subject", "message"], rows);
+}
+
+async fn watch(args: &WatchArgs) -> Result<()> {
+    let mut stream = client(&args.addr).watch(&args.prefix, args.from).await?;
+    while let Some(line) = stream.next().await {
+        let line = line?;
+        if args.out.output != Format::Table {
+            output::json_line(&line)?;
+            continue;
+        }
+        match line {
+            WatchLine::Put {
+                revision,
+                key,
+                value,
+            } => {
+                output::line(&format!("{revision}\tPUT\t{key}\t{value}"));
+            }
+            WatchLine::Delete { revision, key } => {
+                output::line(&format!("{revision}\tDELETE\t{key}"));
+            }
+            WatchLine::Compacted { compact_revision } => bail!(
+                "history up to revision {compact_revision} is compacted; watch again without --from"
+            ),
+        }
+    }
+    Ok(())
+}

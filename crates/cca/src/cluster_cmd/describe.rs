@@ -1,0 +1,263 @@
+//! The long views: `describe service` (spec summary, instances, and the
+//! unplaced demand that says why instances are pending), `describe
+//! instance` (status, last exit, log tail), `describe node`, and `status`.
+
+use anyhow::Result;
+use cca_api::Client;
+use cca_api::types::{ClusterStatus, InstanceDetail, NodeDetail, ServiceDetail};
+use cca_model::spec::Workload;
+
+use super::commands::{event_table, instance_table, node_state};
+use super::output::{self, Format, age, field, now_millis, or_dash};
+use super::{DescribeArgs, DescribeKind};
+
+pub(super) async fn describe(client: &Client, args: &DescribeArgs) -> Result<()> {
+    let format = args.out.output;
+    match args.kind {
+        DescribeKind::Service => {
+            let detail = client.service(&args.name).await?;
+            if !output::structured(format, &detail)? {
+                service(&detail);
+            }
+        }
+        DescribeKind::Instance => {
+            let detail = client.instance(&args.name).await?;
+            if !output::structured(format, &detail)? {
+                instance(&detail);
+            }
+        }
+        DescribeKind::Node => {
+            let detail = client.node(&args.name).await?;
+            if !output::structured(format, &detail)? {
+                node(&detail);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn service(detail: &ServiceDetail) {
+    let spec = &detail.spec;
+    let summary = &detail.summary;
+    field("Name", &summary.name);
+    match &spec.workload {
+        Workload::Image { image, command } => {
+            field("Image", image);
+            if let Some(command) = command {
+                field("Command", command);
+            }
+        }
+        Workload::Process { run } => field("Run", run),
+    }
+    field(
+        "Replicas",
+        &format!(
+            "{} desired, {} placed, {} running",
+            spec.replicas, summary.instances, summary.running
+        ),
+    );
+    let ports: Vec<String> = spec
+        .ports
+        .iter()
+        .map(|p| match &p.name {
+            Some(name) => format!("{name}:{}", p.number),
+            None => p.number.to_string(),
+        })
+        .collect();
+    field("Ports", &or_dash(Some(ports.join(", "))));
+    let resources = format!(
+        "cpu {}, memory {}",
+        spec.resources.cpu.map_or("-".into(), output::cpu),
+        spec.resources.memory.map_or("-".into(), output::memory)
+    );
+    field("Resources", &resources);
+    let tags: Vec<String> = summary
+        .tags
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    field("Tags", &or_dash(Some(tags.join(", "))));
+    field("Age", &age(summary.created_at, now_millis()));
+    output::line("");
+    pending(detail);
+    output::line("Instances:");
+    if detail.instances.is_empty() {
+        output::line("  (none)");
+    } else {
+        instance_table(&detail.instances);
+    }
+    if !detail.events.is_empty() {
+        output::line("");
+        output::line("Events:");
+        event_table(&detail.events);
+    }
+}
+
+/// "Why is it pending": the scheduler's unplaced-demand fact.
+fn pending(detail: &ServiceDetail) {
+    let Some(unplaced) = &detail.unplaced else {
+        return;
+    };
+    let reason = serde_json::to_value(unplaced.reason)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    output::line(&format!(
+        "Pending:      {} instance(s) cannot be placed",
+        unplaced.count
+    ));
+    field("  Reason", &reason);
+    field("  Constraint", &unplaced.constraint);
+    field("  Nearest", &or_dash(unplaced.nearest_node.clone()));
+    field("  Since", &age(Some(unplaced.since), now_millis()));
+    output::line("");
+}
+
+fn instance(detail: &InstanceDetail) {
+    let summary = &detail.summary;
+    field("Id", &summary.id);
+    field("Service", &summary.service);
+    field("Node", &summary.node);
+    field("State", &summary.state);
+    if summary.stopping {
+        field("Stopping", "yes (asked by the scheduler)");
+    }
+    field(
+        "Healthy",
+        &summary.healthy.map_or("-".into(), |h| h.to_string()),
+    );
+    field("Restarts", &summary.restarts.to_string());
+    field("Address", &or_dash(summary.address.clone()));
+    field("Age", &age(summary.created_at, now_millis()));
+    let Some(status) = &detail.status else {
+        output::line("");
+        output::line("No report from the node's agent yet.");
+        return;
+    };
+    if let Some(message) = &status.message {
+        field("Message", message);
+    }
+    let Some(exit) = &status.last_exit else {
+        return;
+    };
+    output::line("");
+    output::line("Last exit:");
+    field("  Code", &exit.code.map_or("-".into(), |c| c.to_string()));
+    if let Some(signal) = exit.signal {
+        field("  Signal", &signal.to_string());
+    }
+    field("  Reason", &exit.reason);
+    field("  Ago", &age(Some(exit.at), now_millis()));
+    if !exit.log_tail.is_empty() {
+        output::line("  Log tail:");
+        for line in &exit.log_tail {
+            output::line(&format!("    {line}"));
+        }
+    }
+}
+
+fn node(detail: &NodeDetail) {
+    let summary = &detail.summary;
+    field("Name", &summary.name);
+    field("Status", &node_state(summary));
+    field("Arch", &summary.arch);
+    field("Zone", &or_dash(summary.zone.clone()));
+    let labels: Vec<String> = summary
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    field("Labels", &or_dash(Some(labels.join(", "))));
+    field("Addresses", &or_dash(Some(summary.addresses.join(", "))));
+    field(
+        "CPU",
+        &format!(
+            "{} of {} allocated",
+            output::cpu(summary.cpu_allocated),
+            output::cpu(summary.cpu)
+        ),
+    );
+    field(
+        "Memory",
+        &format!(
+            "{} of {} allocated",
+            output::memory(summary.memory_allocated),
+            output::memory(summary.memory)
+        ),
+    );
+    field(
+        "Heartbeat",
+        if detail.heartbeat.is_some() {
+            "live lease"
+        } else {
+            "none (lease expired)"
+        },
+    );
+    field("Age", &age(Some(summary.registered_at), now_millis()));
+    output::line("");
+    output::line("Instances:");
+    if detail.instances.is_empty() {
+        output::line("  (none)");
+    } else {
+        instance_table(&detail.instances);
+    }
+}
+
+pub(super) async fn status(client: &Client, format: Format) -> Result<()> {
+    let status = client.status().await?;
+    if !output::structured(format, &status)? {
+        print_status(&status);
+    }
+    Ok(())
+}
+
+fn print_status(status: &ClusterStatus) {
+    let nodes = &status.nodes;
+    field(
+        "Nodes",
+        &format!(
+            "{} total, {} ready, {} unreachable, {} draining, {} disabled",
+            nodes.total, nodes.ready, nodes.unreachable, nodes.draining, nodes.disabled
+        ),
+    );
+    field("Services", &status.services.to_string());
+    let states: Vec<String> = status
+        .instances
+        .iter()
+        .map(|(s, n)| format!("{n} {s}"))
+        .collect();
+    field("Instances", &or_dash(Some(states.join(", "))));
+    field("Revision", &status.revision.to_string());
+    if !status.unplaced.is_empty() {
+        output::line("");
+        output::line("Unplaced demand:");
+        let rows = status
+            .unplaced
+            .iter()
+            .map(|u| {
+                let reason = serde_json::to_value(u.reason)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_owned))
+                    .unwrap_or_default();
+                vec![
+                    u.service.clone(),
+                    u.count.to_string(),
+                    reason,
+                    u.constraint.clone(),
+                    or_dash(u.nearest_node.clone()),
+                ]
+            })
+            .collect();
+        output::table(
+            &["service", "count", "reason", "constraint", "nearest"],
+            rows,
+        );
+    }
+    if !status.invalid_facts.is_empty() {
+        output::line("");
+        output::line("Facts that do not decode:");
+        for (key, reason) in &status.invalid_facts {
+            output::line(&format!("  {key}: {reason}"));
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! Arguments of the cluster commands (`apply`, `diff`, `get`, `describe`,
+//! `status`, `scale`, `delete`, `drain`, `disable-node`, `enable-node`,
+//! `events`, `watch`, `completions`) and their dispatch. Each command is a
+//! call of the typed API client ([`cca_api::Client`]); [`commands`] holds
+//! the calls, [`describe`] the long views, [`output`] the printing.
+//!
+//! Exit codes: 0 success, 1 any error (the server's message is printed),
+//! 2 usage errors (from clap).
+
+mod commands;
+mod describe;
+mod output;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand, ValueEnum};
+
+pub(crate) use output::Format;
+
+/// The default API server address.
+const DEFAULT_SERVER: &str = "http://127.0.0.1:9770";
+
+/// Where the API server is: `--server`, then `CCA_SERVER`, then the default.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct ServerAddr {
+    /// The API server's base URL.
+    #[arg(long, env = "CCA_SERVER", default_value = DEFAULT_SERVER, value_name = "URL")]
+    pub(crate) server: String,
+}
+
+/// How a read command prints.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct OutputArgs {
+    /// Output format.
+    #[arg(short, long, value_enum, default_value_t = Format::Table)]
+    pub(crate) output: Format,
+}
+
+/// The cluster commands, flattened into `cca`'s top level.
+#[derive(Debug, Subcommand)]
+pub(crate) enum ClusterCommand {
+    /// Compile .cca files and apply them to the cluster.
+    Apply(ApplyArgs),
+    /// Show what `apply` would change, without changing anything.
+    Diff(ApplyArgs),
+    /// List services, instances or nodes.
+    Get(GetArgs),
+    /// Show one service, instance or node in detail.
+    Describe(DescribeArgs),
+    /// Summarise the cluster: nodes, instances by state, unplaced demand.
+    Status(ReadArgs),
+    /// Set a service's replica count.
+    Scale(ScaleArgs),
+    /// Delete a service.
+    Delete(DeleteArgs),
+    /// Move every instance off a node and place nothing new there.
+    Drain(NodeArgs),
+    /// Place nothing new on a node; running instances stay.
+    DisableNode(NodeArgs),
+    /// Undo drain and disable-node.
+    EnableNode(NodeArgs),
+    /// Print the event log.
+    Events(EventsArgs),
+    /// Stream changes of the cluster's facts (until Ctrl-C).
+    Watch(WatchArgs),
+    /// Print a shell completion script.
+    Completions(CompletionsArgs),
+}
+
+/// `cca apply|diff [--prune] [--values F] [--set k=v] FILES…`
+#[derive(Debug, Args)]
+pub(crate) struct ApplyArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    #[command(flatten)]
+    pub(crate) out: OutputArgs,
+    /// Also delete services, gates, … that none of the files define.
+    #[arg(long)]
+    pub(crate) prune: bool,
+    /// A `.ccv` values file; may repeat, later files win.
+    #[arg(long = "values", value_name = "FILE")]
+    pub(crate) values: Vec<PathBuf>,
+    /// Set one value; overrides values files.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub(crate) set: Vec<String>,
+    /// Set one value from an environment variable.
+    #[arg(long = "set-from-env", value_name = "KEY=ENV_VAR")]
+    pub(crate) set_from_env: Vec<String>,
+    /// The `.cca` files (each with its inclusions).
+    #[arg(required = true, value_name = "FILE")]
+    pub(crate) files: Vec<PathBuf>,
+}
+
+/// What `get` lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Kind {
+    #[value(alias = "service", alias = "svc")]
+    Services,
+    #[value(alias = "instance", alias = "inst")]
+    Instances,
+    #[value(alias = "node", alias = "no")]
+    Nodes,
+}
+
+/// `cca get services|instances|nodes [--tag k=v] [--node N] [--all]`
+#[derive(Debug, Args)]
+pub(crate) struct GetArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    #[command(flatten)]
+    pub(crate) out: OutputArgs,
+    pub(crate) kind: Kind,
+    /// Only services (or instances of services) with this tag; may repeat.
+    #[arg(long = "tag", value_name = "KEY=VALUE")]
+    pub(crate) tags: Vec<String>,
+    /// Only instances on this node.
+    #[arg(long)]
+    pub(crate) node: Option<String>,
+    /// Only instances of this service.
+    #[arg(long)]
+    pub(crate) service: Option<String>,
+    /// Include stopped and failed instances.
+    #[arg(long)]
+    pub(crate) all: bool,
+}
+
+/// What `describe` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DescribeKind {
+    #[value(alias = "services", alias = "svc")]
+    Service,
+    #[value(alias = "instances", alias = "inst")]
+    Instance,
+    #[value(alias = "nodes", alias = "no")]
+    Node,
+}
+
+/// `cca describe service|instance|node NAME`
+#[derive(Debug, Args)]
+pub(crate) struct DescribeArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    #[command(flatten)]
+    pub(crate) out: OutputArgs,
+    pub(crate) kind: DescribeKind,
+    pub(crate) name: String,
+}
+
+/// A read command with no arguments of its own.
+#[derive(Debug, Args)]
+pub(crate) struct ReadArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    #[command(flatten)]
+    pub(crate) out: OutputArgs,
+}
+
+/// `cca scale SERVICE N`
+#[derive(Debug, Args)]
+pub(crate) struct ScaleArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    pub(crate) service: String,
+    pub(crate) replicas: u32,
+}
+
+/// What `delete` deletes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum DeleteKind {
+    #[value(alias = "services", alias = "svc")]
+    Service,
+}
+
+/// `cca delete service NAME`
+#[derive(Debug, Args)]
+pub(crate) struct DeleteArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    pub(crate) kind: DeleteKind,
+    pub(crate) name: String,
+}
+
+/// `cca drain|disable-node|enable-node NODE`
+#[derive(Debug, Args)]
+pub(crate) struct NodeArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    pub(crate) node: String,
+}
+
+/// `cca events [--subject S] [--since 10m] [--limit N]`
+#[derive(Debug, Args)]
+pub(crate) struct EventsArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    #[command(flatten)]
+    pub(crate) out: OutputArgs,
+    /// Only events whose subject starts with this (`service/web`, `node/`).
+    #[arg(long)]
+    pub(crate) subject: Option<String>,
+    /// Only events of the last DURATION (`30s`, `10m`, `2h`, `1d`).
+    #[arg(long, value_name = "DURATION")]
+    pub(crate) since: Option<String>,
+    /// At most this many, the newest.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) limit: usize,
+}
+
+/// `cca watch [PREFIX] [--from REV]`
+#[derive(Debug, Args)]
+pub(crate) struct WatchArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    /// `-o json` prints the API's NDJSON lines as they come.
+    #[command(flatten)]
+    pub(crate) out: OutputArgs,
+    /// Only keys under this prefix (`desired/`, `derived/instance/web/`).
+    #[arg(default_value = "")]
+    pub(crate) prefix: String,
+    /// Replay from this revision on, to resume (0: only new changes).
+    #[arg(long, default_value_t = 0)]
+    pub(crate) from: i64,
+}
+
+/// `cca completions bash|zsh|fish`
+#[derive(Debug, Args)]
+pub(crate) struct CompletionsArgs {
+    pub(crate) shell: clap_complete::Shell,
+}
+
+/// Runs a cluster command. `cli` builds the whole command tree (for completions).
+pub(crate) fn run(command: ClusterCommand, cli: fn() -> clap::Command) -> Result<ExitCode> {
+    if let ClusterCommand::Completions(args) = &command {
+        let mut cli = cli();
+        let name = cli.get_name().to_owned();
+        clap_complete::generate(args.shell, &mut cli, name, &mut std::io::stdout());
+        return Ok(ExitCode::SUCCESS);
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(commands::execute(command))?;
+    Ok(ExitCode::SUCCESS)
+}

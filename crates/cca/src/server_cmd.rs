@@ -1,0 +1,137 @@
+//! `cca server`: opens the store, starts the watch-fed cache and the API on
+//! it, and (once wired) the controller runner; stops gracefully on Ctrl-C
+//! or SIGTERM. Wiring only — the API lives in `cca-api`, the cache and the
+//! runner in `cca-control`.
+
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, Result};
+use cca_api::{ApiConfig, ApiState, MetricsRenderer};
+use cca_control::Cache;
+use cca_store::{Store, StoreUrl};
+use clap::Args;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// `cca server [--store URL] [--listen ADDR]`
+#[derive(Debug, Args)]
+pub(crate) struct ServerArgs {
+    /// The store: `embedded:DIR` (one server) or `etcd://host:port[,host:port...]` (HA).
+    #[arg(long, env = "CCA_STORE", default_value = "embedded:.cca-dev/store")]
+    store: StoreUrl,
+    /// Address the API listens on (port 0 picks a free port; the address
+    /// is printed on stderr).
+    #[arg(long, env = "CCA_LISTEN", default_value = cca_api::DEFAULT_LISTEN)]
+    listen: SocketAddr,
+    /// How long events are kept (`30m`, `1h`, `1d`).
+    #[arg(long, default_value = "1h", value_name = "DURATION")]
+    event_retention: String,
+}
+
+pub(crate) fn run(args: ServerArgs) -> Result<ExitCode> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(serve(args))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve(args: ServerArgs) -> Result<()> {
+    let retention = cca_model::spec::Duration::parse(&args.event_retention)
+        .with_context(|| format!("--event-retention `{}`", args.event_retention))?;
+    let store = cca_store::open(&args.store)
+        .await
+        .with_context(|| format!("opening the store {:?}", args.store))?;
+    let cache = Arc::new(
+        Cache::start(Arc::clone(&store))
+            .await
+            .context("reading the store into the cache")?,
+    );
+    let (stop, stopping) = watch::channel(false);
+    let control = start_control_plane(Arc::clone(&store), Arc::clone(&cache), stopping);
+    let config = ApiConfig {
+        event_retention: std::time::Duration::from_millis(retention.0),
+        ..ApiConfig::default()
+    };
+    let state = ApiState::new(store, cache, config, Arc::clone(&control.metrics));
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("listening on {}", args.listen))?;
+    let address = listener
+        .local_addr()
+        .context("reading the listen address")?;
+    announce(address);
+    cca_api::serve(listener, state, shutdown_signal())
+        .await
+        .context("serving the API")?;
+    stop.send_replace(true);
+    control.stop().await;
+    Ok(())
+}
+
+#[allow(
+    clippy::print_stderr,
+    reason = "tells the operator (and tests) where the server listens"
+)]
+fn announce(address: SocketAddr) {
+    tracing::info!(%address, "API server listening");
+    eprintln!("cca server listening on http://{address}");
+}
+
+/// What the control plane runs beside the API.
+pub(crate) struct ControlPlane {
+    /// Appended to the API's `/metrics`.
+    metrics: MetricsRenderer,
+    /// Tasks to wait for (after the stop signal) on shutdown.
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl ControlPlane {
+    async fn stop(self) {
+        for task in self.tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// RUNNER WIRING: start the controller runner (leader election, controllers)
+// here. It receives the store, the shared cache, and a signal that turns
+// true on shutdown; it returns its metrics renderer (for `/metrics`) and the
+// tasks `cca server` waits for after signalling shutdown. Until the runner
+// exists, the server serves the API only.
+// ---------------------------------------------------------------------------
+fn start_control_plane(
+    store: Arc<dyn Store>,
+    cache: Arc<Cache>,
+    stopping: watch::Receiver<bool>,
+) -> ControlPlane {
+    let _ = (store, cache, stopping);
+    ControlPlane {
+        metrics: cca_api::no_extra_metrics(),
+        tasks: Vec::new(),
+    }
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = interrupt => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down");
+}
