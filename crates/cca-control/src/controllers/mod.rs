@@ -1,0 +1,36 @@
+//! The control plane's pure controllers. Each one turns a [`View`] and a
+//! [`Context`] into a [`Plan`] and does nothing else: no IO, no clock, no
+//! randomness. [`NodeController`] derives node conditions from heartbeats,
+//! [`SchedulerController`] turns desired replicas into placed instances
+//! (and moves, replaces and stops them), [`EndpointController`] publishes
+//! the ready backends of every service port. Every controller writes only
+//! what differs from the view, so a converged cluster yields empty plans.
+//!
+//! [`View`]: crate::view::View
+//! [`Context`]: crate::controller::Context
+//! [`Plan`]: crate::controller::Plan
+
+mod endpoint;
+mod node;
+pub mod scheduler;
+
+#[cfg(test)]
+pub(crate) mod fixtures;
+
+use std::sync::Arc;
+
+pub use endpoint::EndpointController;
+pub use node::NodeController;
+pub use scheduler::{SchedulerConfig, SchedulerController};
+
+use crate::controller::Controller;
+
+/// Every controller of the control plane with its default settings, in
+/// the order the runner should start them.
+pub fn all() -> Vec<Arc<dyn Controller>> {
+    vec![
+        Arc::new(NodeController),
+        Arc::new(SchedulerController::default()),
+        Arc::new(EndpointController),
+    ]
+}

@@ -1,0 +1,324 @@
+//! The scheduler's working copy of the cluster for one reconcile: every
+//! registered node with what is allocated on it (every instance record,
+//! stopping ones included, holds its reservation until the record goes),
+//! its host ports, which services run there, and whether it can take new
+//! instances. Placements and releases made during the reconcile update it
+//! and the [`CapacityIndex`] incrementally, so later decisions in the same
+//! cycle see earlier ones.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cca_model::cluster::{Instance, Millis, NodeCondition, NodeInfo};
+
+use super::SchedulerConfig;
+use super::index::{CapacityIndex, Fit, Room};
+use crate::controller::Context;
+use crate::view::View;
+
+/// Host ports the scheduler hands out to instances.
+pub(crate) const HOST_PORTS: std::ops::RangeInclusive<u16> = 20_000..=32_767;
+
+/// CPU millicores and memory bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Amount {
+    pub(crate) cpu: u64,
+    pub(crate) memory: u64,
+}
+
+/// Whether a node is alive, as the node controller and heartbeats say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Liveness {
+    Ready,
+    /// Not ready; its instances are replaced at `lost_at` if it stays so.
+    Unreachable {
+        lost_at: Option<Millis>,
+    },
+    /// Unreachable past the grace period: what ran there is gone.
+    Lost,
+}
+
+/// One node as the scheduler sees it.
+#[derive(Debug)]
+pub(crate) struct NodeSlot<'v> {
+    pub(crate) info: &'v NodeInfo,
+    pub(crate) liveness: Liveness,
+    pub(crate) draining: bool,
+    pub(crate) disabled: bool,
+    pub(crate) used: Amount,
+    /// Allocation when the reconcile started, for pressure warnings.
+    pub(crate) used_before: Amount,
+    pub(crate) ports: BTreeSet<u16>,
+    /// Instances per service on this node.
+    pub(crate) services: BTreeMap<&'v str, u32>,
+}
+
+impl NodeSlot<'_> {
+    /// Ready, not draining, not disabled: may take new instances.
+    pub(crate) fn schedulable(&self) -> bool {
+        self.liveness == Liveness::Ready && !self.draining && !self.disabled
+    }
+
+    pub(crate) fn free(&self) -> Room {
+        Room {
+            cpu: signed(self.info.cpu.0) - signed(self.used.cpu),
+            memory: signed(self.info.memory.0) - signed(self.used.memory),
+        }
+    }
+
+    pub(crate) fn free_ports(&self) -> usize {
+        HOST_PORTS.len().saturating_sub(self.ports.len())
+    }
+
+    /// The larger of cpu and memory allocation, in percent of capacity.
+    pub(crate) fn pressure(&self, used: Amount) -> (u64, u64) {
+        (
+            percent(used.cpu, self.info.cpu.0),
+            percent(used.memory, self.info.memory.0),
+        )
+    }
+
+    pub(crate) fn load(&self) -> u64 {
+        let (cpu, memory) = self.pressure(self.used);
+        cpu.max(memory)
+    }
+
+    pub(crate) fn runs_any(&self, services: &[String]) -> bool {
+        services
+            .iter()
+            .any(|name| self.services.contains_key(name.as_str()))
+    }
+}
+
+fn percent(used: u64, capacity: u64) -> u64 {
+    if capacity == 0 {
+        return if used == 0 { 0 } else { 100 };
+    }
+    u64::try_from(u128::from(used) * 100 / u128::from(capacity)).unwrap_or(u64::MAX)
+}
+
+fn signed(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(crate) struct Cluster<'v> {
+    pub(crate) nodes: Vec<NodeSlot<'v>>,
+    by_name: BTreeMap<&'v str, u32>,
+    pub(crate) index: CapacityIndex,
+    /// Nodes running each service, with instance counts.
+    placements: BTreeMap<&'v str, BTreeMap<u32, u32>>,
+    pressure_line: u64,
+}
+
+impl<'v> Cluster<'v> {
+    pub(crate) fn build(view: &'v View, context: &Context, config: &SchedulerConfig) -> Self {
+        let nodes: Vec<NodeSlot<'v>> = view
+            .nodes
+            .iter()
+            .map(|(name, info)| node_slot(view, name, &info.value, context, config))
+            .collect();
+        let by_name = nodes
+            .iter()
+            .enumerate()
+            .map(|(id, slot)| (slot.info.name.as_str(), id as u32))
+            .collect();
+        let mut cluster = Cluster {
+            index: CapacityIndex::with_nodes(nodes.len()),
+            nodes,
+            by_name,
+            placements: BTreeMap::new(),
+            pressure_line: config.pressure_percent,
+        };
+        for (_, instance) in view.instances.iter() {
+            cluster.account(&instance.value);
+        }
+        for slot in &mut cluster.nodes {
+            slot.used_before = slot.used;
+        }
+        for id in 0..cluster.nodes.len() as u32 {
+            cluster.refresh(id);
+        }
+        cluster
+    }
+
+    pub(crate) fn node_id(&self, name: &str) -> Option<u32> {
+        self.by_name.get(name).copied()
+    }
+
+    pub(crate) fn node(&self, id: u32) -> &NodeSlot<'v> {
+        &self.nodes[id as usize]
+    }
+
+    pub(crate) fn node_named(&self, name: &str) -> Option<&NodeSlot<'v>> {
+        self.node_id(name).map(|id| self.node(id))
+    }
+
+    /// Nodes running `service`, with counts.
+    pub(crate) fn nodes_running(&self, service: &str) -> Option<&BTreeMap<u32, u32>> {
+        self.placements.get(service)
+    }
+
+    /// Adds an existing record's reservation.
+    fn account(&mut self, instance: &'v Instance) {
+        let Some(id) = self.node_id(&instance.node) else {
+            return;
+        };
+        let amount = Amount {
+            cpu: instance.cpu.0,
+            memory: instance.memory.0,
+        };
+        let ports = instance.host_ports.values().copied();
+        self.add(id, &instance.service, amount, ports);
+    }
+
+    fn add(&mut self, id: u32, service: &'v str, amount: Amount, ports: impl Iterator<Item = u16>) {
+        let slot = &mut self.nodes[id as usize];
+        slot.used.cpu += amount.cpu;
+        slot.used.memory += amount.memory;
+        slot.ports.extend(ports);
+        *slot.services.entry(service).or_default() += 1;
+        *self
+            .placements
+            .entry(service)
+            .or_default()
+            .entry(id)
+            .or_default() += 1;
+    }
+
+    /// Reserves `amount` and `port_count` host ports for a new instance of
+    /// `service` on node `id`; returns the ports (lowest free first).
+    pub(crate) fn reserve(
+        &mut self,
+        id: u32,
+        service: &'v str,
+        amount: Amount,
+        port_count: usize,
+    ) -> Vec<u16> {
+        let slot = &self.nodes[id as usize];
+        let ports: Vec<u16> = HOST_PORTS
+            .filter(|port| !slot.ports.contains(port))
+            .take(port_count)
+            .collect();
+        self.add(id, service, amount, ports.iter().copied());
+        self.refresh(id);
+        ports
+    }
+
+    /// Gives back a deleted record's reservation.
+    pub(crate) fn release(&mut self, instance: &Instance) {
+        let Some(id) = self.node_id(&instance.node) else {
+            return;
+        };
+        let slot = &mut self.nodes[id as usize];
+        slot.used.cpu = slot.used.cpu.saturating_sub(instance.cpu.0);
+        slot.used.memory = slot.used.memory.saturating_sub(instance.memory.0);
+        for port in instance.host_ports.values() {
+            slot.ports.remove(port);
+        }
+        decrement(&mut slot.services, instance.service.as_str());
+        if let Some(nodes) = self.placements.get_mut(instance.service.as_str()) {
+            decrement(nodes, &id);
+        }
+        self.refresh(id);
+    }
+
+    /// Re-indexes node `id` after its allocation or state changed.
+    fn refresh(&mut self, id: u32) {
+        let slot = &self.nodes[id as usize];
+        if !slot.schedulable() {
+            self.index.remove(id);
+            return;
+        }
+        let free = slot.free();
+        let reserve = |capacity: u64| signed(capacity) * (100 - self.pressure_line as i64) / 100;
+        let headroom = Room {
+            cpu: free.cpu - reserve(slot.info.cpu.0),
+            memory: free.memory - reserve(slot.info.memory.0),
+        };
+        self.index.set(id, free, headroom);
+    }
+
+    /// Best-fit lookup; see [`CapacityIndex::best_fit`].
+    pub(crate) fn best_fit(
+        &self,
+        need: Amount,
+        fit: Fit,
+        accept: impl FnMut(u32) -> bool,
+    ) -> Option<u32> {
+        let need = Room {
+            cpu: signed(need.cpu),
+            memory: signed(need.memory),
+        };
+        self.index.best_fit(need, fit, accept)
+    }
+
+    /// True when node `id` stays at or under the pressure line with `need` added.
+    pub(crate) fn stays_under_line(&self, id: u32, need: Amount) -> bool {
+        let slot = self.node(id);
+        let after = Amount {
+            cpu: slot.used.cpu + need.cpu,
+            memory: slot.used.memory + need.memory,
+        };
+        let (cpu, memory) = slot.pressure(after);
+        cpu <= self.pressure_line && memory <= self.pressure_line
+    }
+
+    pub(crate) fn pressure_line(&self) -> u64 {
+        self.pressure_line
+    }
+}
+
+fn decrement<K: Ord + std::borrow::Borrow<Q>, Q: Ord + ?Sized>(
+    map: &mut BTreeMap<K, u32>,
+    key: &Q,
+) {
+    if let Some(count) = map.get_mut(key) {
+        *count -= 1;
+        if *count == 0 {
+            map.remove(key);
+        }
+    }
+}
+
+fn node_slot<'v>(
+    view: &'v View,
+    name: &str,
+    info: &'v NodeInfo,
+    context: &Context,
+    config: &SchedulerConfig,
+) -> NodeSlot<'v> {
+    let control = view.node_controls.get(name);
+    NodeSlot {
+        info,
+        liveness: liveness(view, name, context, config),
+        draining: control.is_some_and(|control| control.drain),
+        disabled: control.is_some_and(|control| control.disabled),
+        used: Amount::default(),
+        used_before: Amount::default(),
+        ports: BTreeSet::new(),
+        services: BTreeMap::new(),
+    }
+}
+
+fn liveness(view: &View, name: &str, context: &Context, config: &SchedulerConfig) -> Liveness {
+    let beating = view.heartbeats.contains_key(name);
+    let status = view.node_statuses.get(name);
+    match status.map(|status| (status.condition, status.since)) {
+        Some((NodeCondition::Unreachable, since)) if !beating => {
+            // Count from our own leadership too: a new leader has not yet
+            // watched the node long enough to call it lost.
+            let lost_at = since.max(context.leader_since) + config.lost_grace;
+            if context.now >= lost_at {
+                Liveness::Lost
+            } else {
+                Liveness::Unreachable {
+                    lost_at: Some(lost_at),
+                }
+            }
+        }
+        Some((NodeCondition::Unreachable, _)) => Liveness::Unreachable { lost_at: None },
+        _ if beating => Liveness::Ready,
+        _ => Liveness::Unreachable { lost_at: None },
+    }
+}

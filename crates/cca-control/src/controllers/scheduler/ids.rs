@@ -1,0 +1,119 @@
+//! Names and fingerprints the scheduler derives from the view alone: the
+//! spec hash that tells a rolled instance from a current one, and instance
+//! ids. Stateful instances are `{svc}-{ordinal}`; others are `{svc}-{suffix}`
+//! where the suffix is the base-36 of the view's revision and a counter.
+//! Revisions only grow, so an id is never reused — and a plan made twice
+//! from the same (stale) view mints the same ids, which makes the second
+//! commit's create-only guard fail instead of placing twice.
+
+use cca_model::spec::ServiceSpec;
+use cca_store::Revision;
+
+/// Ids one reconcile may mint: the counter has 16 bits next to the revision.
+pub(crate) const MAX_MINTED_PER_CYCLE: u32 = 1 << 16;
+
+/// A stable fingerprint of what an instance runs (FNV-1a over the spec's
+/// JSON, which is deterministic: structs in field order, maps ordered).
+/// Fields about the service as a whole — replicas, rollout, disruption
+/// budget, autoscaling — are left out: changing them rolls nothing.
+pub(crate) fn spec_hash(spec: &ServiceSpec) -> String {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut instance_shape = spec.clone();
+    instance_shape.replicas = 0;
+    instance_shape.update = Default::default();
+    instance_shape.budget = None;
+    instance_shape.autoscale = None;
+    instance_shape.scale_to_zero = None;
+    let json = serde_json::to_vec(&instance_shape).unwrap_or_default();
+    let hash = json.iter().fold(OFFSET, |hash, byte| {
+        (hash ^ u64::from(*byte)).wrapping_mul(PRIME)
+    });
+    format!("{hash:016x}")
+}
+
+/// The id of a stateful service's instance with `ordinal`.
+pub(crate) fn stateful_id(service: &str, ordinal: u32) -> String {
+    format!("{service}-{ordinal}")
+}
+
+/// Lower-case base 36, the shortest spelling of a number in DNS-safe letters.
+pub(crate) fn base36(mut value: u64) -> String {
+    const DIGITS: &[u8; 36] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut out = Vec::new();
+    loop {
+        out.push(DIGITS[(value % 36) as usize]);
+        value /= 36;
+        if value == 0 {
+            break;
+        }
+    }
+    out.reverse();
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// Mints the ids of new non-stateful instances during one reconcile.
+#[derive(Debug)]
+pub(crate) struct IdMinter {
+    revision: Revision,
+    next: u32,
+}
+
+impl IdMinter {
+    pub(crate) fn new(revision: Revision) -> Self {
+        Self { revision, next: 0 }
+    }
+
+    /// The next id for `service` that `taken` does not know, or `None`
+    /// once this cycle's ids are used up (the rest waits a cycle).
+    pub(crate) fn mint(&mut self, service: &str, taken: impl Fn(&str) -> bool) -> Option<String> {
+        while self.next < MAX_MINTED_PER_CYCLE {
+            let seed = (self.revision.max(0) as u64) << 16 | u64::from(self.next);
+            self.next += 1;
+            let id = format!("{service}-{}", base36(seed));
+            if !taken(&id) {
+                return Some(id);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controllers::fixtures::service;
+
+    #[test]
+    fn base36_spells_numbers() {
+        assert_eq!(base36(0), "0");
+        assert_eq!(base36(35), "z");
+        assert_eq!(base36(36), "10");
+        assert_eq!(base36(1 << 16), "1ekg");
+    }
+
+    #[test]
+    fn ids_are_deterministic_unique_and_skip_taken_ones() {
+        let mut minter = IdMinter::new(7);
+        let first = minter.mint("web", |_| false).expect("mints");
+        let third = minter.mint("web", |id| id == "web-9tz5").expect("mints");
+        assert_eq!(first, "web-9tz4");
+        assert_eq!(third, "web-9tz6", "a taken id is skipped");
+        assert_eq!(IdMinter::new(7).mint("web", |_| false), Some(first));
+    }
+
+    #[test]
+    fn spec_hash_changes_with_the_spec() {
+        let spec = service("web", 2);
+        let mut changed = spec.clone();
+        changed.env.insert("A".into(), "1".into());
+        assert_eq!(spec_hash(&spec), spec_hash(&spec.clone()));
+        assert_ne!(spec_hash(&spec), spec_hash(&changed));
+        assert_eq!(spec_hash(&spec).len(), 16);
+        assert_eq!(
+            spec_hash(&spec),
+            spec_hash(&service("web", 9)),
+            "scaling rolls nothing"
+        );
+    }
+}

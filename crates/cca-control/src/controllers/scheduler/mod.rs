@@ -1,0 +1,200 @@
+//! The scheduler: turns each service's desired replicas into instance
+//! records placed on nodes, and keeps them placed. One pass, pure over the
+//! view and the injected time:
+//!
+//! 1. Within `startup_grace` of becoming leader it does nothing but ask to
+//!    be woken when the grace ends, so nodes that are still registering do
+//!    not all lose the race to the first one (no thundering herd).
+//! 2. [`service::decide`] works out, per service, what to delete, stop and
+//!    create: stopped and lost records go, failed instances are replaced
+//!    within a restart budget, scale and rolling updates follow
+//!    `update.max_surge`/`max_unavailable`, drains move instances within
+//!    the disruption budget, stateful ordinals start and stop in order.
+//! 3. Creates are placed service by service ([`scoring`], [`feasibility`],
+//!    the incremental [`index`]); what cannot be placed becomes an
+//!    unplaced-demand fact naming the reason, the constraint and the
+//!    nearest node.
+//! 4. A quiet pass rebalances ([`rebalance`]); any pass that pushes a node
+//!    over the pressure line logs a WARNING for it.
+//!
+//! Only differences from the view are written, so a converged cluster
+//! yields an empty plan.
+
+mod cluster;
+mod feasibility;
+mod ids;
+pub(crate) mod index;
+mod pass;
+mod rebalance;
+mod scoring;
+mod service;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+
+use cca_model::cluster::{Instance, Millis};
+use cca_model::keys;
+
+use crate::controller::{Context, Controller, EventDraft, Plan};
+use crate::view::View;
+use pass::Pass;
+use rebalance::Known;
+use scoring::Placer;
+
+pub use ids_api::spec_hash;
+
+/// Public access to the spec hash, for the API and tests that build
+/// instance records.
+mod ids_api {
+    /// The fingerprint the scheduler stores in `Instance::spec_hash`.
+    pub fn spec_hash(spec: &cca_model::spec::ServiceSpec) -> String {
+        super::ids::spec_hash(spec)
+    }
+}
+
+/// The scheduler's tunables; `Default` gives the documented values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SchedulerConfig {
+    /// Wait after becoming leader before placing anything (10 s).
+    pub startup_grace: Millis,
+    /// How long a node stays unreachable before its instances are
+    /// replaced elsewhere (30 s).
+    pub lost_grace: Millis,
+    /// Failed instances replaced per service per `failure_window` (3).
+    pub failure_budget: u32,
+    /// The window of the restart budget (5 min).
+    pub failure_window: Millis,
+    /// Allocation (percent of cpu or memory) above which a node is under
+    /// pressure: a WARNING, a rebalancing source, avoided by bin-packing (80).
+    pub pressure_percent: u64,
+    /// Rebalancing moves started per pass (2).
+    pub max_moves: usize,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        SchedulerConfig {
+            startup_grace: 10_000,
+            lost_grace: 30_000,
+            failure_budget: 3,
+            failure_window: 300_000,
+            pressure_percent: 80,
+            max_moves: 2,
+        }
+    }
+}
+
+/// Writes `derived/instance/{svc}/{id}` and `derived/unplaced/{svc}`.
+#[derive(Clone, Debug, Default)]
+pub struct SchedulerController {
+    pub config: SchedulerConfig,
+}
+
+impl Controller for SchedulerController {
+    fn name(&self) -> &'static str {
+        "scheduler"
+    }
+
+    /// Everything placement depends on. Its own prefixes are left out:
+    /// each pass already sees its previous commit in the next view.
+    fn interests(&self) -> &'static [&'static str] {
+        &[
+            keys::DESIRED_SERVICES,
+            keys::DESIRED_NODES,
+            keys::OBSERVED_NODES,
+            keys::OBSERVED_HEARTBEATS,
+            keys::OBSERVED_INSTANCES,
+            keys::DERIVED_NODES,
+        ]
+    }
+
+    fn reconcile(&self, view: &View, context: &Context) -> Plan {
+        let grace_ends = context.leader_since + self.config.startup_grace;
+        if context.now < grace_ends {
+            let mut plan = Plan::default();
+            plan.requeue(grace_ends - context.now);
+            return plan;
+        }
+        reconcile(view, context, &self.config)
+    }
+}
+
+/// One scheduling pass after the startup grace; see the module documentation.
+pub(crate) fn reconcile(view: &View, context: &Context, config: &SchedulerConfig) -> Plan {
+    let mut pass = Pass::new(view, context, config);
+    let by_service = instances_by_service(view);
+    let known: Known<'_> = view
+        .services
+        .iter()
+        .map(|(name, spec)| (name.as_str(), (&*spec.value, ids::spec_hash(&spec.value))))
+        .collect();
+    for (service, instances) in &by_service {
+        if !known.contains_key(service) {
+            service::retire(&mut pass, instances);
+        }
+    }
+    for (service, _) in view.unplaced.iter() {
+        if !known.contains_key(service.as_str()) {
+            pass.sync_unplaced(service, 0, None);
+        }
+    }
+    let mut creates = Vec::new();
+    for (name, (spec, hash)) in &known {
+        let instances = by_service.get(name).map_or(&[][..], Vec::as_slice);
+        let before = pass.instance_writes;
+        let wanted = service::decide(&mut pass, name, spec, hash, instances);
+        if pass.instance_writes > before || !wanted.is_empty() {
+            pass.guard_service(name);
+        }
+        creates.push((*name, *spec, hash.as_str(), wanted));
+    }
+    for (name, spec, hash, wanted) in creates {
+        place_service(&mut pass, name, spec, hash, wanted);
+    }
+    if pass.instance_writes == 0 {
+        rebalance::rebalance(&mut pass, &known);
+    }
+    pass.into_plan()
+}
+
+fn place_service<'v>(
+    pass: &mut Pass<'v>,
+    name: &'v str,
+    spec: &'v cca_model::spec::ServiceSpec,
+    hash: &str,
+    wanted: Vec<pass::Create>,
+) {
+    if wanted.is_empty() {
+        pass.sync_unplaced(name, 0, None);
+        return;
+    }
+    let mut placer = Placer::new(&pass.cluster, name, spec);
+    let (mut placed, mut unplaced) = (0, 0);
+    for create in wanted {
+        if pass.place(&mut placer, spec, hash, create) {
+            placed += 1;
+        } else {
+            unplaced += 1;
+        }
+    }
+    pass.sync_unplaced(name, unplaced, Some(&placer));
+    if placed > 0 {
+        pass.events.push(EventDraft::info(
+            format!("service/{name}"),
+            format!("placed {placed} instance(s)"),
+        ));
+    }
+}
+
+fn instances_by_service(view: &View) -> BTreeMap<&str, Vec<&Instance>> {
+    let mut by_service: BTreeMap<&str, Vec<&Instance>> = BTreeMap::new();
+    for (_, instance) in view.instances.iter() {
+        by_service
+            .entry(instance.service.as_str())
+            .or_default()
+            .push(&instance.value);
+    }
+    by_service
+}

@@ -1,0 +1,245 @@
+//! One scheduling pass: the [`Cluster`] working copy plus the plan being
+//! built. Writes are kept by key (a later write to a key replaces an
+//! earlier one, so deleting a stopped stateful instance and recreating its
+//! ordinal in one pass is a single put), and leave in key order so the
+//! same view always yields the same plan.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use cca_model::cluster::{Instance, Millis, Unplaced};
+use cca_model::keys;
+use cca_model::spec::{Cpu, Memory, ServiceSpec};
+
+use super::SchedulerConfig;
+use super::cluster::Cluster;
+use super::feasibility::diagnose;
+use super::ids::IdMinter;
+use super::scoring::{Placer, Request};
+use crate::controller::{Context, EventDraft, Plan, Write};
+use crate::controllers::endpoint::port_key;
+use crate::view::View;
+
+/// A new instance the pass wants placed.
+#[derive(Clone, Debug)]
+pub(crate) struct Create {
+    /// Stateful ordinal; the id is then `{svc}-{ordinal}`.
+    pub(crate) ordinal: Option<u32>,
+    /// The instance this one takes over from (drain, rebalancing).
+    pub(crate) replaces: Option<String>,
+    /// Failure history inherited from the failed instance it replaces.
+    pub(crate) failures: Vec<Millis>,
+    pub(crate) request: Request,
+    /// The record exists (a failed stateful ordinal recreated in place):
+    /// when it cannot be placed, the record is deleted instead.
+    pub(crate) overwrites: bool,
+}
+
+impl Create {
+    pub(crate) fn new() -> Self {
+        Create {
+            ordinal: None,
+            replaces: None,
+            failures: Vec::new(),
+            request: Request::ANYWHERE,
+            overwrites: false,
+        }
+    }
+}
+
+/// See the module documentation.
+#[derive(Debug)]
+pub(crate) struct Pass<'v> {
+    pub(crate) view: &'v View,
+    pub(crate) context: &'v Context,
+    pub(crate) config: &'v SchedulerConfig,
+    pub(crate) cluster: Cluster<'v>,
+    writes: BTreeMap<String, Write>,
+    guards: BTreeSet<String>,
+    pub(crate) events: Vec<EventDraft>,
+    requeue_at: Option<Millis>,
+    minter: IdMinter,
+    /// Instance records put or deleted so far.
+    pub(crate) instance_writes: usize,
+}
+
+impl<'v> Pass<'v> {
+    pub(crate) fn new(view: &'v View, context: &'v Context, config: &'v SchedulerConfig) -> Self {
+        Pass {
+            view,
+            context,
+            config,
+            cluster: Cluster::build(view, context, config),
+            writes: BTreeMap::new(),
+            guards: BTreeSet::new(),
+            events: Vec::new(),
+            requeue_at: None,
+            minter: IdMinter::new(view.revision),
+            instance_writes: 0,
+        }
+    }
+
+    pub(crate) fn now(&self) -> Millis {
+        self.context.now
+    }
+
+    /// Asks to reconcile again at `at` (a grace period or window ends).
+    pub(crate) fn requeue_at(&mut self, at: Millis) {
+        self.requeue_at = Some(self.requeue_at.map_or(at, |held| held.min(at)));
+    }
+
+    /// The decision depended on the service's spec: commit only if it is
+    /// still the spec the view holds.
+    pub(crate) fn guard_service(&mut self, service: &str) {
+        self.guards.insert(keys::desired_service(service));
+    }
+
+    fn write(&mut self, write: Write) {
+        self.writes.insert(write.key().to_owned(), write);
+    }
+
+    /// Asks the agent to stop `instance`; its reservation holds until the
+    /// record is deleted.
+    pub(crate) fn stop(&mut self, instance: &Instance) {
+        let mut stopping = instance.clone();
+        stopping.stopping = true;
+        let key = keys::derived_instance(&instance.service, &instance.id);
+        self.write(Write::put_json(key, &stopping));
+        self.instance_writes += 1;
+    }
+
+    /// Deletes `instance`'s record and gives its reservation back.
+    pub(crate) fn delete(&mut self, instance: &Instance) {
+        self.write(Write::delete(keys::derived_instance(
+            &instance.service,
+            &instance.id,
+        )));
+        self.cluster.release(instance);
+        self.instance_writes += 1;
+    }
+
+    /// Places one instance of `spec`; false when no node can take it.
+    pub(crate) fn place(
+        &mut self,
+        placer: &mut Placer<'v>,
+        spec: &'v ServiceSpec,
+        spec_hash: &str,
+        create: Create,
+    ) -> bool {
+        let service = placer.service;
+        let chosen = placer.choose(&self.cluster, create.request);
+        let id = match (chosen, create.ordinal) {
+            (None, _) => None,
+            (Some(_), Some(ordinal)) => Some(super::ids::stateful_id(service, ordinal)),
+            (Some(_), None) => {
+                let view = self.view;
+                self.minter.mint(service, |id| {
+                    view.instances.contains_key(id) || view.statuses.contains_key(id)
+                })
+            }
+        };
+        let (Some(node), Some(id)) = (chosen, id) else {
+            if let (true, Some(ordinal)) = (create.overwrites, create.ordinal) {
+                let id = super::ids::stateful_id(service, ordinal);
+                self.write(Write::delete(keys::derived_instance(service, &id)));
+            }
+            return false;
+        };
+        let amount = placer.demand.amount;
+        let ports = self
+            .cluster
+            .reserve(node, service, amount, spec.ports.len());
+        placer.placed(node);
+        let instance = Instance {
+            id,
+            service: service.to_owned(),
+            node: self.cluster.node(node).info.name.clone(),
+            ordinal: create.ordinal,
+            spec_hash: spec_hash.to_owned(),
+            cpu: Cpu(amount.cpu),
+            memory: Memory(amount.memory),
+            host_ports: spec.ports.iter().map(port_key).zip(ports).collect(),
+            created_at: self.now(),
+            stopping: false,
+            replaces: create.replaces,
+            failures: create.failures,
+        };
+        let key = keys::derived_instance(service, &instance.id);
+        self.write(Write::put_json(key, &instance));
+        self.instance_writes += 1;
+        true
+    }
+
+    /// Writes, keeps or deletes the service's unplaced-demand fact so it
+    /// says `count` instances wait (none: the fact goes).
+    pub(crate) fn sync_unplaced(&mut self, service: &str, count: u32, placer: Option<&Placer<'_>>) {
+        let held = self.view.unplaced.get(service);
+        let (Some(placer), true) = (placer, count > 0) else {
+            if held.is_some() {
+                self.write(Write::delete(keys::derived_unplaced(service)));
+            }
+            return;
+        };
+        let diagnosis = diagnose(&self.cluster, &placer.demand);
+        let same_cause = held.filter(|held| {
+            held.reason == diagnosis.reason && held.constraint == diagnosis.constraint
+        });
+        let fact = Unplaced {
+            service: service.to_owned(),
+            count,
+            reason: diagnosis.reason,
+            constraint: diagnosis.constraint,
+            nearest_node: diagnosis.nearest_node,
+            since: same_cause.map_or(self.now(), |held| held.since),
+        };
+        if held.is_some_and(|held| *held.value == fact) {
+            return;
+        }
+        if same_cause.is_none() {
+            let reason = serde_json::to_value(fact.reason).unwrap_or_default();
+            let message = format!(
+                "cannot place {count} instance(s): {} ({})",
+                reason.as_str().unwrap_or_default(),
+                fact.constraint
+            );
+            self.events
+                .push(EventDraft::warning(format!("service/{service}"), message));
+        }
+        self.write(Write::put_json(keys::derived_unplaced(service), &fact));
+    }
+
+    /// A WARNING for every node this pass pushes over the pressure line.
+    fn pressure_warnings(&mut self) {
+        let line = self.cluster.pressure_line();
+        for slot in &self.cluster.nodes {
+            let before = slot.pressure(slot.used_before);
+            let after = slot.pressure(slot.used);
+            for (resource, before, after) in
+                [("cpu", before.0, after.0), ("memory", before.1, after.1)]
+            {
+                if before <= line && after > line {
+                    self.events.push(EventDraft::warning(
+                        format!("node/{}", slot.info.name),
+                        format!("{resource} allocation at {after}% exceeds {line}%"),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The plan: writes in key order, guards only when there are writes.
+    pub(crate) fn into_plan(mut self) -> Plan {
+        self.pressure_warnings();
+        let mut plan = Plan::default();
+        if let Some(at) = self.requeue_at {
+            plan.requeue(at - self.now());
+        }
+        if self.writes.is_empty() {
+            plan.events = self.events;
+            return plan;
+        }
+        plan.writes = self.writes.into_values().collect();
+        plan.guards = self.guards.into_iter().collect();
+        plan.events = self.events;
+        plan
+    }
+}

@@ -1,0 +1,691 @@
+//! Table tests of the scheduler on built views with an injected clock,
+//! plus property tests: it never over-commits a node, always respects
+//! `restrict`, is deterministic for a view, spreads evenly when capacity
+//! allows, and does nothing on a converged cluster. Agents are simulated
+//! by [`agents`]: they report every placed instance running and every
+//! stopping one stopped.
+
+use std::collections::BTreeMap;
+
+use cca_model::cluster::{
+    Instance, InstanceState, NodeCondition, NodeControl, NodeStatus, Unplaced, UnplacedReason,
+};
+use cca_model::keys;
+use cca_model::spec::{Cpu, DisruptionBudget, Memory, ServiceSpec};
+use proptest::prelude::*;
+
+use super::{SchedulerConfig, SchedulerController, spec_hash};
+use crate::controller::{Context, Controller, Plan, Write};
+use crate::controllers::fixtures::{MI, ViewBuilder, context, node_info, service, status};
+use crate::view::View;
+
+const NOW: i64 = 1_000_000;
+
+fn schedule(view: &View, now: i64) -> Plan {
+    SchedulerController::default().reconcile(view, &context(now))
+}
+
+fn instances(view: &View) -> Vec<Instance> {
+    view.instances
+        .iter()
+        .map(|(_, i)| (*i.value).clone())
+        .collect()
+}
+
+fn live(view: &View, service: &str) -> Vec<Instance> {
+    instances(view)
+        .into_iter()
+        .filter(|i| i.service == service && !i.stopping)
+        .collect()
+}
+
+fn puts(plan: &Plan) -> Vec<Instance> {
+    plan.writes
+        .iter()
+        .filter_map(|write| match write {
+            Write::Put { key, value } if key.starts_with(keys::DERIVED_INSTANCES) => {
+                Some(serde_json::from_slice(value).expect("decodes"))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+fn deletes(plan: &Plan) -> Vec<String> {
+    plan.writes
+        .iter()
+        .filter_map(|write| match write {
+            Write::Delete { key } => Some(key.clone()),
+            Write::Put { .. } => None,
+        })
+        .collect()
+}
+
+fn unplaced(view: &View, service: &str) -> Option<Unplaced> {
+    view.unplaced.get(service).map(|u| (*u.value).clone())
+}
+
+/// Simulated agents at `now`: placed instances run, stopping ones stop.
+fn agents(mut builder: ViewBuilder, now: i64) -> ViewBuilder {
+    let view = builder.build();
+    builder = ViewBuilder::from(view.clone());
+    for instance in instances(&view) {
+        let state = if instance.stopping {
+            InstanceState::Stopped
+        } else {
+            InstanceState::Running
+        };
+        let held = view.statuses.get(&instance.id);
+        if held.is_some_and(|s| s.state == state && s.node == instance.node) {
+            continue;
+        }
+        let mut report = status(&instance.id, &instance.service, &instance.node, state);
+        report.host_ports = instance.host_ports.clone();
+        report.updated_at = now;
+        builder = builder.status(report);
+    }
+    builder
+}
+
+/// Schedules, commits and lets agents report until the plan is empty.
+fn converge(view: View, mut now: i64) -> (View, i64) {
+    let mut builder = ViewBuilder::from(view);
+    for _ in 0..60 {
+        let view = agents(builder, now).build();
+        let plan = schedule(&view, now);
+        if plan.writes.is_empty() {
+            return (view, now);
+        }
+        builder = ViewBuilder::from(view).apply(&plan);
+        now += 1_000;
+    }
+    panic!("the scheduler did not converge in 60 passes");
+}
+
+fn cpu_used(view: &View) -> BTreeMap<String, u64> {
+    let mut used = BTreeMap::new();
+    for instance in instances(view) {
+        *used.entry(instance.node.clone()).or_insert(0) += instance.cpu.0;
+    }
+    used
+}
+
+fn with_resources(mut spec: ServiceSpec, cpu: u64, memory_mi: u64) -> ServiceSpec {
+    spec.resources.cpu = Some(Cpu(cpu));
+    spec.resources.memory = Some(Memory(memory_mi * MI));
+    spec
+}
+
+#[test]
+fn startup_grace_places_nothing_and_requeues() {
+    let view = ViewBuilder::new()
+        .node("n1", 1000, 1024)
+        .service(service("web", 2))
+        .build();
+    let context = Context {
+        now: NOW,
+        leader_since: NOW - 4_000,
+    };
+    let plan = SchedulerController::default().reconcile(&view, &context);
+    assert!(plan.is_noop());
+    assert_eq!(plan.requeue_after, Some(6_000));
+    let after = Context {
+        now: NOW + 6_000,
+        leader_since: NOW - 4_000,
+    };
+    assert_eq!(
+        puts(&SchedulerController::default().reconcile(&view, &after)).len(),
+        2
+    );
+}
+
+#[test]
+fn bin_packs_onto_the_fullest_node_under_the_pressure_line() {
+    let view = ViewBuilder::new()
+        .node("n1", 1000, 4096)
+        .node("n2", 1000, 4096)
+        .service(service("web", 9))
+        .build();
+    let plan = schedule(&view, NOW);
+    let placed = puts(&plan);
+    let on = |node: &str| placed.iter().filter(|i| i.node == node).count();
+    assert_eq!((on("n1"), on("n2")), (8, 1), "n1 fills to 80% first");
+    let hash = spec_hash(&service("web", 9));
+    assert!(
+        placed
+            .iter()
+            .all(|i| i.spec_hash == hash && i.created_at == NOW)
+    );
+    let mut ports: Vec<u16> = placed
+        .iter()
+        .filter(|i| i.node == "n1")
+        .map(|i| i.host_ports["http"])
+        .collect();
+    ports.dedup();
+    assert_eq!(ports.len(), 8, "host ports on one node are distinct");
+    assert!(plan.guards.contains(&keys::desired_service("web")));
+}
+
+#[test]
+fn restrict_limits_placement_to_matching_nodes() {
+    let mut ssd = node_info("n2", 1000, 1024);
+    ssd.labels.insert("disk".into(), "ssd".into());
+    let mut spec = service("db", 3);
+    spec.placement.restrict.insert("disk".into(), "ssd".into());
+    let view = ViewBuilder::new()
+        .node("n1", 1000, 1024)
+        .ready_node(ssd)
+        .service(spec)
+        .build();
+    let placed = puts(&schedule(&view, NOW));
+    assert_eq!(placed.len(), 3);
+    assert!(placed.iter().all(|i| i.node == "n2"));
+}
+
+#[test]
+fn unplaced_demand_names_reason_constraint_and_nearest_node() {
+    let mut restricted = service("a", 1);
+    restricted
+        .placement
+        .restrict
+        .insert("gpu".into(), "yes".into());
+    let cases: Vec<(&str, ViewBuilder, ServiceSpec, UnplacedReason, &str, u32)> = vec![
+        (
+            "label no node has",
+            ViewBuilder::new().node("n1", 1000, 1024),
+            restricted,
+            UnplacedReason::UnsatisfiableConstraint,
+            "restrict gpu=yes: node n1 has no gpu label",
+            1,
+        ),
+        (
+            "bigger than any node",
+            ViewBuilder::new().node("n1", 1000, 1024),
+            with_resources(service("a", 1), 4000, 64),
+            UnplacedReason::UnsatisfiableConstraint,
+            "cpu: needs 4000m, node n1 has 1000m in total",
+            1,
+        ),
+        (
+            "full cluster",
+            ViewBuilder::new().node("n1", 1000, 1024),
+            with_resources(service("a", 3), 400, 64),
+            UnplacedReason::InsufficientCapacity,
+            "cpu: needs 400m, at most 200m free (node n1)",
+            1,
+        ),
+        (
+            "only node draining",
+            ViewBuilder::new().node("n1", 1000, 1024).node_control(
+                "n1",
+                NodeControl {
+                    drain: true,
+                    disabled: false,
+                },
+            ),
+            service("a", 2),
+            UnplacedReason::InsufficientCapacity,
+            "node n1 is draining",
+            2,
+        ),
+        (
+            "no nodes",
+            ViewBuilder::new(),
+            service("a", 1),
+            UnplacedReason::InsufficientCapacity,
+            "no nodes are registered",
+            1,
+        ),
+    ];
+    for (case, builder, spec, reason, constraint, count) in cases {
+        let view = builder.service(spec).build();
+        let plan = schedule(&view, NOW);
+        let view = ViewBuilder::from(view).apply(&plan).build();
+        let fact = unplaced(&view, "a").unwrap_or_else(|| panic!("{case}: no unplaced fact"));
+        assert_eq!(fact.reason, reason, "{case}");
+        assert_eq!(fact.constraint, constraint, "{case}");
+        assert_eq!(fact.count, count, "{case}");
+        assert_eq!(fact.since, NOW, "{case}");
+        assert!(
+            plan.events.iter().any(|e| e.message.contains(constraint)),
+            "{case}"
+        );
+        // Unchanged demand is not rewritten.
+        assert!(
+            schedule(&view, NOW + 5_000).is_noop(),
+            "{case}: steady unplaced fact"
+        );
+    }
+}
+
+#[test]
+fn unplaced_fact_goes_once_capacity_arrives() {
+    let view = ViewBuilder::new()
+        .node("n1", 1000, 1024)
+        .service(with_resources(service("a", 3), 400, 64))
+        .build();
+    let (view, now) = converge(view, NOW);
+    assert_eq!(unplaced(&view, "a").map(|u| u.count), Some(1));
+    let view = ViewBuilder::from(view).node("n2", 1000, 1024).build();
+    let (view, _) = converge(view, now);
+    assert_eq!(unplaced(&view, "a"), None);
+    assert_eq!(live(&view, "a").len(), 3);
+}
+
+#[test]
+fn converged_cluster_yields_an_empty_plan() {
+    let view = ViewBuilder::new()
+        .node("n1", 2000, 2048)
+        .node("n2", 2000, 2048)
+        .service(service("web", 5))
+        .service(service("api", 3))
+        .build();
+    let (view, now) = converge(view, NOW);
+    assert_eq!(live(&view, "web").len(), 5);
+    let plan = schedule(&view, now + 60_000);
+    assert_eq!(plan, Plan::default());
+}
+
+#[test]
+fn scale_down_stops_not_ready_first_then_deletes_once_stopped() {
+    let view = ViewBuilder::new()
+        .node("n1", 2000, 2048)
+        .service(service("web", 3))
+        .build();
+    let (view, now) = converge(view, NOW);
+    let victim = live(&view, "web")[1].clone();
+    let mut crashed = status(&victim.id, "web", "n1", InstanceState::Restarting);
+    crashed.updated_at = now;
+    let view = ViewBuilder::from(view)
+        .status(crashed)
+        .service(service("web", 2))
+        .build();
+    let plan = schedule(&view, now);
+    let stopped = puts(&plan);
+    assert_eq!(stopped.len(), 1);
+    assert_eq!(stopped[0].id, victim.id);
+    assert!(stopped[0].stopping);
+    // Still running: the record stays.
+    let view = ViewBuilder::from(view).apply(&plan).build();
+    assert!(schedule(&view, now).is_noop());
+    let view = agents(ViewBuilder::from(view), now).build();
+    let plan = schedule(&view, now);
+    assert_eq!(
+        deletes(&plan),
+        vec![keys::derived_instance("web", &victim.id)]
+    );
+}
+
+#[test]
+fn rolling_update_honours_surge_and_unavailable() {
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .service(service("web", 3))
+        .build();
+    let (view, now) = converge(view, NOW);
+    let mut next = service("web", 3);
+    next.env.insert("VERSION".into(), "2".into());
+    next.update.max_surge = 1;
+    next.update.max_unavailable = 0;
+    let view = ViewBuilder::from(view).service(next.clone()).build();
+    let plan = schedule(&view, now);
+    let written = puts(&plan);
+    assert_eq!(written.len(), 1, "one surge instance, nothing stopped yet");
+    assert_eq!(written[0].spec_hash, spec_hash(&next));
+    assert!(!written[0].stopping);
+    let (view, _) = converge(view, now);
+    let running = live(&view, "web");
+    assert_eq!(running.len(), 3);
+    assert!(running.iter().all(|i| i.spec_hash == spec_hash(&next)));
+}
+
+#[test]
+fn stateful_ordinals_start_in_order_and_stop_highest_first() {
+    let mut spec = service("db", 3);
+    spec.stateful = true;
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .service(spec.clone())
+        .build();
+    let plan = schedule(&view, NOW);
+    let first = puts(&plan);
+    assert_eq!(first.len(), 1);
+    assert_eq!((first[0].id.as_str(), first[0].ordinal), ("db-0", Some(0)));
+    // Without a running db-0, db-1 waits.
+    let pending = ViewBuilder::from(view).apply(&plan).build();
+    assert!(schedule(&pending, NOW).is_noop());
+    let (view, now) = converge(pending, NOW);
+    let ids: Vec<String> = live(&view, "db").into_iter().map(|i| i.id).collect();
+    assert_eq!(ids, ["db-0", "db-1", "db-2"]);
+
+    spec.replicas = 1;
+    let view = ViewBuilder::from(view).service(spec).build();
+    let stop = puts(&schedule(&view, now));
+    assert_eq!(stop.len(), 1);
+    assert_eq!((stop[0].id.as_str(), stop[0].stopping), ("db-2", true));
+    let (view, _) = converge(view, now);
+    let ids: Vec<String> = live(&view, "db").into_iter().map(|i| i.id).collect();
+    assert_eq!(ids, ["db-0"]);
+}
+
+#[test]
+fn failed_instances_are_replaced_within_the_restart_budget() {
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .service(service("web", 4))
+        .build();
+    let (view, now) = converge(view, NOW);
+    let placed = live(&view, "web");
+    let mut builder = ViewBuilder::from(view);
+    for instance in placed {
+        let mut failed = status(&instance.id, "web", "n1", InstanceState::Failed);
+        failed.updated_at = now;
+        builder = builder.status(failed);
+    }
+    let view = builder.build();
+    let plan = schedule(&view, now);
+    assert_eq!(deletes(&plan).len(), 3, "budget of 3 per window");
+    let replacements = puts(&plan);
+    assert_eq!(replacements.len(), 3);
+    assert!(replacements.iter().all(|i| i.failures == vec![now]));
+    assert!(
+        plan.events
+            .iter()
+            .any(|e| e.message.starts_with("restart budget exhausted"))
+    );
+    let window = SchedulerConfig::default().failure_window;
+    assert_eq!(plan.requeue_after, Some(window));
+    // The fourth waits for the window, then goes.
+    let view = ViewBuilder::from(view).apply(&plan).build();
+    assert!(schedule(&view, now + 1_000).writes.is_empty());
+    let later = schedule(&view, now + window + 1);
+    assert_eq!(deletes(&later).len(), 1);
+    assert_eq!(puts(&later).len(), 1);
+}
+
+#[test]
+fn instances_of_a_lost_node_are_replaced_after_the_grace_period() {
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .node("n2", 4000, 4096)
+        .service(service("web", 2))
+        .build();
+    let (view, now) = converge(view, NOW);
+    assert!(live(&view, "web").iter().all(|i| i.node == "n1"));
+    let gone = NodeStatus {
+        condition: NodeCondition::Unreachable,
+        since: now,
+    };
+    let view = ViewBuilder::from(view)
+        .delete(&keys::observed_heartbeat("n1"))
+        .node_status("n1", &gone)
+        .build();
+    let waiting = schedule(&view, now + 10_000);
+    assert!(waiting.is_noop());
+    assert_eq!(waiting.requeue_after, Some(20_000));
+    let plan = schedule(&view, now + 30_000);
+    assert_eq!(deletes(&plan).len(), 2);
+    let replacements = puts(&plan);
+    assert_eq!(replacements.len(), 2);
+    assert!(replacements.iter().all(|i| i.node == "n2"));
+}
+
+#[test]
+fn drain_starts_replacements_first_within_the_disruption_budget() {
+    let mut spec = service("web", 3);
+    spec.budget = Some(DisruptionBudget { max_unavailable: 2 });
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .node("n2", 4000, 4096)
+        .service(spec)
+        .build();
+    let (view, now) = converge(view, NOW);
+    let view = ViewBuilder::from(view)
+        .node_control(
+            "n1",
+            NodeControl {
+                drain: true,
+                disabled: false,
+            },
+        )
+        .build();
+    let plan = schedule(&view, now);
+    let moves = puts(&plan);
+    assert_eq!(moves.len(), 2, "two moves at a time");
+    assert!(
+        moves
+            .iter()
+            .all(|i| i.node == "n2" && i.replaces.is_some() && !i.stopping)
+    );
+    assert!(deletes(&plan).is_empty());
+    // The old ones stop only once their replacements run.
+    let started = ViewBuilder::from(view).apply(&plan).build();
+    assert!(puts(&schedule(&started, now)).is_empty());
+    let (view, _) = converge(started, now);
+    let running = live(&view, "web");
+    assert_eq!(running.len(), 3);
+    assert!(running.iter().all(|i| i.node == "n2"));
+}
+
+#[test]
+fn rebalancing_moves_at_most_two_instances_off_pressured_nodes() {
+    // Three nodes pushed to 90% by hand, one empty node.
+    let mut builder = ViewBuilder::new();
+    let spec = with_resources(service("web", 27), 100, 16);
+    let hash = spec_hash(&spec);
+    for node in ["n1", "n2", "n3", "n4"] {
+        builder = builder.node(node, 1000, 4096);
+    }
+    for n in 0..27 {
+        let node = format!("n{}", n / 9 + 1);
+        let mut instance =
+            crate::controllers::fixtures::instance(&format!("web-{n:02}"), "web", &node);
+        instance.spec_hash = hash.clone();
+        instance.memory = Memory(16 * MI);
+        instance.host_ports.insert("http".into(), 20_000 + n as u16);
+        builder = builder.instance(instance);
+    }
+    let view = agents(builder.service(spec), 0).build();
+    let plan = schedule(&view, NOW);
+    let moves = puts(&plan);
+    assert_eq!(moves.len(), 2);
+    assert!(moves.iter().all(|i| i.node == "n4" && i.replaces.is_some()));
+    // While moves are in flight, no more start.
+    let view = ViewBuilder::from(view).apply(&plan).build();
+    assert!(puts(&schedule(&view, NOW)).is_empty());
+    let (view, _) = converge(view, NOW);
+    let used = cpu_used(&view);
+    assert!(used.values().all(|cpu| *cpu <= 800), "{used:?}");
+    assert_eq!(live(&view, "web").len(), 27);
+}
+
+#[test]
+fn pressure_warning_once_per_crossing() {
+    let view = ViewBuilder::new()
+        .node("n1", 1000, 4096)
+        .service(service("web", 9))
+        .build();
+    let plan = schedule(&view, NOW);
+    let warnings: Vec<&str> = plan
+        .events
+        .iter()
+        .filter(|e| e.subject == "node/n1")
+        .map(|e| e.message.as_str())
+        .collect();
+    assert_eq!(warnings, ["cpu allocation at 90% exceeds 80%"]);
+    let (view, now) = converge(view, NOW);
+    let view = ViewBuilder::from(view).service(service("web", 10)).build();
+    let plan = schedule(&view, now);
+    assert_eq!(puts(&plan).len(), 1);
+    assert!(
+        plan.events.iter().all(|e| e.subject != "node/n1"),
+        "already over the line"
+    );
+}
+
+#[test]
+fn spread_places_base_plus_remainder_per_label_value() {
+    let mut builder = ViewBuilder::new();
+    for (name, zone) in [("n1", "a"), ("n2", "a"), ("n3", "b"), ("n4", "c")] {
+        let mut info = node_info(name, 4000, 4096);
+        info.zone = Some(zone.into());
+        builder = builder.ready_node(info);
+    }
+    let mut spec = service("web", 7);
+    spec.placement.spread.push("zone".into());
+    let view = builder.service(spec).build();
+    let placed = puts(&schedule(&view, NOW));
+    let zone = |node: &str| {
+        if node < "n3" {
+            "a"
+        } else if node == "n3" {
+            "b"
+        } else {
+            "c"
+        }
+    };
+    let mut counts = BTreeMap::new();
+    for instance in &placed {
+        *counts.entry(zone(&instance.node)).or_insert(0) += 1;
+    }
+    assert_eq!(counts, BTreeMap::from([("a", 3), ("b", 2), ("c", 2)]));
+}
+
+#[test]
+fn colocate_and_separate_hints_steer_placement() {
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .node("n2", 4000, 4096)
+        .node("n3", 4000, 4096)
+        .service(with_resources(service("cache", 1), 3000, 64))
+        .build();
+    let (view, now) = converge(view, NOW);
+    let cache_node = live(&view, "cache")[0].node.clone();
+    let mut near = service("app", 2);
+    near.placement.colocate.push("cache".into());
+    let mut apart = service("batch", 1);
+    apart.placement.separate.push("cache".into());
+    let view = ViewBuilder::from(view).service(near).service(apart).build();
+    let placed = puts(&schedule(&view, now));
+    let app: Vec<&Instance> = placed.iter().filter(|i| i.service == "app").collect();
+    let batch: Vec<&Instance> = placed.iter().filter(|i| i.service == "batch").collect();
+    assert!(
+        app.iter().all(|i| i.node == cache_node),
+        "colocated with cache"
+    );
+    assert!(
+        batch.iter().all(|i| i.node != cache_node),
+        "kept apart from cache"
+    );
+}
+
+#[test]
+fn removed_service_stops_its_instances_and_drops_its_unplaced_fact() {
+    let view = ViewBuilder::new()
+        .node("n1", 1000, 1024)
+        .service(with_resources(service("web", 3), 400, 64))
+        .build();
+    let (view, now) = converge(view, NOW);
+    assert!(unplaced(&view, "web").is_some());
+    let view = ViewBuilder::from(view).remove_service("web").build();
+    let plan = schedule(&view, now);
+    assert!(puts(&plan).iter().all(|i| i.stopping));
+    assert_eq!(deletes(&plan), vec![keys::derived_unplaced("web")]);
+    let (view, _) = converge(view, now);
+    assert!(instances(&view).is_empty());
+}
+
+/// A random cluster: nodes with zones and a disk label, services with
+/// optional `restrict` and `spread`.
+fn cluster_strategy() -> impl Strategy<Value = View> {
+    let node = (500u64..4000, 256u64..4096, 0usize..3, any::<bool>());
+    let svc = (
+        0u32..12,
+        50u64..900,
+        32u64..700,
+        any::<bool>(),
+        any::<bool>(),
+    );
+    (
+        prop::collection::vec(node, 1..8),
+        prop::collection::vec(svc, 1..5),
+    )
+        .prop_map(|(nodes, services)| {
+            let mut builder = ViewBuilder::new();
+            for (i, (cpu, memory, zone, ssd)) in nodes.into_iter().enumerate() {
+                let mut info = node_info(&format!("n{i}"), cpu, memory);
+                info.zone = Some(["a", "b", "c"][zone].into());
+                info.labels
+                    .insert("disk".into(), if ssd { "ssd" } else { "hdd" }.into());
+                builder = builder.ready_node(info);
+            }
+            for (i, (replicas, cpu, memory, restrict, spread)) in services.into_iter().enumerate() {
+                let mut spec = with_resources(service(&format!("s{i}"), replicas), cpu, memory);
+                if restrict {
+                    spec.placement.restrict.insert("disk".into(), "ssd".into());
+                }
+                if spread {
+                    spec.placement.spread.push("zone".into());
+                }
+                builder = builder.service(spec);
+            }
+            builder.build()
+        })
+}
+
+fn assert_within_capacity_and_restrict(view: &View) {
+    for (name, node) in view.nodes.iter() {
+        let on: Vec<Instance> = instances(view)
+            .into_iter()
+            .filter(|i| &i.node == name)
+            .collect();
+        let cpu: u64 = on.iter().map(|i| i.cpu.0).sum();
+        let memory: u64 = on.iter().map(|i| i.memory.0).sum();
+        assert!(cpu <= node.cpu.0, "node {name} over-committed on cpu");
+        assert!(
+            memory <= node.memory.0,
+            "node {name} over-committed on memory"
+        );
+        for instance in on {
+            let spec = &view.services[&instance.service];
+            for (label, wanted) in &spec.placement.restrict {
+                assert_eq!(node.label(label), Some(wanted.as_str()), "restrict broken");
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn never_over_commits_respects_restrict_and_converges(view in cluster_strategy()) {
+        let first = schedule(&view, NOW);
+        prop_assert_eq!(&first, &schedule(&view, NOW), "deterministic for a view");
+        let (view, now) = converge(view, NOW);
+        assert_within_capacity_and_restrict(&view);
+        prop_assert!(schedule(&view, now + 1).is_noop(), "converged view is a no-op");
+    }
+
+    #[test]
+    fn spreads_evenly_when_capacity_allows(zones in prop::collection::vec(0usize..4, 1..10), replicas in 0u32..30) {
+        let mut builder = ViewBuilder::new();
+        for (i, zone) in zones.iter().enumerate() {
+            let mut info = node_info(&format!("n{i}"), 64_000, 65_536);
+            info.zone = Some(format!("z{zone}"));
+            builder = builder.ready_node(info);
+        }
+        let mut spec = service("web", replicas);
+        spec.placement.spread.push("zone".into());
+        let view = builder.service(spec).build();
+        let (view, _) = converge(view, NOW);
+        let mut counts: BTreeMap<String, u32> = zones.iter().map(|z| (format!("z{z}"), 0)).collect();
+        for instance in live(&view, "web") {
+            let zone = view.nodes[&instance.node].zone.clone().unwrap_or_default();
+            *counts.entry(zone).or_insert(0) += 1;
+        }
+        let (min, max) = (counts.values().min().copied(), counts.values().max().copied());
+        prop_assert!(max.unwrap_or(0) - min.unwrap_or(0) <= 1, "{:?}", counts);
+        prop_assert_eq!(counts.values().sum::<u32>(), replicas);
+    }
+}
