@@ -1,0 +1,83 @@
+//! Runtimes run instances on one node. [`Runtime`] is the narrow trait the
+//! agent drives — create, start, stop, remove, inspect, list, logs, exec —
+//! and every host side effect of running a workload sits behind it: only
+//! runtimes spawn processes. [`ProcessRuntime`] runs host processes (own
+//! session and process group, cgroup limits where the host allows them,
+//! rotated log files, state on disk so a restarted agent adopts what it
+//! finds); `FakeRuntime` (feature `fake`) records calls and injects failures
+//! for the agent's unit tests. Later runtimes (`oci`, `sim`) implement the
+//! same trait.
+
+mod error;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
+mod logs;
+pub mod process;
+mod spec;
+mod status;
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use error::{Error, Operation, Result};
+pub use logs::{LogOptions, LogStream};
+pub use process::{ProcessConfig, ProcessRuntime};
+pub use spec::{DEFAULT_LOG_LIMIT_BYTES, InstanceSpec, PortBinding, env_name_for_port};
+pub use status::{
+    ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceState, InstanceStatus, LimitsEnforcement,
+};
+
+/// One node's way of running instances. Object safe: the agent holds an
+/// `Arc<dyn Runtime>` and never knows which kind it drives.
+///
+/// Every method names its instance by the id given in [`InstanceSpec::id`];
+/// ids are unique per node and chosen by the caller.
+#[async_trait]
+pub trait Runtime: Send + Sync + std::fmt::Debug {
+    /// The runtime's name as written in a service's `runtime` key:
+    /// `process`, `oci`, `sim`, `fake`.
+    fn kind(&self) -> &'static str;
+
+    /// Records a new instance in state [`InstanceState::Created`]; nothing
+    /// runs yet. Fails with [`Error::AlreadyExists`] when the id is taken.
+    async fn create(&self, spec: InstanceSpec) -> Result<String>;
+
+    /// Starts a created or exited instance (a restart reuses the id, its log
+    /// files and its limits). Fails with [`Error::InvalidState`] when it runs.
+    async fn start(&self, id: &str) -> Result<()>;
+
+    /// Asks the instance to end (SIGTERM to its whole process group), waits
+    /// up to `grace`, then kills whatever is left (SIGKILL). Returns the
+    /// status once it has exited; stopping an instance that is not running
+    /// just returns its status.
+    async fn stop(&self, id: &str, grace: Duration) -> Result<InstanceStatus>;
+
+    /// Forgets an instance that is not running: its files, logs and cgroups.
+    async fn remove(&self, id: &str) -> Result<()>;
+
+    /// The instance's current status.
+    async fn inspect(&self, id: &str) -> Result<InstanceStatus>;
+
+    /// Every instance this runtime knows on this node, including those
+    /// started by an earlier agent process: the input of adoption and
+    /// garbage collection.
+    async fn list(&self) -> Result<Vec<InstanceStatus>>;
+
+    /// The instance's output lines (stdout and stderr interleaved in write
+    /// order), optionally only the last `tail` lines, optionally following
+    /// new output until the instance exits or the stream is dropped.
+    async fn logs(&self, id: &str, options: LogOptions) -> Result<LogStream>;
+
+    /// Runs a command in the instance's context (for processes: its
+    /// environment, working directory and cgroups) and collects its output.
+    async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecOutput>;
+}
+
+/// Milliseconds since the Unix epoch, the time unit of every status.
+pub(crate) fn now_ms() -> i64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,452 @@
+//! Cgroup limits for process instances: detecting what the host offers
+//! (cgroup v1 `memory`/`cpu` hierarchies, or a cgroup v2 root whose
+//! `cgroup.controllers` lists `memory` and `cpu`), creating an instance's
+//! cgroups under a parent (`cca/{id}`) with its limits written, moving a pid
+//! in, reading the OOM-kill counter, killing leftover members, and removing
+//! the directories. Whatever cannot be applied is reported as a reason, never
+//! dropped silently.
+//!
+//! On the hybrid hosts we run on, v2 is mounted at `/sys/fs/cgroup/unified`
+//! with only `hugetlb`, so the v1 hierarchies are used.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{InstanceSpec, LimitsEnforcement};
+
+/// `cpu.cfs_period_us` / the period of `cpu.max`: 100 ms.
+const CPU_PERIOD_US: u64 = 100_000;
+/// The kernel refuses quotas below 1 ms.
+const MIN_CPU_QUOTA_US: u64 = 1_000;
+
+/// What the host offers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum CgroupHost {
+    /// Separate hierarchies; an `Err` says why one is missing.
+    V1 {
+        memory: Result<PathBuf, String>,
+        cpu: Result<PathBuf, String>,
+    },
+    /// One unified hierarchy with memory and cpu controllers.
+    V2 {
+        root: PathBuf,
+    },
+    Unavailable {
+        reason: String,
+    },
+}
+
+impl CgroupHost {
+    /// Looks at a cgroup mount point (normally `/sys/fs/cgroup`).
+    pub(crate) fn detect(root: &Path) -> Self {
+        if let Ok(controllers) = std::fs::read_to_string(root.join("cgroup.controllers")) {
+            let listed: Vec<&str> = controllers.split_whitespace().collect();
+            if listed.contains(&"memory") && listed.contains(&"cpu") {
+                return Self::V2 {
+                    root: root.to_owned(),
+                };
+            }
+        }
+        let hierarchy = |name: &str, probe: &str| {
+            let dir = root.join(name);
+            if dir.join(probe).exists() {
+                Ok(dir)
+            } else {
+                Err(format!(
+                    "no cgroup v1 {name} controller at {}",
+                    dir.display()
+                ))
+            }
+        };
+        let memory = hierarchy("memory", "memory.limit_in_bytes");
+        let cpu = hierarchy("cpu", "cpu.cfs_quota_us");
+        if memory.is_err() && cpu.is_err() {
+            return Self::Unavailable {
+                reason: format!(
+                    "no cgroup v1 memory/cpu hierarchy and no cgroup v2 memory+cpu controllers under {}",
+                    root.display()
+                ),
+            };
+        }
+        Self::V1 { memory, cpu }
+    }
+
+    /// Creates the instance's cgroups under `parent` with the spec's limits.
+    /// Returns the cgroups that exist (possibly only some) and whether every
+    /// requested limit is enforced.
+    pub(crate) fn prepare(
+        &self,
+        parent: &str,
+        spec: &InstanceSpec,
+    ) -> (Option<InstanceCgroups>, LimitsEnforcement) {
+        if spec.memory_bytes.is_none() && spec.cpu_millis.is_none() {
+            return (None, LimitsEnforcement::NotRequested);
+        }
+        let mut plan = Prepared::default();
+        match self {
+            Self::Unavailable { reason } => plan.failures.push(reason.clone()),
+            Self::V1 { memory, cpu } => plan.prepare_v1(memory, cpu, parent, spec),
+            Self::V2 { root } => plan.prepare_v2(root, parent, spec),
+        }
+        plan.finish(self.version_name())
+    }
+
+    fn version_name(&self) -> &'static str {
+        match self {
+            Self::V2 { .. } => "cgroup v2",
+            _ => "cgroup v1",
+        }
+    }
+}
+
+/// The accumulating result of `prepare`.
+#[derive(Default)]
+struct Prepared {
+    dirs: Vec<PathBuf>,
+    memory_dir: Option<PathBuf>,
+    enforced: Vec<&'static str>,
+    failures: Vec<String>,
+}
+
+impl Prepared {
+    fn prepare_v1(
+        &mut self,
+        memory: &Result<PathBuf, String>,
+        cpu: &Result<PathBuf, String>,
+        parent: &str,
+        spec: &InstanceSpec,
+    ) {
+        if let Some(limit) = spec.memory_bytes {
+            let result = memory.clone().and_then(|hierarchy| {
+                let dir = hierarchy.join(parent).join(&spec.id);
+                create(&dir)?;
+                write_v1_memory_limit(&dir, limit)?;
+                Ok(dir)
+            });
+            self.record("memory", result, true);
+        }
+        if let Some(millis) = spec.cpu_millis {
+            let result = cpu.clone().and_then(|hierarchy| {
+                let dir = hierarchy.join(parent).join(&spec.id);
+                create(&dir)?;
+                write(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                write(
+                    &dir.join("cpu.cfs_quota_us"),
+                    &cpu_quota_us(millis).to_string(),
+                )?;
+                Ok(dir)
+            });
+            self.record("cpu", result, false);
+        }
+    }
+
+    fn prepare_v2(&mut self, root: &Path, parent: &str, spec: &InstanceSpec) {
+        let mut controllers = Vec::new();
+        if spec.memory_bytes.is_some() {
+            controllers.push("+memory");
+        }
+        if spec.cpu_millis.is_some() {
+            controllers.push("+cpu");
+        }
+        let dir = root.join(parent).join(&spec.id);
+        let created = (|| {
+            // v2 only offers a controller to a child when every ancestor
+            // enables it in cgroup.subtree_control.
+            write(&root.join("cgroup.subtree_control"), &controllers.join(" "))?;
+            create(&root.join(parent))?;
+            write(
+                &root.join(parent).join("cgroup.subtree_control"),
+                &controllers.join(" "),
+            )?;
+            create(&dir)
+        })();
+        if let Err(reason) = created {
+            self.failures.push(reason);
+            return;
+        }
+        if let Some(limit) = spec.memory_bytes {
+            let result = write(&dir.join("memory.max"), &limit.to_string()).map(|()| {
+                // No swap beyond the limit; hosts without swap lack the file.
+                let _ = write(&dir.join("memory.swap.max"), "0");
+                dir.clone()
+            });
+            self.record("memory", result, true);
+        }
+        if let Some(millis) = spec.cpu_millis {
+            let value = format!("{} {CPU_PERIOD_US}", cpu_quota_us(millis));
+            let result = write(&dir.join("cpu.max"), &value).map(|()| dir.clone());
+            self.record("cpu", result, false);
+        }
+    }
+
+    fn record(&mut self, what: &'static str, result: Result<PathBuf, String>, is_memory: bool) {
+        match result {
+            Ok(dir) => {
+                if is_memory {
+                    self.memory_dir = Some(dir.clone());
+                }
+                if !self.dirs.contains(&dir) {
+                    self.dirs.push(dir);
+                }
+                self.enforced.push(what);
+            }
+            Err(reason) => self.failures.push(format!("{what}: {reason}")),
+        }
+    }
+
+    fn finish(self, version: &str) -> (Option<InstanceCgroups>, LimitsEnforcement) {
+        let cgroups = (!self.dirs.is_empty()).then_some(InstanceCgroups {
+            dirs: self.dirs,
+            memory_dir: self.memory_dir,
+        });
+        let limits = if self.failures.is_empty() {
+            LimitsEnforcement::Enforced {
+                by: format!("{version}: {}", self.enforced.join(", ")),
+            }
+        } else {
+            let mut reason = self.failures.join("; ");
+            if !self.enforced.is_empty() {
+                reason.push_str(&format!("; enforced: {}", self.enforced.join(", ")));
+            }
+            LimitsEnforcement::Unenforced { reason }
+        };
+        (cgroups, limits)
+    }
+}
+
+/// The cgroup directories of one instance, persisted with its run.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct InstanceCgroups {
+    /// Every directory the instance's processes are placed in.
+    pub(crate) dirs: Vec<PathBuf>,
+    /// The one holding the memory controller's counters, if any.
+    pub(crate) memory_dir: Option<PathBuf>,
+}
+
+impl InstanceCgroups {
+    /// Moves a process into every cgroup of the instance.
+    pub(crate) fn join(&self, pid: u32) -> Result<(), String> {
+        for dir in &self.dirs {
+            write(&dir.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// How many processes the kernel has OOM-killed in this cgroup so far.
+    pub(crate) fn oom_kills(&self) -> u64 {
+        let Some(dir) = &self.memory_dir else {
+            return 0;
+        };
+        // v1 keeps the counter in memory.oom_control, v2 in memory.events.
+        ["memory.oom_control", "memory.events"]
+            .iter()
+            .filter_map(|file| std::fs::read_to_string(dir.join(file)).ok())
+            .find_map(|text| counter(&text, "oom_kill"))
+            .unwrap_or(0)
+    }
+
+    /// Live processes in any of the instance's cgroups.
+    pub(crate) fn member_pids(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .dirs
+            .iter()
+            .filter_map(|dir| std::fs::read_to_string(dir.join("cgroup.procs")).ok())
+            .flat_map(|text| {
+                text.split_whitespace()
+                    .filter_map(|pid| pid.parse().ok())
+                    .collect::<Vec<u32>>()
+            })
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    /// Removes the directories, waiting briefly for exiting members
+    /// (`rmdir` fails with EBUSY until the last one is gone).
+    pub(crate) async fn remove(&self) -> std::io::Result<()> {
+        for dir in &self.dirs {
+            let mut attempts = 0;
+            loop {
+                match std::fs::remove_dir(dir) {
+                    Ok(()) => break,
+                    Err(error) if error.kind() == std::io::ErrorKind::NotFound => break,
+                    Err(error) if attempts >= 50 => return Err(error),
+                    Err(_) => {
+                        attempts += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn cpu_quota_us(millis: u64) -> u64 {
+    (millis.saturating_mul(CPU_PERIOD_US) / 1000).max(MIN_CPU_QUOTA_US)
+}
+
+/// v1 refuses `memory.limit_in_bytes` above `memory.memsw.limit_in_bytes`
+/// and the reverse, so the order depends on whether the limit grows;
+/// trying one order and then the other covers both. memsw equal to the limit
+/// means no swapping past the limit (the file exists only with swap
+/// accounting).
+fn write_v1_memory_limit(dir: &Path, limit: u64) -> Result<(), String> {
+    let memory = dir.join("memory.limit_in_bytes");
+    let memsw = dir.join("memory.memsw.limit_in_bytes");
+    let value = limit.to_string();
+    if !memsw.exists() {
+        return write(&memory, &value);
+    }
+    write(&memory, &value)
+        .and_then(|()| write(&memsw, &value))
+        .or_else(|_| write(&memsw, &value).and_then(|()| write(&memory, &value)))
+}
+
+fn counter(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let (key, value) = line.split_once(' ')?;
+        (key == name).then(|| value.trim().parse().ok()).flatten()
+    })
+}
+
+fn create(dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|error| format!("creating {}: {error}", dir.display()))
+}
+
+fn write(path: &Path, value: &str) -> Result<(), String> {
+    std::fs::write(path, value)
+        .map_err(|error| format!("writing {value:?} to {}: {error}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(memory: Option<u64>, cpu: Option<u64>) -> InstanceSpec {
+        let mut spec = InstanceSpec::new("web-1", "web", "true");
+        spec.memory_bytes = memory;
+        spec.cpu_millis = cpu;
+        spec
+    }
+
+    fn read(path: PathBuf) -> String {
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
+    #[test]
+    fn v1_limits_land_in_the_memory_and_cpu_hierarchies() {
+        let root = tempfile::tempdir().expect("tempdir");
+        for (dir, probe) in [
+            ("memory", "memory.limit_in_bytes"),
+            ("cpu", "cpu.cfs_quota_us"),
+        ] {
+            std::fs::create_dir(root.path().join(dir)).expect("mkdir");
+            std::fs::write(root.path().join(dir).join(probe), "").expect("probe");
+        }
+        let host = CgroupHost::detect(root.path());
+        let (cgroups, limits) = host.prepare("cca", &spec(Some(32 << 20), Some(250)));
+        let cgroups = cgroups.expect("cgroups");
+        assert_eq!(
+            limits,
+            LimitsEnforcement::Enforced {
+                by: "cgroup v1: memory, cpu".into()
+            }
+        );
+        let memory = root.path().join("memory/cca/web-1");
+        let cpu = root.path().join("cpu/cca/web-1");
+        assert_eq!(cgroups.dirs, [memory.clone(), cpu.clone()]);
+        assert_eq!(read(memory.join("memory.limit_in_bytes")), "33554432");
+        assert_eq!(read(cpu.join("cpu.cfs_quota_us")), "25000");
+        assert_eq!(read(cpu.join("cpu.cfs_period_us")), "100000");
+        cgroups.join(77).expect("join");
+        assert_eq!(read(memory.join("cgroup.procs")), "77");
+    }
+
+    #[test]
+    fn v2_enables_controllers_down_the_tree_and_writes_max_files() {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            root.path().join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .expect("controllers");
+        let host = CgroupHost::detect(root.path());
+        assert!(matches!(host, CgroupHost::V2 { .. }));
+        let (cgroups, limits) = host.prepare("cca", &spec(Some(1 << 20), Some(1500)));
+        assert_eq!(
+            limits,
+            LimitsEnforcement::Enforced {
+                by: "cgroup v2: memory, cpu".into()
+            }
+        );
+        let dir = root.path().join("cca/web-1");
+        assert_eq!(cgroups.expect("cgroups").dirs, std::slice::from_ref(&dir));
+        assert_eq!(
+            read(root.path().join("cgroup.subtree_control")),
+            "+memory +cpu"
+        );
+        assert_eq!(
+            read(root.path().join("cca/cgroup.subtree_control")),
+            "+memory +cpu"
+        );
+        assert_eq!(read(dir.join("memory.max")), "1048576");
+        assert_eq!(read(dir.join("cpu.max")), "150000 100000");
+    }
+
+    #[test]
+    fn missing_controllers_are_reported_not_ignored() {
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::create_dir(root.path().join("memory")).expect("mkdir");
+        std::fs::write(root.path().join("memory/memory.limit_in_bytes"), "").expect("probe");
+        let host = CgroupHost::detect(root.path());
+        let (cgroups, limits) = host.prepare("cca", &spec(Some(1 << 20), Some(100)));
+        assert!(cgroups.is_some(), "memory is still enforced");
+        let LimitsEnforcement::Unenforced { reason } = limits else {
+            panic!("cpu cannot be enforced: {limits:?}");
+        };
+        assert!(
+            reason.starts_with("cpu: no cgroup v1 cpu controller"),
+            "{reason}"
+        );
+        assert!(reason.ends_with("enforced: memory"), "{reason}");
+
+        let empty = tempfile::tempdir().expect("tempdir");
+        let (none, limits) = CgroupHost::detect(empty.path()).prepare("cca", &spec(Some(1), None));
+        assert!(none.is_none());
+        assert!(matches!(limits, LimitsEnforcement::Unenforced { .. }));
+        let (_, limits) = CgroupHost::detect(empty.path()).prepare("cca", &spec(None, None));
+        assert_eq!(limits, LimitsEnforcement::NotRequested);
+    }
+
+    #[test]
+    fn oom_kills_are_read_from_either_version() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cgroups = InstanceCgroups {
+            dirs: vec![dir.path().to_owned()],
+            memory_dir: Some(dir.path().to_owned()),
+        };
+        assert_eq!(cgroups.oom_kills(), 0);
+        std::fs::write(
+            dir.path().join("memory.events"),
+            "low 0\nhigh 0\nmax 4\noom 1\noom_kill 2\n",
+        )
+        .expect("events");
+        assert_eq!(cgroups.oom_kills(), 2);
+        std::fs::write(
+            dir.path().join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n",
+        )
+        .expect("oom_control");
+        assert_eq!(cgroups.oom_kills(), 5);
+    }
+
+    #[test]
+    fn tiny_cpu_limits_round_up_to_the_kernel_minimum() {
+        assert_eq!(cpu_quota_us(1), 1_000);
+        assert_eq!(cpu_quota_us(2000), 200_000);
+    }
+}

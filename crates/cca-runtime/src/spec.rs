@@ -1,0 +1,217 @@
+//! What the agent asks a runtime to run: [`InstanceSpec`], its validation,
+//! and the environment every instance sees (`CCA_INSTANCE`, `CCA_SERVICE`,
+//! `CCA_NODE`, `PORT`, `CCA_PORT_{NAME}`, then the spec's own variables).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Error, Result};
+
+/// Log files rotate at this size unless the spec says otherwise.
+pub const DEFAULT_LOG_LIMIT_BYTES: u64 = 10 * 1024 * 1024;
+
+/// One instance to run, as the agent describes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceSpec {
+    /// Unique on the node; letters, digits, `-`, `_` and `.` (it names a
+    /// directory and a cgroup).
+    pub id: String,
+    pub service: String,
+    /// The node's name, handed to the workload as `CCA_NODE`.
+    pub node: String,
+    /// Run through `sh -c`.
+    pub command: String,
+    /// Extra variables; they override the ones the runtime sets.
+    pub env: BTreeMap<String, String>,
+    /// Where the command runs; `None`: a private directory the runtime
+    /// creates (for processes `DIR/instances/{id}/work`).
+    pub working_dir: Option<PathBuf>,
+    /// Host ports the agent picked, in declaration order: the first is
+    /// `PORT`, each is `CCA_PORT_{NAME}`.
+    pub ports: Vec<PortBinding>,
+    /// CPU limit in millicores (1000 = one core); `None`: unlimited.
+    pub cpu_millis: Option<u64>,
+    /// Memory limit in bytes; `None`: unlimited.
+    pub memory_bytes: Option<u64>,
+    /// A log file rotates when it grows past this many bytes.
+    pub log_limit_bytes: u64,
+}
+
+/// A named port and the host port the agent picked for it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortBinding {
+    pub name: String,
+    pub host_port: u16,
+}
+
+impl InstanceSpec {
+    /// A spec with no ports, limits or extra environment.
+    pub fn new(
+        id: impl Into<String>,
+        service: impl Into<String>,
+        command: impl Into<String>,
+    ) -> Self {
+        Self {
+            id: id.into(),
+            service: service.into(),
+            node: String::new(),
+            command: command.into(),
+            env: BTreeMap::new(),
+            working_dir: None,
+            ports: Vec::new(),
+            cpu_millis: None,
+            memory_bytes: None,
+            log_limit_bytes: DEFAULT_LOG_LIMIT_BYTES,
+        }
+    }
+
+    /// Checks what every runtime relies on: a usable id, a command, sane
+    /// limits and distinct port names.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |reason: String| Error::InvalidSpec {
+            id: self.id.clone(),
+            reason,
+        };
+        if !is_valid_id(&self.id) {
+            return Err(invalid(format!(
+                "id {:?} must be 1-128 letters, digits, '-', '_' or '.', not starting with '.'",
+                self.id
+            )));
+        }
+        if self.command.trim().is_empty() {
+            return Err(invalid("the command is empty".into()));
+        }
+        if self.memory_bytes == Some(0) || self.cpu_millis == Some(0) {
+            return Err(invalid(
+                "a limit of 0 would never let the command run".into(),
+            ));
+        }
+        if self.log_limit_bytes < 1024 {
+            return Err(invalid("the log size limit must be at least 1 KiB".into()));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for port in &self.ports {
+            if !names.insert(env_name_for_port(&port.name)) {
+                return Err(invalid(format!("port name {:?} is used twice", port.name)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The variables the runtime sets for this instance, before the spec's
+    /// own `env` (which overrides them).
+    pub fn runtime_env(&self) -> BTreeMap<String, String> {
+        let mut env = BTreeMap::new();
+        env.insert("CCA_INSTANCE".to_owned(), self.id.clone());
+        env.insert("CCA_SERVICE".to_owned(), self.service.clone());
+        env.insert("CCA_NODE".to_owned(), self.node.clone());
+        if let Some(first) = self.ports.first() {
+            env.insert("PORT".to_owned(), first.host_port.to_string());
+        }
+        for port in &self.ports {
+            env.insert(env_name_for_port(&port.name), port.host_port.to_string());
+        }
+        env
+    }
+
+    /// The complete environment: runtime variables, then the spec's.
+    pub fn full_env(&self) -> BTreeMap<String, String> {
+        let mut env = self.runtime_env();
+        env.extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        env
+    }
+}
+
+/// `CCA_PORT_{NAME}`: the port name upper-cased, other characters as `_`.
+pub fn env_name_for_port(name: &str) -> String {
+    let suffix: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("CCA_PORT_{suffix}")
+}
+
+fn is_valid_id(id: &str) -> bool {
+    (1..=128).contains(&id.len())
+        && !id.starts_with('.')
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_invalid(spec: &InstanceSpec, expected: &str) {
+        let error = spec
+            .validate()
+            .expect_err("spec should be rejected")
+            .to_string();
+        assert!(error.contains(expected), "{error:?} lacks {expected:?}");
+    }
+
+    #[test]
+    fn ids_that_would_escape_the_directory_are_rejected() {
+        for id in ["", "..", "a/b", ".hidden", "a b"] {
+            check_invalid(&InstanceSpec::new(id, "svc", "true"), "must be");
+        }
+        assert!(
+            InstanceSpec::new("web-1.a_b", "svc", "true")
+                .validate()
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn empty_commands_zero_limits_and_duplicate_ports_are_rejected() {
+        check_invalid(&InstanceSpec::new("a", "s", "  "), "command is empty");
+        let mut spec = InstanceSpec::new("a", "s", "true");
+        spec.memory_bytes = Some(0);
+        check_invalid(&spec, "limit of 0");
+        let mut spec = InstanceSpec::new("a", "s", "true");
+        spec.ports = vec![
+            PortBinding {
+                name: "http-alt".into(),
+                host_port: 1,
+            },
+            PortBinding {
+                name: "HTTP_ALT".into(),
+                host_port: 2,
+            },
+        ];
+        check_invalid(&spec, "used twice");
+    }
+
+    #[test]
+    fn environment_has_identity_ports_and_spec_overrides() {
+        let mut spec = InstanceSpec::new("web-1", "web", "true");
+        spec.node = "n1".into();
+        spec.ports = vec![
+            PortBinding {
+                name: "http".into(),
+                host_port: 31000,
+            },
+            PortBinding {
+                name: "admin-ui".into(),
+                host_port: 31001,
+            },
+        ];
+        spec.env.insert("CCA_NODE".into(), "override".into());
+        let env = spec.full_env();
+        assert_eq!(env["CCA_INSTANCE"], "web-1");
+        assert_eq!(env["CCA_SERVICE"], "web");
+        assert_eq!(env["CCA_NODE"], "override");
+        assert_eq!(env["PORT"], "31000");
+        assert_eq!(env["CCA_PORT_HTTP"], "31000");
+        assert_eq!(env["CCA_PORT_ADMIN_UI"], "31001");
+    }
+}
