@@ -1,0 +1,327 @@
+//! The API through its router, without a socket, on an embedded store:
+//! apply/diff semantics (created/changed/deleted, sub-facts, prune, one
+//! transaction), get/describe/status, scale, delete, node controls,
+//! events and their retention, metrics — and bad input, which must get a
+//! 4xx with a JSON error and write nothing.
+
+mod support;
+
+use axum::http::StatusCode;
+use cca_model::keys;
+use serde_json::{Value, json};
+use support::{harness, json as to_json, program};
+
+#[tokio::test]
+async fn apply_reports_created_changed_and_deleted_in_one_revision() {
+    let h = harness().await;
+    let mut first = program(&[("web", 2), ("db", 1)]);
+    let (status, report) = h.call("POST", "/v1/apply", Some(to_json(&first))).await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(
+        report["created"],
+        json!([
+            "desired/service/db",
+            "desired/service/db/tag/team",
+            "desired/service/web",
+            "desired/service/web/tag/team"
+        ])
+    );
+    let revision = report["revision"].as_i64().expect("written");
+    // One transaction: every key carries the same revision.
+    assert_eq!(h.revision().await, revision);
+
+    let (_, again) = h.call("POST", "/v1/apply", Some(to_json(&first))).await;
+    assert_eq!(again["revision"], Value::Null);
+    assert_eq!(again["unchanged"], 4);
+
+    first.services.get_mut("web").expect("web").replicas = 3;
+    first.tags.remove("web");
+    let (_, changed) = h.call("POST", "/v1/apply", Some(to_json(&first))).await;
+    assert_eq!(changed["changed"], json!(["desired/service/web"]));
+    assert_eq!(changed["deleted"], json!(["desired/service/web/tag/team"]));
+    assert_eq!(changed["created"], json!([]));
+}
+
+#[tokio::test]
+async fn services_outside_the_program_stay_unless_pruned() {
+    let h = harness().await;
+    h.call(
+        "POST",
+        "/v1/apply",
+        Some(to_json(&program(&[("web", 1), ("db", 1)]))),
+    )
+    .await;
+    let only_web = to_json(&program(&[("web", 1)]));
+    let (_, kept) = h.call("POST", "/v1/apply", Some(only_web.clone())).await;
+    assert_eq!(kept["deleted"], json!([]));
+    let (_, diff) = h
+        .call("POST", "/v1/diff?prune=true", Some(only_web.clone()))
+        .await;
+    assert_eq!(diff["dry_run"], true);
+    assert_eq!(
+        diff["deleted"],
+        json!(["desired/service/db", "desired/service/db/tag/team"])
+    );
+    assert!(
+        h.keys().await.contains(&keys::desired_service("db")),
+        "diff wrote nothing"
+    );
+    let (_, pruned) = h.call("POST", "/v1/apply?prune=true", Some(only_web)).await;
+    assert_eq!(pruned["deleted"], diff["deleted"]);
+    assert!(!h.keys().await.contains(&keys::desired_service("db")));
+}
+
+#[tokio::test]
+async fn get_and_describe_services_with_tag_filter_and_age() {
+    let h = harness().await;
+    h.call(
+        "POST",
+        "/v1/apply",
+        Some(to_json(&program(&[("web", 2), ("db", 1)]))),
+    )
+    .await;
+    let (status, rows) = h.call("GET", "/v1/services?tag=team=web", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(rows.as_array().map(Vec::len), Some(1));
+    assert_eq!(rows[0]["name"], "web");
+    assert_eq!(rows[0]["replicas"], 2);
+    assert!(rows[0]["created_at"].is_i64());
+    let (status, detail) = h.call("GET", "/v1/services/web", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(detail["spec"]["name"], "web");
+    assert_eq!(detail["instances"], json!([]));
+    assert_eq!(detail["unplaced"], Value::Null);
+}
+
+#[tokio::test]
+async fn scale_writes_replicas_and_delete_removes_sub_facts() {
+    let h = harness().await;
+    h.call("POST", "/v1/apply", Some(to_json(&program(&[("web", 2)]))))
+        .await;
+    let (status, report) = h
+        .call(
+            "POST",
+            "/v1/services/web/scale",
+            Some(json!({"replicas": 5})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{report}");
+    assert_eq!(
+        (report["previous"].clone(), report["replicas"].clone()),
+        (json!(2), json!(5))
+    );
+    let (_, detail) = h.call("GET", "/v1/services/web", None).await;
+    assert_eq!(detail["spec"]["replicas"], 5);
+    assert_eq!(
+        detail["events"][0]["message"],
+        "scaled from 2 to 5 replicas"
+    );
+
+    let (status, deleted) = h.call("DELETE", "/v1/services/web", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        deleted["deleted"],
+        json!(["desired/service/web", "desired/service/web/tag/team"])
+    );
+    let left: Vec<String> = h
+        .keys()
+        .await
+        .into_iter()
+        .filter(|k| k.starts_with("desired/"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_json_4xx_and_writes_nothing() {
+    let h = harness().await;
+    h.call("POST", "/v1/apply", Some(to_json(&program(&[("web", 1)]))))
+        .await;
+    let before = h.keys().await;
+    let revision = h.revision().await;
+    let mut ghost_tags = to_json(&program(&[("web", 1)]));
+    ghost_tags["tags"]["ghost"] = json!({"team": "x"});
+    let mut slash = to_json(&program(&[]));
+    slash["services"]["a/b"] = to_json(&support::service("a/b", 1));
+    let cases: Vec<(&str, &str, Option<Vec<u8>>, StatusCode)> = vec![
+        (
+            "POST",
+            "/v1/apply",
+            Some(b"{not json".to_vec()),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "POST",
+            "/v1/apply",
+            Some(br#"{"services": 3}"#.to_vec()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "POST",
+            "/v1/apply",
+            Some(ghost_tags.to_string().into_bytes()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "POST",
+            "/v1/apply",
+            Some(slash.to_string().into_bytes()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "POST",
+            "/v1/apply?prune=maybe",
+            Some(b"{}".to_vec()),
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "POST",
+            "/v1/services/web/scale",
+            Some(br#"{"replicas": -1}"#.to_vec()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "POST",
+            "/v1/services/web/scale",
+            Some(br#"{"replicas": "two"}"#.to_vec()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+        (
+            "POST",
+            "/v1/services/nope/scale",
+            Some(br#"{"replicas": 1}"#.to_vec()),
+            StatusCode::NOT_FOUND,
+        ),
+        ("DELETE", "/v1/services/nope", None, StatusCode::NOT_FOUND),
+        ("GET", "/v1/services/nope", None, StatusCode::NOT_FOUND),
+        ("GET", "/v1/instances/nope", None, StatusCode::NOT_FOUND),
+        ("GET", "/v1/nodes/nope", None, StatusCode::NOT_FOUND),
+        ("POST", "/v1/nodes/nope/drain", None, StatusCode::NOT_FOUND),
+        (
+            "GET",
+            "/v1/instances?color=red",
+            None,
+            StatusCode::BAD_REQUEST,
+        ),
+        (
+            "GET",
+            "/v1/services?tag=novalue",
+            None,
+            StatusCode::BAD_REQUEST,
+        ),
+        ("GET", "/v1/nowhere", None, StatusCode::NOT_FOUND),
+        ("PATCH", "/v1/status", None, StatusCode::METHOD_NOT_ALLOWED),
+        (
+            "POST",
+            "/v1/agent/register",
+            Some(br#"{"name": "n/1", "cpu": 1, "memory": 1, "arch": "amd64"}"#.to_vec()),
+            StatusCode::UNPROCESSABLE_ENTITY,
+        ),
+    ];
+    for (method, uri, body, expected) in cases {
+        let (status, answer) = h.raw(method, uri, body, "application/json").await;
+        assert_eq!(status, expected, "{method} {uri}: {answer}");
+        let message = answer["error"].as_str().unwrap_or_default();
+        assert!(
+            !message.is_empty(),
+            "{method} {uri}: no JSON error in {answer}"
+        );
+    }
+    let (status, answer) = h
+        .raw("POST", "/v1/apply", Some(b"{}".to_vec()), "text/plain")
+        .await;
+    assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE, "{answer}");
+    assert!(answer["error"].is_string());
+    assert_eq!(h.keys().await, before);
+    assert_eq!(h.revision().await, revision);
+}
+
+#[tokio::test]
+async fn oversized_bodies_are_refused_with_413() {
+    let h = support::harness_with(cca_api::ApiConfig {
+        max_body_bytes: 1024,
+        ..cca_api::ApiConfig::default()
+    })
+    .await;
+    let mut big = to_json(&program(&[("web", 1)]));
+    big["services"]["web"]["env"]["PAD"] = json!("x".repeat(4096));
+    let (status, answer) = h.call("POST", "/v1/apply", Some(big)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        answer["error"],
+        "request body is larger than the server accepts"
+    );
+    assert!(h.keys().await.is_empty());
+}
+
+#[tokio::test]
+async fn node_controls_need_a_registered_node() {
+    let h = harness().await;
+    let register = json!({"name": "n1", "cpu": 4000, "memory": 8_589_934_592_u64, "arch": "amd64"});
+    let (status, reply) = h.call("POST", "/v1/agent/register", Some(register)).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let (status, drained) = h.call("POST", "/v1/nodes/n1/drain", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        drained["control"],
+        json!({"drain": true, "disabled": false})
+    );
+    h.call("POST", "/v1/nodes/n1/disable", None).await;
+    let (_, rows) = h.call("GET", "/v1/nodes", None).await;
+    assert_eq!(rows[0]["status"], "ready");
+    assert_eq!(
+        (rows[0]["draining"].clone(), rows[0]["disabled"].clone()),
+        (json!(true), json!(true))
+    );
+    let (_, enabled) = h.call("POST", "/v1/nodes/n1/enable", None).await;
+    assert_eq!(
+        enabled["control"],
+        json!({"drain": false, "disabled": false})
+    );
+    let (_, status) = h.call("GET", "/v1/status", None).await;
+    assert_eq!(status["nodes"]["ready"], 1);
+}
+
+#[tokio::test]
+async fn events_are_listed_filtered_and_pruned() {
+    let h = harness().await;
+    h.call("POST", "/v1/apply", Some(to_json(&program(&[("web", 1)]))))
+        .await;
+    h.call(
+        "POST",
+        "/v1/services/web/scale",
+        Some(json!({"replicas": 2})),
+    )
+    .await;
+    let (_, all) = h.call("GET", "/v1/events", None).await;
+    assert_eq!(all.as_array().map(Vec::len), Some(2));
+    let (_, about_web) = h.call("GET", "/v1/events?subject=service/web", None).await;
+    assert_eq!(about_web.as_array().map(Vec::len), Some(1));
+    let (_, newest) = h.call("GET", "/v1/events?limit=1", None).await;
+    assert_eq!(newest[0]["subject"], "service/web");
+
+    let kept_one = cca_api::prune_events_now(h.store.as_ref(), 0, 1)
+        .await
+        .expect("prunes");
+    assert_eq!(kept_one, 1);
+    let far_future = i64::MAX / 2;
+    cca_api::prune_events_now(h.store.as_ref(), far_future, 10)
+        .await
+        .expect("prunes");
+    let (_, none) = h.call("GET", "/v1/events", None).await;
+    assert_eq!(none, json!([]));
+}
+
+#[tokio::test]
+async fn metrics_count_requests_and_include_the_plugged_in_renderer() {
+    let h = harness().await;
+    h.call("GET", "/v1/status", None).await;
+    let (status, text) = h.call("GET", "/metrics", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let text = text.as_str().unwrap_or_default().to_owned();
+    assert!(
+        text.contains(r#"cca_api_requests_total{route="/v1/status",method="GET",status="200"} 1"#),
+        "{text}"
+    );
+    assert!(text.contains("runner_cycles_total 7"), "{text}");
+}

@@ -1,0 +1,242 @@
+//! The API over a loopback socket with the typed client: the agent cycle
+//! (register, heartbeat, assignment stream, reports, re-register after a
+//! lost lease), the resumable watch stream, and errors carrying the
+//! server's status and message.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cca_api::types::{AssignmentLine, RegisterRequest, WatchLine};
+use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
+use cca_model::keys;
+use cca_model::spec::{Cpu, Memory};
+use cca_store::{Op, Txn};
+use support::{harness, program};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn node(name: &str) -> RegisterRequest {
+    RegisterRequest {
+        name: name.into(),
+        cpu: Cpu(4000),
+        memory: Memory(8 << 30),
+        arch: "amd64".into(),
+        zone: None,
+        labels: BTreeMap::new(),
+        addresses: vec!["127.0.0.1".into()],
+        agent_url: None,
+    }
+}
+
+fn placed(id: &str, node: &str) -> Instance {
+    Instance {
+        id: id.into(),
+        service: "web".into(),
+        node: node.into(),
+        ordinal: None,
+        spec_hash: "h".into(),
+        cpu: Cpu(100),
+        memory: Memory(64 << 20),
+        host_ports: BTreeMap::new(),
+        created_at: 0,
+        stopping: false,
+        replaces: None,
+        failures: Vec::new(),
+    }
+}
+
+fn report(id: &str, node: &str, state: InstanceState) -> InstanceStatus {
+    InstanceStatus {
+        id: id.into(),
+        service: "web".into(),
+        node: node.into(),
+        state,
+        healthy: None,
+        pid: Some(42),
+        address: None,
+        host_ports: BTreeMap::new(),
+        restarts: 0,
+        last_exit: None,
+        message: None,
+        updated_at: 0,
+    }
+}
+
+async fn place(store: &dyn cca_store::Store, instance: &Instance) -> i64 {
+    let key = keys::derived_instance(&instance.service, &instance.id);
+    let value = serde_json::to_vec(instance).expect("encodes");
+    store
+        .txn(Txn::new().then(Op::put(key, value)))
+        .await
+        .expect("placed")
+        .revision()
+}
+
+async fn next<T: serde::de::DeserializeOwned>(stream: &mut cca_api::LineStream<T>) -> T {
+    tokio::time::timeout(WAIT, stream.next())
+        .await
+        .expect("a line in time")
+        .expect("stream open")
+        .expect("line decodes")
+}
+
+#[tokio::test]
+async fn agent_registers_heartbeats_follows_assignments_and_reports() {
+    let h = harness().await;
+    let (client, _stop) = h.serve().await;
+    client
+        .apply(&program(&[("web", 2)]), false)
+        .await
+        .expect("applies");
+    let registered = client.register(&node("n1")).await.expect("registers");
+    client.register(&node("n2")).await.expect("registers");
+    assert_eq!(registered.ttl_secs, 15);
+    client
+        .heartbeat("n1", registered.lease_id)
+        .await
+        .expect("heartbeat");
+
+    place(h.store.as_ref(), &placed("web-1", "n1")).await;
+    let mut stream = client.assignments("n1", 0).await.expect("stream");
+    let AssignmentLine::Snapshot {
+        assignments,
+        revision,
+    } = next(&mut stream).await
+    else {
+        panic!("the stream starts with a snapshot");
+    };
+    assert_eq!(assignments.len(), 1);
+    assert_eq!(assignments[0].instance.id, "web-1");
+    assert_eq!(assignments[0].spec.as_ref().map(|s| s.replicas), Some(2));
+
+    place(h.store.as_ref(), &placed("web-2", "n2")).await;
+    place(h.store.as_ref(), &placed("web-3", "n1")).await;
+    let line = next(&mut stream).await;
+    assert!(
+        matches!(&line, AssignmentLine::Put { assignment, .. } if assignment.instance.id == "web-3"),
+        "other nodes' placements are not shown: {line:?}"
+    );
+    // web-1 moves to n2: for n1 that is a delete.
+    place(h.store.as_ref(), &placed("web-1", "n2")).await;
+    let line = next(&mut stream).await;
+    assert!(
+        matches!(&line, AssignmentLine::Delete { id, .. } if id == "web-1"),
+        "{line:?}"
+    );
+
+    // Resuming from the snapshot's revision replays the same changes.
+    let mut resumed = client
+        .assignments("n1", revision + 1)
+        .await
+        .expect("stream");
+    let line = next(&mut resumed).await;
+    assert!(
+        matches!(&line, AssignmentLine::Put { assignment, .. } if assignment.instance.id == "web-3"),
+        "{line:?}"
+    );
+
+    client
+        .report("n1", &report("web-3", "n1", InstanceState::Running))
+        .await
+        .expect("own instance");
+    let before = h.keys().await;
+    let refused = client
+        .report("n1", &report("web-2", "n1", InstanceState::Running))
+        .await
+        .expect_err("web-2 is placed on n2");
+    assert_eq!(refused.status(), Some(409));
+    assert!(
+        refused.to_string().contains("not placed on node `n1`"),
+        "{refused}"
+    );
+    assert_eq!(h.keys().await, before, "a refused report writes nothing");
+    // After a move the old node may still say it stopped the instance.
+    client
+        .report("n1", &report("web-1", "n1", InstanceState::Stopped))
+        .await
+        .expect("stopped reports are accepted after a move");
+    let refused = client
+        .forget_instance("n2", "web-3")
+        .await
+        .expect_err("n2 did not write web-3's record");
+    assert_eq!(refused.status(), Some(409));
+    client
+        .forget_instance("n1", "web-1")
+        .await
+        .expect("forgets");
+
+    let rows = client
+        .instances(&cca_api::InstanceQuery {
+            node: Some("n1".into()),
+            ..Default::default()
+        })
+        .await
+        .expect("lists");
+    let states: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r.id.as_str(), r.state.as_str()))
+        .collect();
+    assert_eq!(states, [("web-3", "running")]);
+
+    h.store
+        .revoke_lease(registered.lease_id)
+        .await
+        .expect("revokes");
+    let lost = client
+        .heartbeat("n1", registered.lease_id)
+        .await
+        .expect_err("the lease is gone");
+    assert_eq!(lost.status(), Some(409));
+    assert!(lost.to_string().contains("register again"), "{lost}");
+    let again = client.register(&node("n1")).await.expect("re-registers");
+    client
+        .heartbeat("n1", again.lease_id)
+        .await
+        .expect("heartbeat");
+}
+
+#[tokio::test]
+async fn watch_streams_changes_and_resumes_from_a_revision() {
+    let h = harness().await;
+    let (client, _stop) = h.serve().await;
+    let first = client
+        .apply(&program(&[("web", 1)]), false)
+        .await
+        .expect("applies");
+    let from = first.revision.expect("written");
+    client.scale("web", 3).await.expect("scales");
+    let mut stream = client.watch("desired/service/", from).await.expect("watch");
+    let mut keys = Vec::new();
+    while keys.len() < 3 {
+        if let WatchLine::Put { key, .. } = next(&mut stream).await {
+            keys.push(key);
+        }
+    }
+    assert_eq!(
+        keys,
+        [
+            "desired/service/web",
+            "desired/service/web/tag/team",
+            "desired/service/web"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn client_errors_carry_the_status_and_message() {
+    let h = harness().await;
+    let (client, _stop) = h.serve().await;
+    let error = client.service("ghost").await.expect_err("no such service");
+    assert_eq!(error.status(), Some(404));
+    assert_eq!(error.to_string(), "service `ghost` not found (HTTP 404)");
+    let nowhere = cca_api::Client::new("http://127.0.0.1:1");
+    let error = nowhere.status().await.expect_err("nothing listens");
+    assert!(
+        error
+            .to_string()
+            .starts_with("cannot reach the API server at http://127.0.0.1:1"),
+        "{error}"
+    );
+}

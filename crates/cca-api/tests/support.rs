@@ -1,0 +1,181 @@
+//! Shared test support: an API over an embedded store in a temp dir,
+//! requests through the router without a socket, a loopback server for the
+//! typed client, and small fact builders.
+
+#![allow(dead_code, reason = "each test file uses a different part")]
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use cca_api::{ApiConfig, ApiState, Client};
+use cca_control::Cache;
+use cca_model::spec::{
+    Placement, PortSpec, Program, Protocol, Resources, ServiceSpec, UpdateStrategy, Workload,
+};
+use cca_store::embedded::{Config, EmbeddedStore};
+use cca_store::{RangeRequest, Store};
+use http_body_util::BodyExt;
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tower::ServiceExt;
+
+pub(crate) struct Harness {
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) state: ApiState,
+    pub(crate) app: Router,
+}
+
+pub(crate) async fn harness() -> Harness {
+    harness_with(ApiConfig::default()).await
+}
+
+pub(crate) async fn harness_with(config: ApiConfig) -> Harness {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store: Arc<dyn Store> = Arc::new(
+        EmbeddedStore::open(Config::new(dir.path()))
+            .await
+            .expect("store opens"),
+    );
+    let cache = Arc::new(
+        Cache::start(Arc::clone(&store))
+            .await
+            .expect("cache starts"),
+    );
+    let state = ApiState::new(
+        Arc::clone(&store),
+        cache,
+        config,
+        Arc::new(|| "runner_cycles_total 7\n".to_owned()),
+    );
+    let app = cca_api::app(state.clone());
+    Harness {
+        dir,
+        store,
+        state,
+        app,
+    }
+}
+
+impl Harness {
+    /// Sends a request through the router; returns the status and JSON body.
+    pub(crate) async fn call(
+        &self,
+        method: &str,
+        uri: &str,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let body = body.map(|b| serde_json::to_vec(&b).expect("encodes"));
+        self.raw(method, uri, body, "application/json").await
+    }
+
+    pub(crate) async fn raw(
+        &self,
+        method: &str,
+        uri: &str,
+        body: Option<Vec<u8>>,
+        content_type: &str,
+    ) -> (StatusCode, Value) {
+        let mut request = Request::builder().method(method).uri(uri);
+        if body.is_some() {
+            request = request.header("content-type", content_type);
+        }
+        let request = request
+            .body(body.map_or_else(Body::empty, Body::from))
+            .expect("request builds");
+        let response = self.app.clone().oneshot(request).await.expect("answers");
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body reads")
+            .to_bytes();
+        let json = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        (status, json)
+    }
+
+    /// Every key in the store, to prove a failed request wrote nothing.
+    pub(crate) async fn keys(&self) -> Vec<String> {
+        let page = self
+            .store
+            .range(RangeRequest::prefix(""))
+            .await
+            .expect("range");
+        page.kvs.into_iter().map(|kv| kv.key).collect()
+    }
+
+    pub(crate) async fn revision(&self) -> i64 {
+        self.store.current_revision().await.expect("revision")
+    }
+
+    /// Serves the API on a loopback port; the server stops when the
+    /// returned guard drops.
+    pub(crate) async fn serve(&self) -> (Client, oneshot::Sender<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("address");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let state = self.state.clone();
+        tokio::spawn(async move {
+            let _ = cca_api::serve(listener, state, async {
+                let _ = stopped.await;
+            })
+            .await;
+        });
+        (Client::new(&format!("http://{address}")), stop)
+    }
+}
+
+/// A process service with `replicas` replicas.
+pub(crate) fn service(name: &str, replicas: u32) -> ServiceSpec {
+    ServiceSpec {
+        name: name.to_owned(),
+        workload: Workload::Process {
+            run: "sleep 1000".to_owned(),
+        },
+        replicas,
+        ports: vec![PortSpec {
+            name: Some("http".to_owned()),
+            number: 8080,
+            protocol: Protocol::Tcp,
+        }],
+        env: BTreeMap::new(),
+        resources: Resources::default(),
+        health: None,
+        placement: Placement::default(),
+        connections: Vec::new(),
+        volumes: Vec::new(),
+        init: Vec::new(),
+        update: UpdateStrategy::default(),
+        budget: None,
+        autoscale: None,
+        stateful: false,
+        scale_to_zero: None,
+    }
+}
+
+/// A program of services, each tagged `team=<name>`.
+pub(crate) fn program(services: &[(&str, u32)]) -> Program {
+    let mut program = Program::default();
+    for (name, replicas) in services {
+        program
+            .services
+            .insert((*name).to_owned(), service(name, *replicas));
+        program
+            .tags
+            .entry((*name).to_owned())
+            .or_default()
+            .insert("team".to_owned(), (*name).to_owned());
+    }
+    program
+}
+
+pub(crate) fn json<T: serde::Serialize>(value: &T) -> Value {
+    serde_json::to_value(value).expect("encodes")
+}
