@@ -1,0 +1,419 @@
+//! The process runtime against the real kernel: processes, sessions and
+//! process groups, signals, log files, cgroup v1 limits and OOM kills,
+//! adoption by a second runtime object on the same directory (a restarted
+//! agent), orphan listing and exec. Each test's guard kills what it started
+//! and removes its cgroups, also when the test fails.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use cca_runtime::{
+    Error, ExecRequest, ExitReason, InstanceSpec, InstanceState, LimitsEnforcement, LogOptions,
+    PortBinding, Runtime,
+};
+use support::{TestRuntime, is_alive};
+
+fn spec(id: &str, command: &str) -> InstanceSpec {
+    InstanceSpec::new(id, "svc", command)
+}
+
+/// Fields 5 and 6 of /proc/PID/stat: process group and session.
+fn group_and_session(pid: u32) -> (u32, u32) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    let fields: Vec<u32> = stat[stat.rfind(')').expect(")") + 1..]
+        .split_whitespace()
+        .skip(2)
+        .take(2)
+        .map(|f| f.parse().expect("number"))
+        .collect();
+    (fields[0], fields[1])
+}
+
+#[tokio::test]
+async fn a_started_command_runs_in_its_own_session_and_logs_its_output() {
+    let test = TestRuntime::new().await;
+    let status = test
+        .run(spec("hello", "echo hi; echo oops >&2; sleep 30"))
+        .await;
+    assert_eq!(status.state, InstanceState::Running);
+    assert!(!status.adopted);
+    let pid = status.pid.expect("pid");
+    assert!(is_alive(pid));
+    assert_eq!(
+        group_and_session(pid),
+        (pid, pid),
+        "session and group leader"
+    );
+    let lines = test.wait_for_log("hello", "oops").await;
+    assert_eq!(lines, ["hi", "oops"]);
+
+    let stopped = test
+        .runtime
+        .stop("hello", Duration::from_secs(5))
+        .await
+        .expect("stop");
+    assert_eq!(stopped.state, InstanceState::Exited);
+    let exit = stopped.exit.expect("exit");
+    assert_eq!((exit.reason, exit.signal), (ExitReason::Stopped, Some(15)));
+    assert!(!is_alive(pid));
+    test.runtime.remove("hello").await.expect("remove");
+    assert!(!test.runtime.instance_dir("hello").exists());
+}
+
+#[tokio::test]
+async fn stop_kills_the_whole_group_after_the_grace_period_when_term_is_ignored() {
+    let test = TestRuntime::new().await;
+    let command = "trap '' TERM; sleep 300 & echo $! > child.pid; echo ready; wait";
+    let status = test.run(spec("stubborn", command)).await;
+    test.wait_for_log("stubborn", "ready").await;
+    let work = test.runtime.instance_dir("stubborn").join("work");
+    let child: u32 = std::fs::read_to_string(work.join("child.pid"))
+        .expect("child.pid")
+        .trim()
+        .parse()
+        .expect("pid");
+    assert!(is_alive(child));
+
+    let grace = Duration::from_millis(500);
+    let started = Instant::now();
+    let stopped = test.runtime.stop("stubborn", grace).await.expect("stop");
+    assert!(
+        started.elapsed() >= grace,
+        "SIGKILL only after the grace period"
+    );
+    assert_eq!(stopped.exit.expect("exit").signal, Some(9));
+    assert!(!is_alive(status.pid.expect("pid")));
+    assert!(!is_alive(child), "the shell's child died with the group");
+}
+
+#[tokio::test]
+async fn the_exit_code_is_captured_and_a_restart_reuses_the_instance() {
+    let test = TestRuntime::new().await;
+    test.run(spec("fails", "echo attempt; exit 3")).await;
+    let status = test.wait_for("fails", InstanceState::Exited).await;
+    let exit = status.exit.expect("exit");
+    assert_eq!(
+        (exit.code, exit.signal, &exit.reason),
+        (Some(3), None, &ExitReason::Exited)
+    );
+    assert_eq!(exit.to_string(), "exited with code 3");
+
+    test.runtime.start("fails").await.expect("restart");
+    test.wait_for("fails", InstanceState::Exited).await;
+    let lines = test.wait_for_log("fails", "attempt").await;
+    assert_eq!(lines, ["attempt", "attempt"], "logs survive a restart");
+}
+
+#[tokio::test]
+async fn environment_ports_and_working_directory_are_applied() {
+    let test = TestRuntime::new().await;
+    let cwd = tempfile::tempdir().expect("cwd");
+    let mut spec = spec(
+        "env",
+        "echo \"$GREETING $PORT $CCA_PORT_ADMIN_UI $CCA_INSTANCE $CCA_SERVICE $CCA_NODE $(pwd) ${CARGO_MANIFEST_DIR:-private}\"",
+    );
+    spec.node = "node-7".into();
+    spec.env.insert("GREETING".into(), "hello".into());
+    spec.working_dir = Some(cwd.path().to_owned());
+    spec.ports = vec![
+        PortBinding {
+            name: "http".into(),
+            host_port: 31080,
+        },
+        PortBinding {
+            name: "admin-ui".into(),
+            host_port: 31081,
+        },
+    ];
+    test.run(spec).await;
+    test.wait_for("env", InstanceState::Exited).await;
+    let lines = test.wait_for_log("env", "hello").await;
+    let expected = format!(
+        "hello 31080 31081 env svc node-7 {} private",
+        cwd.path().display()
+    );
+    assert_eq!(lines, [expected]);
+}
+
+#[tokio::test]
+async fn logs_rotate_at_the_size_limit_and_keep_two_old_files() {
+    let test = TestRuntime::new().await;
+    let mut spec = spec(
+        "chatty",
+        "i=0; while [ $i -lt 300 ]; do printf '%099d\\n' $i; i=$((i+1)); \
+         if [ $((i % 10)) -eq 0 ]; then sleep 0.03; fi; done",
+    );
+    spec.log_limit_bytes = 4096;
+    test.run(spec).await;
+    test.wait_for("chatty", InstanceState::Exited).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let dir = test.runtime.instance_dir("chatty");
+    for name in ["output.log", "output.log.1", "output.log.2"] {
+        let size = std::fs::metadata(dir.join(name)).expect(name).len();
+        assert!(size <= 3 * 4096, "{name} is {size} bytes");
+    }
+    assert!(!dir.join("output.log.3").exists());
+    let options = LogOptions {
+        tail: Some(1),
+        follow: false,
+    };
+    let last = test
+        .runtime
+        .logs("chatty", options)
+        .await
+        .expect("logs")
+        .collect()
+        .await
+        .expect("lines");
+    assert_eq!(last, [format!("{:099}", 299)]);
+}
+
+#[tokio::test]
+async fn following_logs_streams_until_the_instance_ends() {
+    let test = TestRuntime::new().await;
+    test.run(spec(
+        "ticker",
+        "for i in 1 2 3; do echo tick $i; sleep 0.2; done",
+    ))
+    .await;
+    let options = LogOptions {
+        tail: None,
+        follow: true,
+    };
+    let stream = test.runtime.logs("ticker", options).await.expect("logs");
+    let lines = tokio::time::timeout(Duration::from_secs(10), stream.collect())
+        .await
+        .expect("the stream ends with the instance")
+        .expect("lines");
+    assert_eq!(lines, ["tick 1", "tick 2", "tick 3"]);
+}
+
+#[tokio::test]
+async fn a_memory_limit_is_enforced_and_an_oom_kill_reported() {
+    let test = TestRuntime::new().await;
+    let mut spec = spec("hog", "head -c 200M /dev/zero | tail; echo survived");
+    spec.memory_bytes = Some(32 << 20);
+    spec.cpu_millis = Some(500);
+    let status = test.run(spec).await;
+    if let LimitsEnforcement::Unenforced { reason } = &status.limits {
+        println!(
+            "SKIPPED a_memory_limit_is_enforced: the memory cgroup is not writable here: {reason}"
+        );
+        return;
+    }
+    let memory_dir = test.cgroup_dir("memory", "hog");
+    let limit = std::fs::read_to_string(memory_dir.join("memory.limit_in_bytes")).expect("limit");
+    assert_eq!(limit.trim(), (32u64 << 20).to_string());
+    let quota = std::fs::read_to_string(test.cgroup_dir("cpu", "hog").join("cpu.cfs_quota_us"))
+        .expect("quota");
+    assert_eq!(quota.trim(), "50000");
+
+    let status = test.wait_for("hog", InstanceState::Exited).await;
+    let exit = status.exit.expect("exit");
+    assert_eq!(
+        exit.reason,
+        ExitReason::OutOfMemory {
+            limit_bytes: Some(32 << 20)
+        },
+        "{exit}"
+    );
+    test.runtime.remove("hog").await.expect("remove");
+    assert!(!memory_dir.exists(), "the cgroup goes with the instance");
+    assert!(!test.cgroup_dir("cpu", "hog").exists());
+}
+
+#[tokio::test]
+async fn a_restarted_agent_adopts_a_running_instance_and_can_stop_it() {
+    let test = TestRuntime::new().await;
+    let pid = test.run(spec("kept", "sleep 30")).await.pid.expect("pid");
+
+    let restarted = test.reopen().await;
+    let listed = restarted.list().await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].state, listed[0].pid, listed[0].adopted),
+        (InstanceState::Running, Some(pid), true)
+    );
+    let inspected = restarted.inspect("kept").await.expect("inspect");
+    assert_eq!(inspected.pid, Some(pid));
+
+    let stopped = restarted
+        .stop("kept", Duration::from_secs(5))
+        .await
+        .expect("stop");
+    assert_eq!(stopped.exit.expect("exit").reason, ExitReason::Stopped);
+    assert!(!is_alive(pid));
+    let seen_by_first = test.wait_for("kept", InstanceState::Exited).await;
+    assert_eq!(
+        seen_by_first.exit.expect("exit").reason,
+        ExitReason::Stopped
+    );
+}
+
+#[tokio::test]
+async fn an_exit_while_the_agent_was_away_has_an_unknown_code() {
+    let test = TestRuntime::new().await;
+    let pid = test.run(spec("gone", "sleep 30")).await.pid.expect("pid");
+    test.runtime
+        .stop("gone", Duration::ZERO)
+        .await
+        .expect("kill");
+    // As if the agent that was its parent died before recording the exit.
+    let dir = test.runtime.instance_dir("gone");
+    std::fs::remove_file(dir.join("exit.json")).expect("forget the exit");
+    std::fs::remove_file(dir.join("stop-requested")).expect("forget the stop");
+
+    let restarted = test.reopen().await;
+    let status = restarted.inspect("gone").await.expect("inspect");
+    assert_eq!(status.state, InstanceState::Exited);
+    assert_eq!(status.pid, Some(pid));
+    let exit = status.exit.expect("exit");
+    assert_eq!(exit.reason, ExitReason::AgentAway);
+    assert_eq!(
+        exit.to_string(),
+        "exited (code unknown: ended while the agent was away)"
+    );
+}
+
+#[tokio::test]
+async fn a_reused_pid_is_not_mistaken_for_the_instance() {
+    let test = TestRuntime::new().await;
+    test.run(spec("reused", "sleep 30")).await;
+    let run_file = test.runtime.instance_dir("reused").join("run.json");
+    let mut run: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&run_file).expect("run.json")).expect("json");
+    run["start_time"] = serde_json::json!(1);
+    std::fs::write(&run_file, serde_json::to_vec(&run).expect("json")).expect("write");
+
+    let restarted = test.reopen().await;
+    let status = restarted.inspect("reused").await.expect("inspect");
+    assert_eq!(
+        status.state,
+        InstanceState::Exited,
+        "same pid, other start time: not ours"
+    );
+}
+
+#[tokio::test]
+async fn list_reports_every_instance_left_on_the_node_for_gc() {
+    let test = TestRuntime::new().await;
+    test.runtime
+        .create(spec("created", "true"))
+        .await
+        .expect("create");
+    test.run(spec("running", "sleep 30")).await;
+    test.run(spec("exited", "exit 0")).await;
+    test.wait_for("exited", InstanceState::Exited).await;
+
+    let restarted = test.reopen().await;
+    let states: Vec<(String, InstanceState)> = restarted
+        .list()
+        .await
+        .expect("list")
+        .into_iter()
+        .map(|status| (status.id, status.state))
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("created".to_owned(), InstanceState::Created),
+            ("exited".to_owned(), InstanceState::Exited),
+            ("running".to_owned(), InstanceState::Running),
+        ]
+    );
+    for (id, state) in states {
+        if state == InstanceState::Running {
+            assert!(matches!(
+                restarted.remove(&id).await,
+                Err(Error::InvalidState { .. })
+            ));
+            restarted
+                .stop(&id, Duration::from_secs(5))
+                .await
+                .expect("stop");
+        }
+        restarted.remove(&id).await.expect("remove");
+    }
+    assert!(restarted.list().await.expect("list").is_empty());
+}
+
+#[tokio::test]
+async fn exec_runs_with_the_instance_environment_and_a_timeout() {
+    let test = TestRuntime::new().await;
+    let mut spec = spec("target", "sleep 30");
+    spec.env.insert("SECRET".into(), "s3cret".into());
+    test.run(spec).await;
+    let request = ExecRequest::new(
+        [
+            "sh",
+            "-c",
+            "echo $SECRET $CCA_INSTANCE; basename $(pwd); exit 4",
+        ],
+        Duration::from_secs(5),
+    );
+    let output = test.runtime.exec("target", request).await.expect("exec");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "s3cret target\nwork\n"
+    );
+    assert_eq!((output.code, output.timed_out), (Some(4), false));
+
+    let started = Instant::now();
+    let slow = ExecRequest::new(["sleep", "10"], Duration::from_millis(200));
+    let output = test.runtime.exec("target", slow).await.expect("exec");
+    assert!(output.timed_out && output.signal == Some(9), "{output:?}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    test.runtime
+        .stop("target", Duration::from_secs(5))
+        .await
+        .expect("stop");
+    let request = ExecRequest::new(["true"], Duration::from_secs(1));
+    let error = test
+        .runtime
+        .exec("target", request)
+        .await
+        .expect_err("not running");
+    assert_eq!(
+        error.to_string(),
+        "instance target: cannot exec while exited"
+    );
+}
+
+#[tokio::test]
+async fn misuse_is_refused_with_errors_naming_the_instance() {
+    let test = TestRuntime::new().await;
+    test.run(spec("busy", "sleep 30")).await;
+    let error = test
+        .runtime
+        .start("busy")
+        .await
+        .expect_err("already running");
+    assert_eq!(
+        error.to_string(),
+        "instance busy: cannot start while running"
+    );
+    let error = test
+        .runtime
+        .create(spec("busy", "true"))
+        .await
+        .expect_err("exists");
+    assert_eq!(error.to_string(), "instance busy: already exists");
+    let error = test.runtime.inspect("nobody").await.expect_err("unknown");
+    assert_eq!(error.to_string(), "instance nobody: not found");
+    let mut bad = spec("nowhere", "true");
+    bad.working_dir = Some("/does/not/exist".into());
+    let error = test.runtime.create(bad).await.expect_err("bad cwd");
+    assert!(
+        error
+            .to_string()
+            .contains("/does/not/exist is not a directory"),
+        "{error}"
+    );
+
+    test.run(spec("typo", "no-such-command-here")).await;
+    let status = test.wait_for("typo", InstanceState::Exited).await;
+    assert_eq!(status.exit.expect("exit").code, Some(127));
+    test.wait_for_log("typo", "not found").await;
+}
