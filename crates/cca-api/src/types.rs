@@ -267,7 +267,7 @@ pub enum AssignmentLine {
     /// An instance was placed on the node or its placement changed.
     Put {
         revision: Revision,
-        assignment: Assignment,
+        assignment: Box<Assignment>,
     },
     /// The instance is no longer placed on the node: stop it.
     Delete { revision: Revision, id: String },

@@ -204,7 +204,7 @@ impl Tracker {
                 if instance.node == self.node {
                     Some(AssignmentLine::Put {
                         revision,
-                        assignment: assignment(state, instance),
+                        assignment: Box::new(assignment(state, instance)),
                     })
                 } else if was.as_deref() == Some(self.node.as_str()) {
                     Some(AssignmentLine::Delete {

@@ -100,7 +100,7 @@ pub(crate) fn age(since: Option<Millis>, now: Millis) -> String {
 /// `500m` below a core, `2` or `1.5` from there.
 pub(crate) fn cpu(cpu: Cpu) -> String {
     match cpu.0 {
-        m if m % 1000 == 0 => format!("{}", m / 1000),
+        m if m.is_multiple_of(1000) => format!("{}", m / 1000),
         m if m < 1000 => format!("{m}m"),
         m => format!("{:.1}", m as f64 / 1000.0),
     }
@@ -116,7 +116,7 @@ pub(crate) fn memory(memory: Memory) -> String {
     ];
     let bytes = memory.0;
     for (unit, size) in UNITS {
-        if bytes >= size && bytes % size == 0 {
+        if bytes >= size && bytes.is_multiple_of(size) {
             return format!("{}{unit}", bytes / size);
         }
     }
