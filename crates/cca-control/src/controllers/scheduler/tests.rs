@@ -11,6 +11,7 @@ use cca_model::cluster::{
     Instance, InstanceState, NodeCondition, NodeControl, NodeStatus, Unplaced, UnplacedReason,
 };
 use cca_model::keys;
+use cca_model::ownership::{Owner, check_write};
 use cca_model::spec::{Cpu, DisruptionBudget, Memory, ServiceSpec};
 use proptest::prelude::*;
 
@@ -270,6 +271,66 @@ fn unplaced_fact_goes_once_capacity_arrives() {
     let (view, _) = converge(view, now);
     assert_eq!(unplaced(&view, "a"), None);
     assert_eq!(live(&view, "a").len(), 3);
+}
+
+#[test]
+fn disabled_nodes_keep_their_instances_but_take_no_new_ones() {
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .node("n2", 4000, 4096)
+        .service(service("web", 2))
+        .build();
+    let (view, now) = converge(view, NOW);
+    assert!(live(&view, "web").iter().all(|i| i.node == "n1"));
+    let view = ViewBuilder::from(view)
+        .node_control(
+            "n1",
+            NodeControl {
+                drain: false,
+                disabled: true,
+            },
+        )
+        .service(service("web", 4))
+        .build();
+    let plan = schedule(&view, now);
+    let placed = puts(&plan);
+    assert_eq!(placed.len(), 2);
+    assert!(placed.iter().all(|i| i.node == "n2" && !i.stopping));
+    assert!(deletes(&plan).is_empty());
+}
+
+#[test]
+fn failed_stateful_ordinal_is_recreated_in_place() {
+    let mut spec = service("db", 2);
+    spec.stateful = true;
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .node("n2", 4000, 4096)
+        .service(spec)
+        .build();
+    let (view, now) = converge(view, NOW);
+    let mut failed = status("db-1", "db", "n1", InstanceState::Failed);
+    failed.updated_at = now;
+    let view = ViewBuilder::from(view).status(failed).build();
+    let plan = schedule(&view, now + 1);
+    let recreated = puts(&plan);
+    assert_eq!(recreated.len(), 1);
+    let db1 = &recreated[0];
+    assert_eq!(
+        (db1.id.as_str(), db1.ordinal, db1.node.as_str()),
+        ("db-1", Some(1), "n1")
+    );
+    assert_eq!(
+        (db1.created_at, db1.failures.clone()),
+        (now + 1, vec![now + 1])
+    );
+    assert!(
+        deletes(&plan).is_empty(),
+        "the record is rewritten, not deleted"
+    );
+    // The stale failed report no longer counts against the new record.
+    let view = ViewBuilder::from(view).apply(&plan).build();
+    assert!(schedule(&view, now + 2).writes.is_empty());
 }
 
 #[test]
@@ -662,6 +723,10 @@ proptest! {
     fn never_over_commits_respects_restrict_and_converges(view in cluster_strategy()) {
         let first = schedule(&view, NOW);
         prop_assert_eq!(&first, &schedule(&view, NOW), "deterministic for a view");
+        let scheduler = Owner::Controller(SchedulerController::default().name());
+        for write in &first.writes {
+            prop_assert!(check_write(&scheduler, write.key()).is_ok(), "{} is not ours", write.key());
+        }
         let (view, now) = converge(view, NOW);
         assert_within_capacity_and_restrict(&view);
         prop_assert!(schedule(&view, now + 1).is_noop(), "converged view is a no-op");
