@@ -417,3 +417,25 @@ async fn misuse_is_refused_with_errors_naming_the_instance() {
     assert_eq!(status.exit.expect("exit").code, Some(127));
     test.wait_for_log("typo", "not found").await;
 }
+
+#[tokio::test]
+async fn a_stop_right_after_start_ends_the_instance_at_once() {
+    let test = TestRuntime::new().await;
+    for round in 0..5 {
+        let id = format!("quick-{round}");
+        let pid = test.run(spec(&id, "sleep 30")).await.pid.expect("pid");
+        assert_eq!(
+            group_and_session(pid).0,
+            pid,
+            "a group leader when start returns"
+        );
+        let started = Instant::now();
+        let stopped = test
+            .runtime
+            .stop(&id, Duration::from_secs(5))
+            .await
+            .expect("stop");
+        assert!(started.elapsed() < Duration::from_secs(2), "TERM sufficed");
+        assert_eq!(stopped.exit.expect("exit").signal, Some(15));
+    }
+}

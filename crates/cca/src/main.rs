@@ -6,6 +6,7 @@ mod cluster_cmd;
 mod dsl_cmd;
 mod server_cmd;
 mod store_cmd;
+mod whoami;
 
 use std::process::ExitCode;
 
@@ -31,6 +32,8 @@ enum Command {
     Render(dsl_cmd::RenderArgs),
     /// Run the control plane: the API server on the fact store.
     Server(server_cmd::ServerArgs),
+    /// Serve a tiny HTTP page saying who this instance is (a test workload).
+    Whoami(whoami::WhoamiArgs),
     #[command(flatten)]
     Cluster(cluster_cmd::ClusterCommand),
 }
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         Command::Lint(args) => dsl_cmd::lint(&args),
         Command::Render(args) => dsl_cmd::render(&args),
         Command::Server(args) => server_cmd::run(args),
+        Command::Whoami(args) => whoami::run(args),
         Command::Cluster(command) => cluster_cmd::run(command, Cli::command),
     };
     match outcome {

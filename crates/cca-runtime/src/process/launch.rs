@@ -96,6 +96,23 @@ pub(crate) fn spawn_gated(
     })
 }
 
+/// Waits (briefly) until the spawned process leads its own process group:
+/// `setsid(1)` makes it one a moment after spawn, and a stop must be able to
+/// signal the group from the first instant. False when it never happened
+/// (the child died, or a very loaded host).
+pub(crate) async fn wait_for_own_group(pid: u32) -> bool {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    loop {
+        match super::procfs::stat(pid) {
+            Some(stat) if i64::from(stat.process_group) == i64::from(pid) => return true,
+            Some(stat) if !stat.is_zombie() && tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            _ => return false,
+        }
+    }
+}
+
 /// Lets the gated command run. A child that already died is not an error:
 /// its exit is collected like any other.
 pub(crate) async fn open_gate(child: &mut Child) {

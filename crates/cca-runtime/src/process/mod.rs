@@ -253,6 +253,13 @@ impl Inner {
             .prepare(&self.config.cgroup_parent, &record.spec);
         let mut child = launch::spawn_gated(&dir, &record, self.setsid.as_deref())?;
         let pid = child.id().unwrap_or_default();
+        if !launch::wait_for_own_group(pid).await {
+            tracing::warn!(
+                instance = id,
+                pid,
+                "the instance did not get its own process group"
+            );
+        }
         if let Some(cgroups) = &cgroups
             && let Err(reason) = cgroups.join(pid)
         {

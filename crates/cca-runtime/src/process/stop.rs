@@ -28,14 +28,14 @@ pub(super) async fn stop(inner: &Inner, id: &str, grace: Duration) -> Result<Ins
         .read_run(Operation::Stop)?
         .ok_or_else(|| Error::NotFound { id: id.to_owned() })?;
     dir.mark_stop_requested(Operation::Stop)?;
-    signal_everything(&run, Signal::TERM);
+    signal_everything(inner, id, &run, Signal::TERM);
     if !wait_until_gone(inner, id, &run, Instant::now() + grace).await {
         tracing::info!(
             instance = id,
             ?grace,
             "still alive after the grace period: SIGKILL"
         );
-        signal_everything(&run, Signal::KILL);
+        signal_everything(inner, id, &run, Signal::KILL);
         if !wait_until_gone(inner, id, &run, Instant::now() + KILL_WAIT).await {
             return Err(Error::Failed {
                 id: id.to_owned(),
@@ -50,9 +50,13 @@ pub(super) async fn stop(inner: &Inner, id: &str, grace: Duration) -> Result<Ins
     inner.status(id, Operation::Stop)
 }
 
-/// Signals the process group and every process in the instance's cgroups
-/// (which catches descendants that started their own group or session).
-fn signal_everything(run: &RunRecord, signal: Signal) {
+/// Signals the main process, its process group and every process in the
+/// instance's cgroups (which catches descendants that started their own
+/// group or session).
+fn signal_everything(inner: &Inner, id: &str, run: &RunRecord, signal: Signal) {
+    if !main_ended(inner, id, run) {
+        let _ = procfs::signal_process(run.pid, signal);
+    }
     if !procfs::live_group_members(run.pid).is_empty()
         && let Err(error) = procfs::signal_group(run.pid, signal)
     {
@@ -68,19 +72,24 @@ fn signal_everything(run: &RunRecord, signal: Signal) {
 /// the deadline.
 async fn wait_until_gone(inner: &Inner, id: &str, run: &RunRecord, deadline: Instant) -> bool {
     loop {
-        let main_ended = match inner.own_child_exit(id) {
-            Some(exit) => exit.is_some(),
-            None => inner
-                .find_run_process(run)
-                .is_none_or(|stat| stat.is_zombie()),
-        };
-        if main_ended && survivors(run).is_empty() {
+        if main_ended(inner, id, run) && survivors(run).is_empty() {
             return true;
         }
         if Instant::now() >= deadline {
             return false;
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Whether the run's main process has ended (for our own child: and its
+/// exit is recorded).
+fn main_ended(inner: &Inner, id: &str, run: &RunRecord) -> bool {
+    match inner.own_child_exit(id) {
+        Some(exit) => exit.is_some(),
+        None => inner
+            .find_run_process(run)
+            .is_none_or(|stat| stat.is_zombie()),
     }
 }
 
