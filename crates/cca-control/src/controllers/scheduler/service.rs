@@ -50,13 +50,21 @@ enum Kind<'v> {
     Member(Member<'v>),
 }
 
-/// The agent's report for `instance`, if it is about this placement: on
-/// the same node and not older than the record.
+/// The agent's report for `instance`, if it is about this placement: from
+/// the node it is placed on. Stateless ids are never reused, so that is
+/// enough for them. A stateful id is reused when its ordinal is recreated,
+/// so there a terminal report (failed, stopped) older than the record is
+/// the previous incarnation's and is ignored; only terminal reports are
+/// dated, which keeps agent clock skew from hiding a running instance.
 pub(crate) fn fresh_status<'v>(view: &'v View, instance: &Instance) -> Option<&'v InstanceStatus> {
     view.statuses
         .get(&instance.id)
         .map(|status| &*status.value)
-        .filter(|status| status.node == instance.node && status.updated_at >= instance.created_at)
+        .filter(|status| status.node == instance.node)
+        .filter(|status| {
+            let terminal = matches!(status.state, InstanceState::Failed | InstanceState::Stopped);
+            instance.ordinal.is_none() || !terminal || status.updated_at >= instance.created_at
+        })
 }
 
 /// True when the instance runs and is not reported unhealthy.
