@@ -1,6 +1,6 @@
-//! `cca server`: opens the store, starts the watch-fed cache and the API on
-//! it, and (once wired) the controller runner; stops gracefully on Ctrl-C
-//! or SIGTERM. Wiring only — the API lives in `cca-api`, the cache and the
+//! `cca server`: opens the store, starts the watch-fed cache, the API on
+//! it and the controller runner (leader election + controllers); stops
+//! gracefully on Ctrl-C or SIGTERM. Wiring only — the API lives in `cca-api`, the cache and the
 //! runner in `cca-control`.
 
 use std::net::SocketAddr;
@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use cca_api::{ApiConfig, ApiState, MetricsRenderer};
-use cca_control::Cache;
+use cca_control::metrics::Metrics;
+use cca_control::runner::{Runner, RunnerConfig};
+use cca_control::{Cache, controllers};
 use cca_store::{Store, StoreUrl};
 use clap::Args;
 use tokio::sync::watch;
@@ -28,6 +30,13 @@ pub(crate) struct ServerArgs {
     /// How long events are kept (`30m`, `1h`, `1d`).
     #[arg(long, default_value = "1h", value_name = "DURATION")]
     event_retention: String,
+    /// This server's name in the leader record (default: hostname-pid).
+    #[arg(long)]
+    server_id: Option<String>,
+    /// Leadership lapses this long after the leader stops renewing it;
+    /// a standby server takes over then.
+    #[arg(long, default_value = "15s", value_name = "DURATION")]
+    leader_ttl: String,
 }
 
 pub(crate) fn run(args: ServerArgs) -> Result<ExitCode> {
@@ -48,7 +57,8 @@ async fn serve(args: ServerArgs) -> Result<()> {
             .context("reading the store into the cache")?,
     );
     let (stop, stopping) = watch::channel(false);
-    let control = start_control_plane(Arc::clone(&store), Arc::clone(&cache), stopping);
+    let identity = runner_config(&args)?;
+    let control = start_control_plane(Arc::clone(&store), Arc::clone(&cache), stopping, identity);
     let config = ApiConfig {
         event_retention: std::time::Duration::from_millis(retention.0),
         ..ApiConfig::default()
@@ -94,23 +104,41 @@ impl ControlPlane {
     }
 }
 
-// ---------------------------------------------------------------------------
-// RUNNER WIRING: start the controller runner (leader election, controllers)
-// here. It receives the store, the shared cache, and a signal that turns
-// true on shutdown; it returns its metrics renderer (for `/metrics`) and the
-// tasks `cca server` waits for after signalling shutdown. Until the runner
-// exists, the server serves the API only.
-// ---------------------------------------------------------------------------
+/// Starts the controller runner: it campaigns for leadership on the store
+/// and, while leading, drives every controller. Its metrics are appended
+/// to the API's `/metrics`; its task is awaited on shutdown (it resigns).
 fn start_control_plane(
     store: Arc<dyn Store>,
     cache: Arc<Cache>,
     stopping: watch::Receiver<bool>,
+    identity: RunnerConfig,
 ) -> ControlPlane {
-    let _ = (store, cache, stopping);
+    let metrics = Arc::new(Metrics::new());
+    let runner = Runner::new(store, cache, controllers::all(), Arc::clone(&metrics), identity);
+    let render: MetricsRenderer = Arc::new(move || metrics.render());
     ControlPlane {
-        metrics: cca_api::no_extra_metrics(),
-        tasks: Vec::new(),
+        metrics: render,
+        tasks: vec![tokio::spawn(runner.run(stopping))],
     }
+}
+
+/// This server's name in the leader record: the given id, else host-pid.
+fn runner_config(args: &ServerArgs) -> Result<RunnerConfig> {
+    let id = match &args.server_id {
+        Some(id) => id.clone(),
+        None => format!("{}-{}", hostname(), std::process::id()),
+    };
+    let ttl = cca_model::spec::Duration::parse(&args.leader_ttl)
+        .with_context(|| format!("--leader-ttl `{}`", args.leader_ttl))?;
+    let mut config = RunnerConfig::new(id);
+    config.leader.ttl = std::time::Duration::from_millis(ttl.0);
+    Ok(config)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_else(|_| "cca-server".to_owned())
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
