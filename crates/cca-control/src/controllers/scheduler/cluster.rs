@@ -25,6 +25,15 @@ pub(crate) struct Amount {
     pub(crate) memory: u64,
 }
 
+impl Amount {
+    pub(crate) fn room(self) -> Room {
+        Room {
+            cpu: signed(self.cpu),
+            memory: signed(self.memory),
+        }
+    }
+}
+
 /// Whether a node is alive, as the node controller and heartbeats say.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Liveness {
@@ -225,10 +234,18 @@ impl<'v> Cluster<'v> {
 
     /// Re-indexes node `id` after its allocation or state changed.
     fn refresh(&mut self, id: u32) {
+        match self.index_keys(id) {
+            Some((free, headroom)) => self.index.set(id, free, headroom),
+            None => self.index.remove(id),
+        }
+    }
+
+    /// Node `id`'s free room and headroom under the pressure line, or
+    /// `None` when it is not schedulable (and so not indexed).
+    pub(crate) fn index_keys(&self, id: u32) -> Option<(Room, Room)> {
         let slot = &self.nodes[id as usize];
         if !slot.schedulable() {
-            self.index.remove(id);
-            return;
+            return None;
         }
         let free = slot.free();
         let reserve = |capacity: u64| signed(capacity) * (100 - self.pressure_line as i64) / 100;
@@ -236,7 +253,7 @@ impl<'v> Cluster<'v> {
             cpu: free.cpu - reserve(slot.info.cpu.0),
             memory: free.memory - reserve(slot.info.memory.0),
         };
-        self.index.set(id, free, headroom);
+        Some((free, headroom))
     }
 
     /// Best-fit lookup; see [`CapacityIndex::best_fit`].
@@ -246,11 +263,7 @@ impl<'v> Cluster<'v> {
         fit: Fit,
         accept: impl FnMut(u32) -> bool,
     ) -> Option<u32> {
-        let need = Room {
-            cpu: signed(need.cpu),
-            memory: signed(need.memory),
-        };
-        self.index.best_fit(need, fit, accept)
+        self.index.best_fit(need.room(), fit, accept)
     }
 
     /// True when node `id` stays at or under the pressure line with `need` added.

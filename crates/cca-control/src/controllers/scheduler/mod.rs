@@ -242,7 +242,7 @@ impl<'v> PlacementProbe<'v> {
         let amount = self.placer.demand.amount;
         self.cluster
             .reserve(node, self.placer.service, amount, self.ports);
-        self.placer.placed(node);
+        self.placer.placed(&self.cluster, node);
         true
     }
 }

@@ -148,7 +148,7 @@ impl<'v> Pass<'v> {
         let ports = self
             .cluster
             .reserve(node, service, amount, spec.ports.len());
-        placer.placed(node);
+        placer.placed(&self.cluster, node);
         let instance = Instance {
             id,
             service: service.to_owned(),

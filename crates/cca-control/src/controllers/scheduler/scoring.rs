@@ -15,7 +15,7 @@ use cca_model::spec::ServiceSpec;
 
 use super::cluster::Cluster;
 use super::feasibility::{Demand, labels_match, misfit};
-use super::index::Fit;
+use super::index::{CapacityIndex, Fit};
 
 /// Where a particular instance should or should not go.
 #[derive(Clone, Copy, Debug)]
@@ -51,26 +51,36 @@ pub(crate) struct Placer<'s> {
     spec: &'s ServiceSpec,
     /// Per node: do its labels satisfy `restrict`? `None` when unrestricted.
     eligible: Option<Vec<bool>>,
+    /// A private index of the eligible nodes, when they are few: seeking
+    /// the shared index would walk past every ineligible node.
+    pool: Option<CapacityIndex>,
     spread: Option<Spread>,
 }
+
+/// Below this share of all nodes (1 / N), a restricted service gets its own index.
+const PRIVATE_POOL_DIVISOR: usize = 4;
 
 impl<'s> Placer<'s> {
     /// Prepares placement for `spec`: O(nodes) when it has `restrict` or
     /// `spread`, O(1) otherwise.
     pub(crate) fn new(cluster: &Cluster<'_>, service: &'s str, spec: &'s ServiceSpec) -> Self {
         let demand = Demand::of(spec);
-        let eligible = (!demand.restrict.is_empty()).then(|| {
+        let eligible: Option<Vec<bool>> = (!demand.restrict.is_empty()).then(|| {
             cluster
                 .nodes
                 .iter()
                 .map(|slot| labels_match(slot, &demand))
                 .collect()
         });
+        let pool = eligible
+            .as_ref()
+            .and_then(|eligible| private_pool(cluster, eligible));
         let mut placer = Placer {
             service,
             demand,
             spec,
             eligible,
+            pool,
             spread: None,
         };
         if !spec.placement.spread.is_empty() {
@@ -139,7 +149,13 @@ impl<'s> Placer<'s> {
     }
 
     /// Records that an instance went to node `id`.
-    pub(crate) fn placed(&mut self, id: u32) {
+    pub(crate) fn placed(&mut self, cluster: &Cluster<'_>, id: u32) {
+        if let Some(pool) = &mut self.pool {
+            match cluster.index_keys(id) {
+                Some((free, headroom)) => pool.set(id, free, headroom),
+                None => pool.remove(id),
+            }
+        }
         if let Some(spread) = &mut self.spread
             && let Some(key) = &spread.key_of[id as usize]
         {
@@ -176,14 +192,27 @@ impl<'s> Placer<'s> {
             return Some(id);
         }
         if !placement.separate.is_empty() {
-            let apart = cluster.best_fit(self.demand.amount, request.fit, |id| {
+            let apart = self.best_fit(cluster, request.fit, |id| {
                 accept(id) && !cluster.node(id).runs_any(&placement.separate)
             });
             if apart.is_some() {
                 return apart;
             }
         }
-        cluster.best_fit(self.demand.amount, request.fit, accept)
+        self.best_fit(cluster, request.fit, accept)
+    }
+
+    /// Best fit in the private pool when there is one, else the shared index.
+    fn best_fit(
+        &self,
+        cluster: &Cluster<'_>,
+        fit: Fit,
+        accept: impl FnMut(u32) -> bool,
+    ) -> Option<u32> {
+        match &self.pool {
+            Some(pool) => pool.best_fit(self.demand.amount.room(), fit, accept),
+            None => cluster.best_fit(self.demand.amount, fit, accept),
+        }
     }
 
     /// The fullest node already running a service to colocate with.
@@ -206,4 +235,24 @@ impl<'s> Placer<'s> {
                 (over_line, free.cpu, free.memory, *id)
             })
     }
+}
+
+/// An index of just the eligible schedulable nodes, when they are fewer
+/// than one in [`PRIVATE_POOL_DIVISOR`].
+fn private_pool(cluster: &Cluster<'_>, eligible: &[bool]) -> Option<CapacityIndex> {
+    let count = eligible.iter().filter(|eligible| **eligible).count();
+    if count * PRIVATE_POOL_DIVISOR >= eligible.len() {
+        return None;
+    }
+    let mut pool = CapacityIndex::with_nodes(eligible.len());
+    for (id, _) in eligible
+        .iter()
+        .enumerate()
+        .filter(|(_, eligible)| **eligible)
+    {
+        if let Some((free, headroom)) = cluster.index_keys(id as u32) {
+            pool.set(id as u32, free, headroom);
+        }
+    }
+    Some(pool)
 }

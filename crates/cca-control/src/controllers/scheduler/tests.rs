@@ -184,6 +184,29 @@ fn restrict_limits_placement_to_matching_nodes() {
 }
 
 #[test]
+fn a_few_eligible_nodes_get_their_own_index_and_are_not_over_committed() {
+    let mut builder = ViewBuilder::new();
+    for n in 0..8 {
+        let mut info = node_info(&format!("n{n}"), 1000, 1024);
+        if n == 5 {
+            info.labels.insert("gpu".into(), "yes".into());
+        }
+        builder = builder.ready_node(info);
+    }
+    let mut spec = with_resources(service("ml", 3), 400, 64);
+    spec.placement.restrict.insert("gpu".into(), "yes".into());
+    let view = builder.service(spec).build();
+    let plan = schedule(&view, NOW);
+    let placed = puts(&plan);
+    assert_eq!(placed.len(), 2, "the third does not fit on the gpu node");
+    assert!(placed.iter().all(|i| i.node == "n5"));
+    let view = ViewBuilder::from(view).apply(&plan).build();
+    let fact = unplaced(&view, "ml").expect("one waits");
+    assert_eq!(fact.reason, UnplacedReason::InsufficientCapacity);
+    assert_eq!(fact.nearest_node.as_deref(), Some("n5"));
+}
+
+#[test]
 fn unplaced_demand_names_reason_constraint_and_nearest_node() {
     let mut restricted = service("a", 1);
     restricted
