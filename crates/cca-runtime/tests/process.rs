@@ -412,6 +412,29 @@ async fn misuse_is_refused_with_errors_naming_the_instance() {
         "{error}"
     );
 
+    let vanishing = tempfile::tempdir().expect("cwd");
+    let mut spec_in_vanished_dir = spec("vanished", "true");
+    spec_in_vanished_dir.working_dir = Some(vanishing.path().to_owned());
+    spec_in_vanished_dir.memory_bytes = Some(64 << 20);
+    test.runtime
+        .create(spec_in_vanished_dir)
+        .await
+        .expect("create");
+    drop(vanishing);
+    let error = test.runtime.start("vanished").await.expect_err("no cwd");
+    assert!(
+        error
+            .to_string()
+            .starts_with("instance vanished: start: spawning sh in"),
+        "{error}"
+    );
+    assert!(
+        !test.cgroup_dir("memory", "vanished").exists(),
+        "no cgroup left behind"
+    );
+    let status = test.runtime.inspect("vanished").await.expect("inspect");
+    assert_eq!(status.state, InstanceState::Created);
+
     test.run(spec("typo", "no-such-command-here")).await;
     let status = test.wait_for("typo", InstanceState::Exited).await;
     assert_eq!(status.exit.expect("exit").code, Some(127));

@@ -251,7 +251,15 @@ impl Inner {
         let (cgroups, mut limits) = self
             .cgroups
             .prepare(&self.config.cgroup_parent, &record.spec);
-        let mut child = launch::spawn_gated(&dir, &record, self.setsid.as_deref())?;
+        let mut child = match launch::spawn_gated(&dir, &record, self.setsid.as_deref()) {
+            Ok(child) => child,
+            Err(error) => {
+                if let Some(cgroups) = &cgroups {
+                    let _ = cgroups.remove().await;
+                }
+                return Err(error);
+            }
+        };
         let pid = child.id().unwrap_or_default();
         if !launch::wait_for_own_group(pid).await {
             tracing::warn!(
