@@ -188,6 +188,52 @@ impl Client {
         self.stream(request).await
     }
 
+    /// The output of one instance, relayed from its node's agent: the last
+    /// `tail` lines (all kept lines when `None`), then, with `follow`, new
+    /// lines until the instance exits.
+    pub async fn instance_logs(
+        &self,
+        id: &str,
+        tail: Option<usize>,
+        follow: bool,
+    ) -> ClientResult<LogLines> {
+        let path = format!("/v1/instances/{}/logs", segment(id));
+        self.logs(&path, tail, follow).await
+    }
+
+    /// The output of every instance of a service, each line prefixed
+    /// `[{instance}] `; merged as lines arrive with `follow`, otherwise one
+    /// instance's tail after the other.
+    pub async fn service_logs(
+        &self,
+        name: &str,
+        tail: Option<usize>,
+        follow: bool,
+    ) -> ClientResult<LogLines> {
+        let path = format!("/v1/services/{}/logs", segment(name));
+        self.logs(&path, tail, follow).await
+    }
+
+    async fn logs(&self, path: &str, tail: Option<usize>, follow: bool) -> ClientResult<LogLines> {
+        let mut request = self.request(Method::GET, path).query(&[("follow", follow)]);
+        if let Some(tail) = tail {
+            request = request.query(&[("tail", tail)]);
+        }
+        let response = self.send(request).await?;
+        Ok(LogLines {
+            response,
+            buffer: Vec::new(),
+        })
+    }
+
+    /// Runs a command in an instance's context through its node's agent.
+    /// A command that fails is still `Ok`: see the result's code.
+    pub async fn exec(&self, id: &str, command: &ExecCommand) -> ClientResult<ExecResult> {
+        let path = format!("/v1/instances/{}/exec", segment(id));
+        self.json(self.request(Method::POST, &path).json(command))
+            .await
+    }
+
     /// Prometheus text of `/metrics`.
     pub async fn metrics(&self) -> ClientResult<String> {
         let response = self.send(self.request(Method::GET, "/metrics")).await?;
@@ -305,7 +351,7 @@ impl Client {
 }
 
 /// Escapes a name for one path segment.
-fn segment(name: &str) -> String {
+pub(crate) fn segment(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     for byte in name.bytes() {
         if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
@@ -350,6 +396,47 @@ impl<T: DeserializeOwned> LineStream<T> {
             }
         }
     }
+}
+
+/// A stream of text lines (log output), decoded as UTF-8 lossily.
+#[derive(Debug)]
+pub struct LogLines {
+    response: Response,
+    buffer: Vec<u8>,
+}
+
+impl LogLines {
+    /// The next line without its `\n`; `None` when the server ended the
+    /// stream. A last line without `\n` is returned too.
+    pub async fn next(&mut self) -> Option<ClientResult<String>> {
+        loop {
+            if let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=end).collect();
+                return Some(Ok(text_line(&line)));
+            }
+            match self.response.chunk().await {
+                Ok(Some(chunk)) => self.buffer.extend_from_slice(&chunk),
+                Ok(None) if self.buffer.is_empty() => return None,
+                Ok(None) => {
+                    let line = std::mem::take(&mut self.buffer);
+                    return Some(Ok(text_line(&line)));
+                }
+                Err(error) => {
+                    return Some(Err(ClientError::Unreachable {
+                        url: self.response.url().to_string(),
+                        reason: format!("the log stream broke: {error}"),
+                    }));
+                }
+            }
+        }
+    }
+}
+
+/// A line's text without its `\n` (or `\r\n`).
+fn text_line(line: &[u8]) -> String {
+    let line = line.strip_suffix(b"\n").unwrap_or(line);
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    String::from_utf8_lossy(line).into_owned()
 }
 
 #[cfg(test)]

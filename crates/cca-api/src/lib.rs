@@ -19,7 +19,9 @@ use std::future::Future;
 
 use tokio::net::TcpListener;
 
-pub use client::{Client, ClientError, ClientResult, EventQuery, InstanceQuery, LineStream};
+pub use client::{
+    Client, ClientError, ClientResult, EventQuery, InstanceQuery, LineStream, LogLines,
+};
 pub use error::ApiError;
 pub use routes::app;
 pub use state::{ApiConfig, ApiState, MetricsRenderer, no_extra_metrics};

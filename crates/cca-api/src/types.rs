@@ -280,3 +280,29 @@ pub enum AssignmentLine {
 pub struct WriteReply {
     pub revision: Revision,
 }
+
+/// Body of `POST /v1/instances/{id}/exec`, which the API forwards as is to
+/// the agent of the instance's node: a command to run in the instance's
+/// context (its environment, working directory and cgroups).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecCommand {
+    /// The program and its arguments, run directly (not through a shell).
+    pub argv: Vec<String>,
+    /// The command is killed (with its process group) after this long.
+    pub timeout_ms: u64,
+}
+
+/// How an exec'd command ended and what it wrote, as the agent answered.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// The exit code; `None` when a signal ended the command.
+    pub code: Option<i32>,
+    /// The signal that ended the command, if one did.
+    pub signal: Option<i32>,
+    /// Everything written to stdout (decoded as UTF-8, lossily).
+    pub stdout: String,
+    /// Everything written to stderr (decoded as UTF-8, lossily).
+    pub stderr: String,
+    /// It ran past `timeout_ms` and was killed.
+    pub timed_out: bool,
+}

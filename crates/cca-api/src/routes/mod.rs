@@ -4,6 +4,7 @@
 
 mod agent;
 mod events;
+mod instance_io;
 mod ops;
 mod reads;
 mod watch;
@@ -50,8 +51,11 @@ fn user_routes() -> Router<ApiState> {
             get(reads::service).delete(ops::delete_service),
         )
         .route("/v1/services/{name}/scale", post(ops::scale))
+        .route("/v1/services/{name}/logs", get(instance_io::service_logs))
         .route("/v1/instances", get(reads::instances))
         .route("/v1/instances/{id}", get(reads::instance))
+        .route("/v1/instances/{id}/logs", get(instance_io::instance_logs))
+        .route("/v1/instances/{id}/exec", post(instance_io::exec))
         .route("/v1/nodes", get(reads::nodes))
         .route("/v1/nodes/{name}", get(reads::node))
         .route("/v1/nodes/{name}/drain", post(ops::drain))

@@ -1,0 +1,527 @@
+//! Logs and exec through the API, against a fake agent: a tiny axum server
+//! on a loopback port implementing the agent's contract, registered as a
+//! node with its `agent_url`, with instances placed on it straight in the
+//! store. Checks the relayed streams (tail, follow, service merging with
+//! prefixes), exec pass-through, and every error's status and message.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use cca_api::types::{ExecCommand, ExecResult, RegisterRequest};
+use cca_api::{ApiConfig, ClientError, LogLines};
+use cca_model::cluster::Instance;
+use cca_model::keys;
+use cca_model::spec::{Cpu, Memory};
+use cca_store::{Op, Txn};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use serde_json::json;
+use support::{Harness, harness, harness_with, json as to_json, program};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+// ---- the fake agent -------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+struct FakeLogsQuery {
+    tail: Option<usize>,
+    #[serde(default)]
+    follow: bool,
+}
+
+/// Instances the fake runs; `*-stopped` ones exist but are not running.
+fn known(id: &str) -> bool {
+    id.starts_with("web-") || id.starts_with("quiet-")
+}
+
+fn fake_error(status: StatusCode, message: String) -> Response {
+    (status, Json(json!({ "error": message }))).into_response()
+}
+
+/// Three lines per instance; with follow, two more a little later, then
+/// the end — except `quiet-*`, which then stays silent until dropped.
+async fn fake_logs(Path(id): Path<String>, Query(query): Query<FakeLogsQuery>) -> Response {
+    if !known(&id) {
+        return fake_error(StatusCode::NOT_FOUND, format!("no instance `{id}` here"));
+    }
+    let kept: Vec<String> = ["one", "two", "three"]
+        .iter()
+        .map(|word| format!("{id} {word}\n"))
+        .collect();
+    let skip = query.tail.map_or(0, |tail| kept.len().saturating_sub(tail));
+    let past = futures_util::stream::iter(kept.into_iter().skip(skip));
+    if !query.follow {
+        return Body::from_stream(past.map(|line| Ok::<_, Infallible>(Bytes::from(line))))
+            .into_response();
+    }
+    let quiet = id.starts_with("quiet-");
+    let later = futures_util::stream::iter(1..=2).then(move |n| {
+        let id = id.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            format!("{id} later-{n}\n")
+        }
+    });
+    let stream = past
+        .chain(later)
+        .map(|line| Ok::<_, Infallible>(Bytes::from(line)));
+    if quiet {
+        let forever = stream.chain(futures_util::stream::pending());
+        return Body::from_stream(forever).into_response();
+    }
+    Body::from_stream(stream).into_response()
+}
+
+async fn fake_exec(Path(id): Path<String>, Json(command): Json<ExecCommand>) -> Response {
+    if !known(&id) {
+        return fake_error(StatusCode::NOT_FOUND, format!("no instance `{id}` here"));
+    }
+    if id.ends_with("-stopped") {
+        return fake_error(
+            StatusCode::CONFLICT,
+            format!("instance `{id}` is not running"),
+        );
+    }
+    Json(ExecResult {
+        code: Some(3),
+        signal: None,
+        stdout: format!(
+            "{id}: {} ({}ms)\n",
+            command.argv.join(" "),
+            command.timeout_ms
+        ),
+        stderr: "warning\n".into(),
+        timed_out: false,
+    })
+    .into_response()
+}
+
+/// Serves the fake agent on a loopback port; returns its URL.
+async fn fake_agent() -> String {
+    let app = axum::Router::new()
+        .route("/v1/instances/{id}/logs", get(fake_logs))
+        .route("/v1/instances/{id}/exec", post(fake_exec));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    format!("http://{address}")
+}
+
+/// A URL where nothing listens (a port bound, then released).
+async fn dead_url() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let address = listener.local_addr().expect("address");
+    drop(listener);
+    format!("http://{address}")
+}
+
+// ---- cluster setup --------------------------------------------------------
+
+async fn register(h: &Harness, name: &str, agent_url: Option<String>) {
+    let request = RegisterRequest {
+        name: name.into(),
+        cpu: Cpu(4000),
+        memory: Memory(8 << 30),
+        arch: "amd64".into(),
+        zone: None,
+        labels: BTreeMap::new(),
+        addresses: vec!["127.0.0.1".into()],
+        agent_url,
+    };
+    let (status, body) = h
+        .call("POST", "/v1/agent/register", Some(to_json(&request)))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
+async fn place(h: &Harness, service: &str, id: &str, node: &str) {
+    let instance = Instance {
+        id: id.into(),
+        service: service.into(),
+        node: node.into(),
+        ordinal: None,
+        spec_hash: "h".into(),
+        cpu: Cpu(100),
+        memory: Memory(64 << 20),
+        host_ports: BTreeMap::new(),
+        created_at: 0,
+        stopping: false,
+        replaces: None,
+        failures: Vec::new(),
+    };
+    let key = keys::derived_instance(service, id);
+    let value = serde_json::to_vec(&instance).expect("encodes");
+    h.store
+        .txn(Txn::new().then(Op::put(key, value)))
+        .await
+        .expect("placed");
+}
+
+/// Services `web` (web-1, web-2 on the fake agent's node `n1`) and `api`
+/// (api-1 on `n2`, registered without an agent URL).
+async fn cluster(h: &Harness) {
+    let (status, body) = h
+        .call(
+            "POST",
+            "/v1/apply",
+            Some(to_json(&program(&[("web", 2), ("api", 1)]))),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    register(h, "n1", Some(fake_agent().await)).await;
+    register(h, "n2", None).await;
+    place(h, "web", "web-1", "n1").await;
+    place(h, "web", "web-2", "n1").await;
+    place(h, "api", "api-1", "n2").await;
+}
+
+async fn all_lines(mut lines: LogLines) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Some(line) = tokio::time::timeout(WAIT, lines.next())
+        .await
+        .expect("the stream goes on or ends in time")
+    {
+        out.push(line.expect("a line"));
+    }
+    out
+}
+
+fn assert_error(
+    status: StatusCode,
+    body: &serde_json::Value,
+    expected: StatusCode,
+    texts: &[&str],
+) {
+    assert_eq!(status, expected, "{body}");
+    let message = body["error"].as_str().expect("a JSON error");
+    for text in texts {
+        assert!(message.contains(text), "`{text}` missing from: {message}");
+    }
+}
+
+// ---- logs -----------------------------------------------------------------
+
+#[tokio::test]
+async fn instance_logs_relay_the_agents_tail() {
+    let h = harness().await;
+    cluster(&h).await;
+    let (client, _stop) = h.serve().await;
+    let all = client
+        .instance_logs("web-1", None, false)
+        .await
+        .expect("logs");
+    assert_eq!(
+        all_lines(all).await,
+        ["web-1 one", "web-1 two", "web-1 three"]
+    );
+    let tail = client
+        .instance_logs("web-1", Some(1), false)
+        .await
+        .expect("logs");
+    assert_eq!(all_lines(tail).await, ["web-1 three"]);
+}
+
+#[tokio::test]
+async fn followed_logs_stream_until_the_agent_ends() {
+    let h = harness().await;
+    cluster(&h).await;
+    let (client, _stop) = h.serve().await;
+    let lines = client
+        .instance_logs("web-2", Some(2), true)
+        .await
+        .expect("logs");
+    assert_eq!(
+        all_lines(lines).await,
+        ["web-2 two", "web-2 three", "web-2 later-1", "web-2 later-2"]
+    );
+}
+
+#[tokio::test]
+async fn logs_answer_text_through_the_router() {
+    let h = harness().await;
+    cluster(&h).await;
+    let (status, body) = h.call("GET", "/v1/instances/web-1/logs?tail=2", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!("web-1 two\nweb-1 three\n"));
+}
+
+#[tokio::test]
+async fn service_logs_prefix_each_instance_in_turn_or_merged() {
+    let h = harness().await;
+    cluster(&h).await;
+    let (client, _stop) = h.serve().await;
+    let in_turn = client
+        .service_logs("web", Some(1), false)
+        .await
+        .expect("logs");
+    assert_eq!(
+        all_lines(in_turn).await,
+        ["[web-1] web-1 three", "[web-2] web-2 three"]
+    );
+    let merged = client
+        .service_logs("web", Some(1), true)
+        .await
+        .expect("logs");
+    let mut lines = all_lines(merged).await;
+    lines.sort();
+    assert_eq!(
+        lines,
+        [
+            "[web-1] web-1 later-1",
+            "[web-1] web-1 later-2",
+            "[web-1] web-1 three",
+            "[web-2] web-2 later-1",
+            "[web-2] web-2 later-2",
+            "[web-2] web-2 three",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn service_logs_note_instances_they_cannot_reach() {
+    let h = harness().await;
+    cluster(&h).await;
+    place(&h, "web", "web-3", "n2").await;
+    let (client, _stop) = h.serve().await;
+    let lines = all_lines(
+        client
+            .service_logs("web", Some(1), false)
+            .await
+            .expect("logs"),
+    )
+    .await;
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert!(
+        lines[0].starts_with("[web-3] cca: node `n2`") && lines[0].contains("without an agent URL"),
+        "{lines:?}"
+    );
+    assert_eq!(lines[1..], ["[web-1] web-1 three", "[web-2] web-2 three"]);
+}
+
+#[tokio::test]
+async fn a_followed_stream_holds_no_request_permit() {
+    let config = ApiConfig {
+        max_concurrent_requests: 1,
+        queue_timeout: Duration::from_millis(200),
+        ..ApiConfig::default()
+    };
+    let h = harness_with(config).await;
+    cluster(&h).await;
+    place(&h, "web", "quiet-1", "n1").await;
+    let (client, _stop) = h.serve().await;
+    let mut lines = client
+        .instance_logs("quiet-1", Some(1), true)
+        .await
+        .expect("logs");
+    let first = tokio::time::timeout(WAIT, lines.next())
+        .await
+        .expect("in time");
+    assert_eq!(first.expect("open").expect("line"), "quiet-1 three");
+    // The stream stays open; other requests are still served.
+    client
+        .status()
+        .await
+        .expect("served while a stream is open");
+    let result = client
+        .exec("web-1", &command(&["true"]))
+        .await
+        .expect("exec");
+    assert_eq!(result.code, Some(3));
+}
+
+// ---- exec -----------------------------------------------------------------
+
+fn command(argv: &[&str]) -> ExecCommand {
+    ExecCommand {
+        argv: argv.iter().map(|arg| (*arg).to_owned()).collect(),
+        timeout_ms: 5000,
+    }
+}
+
+#[tokio::test]
+async fn exec_passes_the_agents_result_through() {
+    let h = harness().await;
+    cluster(&h).await;
+    let (client, _stop) = h.serve().await;
+    let result = client
+        .exec("web-1", &command(&["ls", "-l"]))
+        .await
+        .expect("exec");
+    assert_eq!(
+        result,
+        ExecResult {
+            code: Some(3),
+            signal: None,
+            stdout: "web-1: ls -l (5000ms)\n".into(),
+            stderr: "warning\n".into(),
+            timed_out: false,
+        }
+    );
+}
+
+#[tokio::test]
+async fn exec_passes_the_agents_refusal_through() {
+    let h = harness().await;
+    cluster(&h).await;
+    place(&h, "web", "web-stopped", "n1").await;
+    let (status, body) = h
+        .call(
+            "POST",
+            "/v1/instances/web-stopped/exec",
+            Some(to_json(&command(&["ls"]))),
+        )
+        .await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::CONFLICT,
+        &["instance `web-stopped` is not running", "node `n1`"],
+    );
+    let (client, _stop) = h.serve().await;
+    let error = client
+        .exec("web-stopped", &command(&["ls"]))
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(error, ClientError::Api { status: 409, .. }),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn exec_refuses_an_empty_command() {
+    let h = harness().await;
+    cluster(&h).await;
+    let (status, body) = h
+        .call(
+            "POST",
+            "/v1/instances/web-1/exec",
+            Some(to_json(&command(&[]))),
+        )
+        .await;
+    assert_error(status, &body, StatusCode::UNPROCESSABLE_ENTITY, &["argv"]);
+}
+
+// ---- errors ---------------------------------------------------------------
+
+#[tokio::test]
+async fn unknown_instances_and_services_are_404() {
+    let h = harness().await;
+    cluster(&h).await;
+    for (method, uri, what) in [
+        (
+            "GET",
+            "/v1/instances/nope/logs",
+            "instance `nope` not found",
+        ),
+        (
+            "POST",
+            "/v1/instances/nope/exec",
+            "instance `nope` not found",
+        ),
+        (
+            "GET",
+            "/v1/services/nope/logs?follow=true",
+            "service `nope` not found",
+        ),
+    ] {
+        let body = (method == "POST").then(|| to_json(&command(&["ls"])));
+        let (status, body) = h.call(method, uri, body).await;
+        assert_error(status, &body, StatusCode::NOT_FOUND, &[what]);
+    }
+}
+
+#[tokio::test]
+async fn the_agents_404_is_passed_through() {
+    let h = harness().await;
+    cluster(&h).await;
+    place(&h, "web", "gone-1", "n1").await;
+    let (status, body) = h.call("GET", "/v1/instances/gone-1/logs", None).await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::NOT_FOUND,
+        &["no instance `gone-1` here", "node `n1`"],
+    );
+}
+
+#[tokio::test]
+async fn a_node_without_agent_url_is_502() {
+    let h = harness().await;
+    cluster(&h).await;
+    for uri in ["/v1/instances/api-1/logs", "/v1/services/api/logs"] {
+        let (status, body) = h.call("GET", uri, None).await;
+        assert_error(
+            status,
+            &body,
+            StatusCode::BAD_GATEWAY,
+            &["node `n2`", "without an agent URL"],
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_unregistered_node_is_502() {
+    let h = harness().await;
+    cluster(&h).await;
+    place(&h, "web", "web-9", "ghost").await;
+    let (status, body) = h
+        .call(
+            "POST",
+            "/v1/instances/web-9/exec",
+            Some(to_json(&command(&["ls"]))),
+        )
+        .await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::BAD_GATEWAY,
+        &["node `ghost`", "not registered"],
+    );
+}
+
+#[tokio::test]
+async fn an_agent_that_is_down_is_502_naming_node_and_url() {
+    let h = harness().await;
+    cluster(&h).await;
+    let url = dead_url().await;
+    register(&h, "n3", Some(url.clone())).await;
+    place(&h, "web", "web-5", "n3").await;
+    let (status, body) = h.call("GET", "/v1/instances/web-5/logs", None).await;
+    assert_error(
+        status,
+        &body,
+        StatusCode::BAD_GATEWAY,
+        &["agent of node `n3`", &url, "cannot be reached"],
+    );
+    let (status, body) = h
+        .call(
+            "POST",
+            "/v1/instances/web-5/exec",
+            Some(to_json(&command(&["ls"]))),
+        )
+        .await;
+    assert_error(status, &body, StatusCode::BAD_GATEWAY, &["node `n3`", &url]);
+    let (client, _stop) = h.serve().await;
+    let error = client
+        .instance_logs("web-5", None, false)
+        .await
+        .expect_err("agent down");
+    assert_eq!(error.status(), Some(502));
+}
