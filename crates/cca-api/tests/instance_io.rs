@@ -525,3 +525,60 @@ async fn an_agent_that_is_down_is_502_naming_node_and_url() {
         .expect_err("agent down");
     assert_eq!(error.status(), Some(502));
 }
+
+// ---- get instances --all ----------------------------------------------------
+
+async fn report(h: &Harness, id: &str, state: cca_model::cluster::InstanceState) {
+    let status = cca_model::cluster::InstanceStatus {
+        id: id.into(),
+        service: "web".into(),
+        node: "n1".into(),
+        state,
+        healthy: None,
+        pid: None,
+        address: None,
+        host_ports: BTreeMap::new(),
+        restarts: 0,
+        last_exit: None,
+        message: None,
+        updated_at: 0,
+    };
+    let value = serde_json::to_vec(&status).expect("encodes");
+    h.store
+        .txn(Txn::new().then(Op::put(keys::observed_instance(id), value)))
+        .await
+        .expect("reported");
+}
+
+#[tokio::test]
+async fn stopped_and_failed_instances_are_listed_with_all() {
+    use cca_model::cluster::InstanceState;
+    let h = harness().await;
+    cluster(&h).await;
+    report(&h, "web-1", InstanceState::Running).await;
+    report(&h, "web-2", InstanceState::Failed).await;
+    report(&h, "web-old", InstanceState::Stopped).await;
+    let ids = |rows: serde_json::Value| -> Vec<String> {
+        rows.as_array()
+            .expect("rows")
+            .iter()
+            .map(|row| format!("{}={}", row["id"], row["state"]).replace('"', ""))
+            .collect()
+    };
+    let (_, live) = h.call("GET", "/v1/instances?service=web", None).await;
+    assert_eq!(ids(live), ["web-1=running"]);
+    let (_, all) = h
+        .call("GET", "/v1/instances?service=web&all=true", None)
+        .await;
+    assert_eq!(
+        ids(all),
+        ["web-1=running", "web-2=failed", "web-old=stopped"]
+    );
+    // The logs of an instance whose placement is gone are still asked of
+    // the node it last reported from.
+    let (status, body) = h
+        .call("GET", "/v1/instances/web-old/logs?tail=1", None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body, json!("web-old three\n"));
+}

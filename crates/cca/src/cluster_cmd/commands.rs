@@ -58,7 +58,9 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         }
         ClusterCommand::Events(args) => events(&args).await,
         ClusterCommand::Watch(args) => watch(&args).await,
-        ClusterCommand::Completions(_) => Ok(()),
+        ClusterCommand::Logs(args) => super::io::logs(&args).await,
+        // Answered by `run` (completions) and `dispatch` (exec's exit code).
+        ClusterCommand::Exec(_) | ClusterCommand::Completions(_) => Ok(()),
     }
 }
 

@@ -1,14 +1,16 @@
 //! Arguments of the cluster commands (`apply`, `diff`, `get`, `describe`,
 //! `status`, `scale`, `delete`, `drain`, `disable-node`, `enable-node`,
-//! `events`, `watch`, `completions`) and their dispatch. Each command is a
-//! call of the typed API client ([`cca_api::Client`]); [`commands`] holds
-//! the calls, [`describe`] the long views, [`output`] the printing.
+//! `events`, `watch`, `logs`, `exec`, `completions`) and their dispatch.
+//! Each command is a call of the typed API client ([`cca_api::Client`]);
+//! [`commands`] holds the calls, [`describe`] the long views, [`io`] logs
+//! and exec, [`output`] the printing.
 //!
 //! Exit codes: 0 success, 1 any error (the server's message is printed),
-//! 2 usage errors (from clap).
+//! 2 usage errors (from clap); `exec` exits with the remote command's code.
 
 mod commands;
 mod describe;
+mod io;
 mod output;
 
 use std::path::PathBuf;
@@ -65,6 +67,11 @@ pub(crate) enum ClusterCommand {
     Events(EventsArgs),
     /// Stream changes of the cluster's facts (until Ctrl-C).
     Watch(WatchArgs),
+    /// Print the output of an instance, of a service's instances, or of
+    /// every service with a tag.
+    Logs(LogsArgs),
+    /// Run a command in an instance and exit with its exit code.
+    Exec(ExecArgs),
     /// Print a shell completion script.
     Completions(CompletionsArgs),
 }
@@ -224,6 +231,44 @@ pub(crate) struct WatchArgs {
     pub(crate) from: i64,
 }
 
+/// `cca logs TARGET [-f] [--tail N]` or `cca logs --tag k=v [-f] [--tail N]`
+#[derive(Debug, Args)]
+pub(crate) struct LogsArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    /// An instance id or a service name (instances are tried first).
+    #[arg(
+        required_unless_present = "tags",
+        conflicts_with = "tags",
+        value_name = "INSTANCE|SERVICE"
+    )]
+    pub(crate) target: Option<String>,
+    /// Keep printing new lines until the instances exit (or Ctrl-C).
+    #[arg(short, long)]
+    pub(crate) follow: bool,
+    /// Only the last N lines of each instance (default: all it kept).
+    #[arg(long, value_name = "N")]
+    pub(crate) tail: Option<usize>,
+    /// Instead of a TARGET: every service with this tag; may repeat.
+    #[arg(long = "tag", value_name = "KEY=VALUE")]
+    pub(crate) tags: Vec<String>,
+}
+
+/// `cca exec INSTANCE [--timeout 30s] -- CMD ARGS…`
+#[derive(Debug, Args)]
+pub(crate) struct ExecArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    /// The instance id (see `cca get instances`).
+    pub(crate) instance: String,
+    /// Kill the command after this long (`500ms`, `30s`, `5m`; at most 10m).
+    #[arg(long, default_value = "30s", value_name = "DURATION")]
+    pub(crate) timeout: String,
+    /// The program and its arguments, after `--` (run directly, no shell).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub(crate) command: Vec<String>,
+}
+
 /// `cca completions bash|zsh|fish`
 #[derive(Debug, Args)]
 pub(crate) struct CompletionsArgs {
@@ -242,6 +287,14 @@ pub(crate) fn run(command: ClusterCommand, cli: fn() -> clap::Command) -> Result
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(commands::execute(command))?;
-    Ok(ExitCode::SUCCESS)
+    runtime.block_on(dispatch(command))
+}
+
+/// `exec` ends with the remote command's code; every other command
+/// succeeds or fails.
+async fn dispatch(command: ClusterCommand) -> Result<ExitCode> {
+    match command {
+        ClusterCommand::Exec(args) => io::exec(&args).await,
+        other => commands::execute(other).await.map(|()| ExitCode::SUCCESS),
+    }
 }

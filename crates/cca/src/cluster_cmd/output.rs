@@ -70,6 +70,12 @@ pub(crate) fn line(text: &str) {
     println!("{text}");
 }
 
+/// Prints text as it is (no newline added) and flushes it.
+pub(crate) fn raw(text: &str) {
+    print!("{text}");
+    let _ = std::io::Write::flush(&mut std::io::stdout());
+}
+
 /// Prints a `label: value` pair aligned for descriptions.
 pub(crate) fn field(label: &str, value: &str) {
     println!("{:<14}{value}", format!("{label}:"));
