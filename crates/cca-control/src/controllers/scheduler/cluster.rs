@@ -5,6 +5,15 @@
 //! instances. Placements and releases made during the reconcile update it
 //! and the [`CapacityIndex`] incrementally, so later decisions in the same
 //! cycle see earlier ones.
+//!
+//! For fair placement it also counts, per service and node, the instances
+//! that *stay*: not stopping and running the service's current spec. Old
+//! spec instances of a rolling update and stopping ones are on their way
+//! out; counting them would skew where their replacements go. The index
+//! orders nodes by these counts for one service at a time, the *focus*
+//! ([`Cluster::focus`]): switching focus re-keys only the nodes the two
+//! services run on, so a pass pays O(instances · log nodes) for fairness
+//! in all, and a placement stays O(log nodes).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -117,11 +126,24 @@ pub(crate) struct Cluster<'v> {
     pub(crate) index: CapacityIndex,
     /// Nodes running each service, with instance counts.
     placements: BTreeMap<&'v str, BTreeMap<u32, u32>>,
+    /// Nodes running each service, with counts of the instances that stay
+    /// (see the module documentation).
+    staying: BTreeMap<&'v str, BTreeMap<u32, u32>>,
+    /// Each service's current spec hash.
+    current: BTreeMap<&'v str, String>,
+    /// The service whose staying counts are the index levels.
+    focus: Option<&'v str>,
     pressure_line: u64,
 }
 
 impl<'v> Cluster<'v> {
-    pub(crate) fn build(view: &'v View, context: &Context, config: &SchedulerConfig) -> Self {
+    /// The cluster of `view`; `current` holds each service's spec hash.
+    pub(crate) fn build(
+        view: &'v View,
+        context: &Context,
+        config: &SchedulerConfig,
+        current: BTreeMap<&'v str, String>,
+    ) -> Self {
         let nodes: Vec<NodeSlot<'v>> = view
             .nodes
             .iter()
@@ -137,6 +159,9 @@ impl<'v> Cluster<'v> {
             nodes,
             by_name,
             placements: BTreeMap::new(),
+            staying: BTreeMap::new(),
+            current,
+            focus: None,
             pressure_line: config.pressure_percent,
         };
         for (_, instance) in view.instances.iter() {
@@ -179,6 +204,74 @@ impl<'v> Cluster<'v> {
         };
         let ports = instance.host_ports.values().copied();
         self.add(id, &instance.service, amount, ports);
+        if self.stays(instance) {
+            *self
+                .staying
+                .entry(&instance.service)
+                .or_default()
+                .entry(id)
+                .or_default() += 1;
+        }
+    }
+
+    /// Whether `instance` counts for its service's fair share: it is not
+    /// stopping and runs the current spec.
+    fn stays(&self, instance: &Instance) -> bool {
+        !instance.stopping
+            && self
+                .current
+                .get(instance.service.as_str())
+                .is_some_and(|hash| *hash == instance.spec_hash)
+    }
+
+    /// Instances of `service` on node `id` that stay.
+    pub(crate) fn staying_on(&self, service: &str, id: u32) -> u32 {
+        self.staying
+            .get(service)
+            .and_then(|nodes| nodes.get(&id))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Node `id`'s level in the index: the focused service's instances
+    /// that stay there.
+    pub(crate) fn level(&self, id: u32) -> u32 {
+        self.focus.map_or(0, |service| self.staying_on(service, id))
+    }
+
+    /// Orders the index by `service`'s staying instances per node, for
+    /// fair placement of that service. Cheap when it already is.
+    pub(crate) fn focus(&mut self, service: &'v str) {
+        if self.focus == Some(service) {
+            return;
+        }
+        let previous = self.focus.replace(service);
+        let mut touched: Vec<u32> = Vec::new();
+        for name in previous.into_iter().chain([service]) {
+            touched.extend(
+                self.staying
+                    .get(name)
+                    .into_iter()
+                    .flat_map(|nodes| nodes.keys()),
+            );
+        }
+        for id in touched {
+            self.refresh(id);
+        }
+    }
+
+    /// `instance` is being stopped: it no longer counts as staying.
+    pub(crate) fn leaving(&mut self, instance: &Instance) {
+        if !self.stays(instance) {
+            return;
+        }
+        let Some(id) = self.node_id(&instance.node) else {
+            return;
+        };
+        if let Some(nodes) = self.staying.get_mut(instance.service.as_str()) {
+            decrement(nodes, &id);
+        }
+        self.refresh(id);
     }
 
     fn add(&mut self, id: u32, service: &'v str, amount: Amount, ports: impl Iterator<Item = u16>) {
@@ -210,6 +303,12 @@ impl<'v> Cluster<'v> {
             .take(port_count)
             .collect();
         self.add(id, service, amount, ports.iter().copied());
+        *self
+            .staying
+            .entry(service)
+            .or_default()
+            .entry(id)
+            .or_default() += 1;
         self.refresh(id);
         ports
     }
@@ -219,6 +318,11 @@ impl<'v> Cluster<'v> {
         let Some(id) = self.node_id(&instance.node) else {
             return;
         };
+        if self.stays(instance)
+            && let Some(nodes) = self.staying.get_mut(instance.service.as_str())
+        {
+            decrement(nodes, &id);
+        }
         let slot = &mut self.nodes[id as usize];
         slot.used.cpu = slot.used.cpu.saturating_sub(instance.cpu.0);
         slot.used.memory = slot.used.memory.saturating_sub(instance.memory.0);
@@ -235,7 +339,7 @@ impl<'v> Cluster<'v> {
     /// Re-indexes node `id` after its allocation or state changed.
     fn refresh(&mut self, id: u32) {
         match self.index_keys(id) {
-            Some((free, headroom)) => self.index.set(id, free, headroom),
+            Some((free, headroom)) => self.index.set(id, self.level(id), free, headroom),
             None => self.index.remove(id),
         }
     }

@@ -123,13 +123,17 @@ impl Controller for SchedulerController {
 
 /// One scheduling pass after the startup grace; see the module documentation.
 pub(crate) fn reconcile(view: &View, context: &Context, config: &SchedulerConfig) -> Plan {
-    let mut pass = Pass::new(view, context, config);
-    let by_service = instances_by_service(view);
     let known: Known<'_> = view
         .services
         .iter()
         .map(|(name, spec)| (name.as_str(), (&*spec.value, ids::spec_hash(&spec.value))))
         .collect();
+    let current = known
+        .iter()
+        .map(|(name, (_, hash))| (*name, hash.clone()))
+        .collect();
+    let mut pass = Pass::new(view, context, config, current);
+    let by_service = instances_by_service(view);
     for (service, instances) in &by_service {
         if !known.contains_key(service) {
             service::retire(&mut pass, instances);
@@ -170,7 +174,7 @@ fn place_service<'v>(
         pass.sync_unplaced(name, 0, None);
         return;
     }
-    let mut placer = Placer::new(&pass.cluster, name, spec);
+    let mut placer = Placer::new(&mut pass.cluster, name, spec);
     let (mut placed, mut unplaced) = (0, 0);
     for create in wanted {
         if pass.place(&mut placer, spec, hash, create) {
@@ -222,8 +226,10 @@ impl<'v> PlacementProbe<'v> {
             now: 0,
             leader_since: i64::MIN / 2,
         };
-        let cluster = cluster::Cluster::build(view, &context, &SchedulerConfig::default());
-        let placer = Placer::new(&cluster, name, &spec.value);
+        let current = BTreeMap::from([(name.as_str(), ids::spec_hash(&spec.value))]);
+        let mut cluster =
+            cluster::Cluster::build(view, &context, &SchedulerConfig::default(), current);
+        let placer = Placer::new(&mut cluster, name, &spec.value);
         Some(PlacementProbe {
             cluster,
             placer,
@@ -235,7 +241,7 @@ impl<'v> PlacementProbe<'v> {
     pub fn place_one(&mut self) -> bool {
         let Some(node) = self
             .placer
-            .choose(&self.cluster, scoring::Request::ANYWHERE)
+            .choose(&mut self.cluster, scoring::Request::ANYWHERE)
         else {
             return false;
         };

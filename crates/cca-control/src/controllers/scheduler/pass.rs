@@ -63,12 +63,18 @@ pub(crate) struct Pass<'v> {
 }
 
 impl<'v> Pass<'v> {
-    pub(crate) fn new(view: &'v View, context: &'v Context, config: &'v SchedulerConfig) -> Self {
+    /// A pass over `view`; `current` holds each service's spec hash.
+    pub(crate) fn new(
+        view: &'v View,
+        context: &'v Context,
+        config: &'v SchedulerConfig,
+        current: BTreeMap<&'v str, String>,
+    ) -> Self {
         Pass {
             view,
             context,
             config,
-            cluster: Cluster::build(view, context, config),
+            cluster: Cluster::build(view, context, config, current),
             writes: BTreeMap::new(),
             guards: BTreeSet::new(),
             events: Vec::new(),
@@ -104,6 +110,7 @@ impl<'v> Pass<'v> {
         stopping.stopping = true;
         let key = keys::derived_instance(&instance.service, &instance.id);
         self.write(Write::put_json(key, &stopping));
+        self.cluster.leaving(instance);
         self.instance_writes += 1;
     }
 
@@ -126,7 +133,7 @@ impl<'v> Pass<'v> {
         create: Create,
     ) -> bool {
         let service = placer.service;
-        let chosen = placer.choose(&self.cluster, create.request);
+        let chosen = placer.choose(&mut self.cluster, create.request);
         let id = match (chosen, create.ordinal) {
             (None, _) => None,
             (Some(_), Some(ordinal)) => Some(super::ids::stateful_id(service, ordinal)),

@@ -88,13 +88,13 @@ fn move_one<'v>(pass: &mut Pass<'v>, services: &Known<'v>, source: u32) -> bool 
         let Some((name, (spec, hash))) = services.get_key_value(instance.service.as_str()) else {
             continue;
         };
-        let mut placer = Placer::new(&pass.cluster, name, spec);
+        let mut placer = Placer::new(&mut pass.cluster, name, spec);
         let request = Request {
             prefer: None,
             avoid: Some(source),
             fit: Fit::UnderPressureLine,
         };
-        if placer.choose(&pass.cluster, request).is_none() {
+        if placer.choose(&mut pass.cluster, request).is_none() {
             continue;
         }
         let mut create = Create::new();

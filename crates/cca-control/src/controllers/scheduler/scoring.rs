@@ -1,13 +1,19 @@
 //! Scoring: among the nodes that can take an instance, which one should.
-//! The default is bin-packing — the most allocated node that stays under
-//! the pressure line, found by a best-fit seek in the capacity index.
+//! The default is a fair share with bin-packing: among the nodes that can
+//! take it under the pressure line, those running the fewest instances of
+//! the service, and among them the most allocated one — one best-fit seek
+//! per level in the capacity index. So a service's instances per node
+//! differ by at most one (base `n / nodes`, plus one on `n % nodes` nodes)
+//! while capacity allows and one lost node never takes a whole service
+//! down, while different services still pack onto the same nodes.
 //! Placement hints refine it, strongest first: `spread` picks the label
 //! value that has the fewest instances of the service (placing one at a
 //! time this way gives every value its fair base `n / values` plus one
 //! for the first `n % values` values), `colocate` prefers nodes already
 //! running a named service, `separate` prefers nodes running none of the
-//! named services. Hints are soft: when the preferred nodes are full the
-//! next tier is tried.
+//! named services. Within every tier the fair share and bin-packing decide.
+//! Hints are soft: when the preferred nodes are full the next tier is
+//! tried.
 
 use std::collections::BTreeMap;
 
@@ -52,7 +58,8 @@ pub(crate) struct Placer<'s> {
     /// Per node: do its labels satisfy `restrict`? `None` when unrestricted.
     eligible: Option<Vec<bool>>,
     /// A private index of the eligible nodes, when they are few: seeking
-    /// the shared index would walk past every ineligible node.
+    /// the shared index would walk past every ineligible node. Its levels
+    /// are the service's staying instances, like the shared index's.
     pool: Option<CapacityIndex>,
     spread: Option<Spread>,
 }
@@ -61,9 +68,11 @@ pub(crate) struct Placer<'s> {
 const PRIVATE_POOL_DIVISOR: usize = 4;
 
 impl<'s> Placer<'s> {
-    /// Prepares placement for `spec`: O(nodes) when it has `restrict` or
-    /// `spread`, O(1) otherwise.
-    pub(crate) fn new(cluster: &Cluster<'_>, service: &'s str, spec: &'s ServiceSpec) -> Self {
+    /// Prepares placement for `spec` and focuses the cluster on it:
+    /// O(nodes) when it has `restrict` or `spread`, otherwise
+    /// O(log nodes) per node the service (and the previous focus) runs on.
+    pub(crate) fn new(cluster: &mut Cluster<'s>, service: &'s str, spec: &'s ServiceSpec) -> Self {
+        cluster.focus(service);
         let demand = Demand::of(spec);
         let eligible: Option<Vec<bool>> = (!demand.restrict.is_empty()).then(|| {
             cluster
@@ -123,7 +132,10 @@ impl<'s> Placer<'s> {
     }
 
     /// The node an instance should go to, or `None` when none can take it.
-    pub(crate) fn choose(&self, cluster: &Cluster<'_>, request: Request) -> Option<u32> {
+    pub(crate) fn choose(&self, cluster: &mut Cluster<'s>, request: Request) -> Option<u32> {
+        // Another placer may have focused the cluster since.
+        cluster.focus(self.service);
+        let cluster = &*cluster;
         if let Some(preferred) = request.prefer
             && self.fits(cluster, preferred, request)
         {
@@ -152,7 +164,7 @@ impl<'s> Placer<'s> {
     pub(crate) fn placed(&mut self, cluster: &Cluster<'_>, id: u32) {
         if let Some(pool) = &mut self.pool {
             match cluster.index_keys(id) {
-                Some((free, headroom)) => pool.set(id, free, headroom),
+                Some((free, headroom)) => pool.set(id, cluster.level(id), free, headroom),
                 None => pool.remove(id),
             }
         }
@@ -215,7 +227,8 @@ impl<'s> Placer<'s> {
         }
     }
 
-    /// The fullest node already running a service to colocate with.
+    /// The node already running a service to colocate with that runs the
+    /// fewest of this service, fullest first.
     fn colocated(
         &self,
         cluster: &Cluster<'_>,
@@ -232,7 +245,7 @@ impl<'s> Placer<'s> {
             .min_by_key(|id| {
                 let free = cluster.node(*id).free();
                 let over_line = !cluster.stays_under_line(*id, self.demand.amount);
-                (over_line, free.cpu, free.memory, *id)
+                (over_line, cluster.level(*id), free.cpu, free.memory, *id)
             })
     }
 }
@@ -251,7 +264,7 @@ fn private_pool(cluster: &Cluster<'_>, eligible: &[bool]) -> Option<CapacityInde
         .filter(|(_, eligible)| **eligible)
     {
         if let Some((free, headroom)) = cluster.index_keys(id as u32) {
-            pool.set(id as u32, free, headroom);
+            pool.set(id as u32, cluster.level(id as u32), free, headroom);
         }
     }
     Some(pool)

@@ -14,7 +14,7 @@
 //! one to finish.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus, Millis};
 use cca_model::spec::ServiceSpec;
@@ -254,17 +254,49 @@ fn complete_moves<'v>(pass: &mut Pass<'v>, members: &mut Vec<Member<'v>>) {
 }
 
 /// Scale-down and roll order: not ready first, then those on draining
-/// nodes, then the busiest node, then the newest id.
+/// nodes, then from the node with the most of `members`, then the busiest
+/// node, then the newest id.
+///
+/// "The node with the most" is the count at the time each one goes:
+/// taking one at a time from the fullest node is the order of
+/// `Reverse(count - rank)`, where `rank` is the member's place among its
+/// node's members in the same class, and every earlier class has already
+/// left (so a scale-down keeps the fair share placement made). O(m log m).
 fn victim_order(members: &mut [Member<'_>]) {
-    let key = |m: &Member<'_>| {
-        (
-            m.ready,
-            !m.draining,
-            Reverse(m.load),
-            Reverse(m.instance.id.clone()),
-        )
-    };
-    members.sort_by_key(key);
+    let class = |m: &Member<'_>| (m.ready, !m.draining);
+    let within = |m: &Member<'_>| (Reverse(m.load), Reverse(m.instance.id.clone()));
+    members.sort_by_key(|m| (class(m), m.instance.node.clone(), within(m)));
+    let mut left: BTreeMap<&str, usize> = BTreeMap::new();
+    for member in members.iter() {
+        *left.entry(member.instance.node.as_str()).or_default() += 1;
+    }
+    let mut keyed: Vec<(usize, Member<'_>)> = Vec::with_capacity(members.len());
+    let mut start = 0;
+    while start < members.len() {
+        let end = start
+            + members[start..]
+                .iter()
+                .take_while(|m| class(m) == class(&members[start]))
+                .count();
+        let mut rank: BTreeMap<&str, usize> = BTreeMap::new();
+        for member in &members[start..end] {
+            let node = member.instance.node.as_str();
+            let taken = rank.entry(node).or_default();
+            let count = left.get(node).copied().unwrap_or(0);
+            keyed.push((count.saturating_sub(*taken), *member));
+            *taken += 1;
+        }
+        for (node, taken) in rank {
+            if let Some(count) = left.get_mut(node) {
+                *count = count.saturating_sub(taken);
+            }
+        }
+        start = end;
+    }
+    keyed.sort_by_key(|(count, m)| (class(m), Reverse(*count), within(m)));
+    for (slot, (_, member)) in members.iter_mut().zip(keyed) {
+        *slot = member;
+    }
 }
 
 fn stateless<'v>(

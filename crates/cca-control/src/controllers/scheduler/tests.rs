@@ -1,7 +1,8 @@
 //! Table tests of the scheduler on built views with an injected clock,
 //! plus property tests: it never over-commits a node, always respects
-//! `restrict`, is deterministic for a view, spreads evenly when capacity
-//! allows, and does nothing on a converged cluster. Agents are simulated
+//! `restrict`, is deterministic for a view, shares every service fairly
+//! across nodes and spreads evenly over labels when capacity allows, and
+//! does nothing on a converged cluster. Agents are simulated
 //! by [`agents`]: they report every placed instance running and every
 //! stopping one stopped.
 
@@ -141,7 +142,7 @@ fn startup_grace_places_nothing_and_requeues() {
 }
 
 #[test]
-fn bin_packs_onto_the_fullest_node_under_the_pressure_line() {
+fn shares_a_service_fairly_across_nodes() {
     let view = ViewBuilder::new()
         .node("n1", 1000, 4096)
         .node("n2", 1000, 4096)
@@ -150,7 +151,11 @@ fn bin_packs_onto_the_fullest_node_under_the_pressure_line() {
     let plan = schedule(&view, NOW);
     let placed = puts(&plan);
     let on = |node: &str| placed.iter().filter(|i| i.node == node).count();
-    assert_eq!((on("n1"), on("n2")), (8, 1), "n1 fills to 80% first");
+    assert_eq!(
+        (on("n1"), on("n2")),
+        (5, 4),
+        "base 4 each, the remainder on n1"
+    );
     let hash = spec_hash(&service("web", 9));
     assert!(
         placed
@@ -163,8 +168,158 @@ fn bin_packs_onto_the_fullest_node_under_the_pressure_line() {
         .map(|i| i.host_ports["http"])
         .collect();
     ports.dedup();
-    assert_eq!(ports.len(), 8, "host ports on one node are distinct");
+    assert_eq!(ports.len(), 5, "host ports on one node are distinct");
     assert!(plan.guards.contains(&keys::desired_service("web")));
+}
+
+/// Live instances of `service` per node, in node order, nodes without any
+/// included.
+fn per_node(view: &View, service: &str) -> Vec<usize> {
+    view.nodes
+        .iter()
+        .map(|(name, _)| {
+            live(view, service)
+                .iter()
+                .filter(|i| &i.node == name)
+                .count()
+        })
+        .collect()
+}
+
+#[test]
+fn fair_share_is_base_plus_remainder_per_node() {
+    let mut bare = service("web", 0);
+    bare.resources.cpu = None;
+    bare.resources.memory = None;
+    // (case, node cpu in millicores, replicas, instances per node)
+    let cases: Vec<(&str, Vec<u64>, u32, Vec<usize>)> = vec![
+        ("3 on 2 empty nodes", vec![4000, 4000], 3, vec![2, 1]),
+        ("10 on 4 nodes", vec![4000; 4], 10, vec![3, 3, 2, 2]),
+        (
+            "fewer replicas than nodes",
+            vec![4000; 5],
+            3,
+            vec![1, 1, 1, 0, 0],
+        ),
+        // n2 takes two under the pressure line (240m of 300m), the others
+        // share the rest fairly.
+        (
+            "a node lacking room",
+            vec![1000, 300, 1000],
+            9,
+            vec![4, 2, 3],
+        ),
+        (
+            "the remainder on the fullest",
+            vec![4000, 4100],
+            3,
+            vec![2, 1],
+        ),
+    ];
+    for (case, cpus, replicas, expected) in cases {
+        let mut builder = ViewBuilder::new();
+        for (n, cpu) in cpus.iter().enumerate() {
+            builder = builder.node(&format!("n{}", n + 1), *cpu, 4096);
+        }
+        let mut spec = bare.clone();
+        spec.replicas = replicas;
+        let view = builder.service(spec).build();
+        let plan = schedule(&view, NOW);
+        assert_eq!(puts(&plan).len(), replicas as usize, "{case}");
+        let view = ViewBuilder::from(view).apply(&plan).build();
+        assert_eq!(per_node(&view, "web"), expected, "{case}");
+    }
+}
+
+#[test]
+fn bin_packing_decides_among_the_nodes_with_the_fewest() {
+    let view = ViewBuilder::new()
+        .node("n1", 1000, 4096)
+        .node("n2", 1000, 4096)
+        .node("n3", 1000, 4096)
+        .service(with_resources(service("base", 1), 500, 64))
+        .build();
+    let (view, now) = converge(view, NOW);
+    assert_eq!(per_node(&view, "base"), [1, 0, 0]);
+    // Different services still share the fullest node.
+    let view = ViewBuilder::from(view).service(service("web", 2)).build();
+    let plan = schedule(&view, now);
+    let view = ViewBuilder::from(view).apply(&plan).build();
+    assert_eq!(per_node(&view, "web"), [1, 1, 0]);
+    // The pressure line comes first: n1 would go to 85%, so web takes n2
+    // and n3 although n1 runs none of it.
+    let view = ViewBuilder::new()
+        .node("n1", 1000, 4096)
+        .node("n2", 1000, 4096)
+        .node("n3", 1000, 4096)
+        .service(with_resources(service("base", 1), 750, 64))
+        .build();
+    let (view, now) = converge(view, NOW);
+    let view = ViewBuilder::from(view).service(service("web", 2)).build();
+    let plan = schedule(&view, now);
+    let view = ViewBuilder::from(view).apply(&plan).build();
+    assert_eq!(per_node(&view, "web"), [0, 1, 1]);
+}
+
+#[test]
+fn scale_down_stops_on_the_nodes_with_the_most_first() {
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .node("n2", 4000, 4096)
+        .node("n3", 4000, 4096)
+        .node("n4", 4000, 4096)
+        .service(service("web", 10))
+        .build();
+    let (view, now) = converge(view, NOW);
+    assert_eq!(per_node(&view, "web"), [3, 3, 2, 2]);
+    let view = ViewBuilder::from(view).service(service("web", 6)).build();
+    let plan = schedule(&view, now);
+    assert_eq!(puts(&plan).iter().filter(|i| i.stopping).count(), 4);
+    let view = ViewBuilder::from(view).apply(&plan).build();
+    let mut left = per_node(&view, "web");
+    left.sort();
+    assert_eq!(left, [1, 1, 2, 2]);
+    // And back up: the nodes with one get the new ones.
+    let (view, now) = converge(view, now);
+    let view = ViewBuilder::from(view).service(service("web", 8)).build();
+    let (view, _) = converge(view, now);
+    assert_eq!(per_node(&view, "web"), [2, 2, 2, 2]);
+}
+
+/// Old-spec instances are on their way out: counting them would skew
+/// where their replacements go (without that rule every case here ended
+/// unfair, e.g. 6 on 3 nodes as 3 + 2 + 1).
+#[test]
+fn rolling_update_keeps_the_fair_share() {
+    // (replicas on 3 nodes, max surge, max unavailable)
+    for (replicas, surge, unavailable) in [(3, 1, 0), (4, 2, 0), (6, 1, 0), (6, 1, 1), (8, 2, 2)] {
+        let case = format!("{replicas} replicas, surge {surge}, unavailable {unavailable}");
+        let view = ViewBuilder::new()
+            .node("n1", 4000, 4096)
+            .node("n2", 4000, 4096)
+            .node("n3", 4000, 4096)
+            .service(service("web", replicas))
+            .build();
+        let (view, now) = converge(view, NOW);
+        let mut next = service("web", replicas);
+        next.env.insert("VERSION".into(), "2".into());
+        next.update.max_surge = surge;
+        next.update.max_unavailable = unavailable;
+        let view = ViewBuilder::from(view).service(next.clone()).build();
+        let (view, _) = converge(view, now);
+        let running = live(&view, "web");
+        assert!(
+            running.iter().all(|i| i.spec_hash == spec_hash(&next)),
+            "{case}"
+        );
+        assert_eq!(running.len(), replicas as usize, "{case}");
+        let counts = per_node(&view, "web");
+        let (min, max) = (counts.iter().min(), counts.iter().max());
+        assert!(
+            max.zip(min).is_some_and(|(max, min)| max - min <= 1),
+            "{case}: {counts:?}"
+        );
+    }
 }
 
 #[test]
@@ -304,7 +459,8 @@ fn disabled_nodes_keep_their_instances_but_take_no_new_ones() {
         .service(service("web", 2))
         .build();
     let (view, now) = converge(view, NOW);
-    assert!(live(&view, "web").iter().all(|i| i.node == "n1"));
+    let on_n1 = live(&view, "web").iter().filter(|i| i.node == "n1").count();
+    assert_eq!(on_n1, 1, "one on each node");
     let view = ViewBuilder::from(view)
         .node_control(
             "n1",
@@ -332,7 +488,12 @@ fn failed_stateful_ordinal_is_recreated_in_place() {
         .service(spec)
         .build();
     let (view, now) = converge(view, NOW);
-    let mut failed = status("db-1", "db", "n1", InstanceState::Failed);
+    let node = live(&view, "db")
+        .into_iter()
+        .find(|i| i.id == "db-1")
+        .map(|i| i.node)
+        .expect("db-1 placed");
+    let mut failed = status("db-1", "db", &node, InstanceState::Failed);
     failed.updated_at = now;
     let view = ViewBuilder::from(view).status(failed).build();
     let plan = schedule(&view, now + 1);
@@ -341,7 +502,7 @@ fn failed_stateful_ordinal_is_recreated_in_place() {
     let db1 = &recreated[0];
     assert_eq!(
         (db1.id.as_str(), db1.ordinal, db1.node.as_str()),
-        ("db-1", Some(1), "n1")
+        ("db-1", Some(1), node.as_str())
     );
     assert_eq!(
         (db1.created_at, db1.failures.clone()),
@@ -492,10 +653,12 @@ fn instances_of_a_lost_node_are_replaced_after_the_grace_period() {
     let view = ViewBuilder::new()
         .node("n1", 4000, 4096)
         .node("n2", 4000, 4096)
-        .service(service("web", 2))
+        .node("n3", 4000, 4096)
+        .service(service("web", 4))
         .build();
     let (view, now) = converge(view, NOW);
-    assert!(live(&view, "web").iter().all(|i| i.node == "n1"));
+    let on_n1 = live(&view, "web").iter().filter(|i| i.node == "n1").count();
+    assert_eq!(on_n1, 2, "2 + 1 + 1: the remainder on n1");
     let gone = NodeStatus {
         condition: NodeCondition::Unreachable,
         since: now,
@@ -509,9 +672,9 @@ fn instances_of_a_lost_node_are_replaced_after_the_grace_period() {
     assert_eq!(waiting.requeue_after, Some(20_000));
     let plan = schedule(&view, now + 30_000);
     assert_eq!(deletes(&plan).len(), 2);
-    let replacements = puts(&plan);
-    assert_eq!(replacements.len(), 2);
-    assert!(replacements.iter().all(|i| i.node == "n2"));
+    let mut replaced_on: Vec<String> = puts(&plan).into_iter().map(|i| i.node).collect();
+    replaced_on.sort();
+    assert_eq!(replaced_on, ["n2", "n3"], "the fair share again: 2 + 2");
 }
 
 #[test]
@@ -775,5 +938,42 @@ proptest! {
         let (min, max) = (counts.values().min().copied(), counts.values().max().copied());
         prop_assert!(max.unwrap_or(0) - min.unwrap_or(0) <= 1, "{:?}", counts);
         prop_assert_eq!(counts.values().sum::<u32>(), replicas);
+    }
+
+    /// No restrict, ample capacity: every service's instances per node
+    /// differ by at most one, after placing and after scaling either way.
+    #[test]
+    fn shares_every_service_fairly_when_capacity_allows(
+        nodes in prop::collection::vec(200_000u64..400_000, 1..8),
+        services in prop::collection::vec((0u32..30, 0u32..30, 50u64..900, 32u64..700), 1..5),
+    ) {
+        let mut builder = ViewBuilder::new();
+        for (i, cpu) in nodes.iter().enumerate() {
+            builder = builder.node(&format!("n{i}"), *cpu, 256 * 1024);
+        }
+        let spec = |i: usize, replicas: u32, cpu: u64, memory: u64| {
+            with_resources(service(&format!("s{i}"), replicas), cpu, memory)
+        };
+        for (i, (replicas, _, cpu, memory)) in services.iter().enumerate() {
+            builder = builder.service(spec(i, *replicas, *cpu, *memory));
+        }
+        let (view, now) = converge(builder.build(), NOW);
+        for (i, (replicas, ..)) in services.iter().enumerate() {
+            let counts = per_node(&view, &format!("s{i}"));
+            let (min, max) = (counts.iter().min(), counts.iter().max());
+            prop_assert!(max.zip(min).is_none_or(|(max, min)| max - min <= 1), "s{}: {:?}", i, counts);
+            prop_assert_eq!(counts.iter().sum::<usize>(), *replicas as usize);
+        }
+        let mut builder = ViewBuilder::from(view);
+        for (i, (_, rescaled, cpu, memory)) in services.iter().enumerate() {
+            builder = builder.service(spec(i, *rescaled, *cpu, *memory));
+        }
+        let (view, _) = converge(builder.build(), now);
+        for (i, (_, rescaled, ..)) in services.iter().enumerate() {
+            let counts = per_node(&view, &format!("s{i}"));
+            let (min, max) = (counts.iter().min(), counts.iter().max());
+            prop_assert!(max.zip(min).is_none_or(|(max, min)| max - min <= 1), "s{} rescaled: {:?}", i, counts);
+            prop_assert_eq!(counts.iter().sum::<usize>(), *rescaled as usize);
+        }
     }
 }
