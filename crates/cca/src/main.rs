@@ -2,7 +2,9 @@
 //! logic lives in the crate that owns its concept; the modules here turn
 //! arguments into calls and results into output and exit codes.
 
+mod agent_cmd;
 mod cluster_cmd;
+mod dev_cmd;
 mod dsl_cmd;
 mod server_cmd;
 mod store_cmd;
@@ -32,6 +34,10 @@ enum Command {
     Render(dsl_cmd::RenderArgs),
     /// Run the control plane: the API server on the fact store.
     Server(server_cmd::ServerArgs),
+    /// Run the node agent: register this node and run the instances placed on it.
+    Agent(agent_cmd::AgentArgs),
+    /// A whole cluster in one process: apply FILES and run them here until Ctrl-C.
+    Dev(dev_cmd::DevArgs),
     /// Serve a tiny HTTP page saying who this instance is (a test workload).
     Whoami(whoami::WhoamiArgs),
     #[command(flatten)]
@@ -47,6 +53,8 @@ fn main() -> ExitCode {
         Command::Lint(args) => dsl_cmd::lint(&args),
         Command::Render(args) => dsl_cmd::render(&args),
         Command::Server(args) => server_cmd::run(args),
+        Command::Agent(args) => agent_cmd::run(args),
+        Command::Dev(args) => dev_cmd::run(args),
         Command::Whoami(args) => whoami::run(args),
         Command::Cluster(command) => cluster_cmd::run(command, Cli::command),
     };

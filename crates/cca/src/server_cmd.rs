@@ -9,9 +9,12 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use cca_api::{ApiConfig, ApiState, MetricsRenderer};
+use cca_control::controllers::{
+    EndpointController, NodeController, SchedulerConfig, SchedulerController,
+};
 use cca_control::metrics::Metrics;
 use cca_control::runner::{Runner, RunnerConfig};
-use cca_control::{Cache, controllers};
+use cca_control::{Cache, Controller};
 use cca_store::{Store, StoreUrl};
 use clap::Args;
 use tokio::sync::watch;
@@ -37,6 +40,32 @@ pub(crate) struct ServerArgs {
     /// a standby server takes over then.
     #[arg(long, default_value = "15s", value_name = "DURATION")]
     leader_ttl: String,
+    /// A node whose agent stops heartbeating is unreachable after this long.
+    #[arg(long, default_value = "15s", value_name = "DURATION")]
+    node_ttl: String,
+    /// Nothing is placed for this long after becoming leader, so agents of
+    /// a (re)starting cluster can report in first.
+    #[arg(long, default_value = "10s", value_name = "DURATION")]
+    startup_grace: String,
+    /// Instances on a node unreachable this long are replaced elsewhere.
+    #[arg(long, default_value = "30s", value_name = "DURATION")]
+    lost_grace: String,
+}
+
+/// Parses a duration flag (`500ms`, `10s`, `5m`).
+pub(crate) fn duration_flag(flag: &str, text: &str) -> Result<std::time::Duration> {
+    let parsed =
+        cca_model::spec::Duration::parse(text).with_context(|| format!("--{flag} `{text}`"))?;
+    Ok(std::time::Duration::from_millis(parsed.0))
+}
+
+/// The controllers of a control plane, with the scheduler's settings.
+pub(crate) fn control_loops(scheduler: SchedulerConfig) -> Vec<Arc<dyn Controller>> {
+    vec![
+        Arc::new(NodeController),
+        Arc::new(SchedulerController { config: scheduler }),
+        Arc::new(EndpointController),
+    ]
 }
 
 pub(crate) fn run(args: ServerArgs) -> Result<ExitCode> {
@@ -51,19 +80,21 @@ async fn serve(args: ServerArgs) -> Result<()> {
     let store = cca_store::open(&args.store)
         .await
         .with_context(|| format!("opening the store {:?}", args.store))?;
-    let cache = Arc::new(
-        Cache::start(Arc::clone(&store))
-            .await
-            .context("reading the store into the cache")?,
-    );
-    let (stop, stopping) = watch::channel(false);
-    let identity = runner_config(&args)?;
-    let control = start_control_plane(Arc::clone(&store), Arc::clone(&cache), stopping, identity);
-    let config = ApiConfig {
-        event_retention: std::time::Duration::from_millis(retention.0),
-        ..ApiConfig::default()
+    let scheduler = SchedulerConfig {
+        startup_grace: millis(duration_flag("startup-grace", &args.startup_grace)?),
+        lost_grace: millis(duration_flag("lost-grace", &args.lost_grace)?),
+        ..SchedulerConfig::default()
     };
-    let state = ApiState::new(store, cache, config, Arc::clone(&control.metrics));
+    let setup = ControlPlaneSetup {
+        store,
+        controllers: control_loops(scheduler),
+        runner: runner_config(&args)?,
+        api: ApiConfig {
+            event_retention: std::time::Duration::from_millis(retention.0),
+            node_lease_ttl: duration_flag("node-ttl", &args.node_ttl)?,
+            ..ApiConfig::default()
+        },
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("listening on {}", args.listen))?;
@@ -71,7 +102,40 @@ async fn serve(args: ServerArgs) -> Result<()> {
         .local_addr()
         .context("reading the listen address")?;
     announce(address);
-    cca_api::serve(listener, state, shutdown_signal())
+    run_control_plane(setup, listener, shutdown_signal()).await
+}
+
+/// What a control plane runs on: the store, its controllers, the runner's
+/// identity and the API's settings.
+pub(crate) struct ControlPlaneSetup {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) controllers: Vec<Arc<dyn Controller>>,
+    pub(crate) runner: RunnerConfig,
+    pub(crate) api: ApiConfig,
+}
+
+/// Runs cache, runner and API on `listener` until `shutdown` resolves,
+/// then stops the runner (which resigns leadership).
+pub(crate) async fn run_control_plane(
+    setup: ControlPlaneSetup,
+    listener: tokio::net::TcpListener,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<()> {
+    let cache = Arc::new(
+        Cache::start(Arc::clone(&setup.store))
+            .await
+            .context("reading the store into the cache")?,
+    );
+    let (stop, stopping) = watch::channel(false);
+    let control = start_control_plane(
+        Arc::clone(&setup.store),
+        Arc::clone(&cache),
+        stopping,
+        setup.runner,
+        setup.controllers,
+    );
+    let state = ApiState::new(setup.store, cache, setup.api, Arc::clone(&control.metrics));
+    cca_api::serve(listener, state, shutdown)
         .await
         .context("serving the API")?;
     stop.send_replace(true);
@@ -112,14 +176,19 @@ fn start_control_plane(
     cache: Arc<Cache>,
     stopping: watch::Receiver<bool>,
     identity: RunnerConfig,
+    controllers: Vec<Arc<dyn Controller>>,
 ) -> ControlPlane {
     let metrics = Arc::new(Metrics::new());
-    let runner = Runner::new(store, cache, controllers::all(), Arc::clone(&metrics), identity);
+    let runner = Runner::new(store, cache, controllers, Arc::clone(&metrics), identity);
     let render: MetricsRenderer = Arc::new(move || metrics.render());
     ControlPlane {
         metrics: render,
         tasks: vec![tokio::spawn(runner.run(stopping))],
     }
+}
+
+fn millis(duration: std::time::Duration) -> cca_model::cluster::Millis {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// This server's name in the leader record: the given id, else host-pid.
@@ -128,21 +197,19 @@ fn runner_config(args: &ServerArgs) -> Result<RunnerConfig> {
         Some(id) => id.clone(),
         None => format!("{}-{}", hostname(), std::process::id()),
     };
-    let ttl = cca_model::spec::Duration::parse(&args.leader_ttl)
-        .with_context(|| format!("--leader-ttl `{}`", args.leader_ttl))?;
     let mut config = RunnerConfig::new(id);
-    config.leader.ttl = std::time::Duration::from_millis(ttl.0);
+    config.leader.ttl = duration_flag("leader-ttl", &args.leader_ttl)?;
     Ok(config)
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|name| name.trim().to_owned())
         .unwrap_or_else(|_| "cca-server".to_owned())
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let interrupt = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -2,7 +2,7 @@
 //! tests — a tiny HTTP service answering every GET with who it is (hostname,
 //! `CCA_INSTANCE`, `CCA_SERVICE`, `CCA_NODE`, its port) and the request path,
 //! as plain text or, with `Accept: application/json`, as JSON. It listens on
-//! 0.0.0.0, on `--port`, else `$PORT`, else 8080, and exits cleanly on
+//! `--bind` (default `$CCA_ADDRESS`, else 0.0.0.0), on `--port`, else `$PORT`, else 8080, and exits cleanly on
 //! SIGTERM or Ctrl-C.
 
 use std::future::Future;
@@ -20,9 +20,14 @@ use tokio::net::TcpListener;
 
 #[derive(Debug, Args)]
 pub(crate) struct WhoamiArgs {
-    /// The port to listen on (on every address).
+    /// The port to listen on.
     #[arg(long, env = "PORT", default_value_t = 8080)]
     port: u16,
+    /// The address to listen on: the node's address when run by an agent
+    /// (so instances on nodes sharing a host do not collide), else every
+    /// address.
+    #[arg(long, env = "CCA_ADDRESS", default_value = "0.0.0.0")]
+    bind: std::net::IpAddr,
 }
 
 /// Who this process is; the same in every answer.
@@ -48,9 +53,9 @@ pub(crate) fn run(args: WhoamiArgs) -> Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async move {
-        let listener = TcpListener::bind(("0.0.0.0", args.port))
+        let listener = TcpListener::bind((args.bind, args.port))
             .await
-            .with_context(|| format!("listening on 0.0.0.0:{}", args.port))?;
+            .with_context(|| format!("listening on {}:{}", args.bind, args.port))?;
         let port = listener
             .local_addr()
             .context("reading the bound address")?

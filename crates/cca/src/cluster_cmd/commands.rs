@@ -75,11 +75,20 @@ fn compile(args: &ApplyArgs) -> Result<Program> {
         set: args.set.clone(),
         set_from_env: args.set_from_env.clone(),
     };
+    compile_files(&args.files, &options)
+}
+
+/// Compiles `files` with the given values into one program; diagnostics go
+/// to stderr and any error fails the whole compile.
+pub(crate) fn compile_files(
+    files: &[std::path::PathBuf],
+    options: &ValueOptions,
+) -> Result<Program> {
     let env = |name: &str| std::env::var(name).ok();
     let mut program = Program::default();
     let mut failed = false;
-    for path in &args.files {
-        let values = gather_values(&RealFs, path, &options, &env)
+    for path in files {
+        let values = gather_values(&RealFs, path, options, &env)
             .map_err(|message| anyhow::anyhow!(message))?;
         let compilation = compile_file(&RealFs, path, &values)
             .with_context(|| format!("reading {}", path.display()))?;

@@ -8,10 +8,10 @@
 //! Exit codes: 0 success, 1 any error (the server's message is printed),
 //! 2 usage errors (from clap); `exec` exits with the remote command's code.
 
-mod commands;
+pub(crate) mod commands;
 mod describe;
 mod io;
-mod output;
+pub(crate) mod output;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

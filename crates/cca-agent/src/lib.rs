@@ -1,0 +1,227 @@
+//! The node agent. It registers its node and keeps a heartbeat lease
+//! through the API (never the store), follows the node's assignments into a
+//! desired state cached on disk, and supervises the instances through a
+//! [`cca_runtime::Runtime`]: start (init steps first), health-check,
+//! restart with backoff, stop, adopt what an earlier agent left running,
+//! remove orphans — reporting every instance's observed state back. While
+//! the control plane is away it keeps doing all of that from the cache.
+
+pub mod desired;
+pub mod error;
+pub mod health;
+mod link;
+pub mod serve;
+pub mod supervisor;
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cca_api::Client;
+use cca_api::types::RegisterRequest;
+use cca_model::cluster::{InstanceStatus, Millis};
+use cca_model::spec::{Cpu, Memory};
+use cca_runtime::Runtime;
+use tokio::sync::watch;
+
+pub use desired::Desired;
+pub use error::AgentError;
+pub use supervisor::{Supervisor, SupervisorConfig};
+
+/// Everything an agent needs to know about itself.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// The node's name (unique in the cluster).
+    pub node: String,
+    /// The API server, e.g. `http://127.0.0.1:9770`.
+    pub server: String,
+    /// Where the desired-state cache lives.
+    pub data_dir: PathBuf,
+    pub cpu: Cpu,
+    pub memory: Memory,
+    pub arch: String,
+    pub zone: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    /// The address instances on this node are reached at.
+    pub address: String,
+    /// Where the agent's own API (logs, exec) listens; port 0 picks one.
+    pub listen: SocketAddr,
+    pub supervisor: SupervisorConfig,
+    /// How often instances are checked even when nothing changes.
+    pub tick: Duration,
+    /// Extra environment for every instance.
+    pub base_env: BTreeMap<String, String>,
+    /// Stop and remove every instance when the agent stops (`cca dev`);
+    /// a production agent leaves workloads running.
+    pub stop_instances_on_exit: bool,
+}
+
+/// Reports are re-sent this often even when nothing changed, so a server
+/// that lost them (restart, failover) hears again.
+const REPORT_REFRESH: Duration = Duration::from_secs(30);
+
+/// Runs the agent until `shutdown` turns true.
+pub async fn run(
+    config: AgentConfig,
+    runtime: Arc<dyn Runtime>,
+    shutdown: watch::Receiver<bool>,
+) -> Result<(), AgentError> {
+    std::fs::create_dir_all(&config.data_dir).map_err(|err| AgentError::Cache {
+        path: config.data_dir.clone(),
+        problem: format!("cannot create the data directory: {err}"),
+    })?;
+    let cached = Desired::load(&config.data_dir)?;
+    let (agent_url, server) =
+        serve_agent_api(&config, Arc::clone(&runtime), shutdown.clone()).await?;
+    let client = Client::new(&config.server);
+    let (desired, mut desired_changes) = watch::channel(Arc::new(cached));
+    let (connected, _) = watch::channel(false);
+    let mut tasks = tokio::task::JoinSet::new();
+    tasks.spawn(link::keep_registered(
+        client.clone(),
+        register_request(&config, agent_url),
+        connected,
+        shutdown.clone(),
+    ));
+    tasks.spawn(link::follow_assignments(
+        client.clone(),
+        config.node.clone(),
+        config.data_dir.clone(),
+        desired,
+        shutdown.clone(),
+    ));
+    let mut supervisor = Supervisor::new(
+        &config.node,
+        &config.address,
+        runtime,
+        config.supervisor.clone(),
+        config.base_env.clone(),
+    );
+    let mut reporter = Reporter::new(client, config.node.clone());
+    let mut stop = shutdown;
+    loop {
+        let current = Arc::clone(&desired_changes.borrow_and_update());
+        let tick = supervisor.tick(&current).await;
+        reporter.report(tick).await;
+        tokio::select! {
+            _ = tokio::time::sleep(config.tick) => {}
+            _ = desired_changes.changed() => {}
+            _ = stop.wait_for(|stop| *stop) => break,
+        }
+    }
+    if config.stop_instances_on_exit {
+        supervisor.stop_all().await;
+    }
+    tasks.shutdown().await;
+    let _ = server.await;
+    Ok(())
+}
+
+async fn serve_agent_api(
+    config: &AgentConfig,
+    runtime: Arc<dyn Runtime>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<(String, tokio::task::JoinHandle<()>), AgentError> {
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|err| AgentError::Listen {
+            address: config.listen.to_string(),
+            problem: err.to_string(),
+        })?;
+    let port = listener
+        .local_addr()
+        .map_err(|err| AgentError::Listen {
+            address: config.listen.to_string(),
+            problem: err.to_string(),
+        })?
+        .port();
+    let router = serve::router(runtime);
+    let server = tokio::spawn(async move {
+        let stopped = async move {
+            let _ = shutdown.wait_for(|stop| *stop).await;
+        };
+        if let Err(error) = axum::serve(listener, router)
+            .with_graceful_shutdown(stopped)
+            .await
+        {
+            tracing::error!(%error, "the agent API stopped");
+        }
+    });
+    Ok((format!("http://{}:{port}", config.address), server))
+}
+
+fn register_request(config: &AgentConfig, agent_url: String) -> RegisterRequest {
+    RegisterRequest {
+        name: config.node.clone(),
+        cpu: config.cpu,
+        memory: config.memory,
+        arch: config.arch.clone(),
+        zone: config.zone.clone(),
+        labels: config.labels.clone(),
+        addresses: vec![config.address.clone()],
+        agent_url: Some(agent_url),
+    }
+}
+
+/// Sends observed statuses that changed (and all of them periodically),
+/// and forgets instances removed as orphans.
+struct Reporter {
+    client: Client,
+    node: String,
+    sent: HashMap<String, InstanceStatus>,
+    refreshed: tokio::time::Instant,
+}
+
+impl Reporter {
+    fn new(client: Client, node: String) -> Self {
+        Self {
+            client,
+            node,
+            sent: HashMap::new(),
+            refreshed: tokio::time::Instant::now(),
+        }
+    }
+
+    async fn report(&mut self, tick: supervisor::Tick) {
+        if self.refreshed.elapsed() >= REPORT_REFRESH {
+            self.sent.clear();
+            self.refreshed = tokio::time::Instant::now();
+        }
+        for mut status in tick.statuses {
+            if self.sent.get(&status.id) == Some(&status) {
+                continue;
+            }
+            let unchanged = status.clone();
+            status.updated_at = now_millis();
+            match self.client.report(&self.node, &status).await {
+                Ok(_) => {
+                    self.sent.insert(unchanged.id.clone(), unchanged);
+                }
+                Err(error) if error.status().is_some() => {
+                    tracing::debug!(instance = %status.id, %error, "report refused");
+                    self.sent.insert(unchanged.id.clone(), unchanged);
+                }
+                Err(error) => {
+                    tracing::debug!(%error, "reporting failed; the API is unreachable");
+                    return;
+                }
+            }
+        }
+        for id in tick.removed {
+            self.sent.remove(&id);
+            if let Err(error) = self.client.forget_instance(&self.node, &id).await {
+                tracing::debug!(instance = %id, %error, "forgetting the observed record failed");
+            }
+        }
+    }
+}
+
+fn now_millis() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
+        })
+}

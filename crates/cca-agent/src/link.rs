@@ -1,0 +1,146 @@
+//! The agent's link to the control plane, through the API only: register
+//! the node and keep its heartbeat lease alive (registering again when the
+//! lease is gone), and follow the node's assignment stream into the cached
+//! [`Desired`] state. Every loop retries with backoff while the API is
+//! unreachable; the supervisor keeps working from the cache meanwhile.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cca_api::Client;
+use cca_api::types::RegisterRequest;
+use tokio::sync::watch;
+
+use crate::desired::{Applied, Desired};
+
+/// Delay between attempts while the API is unreachable: 100 ms doubling
+/// to 5 s, jittered.
+#[derive(Debug)]
+pub(crate) struct Retry {
+    step: Duration,
+}
+
+impl Retry {
+    const FIRST: Duration = Duration::from_millis(100);
+    const MAX: Duration = Duration::from_secs(5);
+
+    pub(crate) fn new() -> Self {
+        Self { step: Self::FIRST }
+    }
+
+    pub(crate) fn reset(&mut self) {
+        self.step = Self::FIRST;
+    }
+
+    pub(crate) async fn wait(&mut self) {
+        let step = self.step;
+        self.step = (self.step * 2).min(Self::MAX);
+        tokio::time::sleep(step / 2 + (step / 2).mul_f64(fastrand::f64())).await;
+    }
+}
+
+/// Registers the node and keeps its lease alive until `stop`.
+pub(crate) async fn keep_registered(
+    client: Client,
+    request: RegisterRequest,
+    connected: watch::Sender<bool>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut retry = Retry::new();
+    loop {
+        let registration = tokio::select! {
+            registration = client.register(&request) => registration,
+            _ = stop.wait_for(|stop| *stop) => return,
+        };
+        let reply = match registration {
+            Ok(reply) => reply,
+            Err(error) => {
+                tracing::warn!(%error, "registering the node failed; retrying");
+                let _ = connected.send(false);
+                retry.wait().await;
+                continue;
+            }
+        };
+        retry.reset();
+        let _ = connected.send(true);
+        tracing::info!(node = %request.name, lease = reply.lease_id, "registered");
+        let period = Duration::from_secs(reply.ttl_secs.max(1)) / 3;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(period) => {}
+                _ = stop.wait_for(|stop| *stop) => return,
+            }
+            match client.heartbeat(&request.name, reply.lease_id).await {
+                Ok(_) => {
+                    let _ = connected.send(true);
+                }
+                Err(error) if error.status() == Some(409) || error.status() == Some(404) => {
+                    tracing::warn!(%error, "the node's lease is gone; registering again");
+                    break;
+                }
+                Err(error) => {
+                    let _ = connected.send(false);
+                    tracing::warn!(%error, "heartbeat failed");
+                }
+            }
+        }
+    }
+}
+
+/// Follows the node's assignments into `desired`, caching each change on
+/// disk under `dir`, until `stop`.
+pub(crate) async fn follow_assignments(
+    client: Client,
+    node: String,
+    dir: PathBuf,
+    desired: watch::Sender<Arc<Desired>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut retry = Retry::new();
+    let mut resume_from = 0;
+    loop {
+        let stream = tokio::select! {
+            stream = client.assignments(&node, resume_from) => stream,
+            _ = stop.wait_for(|stop| *stop) => return,
+        };
+        let mut stream = match stream {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::debug!(%error, "assignment stream unavailable; retrying");
+                retry.wait().await;
+                continue;
+            }
+        };
+        loop {
+            let line = tokio::select! {
+                line = stream.next() => line,
+                _ = stop.wait_for(|stop| *stop) => return,
+            };
+            let line = match line {
+                Some(Ok(line)) => line,
+                Some(Err(error)) => {
+                    tracing::warn!(%error, "assignment stream broke; reconnecting");
+                    break;
+                }
+                None => break,
+            };
+            retry.reset();
+            let mut next = Desired::clone(&desired.borrow());
+            match next.apply(line) {
+                Applied::Resnapshot => {
+                    resume_from = 0;
+                    break;
+                }
+                Applied::Changed => {
+                    resume_from = next.revision + 1;
+                    if let Err(error) = next.save(&dir) {
+                        tracing::error!(%error, "caching the desired state failed");
+                    }
+                    desired.send_replace(Arc::new(next));
+                }
+            }
+        }
+        retry.wait().await;
+    }
+}

@@ -1,0 +1,118 @@
+//! The agent's own small HTTP API, for the API server to proxy `cca logs`
+//! and `cca exec` to: `GET /v1/instances/{id}/logs?tail&follow` streams
+//! output lines as text; `POST /v1/instances/{id}/exec` runs a command in
+//! the instance's context. Errors are JSON `{"error": "..."}`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use cca_api::types::{ExecCommand, ExecResult};
+use cca_runtime::{ExecRequest, InstanceState, LogOptions, Runtime};
+use serde::Deserialize;
+
+/// Longest exec timeout accepted.
+const MAX_EXEC_TIMEOUT: Duration = Duration::from_secs(3600);
+
+#[derive(Debug, Deserialize)]
+struct LogQuery {
+    tail: Option<usize>,
+    #[serde(default)]
+    follow: bool,
+}
+
+/// The agent API's routes over a runtime.
+pub fn router(runtime: Arc<dyn Runtime>) -> axum::Router {
+    axum::Router::new()
+        .route("/v1/instances/{id}/logs", get(logs))
+        .route("/v1/instances/{id}/exec", post(exec))
+        .with_state(runtime)
+}
+
+fn error(status: StatusCode, message: String) -> Response {
+    (status, Json(serde_json::json!({ "error": message }))).into_response()
+}
+
+async fn logs(
+    State(runtime): State<Arc<dyn Runtime>>,
+    Path(id): Path<String>,
+    Query(query): Query<LogQuery>,
+) -> Response {
+    if let Err(err) = runtime.inspect(&id).await {
+        return error(
+            StatusCode::NOT_FOUND,
+            format!("instance `{id}` is not on this node: {err}"),
+        );
+    }
+    let options = LogOptions {
+        tail: query.tail,
+        follow: query.follow,
+    };
+    let stream = match runtime.logs(&id, options).await {
+        Ok(stream) => stream,
+        Err(err) => return error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
+    };
+    let (sender, receiver) = tokio::sync::mpsc::channel::<Result<String, std::io::Error>>(64);
+    tokio::spawn(async move {
+        let mut stream = stream;
+        while let Some(line) = stream.next_line().await {
+            let chunk = line.map(|line| line + "\n").map_err(std::io::Error::other);
+            if sender.send(chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut receiver = receiver;
+    let body = Body::from_stream(futures_util::stream::poll_fn(move |context| {
+        receiver.poll_recv(context)
+    }));
+    ([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], body).into_response()
+}
+
+async fn exec(
+    State(runtime): State<Arc<dyn Runtime>>,
+    Path(id): Path<String>,
+    Json(command): Json<ExecCommand>,
+) -> Response {
+    let status = match runtime.inspect(&id).await {
+        Ok(status) => status,
+        Err(err) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                format!("instance `{id}` is not on this node: {err}"),
+            );
+        }
+    };
+    if status.state != InstanceState::Running {
+        return error(
+            StatusCode::CONFLICT,
+            format!("instance `{id}` is {}, not running", status.state),
+        );
+    }
+    if command.argv.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "exec needs a command (argv is empty)".to_owned(),
+        );
+    }
+    let timeout = Duration::from_millis(command.timeout_ms).min(MAX_EXEC_TIMEOUT);
+    match runtime
+        .exec(&id, ExecRequest::new(command.argv, timeout))
+        .await
+    {
+        Ok(output) => Json(ExecResult {
+            code: output.code,
+            signal: output.signal,
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+            timed_out: output.timed_out,
+        })
+        .into_response(),
+        Err(err) => error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string()),
+    }
+}

@@ -1,0 +1,587 @@
+//! The supervisor: every tick it compares the node's assignments with what
+//! the runtime runs and acts — start what is missing (init steps first),
+//! restart what crashed with exponential backoff until a threshold marks it
+//! failed, restart what fails its health check, stop what the scheduler
+//! stops, remove orphans nobody claims — then describes every instance as
+//! an observed status. Instances started by an earlier agent process are
+//! adopted as they are (same pid), never restarted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cca_api::types::Assignment;
+use cca_model::cluster::{ExitInfo, InstanceState, InstanceStatus};
+use cca_model::spec::{Probe, ServiceSpec, Workload};
+use cca_runtime::{
+    ExitReason, InstanceSpec, InstanceState as RtState, InstanceStatus as RtStatus, LogOptions,
+    PortBinding, Runtime,
+};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::desired::Desired;
+use crate::health::{self, HealthTracker, ProbeTarget};
+
+/// How hard the supervisor tries.
+#[derive(Clone, Debug)]
+pub struct SupervisorConfig {
+    /// Consecutive crashes (each within `stable_after` of its start) after
+    /// which an instance is reported failed and left alone.
+    pub restart_threshold: u32,
+    /// First restart delay; doubles per consecutive crash.
+    pub backoff_base: Duration,
+    pub backoff_max: Duration,
+    /// A run this long resets the crash streak.
+    pub stable_after: Duration,
+    /// SIGTERM → SIGKILL grace when stopping.
+    pub stop_grace: Duration,
+    /// Lines of output kept with a crash report.
+    pub log_tail: usize,
+}
+
+impl Default for SupervisorConfig {
+    fn default() -> Self {
+        Self {
+            restart_threshold: 5,
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(30),
+            stable_after: Duration::from_secs(30),
+            stop_grace: Duration::from_secs(10),
+            log_tail: 20,
+        }
+    }
+}
+
+/// What the supervisor remembers about one instance between ticks.
+#[derive(Debug)]
+struct Record {
+    restarts: u32,
+    crash_streak: u32,
+    next_start_at: Option<Instant>,
+    failed: Option<String>,
+    last_exit: Option<ExitInfo>,
+    /// The start time of the run whose end was last handled.
+    handled_run: Option<i64>,
+    health: HealthTracker,
+}
+
+impl Record {
+    fn new(now: Instant) -> Self {
+        Self {
+            restarts: 0,
+            crash_streak: 0,
+            next_start_at: None,
+            failed: None,
+            last_exit: None,
+            handled_run: None,
+            health: HealthTracker::new(now),
+        }
+    }
+}
+
+/// Supervises every instance placed on one node.
+#[derive(Debug)]
+pub struct Supervisor {
+    node: String,
+    /// Where this node's instances are reachable (reported as their address).
+    address: String,
+    runtime: Arc<dyn Runtime>,
+    config: SupervisorConfig,
+    /// Extra environment for every instance (e.g. a PATH holding `cca`).
+    base_env: BTreeMap<String, String>,
+    records: HashMap<String, Record>,
+    starting: HashMap<String, JoinHandle<Result<(), String>>>,
+}
+
+/// The outcome of one tick.
+#[derive(Debug, Default)]
+pub struct Tick {
+    /// The observed status of every assigned instance.
+    pub statuses: Vec<InstanceStatus>,
+    /// Instances removed as orphans: their observed records should go.
+    pub removed: Vec<String>,
+}
+
+impl Supervisor {
+    pub fn new(
+        node: impl Into<String>,
+        address: impl Into<String>,
+        runtime: Arc<dyn Runtime>,
+        config: SupervisorConfig,
+        base_env: BTreeMap<String, String>,
+    ) -> Self {
+        Self {
+            node: node.into(),
+            address: address.into(),
+            runtime,
+            config,
+            base_env,
+            records: HashMap::new(),
+            starting: HashMap::new(),
+        }
+    }
+
+    /// One pass: act on every difference, then describe every instance.
+    pub async fn tick(&mut self, desired: &Desired) -> Tick {
+        let now = Instant::now();
+        self.collect_finished_starts().await;
+        let actual = self.actual().await;
+        for (id, assignment) in &desired.assignments {
+            self.converge(id, assignment, actual.get(id), now).await;
+        }
+        let mut tick = Tick::default();
+        if desired.known {
+            for id in actual
+                .keys()
+                .filter(|id| !desired.assignments.contains_key(*id))
+            {
+                if self.remove_orphan(id).await {
+                    tick.removed.push(id.clone());
+                }
+            }
+        }
+        let actual = self.actual().await;
+        self.probe_health(desired, &actual).await;
+        for (id, assignment) in &desired.assignments {
+            tick.statuses.push(self.status(assignment, actual.get(id)));
+        }
+        tick
+    }
+
+    /// Stops every instance (used by `cca dev` on exit); agents normally
+    /// leave workloads running when they stop.
+    pub async fn stop_all(&mut self) {
+        for handle in self.starting.values() {
+            handle.abort();
+        }
+        let actual = self.actual().await;
+        for (id, status) in actual {
+            if status.state == RtState::Running
+                && let Err(error) = self.runtime.stop(&id, self.config.stop_grace).await
+            {
+                tracing::warn!(instance = %id, %error, "stopping failed");
+            }
+            if let Err(error) = self.runtime.remove(&id).await {
+                tracing::warn!(instance = %id, %error, "removing failed");
+            }
+        }
+    }
+
+    async fn actual(&self) -> BTreeMap<String, RtStatus> {
+        match self.runtime.list().await {
+            Ok(list) => list
+                .into_iter()
+                .map(|status| (status.id.clone(), status))
+                .collect(),
+            Err(error) => {
+                tracing::warn!(%error, "listing the runtime's instances failed");
+                BTreeMap::new()
+            }
+        }
+    }
+
+    async fn collect_finished_starts(&mut self) {
+        let finished: Vec<String> = self
+            .starting
+            .iter()
+            .filter(|(_, handle)| handle.is_finished())
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in finished {
+            let Some(handle) = self.starting.remove(&id) else {
+                continue;
+            };
+            let outcome = handle
+                .await
+                .unwrap_or_else(|err| Err(format!("start task failed: {err}")));
+            if let Err(problem) = outcome {
+                tracing::warn!(instance = %id, %problem, "start failed");
+                let record = self
+                    .records
+                    .entry(id.clone())
+                    .or_insert_with(|| Record::new(Instant::now()));
+                record.failed = Some(problem);
+            }
+        }
+    }
+
+    async fn converge(
+        &mut self,
+        id: &str,
+        assignment: &Assignment,
+        actual: Option<&RtStatus>,
+        now: Instant,
+    ) {
+        if self.starting.contains_key(id) {
+            return;
+        }
+        let record = self
+            .records
+            .entry(id.to_owned())
+            .or_insert_with(|| Record::new(now));
+        if assignment.instance.stopping {
+            if actual.is_some_and(|status| status.state == RtState::Running)
+                && let Err(error) = self.runtime.stop(id, self.config.stop_grace).await
+            {
+                tracing::warn!(instance = %id, %error, "stop failed");
+            }
+            return;
+        }
+        if record.failed.is_some() {
+            return;
+        }
+        match actual.map(|status| status.state) {
+            None => self.begin_start(id, assignment),
+            Some(RtState::Created) => self.begin_start(id, assignment),
+            Some(RtState::Running) => {
+                if record.health.healthy == Some(false) {
+                    let reason = record.health.last_failure.clone().unwrap_or_default();
+                    tracing::warn!(instance = %id, %reason, "unhealthy; restarting");
+                    record.health = HealthTracker::new(now);
+                    if let Err(error) = self.runtime.stop(id, self.config.stop_grace).await {
+                        tracing::warn!(instance = %id, %error, "stopping an unhealthy instance failed");
+                    }
+                }
+            }
+            Some(RtState::Exited) => {
+                if let Some(status) = actual {
+                    self.handle_exit(id, status, now).await;
+                }
+            }
+        }
+    }
+
+    /// A run ended: remember how, then restart after a backoff, or give up
+    /// after too many quick crashes.
+    async fn handle_exit(&mut self, id: &str, status: &RtStatus, now: Instant) {
+        let tail = self.log_tail(id).await;
+        let config = self.config.clone();
+        let Some(record) = self.records.get_mut(id) else {
+            return;
+        };
+        if record.handled_run != status.started_at_ms {
+            record.handled_run = status.started_at_ms;
+            record.last_exit = status.exit.as_ref().map(|exit| model_exit(exit, tail));
+            let ran_for = match (status.started_at_ms, status.exit.as_ref()) {
+                (Some(start), Some(exit)) => {
+                    Duration::from_millis(u64::try_from(exit.finished_at_ms - start).unwrap_or(0))
+                }
+                _ => Duration::ZERO,
+            };
+            record.crash_streak = if ran_for >= config.stable_after {
+                1
+            } else {
+                record.crash_streak + 1
+            };
+            if record.crash_streak >= config.restart_threshold {
+                let exit = status
+                    .exit
+                    .as_ref()
+                    .map_or_else(|| "exited".to_owned(), ToString::to_string);
+                record.failed = Some(format!(
+                    "{exit}; gave up after {} consecutive crashes",
+                    record.crash_streak
+                ));
+                return;
+            }
+            let backoff =
+                config.backoff_base * 2u32.saturating_pow(record.crash_streak.saturating_sub(1));
+            record.next_start_at = Some(now + backoff.min(config.backoff_max));
+            record.health = HealthTracker::new(now);
+        }
+        if record.next_start_at.is_some_and(|at| at <= now) {
+            record.next_start_at = None;
+            record.restarts += 1;
+            if let Err(error) = self.runtime.start(id).await {
+                record.failed = Some(format!("restart failed: {error}"));
+            }
+        }
+    }
+
+    /// Creates (when needed), runs init steps, and starts, in the background.
+    fn begin_start(&mut self, id: &str, assignment: &Assignment) {
+        let spec = match self.instance_spec(assignment) {
+            Ok(spec) => spec,
+            Err(problem) => {
+                if let Some(record) = self.records.get_mut(id) {
+                    record.failed = Some(problem);
+                }
+                return;
+            }
+        };
+        let init = assignment
+            .spec
+            .as_ref()
+            .map(|service| service.init.clone())
+            .unwrap_or_default();
+        let runtime = Arc::clone(&self.runtime);
+        let task = tokio::spawn(async move { start_instance(runtime, spec, init).await });
+        self.starting.insert(id.to_owned(), task);
+    }
+
+    /// The runtime spec of an assignment.
+    fn instance_spec(&self, assignment: &Assignment) -> Result<InstanceSpec, String> {
+        let instance = &assignment.instance;
+        let service = assignment.spec.as_ref().ok_or_else(|| {
+            format!(
+                "service `{}` has no spec (being deleted?)",
+                instance.service
+            )
+        })?;
+        let command = match &service.workload {
+            Workload::Process { run } => run.clone(),
+            Workload::Image { image, .. } => {
+                return Err(format!(
+                    "image `{image}` needs a container runtime; this agent runs host processes only"
+                ));
+            }
+        };
+        let mut spec = InstanceSpec::new(&instance.id, &instance.service, command);
+        spec.node = self.node.clone();
+        spec.env = self.base_env.clone();
+        // Instances of nodes sharing a host (tests, several agents on one
+        // machine) bind their node's address, not every address.
+        spec.env
+            .insert("CCA_ADDRESS".to_owned(), self.address.clone());
+        spec.env.extend(service.env.clone());
+        spec.ports = port_bindings(service, &instance.host_ports)?;
+        spec.cpu_millis = service.resources.cpu.map(|cpu| cpu.0);
+        spec.memory_bytes = service.resources.memory.map(|memory| memory.0);
+        Ok(spec)
+    }
+
+    async fn remove_orphan(&mut self, id: &str) -> bool {
+        if let Some(task) = self.starting.remove(id) {
+            task.abort();
+        }
+        self.records.remove(id);
+        let stopped = self.runtime.stop(id, self.config.stop_grace).await;
+        if let Err(error) = stopped.and(self.runtime.remove(id).await) {
+            tracing::warn!(instance = %id, %error, "removing an orphan failed");
+            return false;
+        }
+        tracing::info!(instance = %id, "removed an instance no assignment claims");
+        true
+    }
+
+    async fn log_tail(&self, id: &str) -> Vec<String> {
+        let options = LogOptions {
+            tail: Some(self.config.log_tail),
+            follow: false,
+        };
+        match self.runtime.logs(id, options).await {
+            Ok(stream) => stream.collect().await.unwrap_or_default(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    async fn probe_health(&mut self, desired: &Desired, actual: &BTreeMap<String, RtStatus>) {
+        let now = Instant::now();
+        let mut probes = tokio::task::JoinSet::new();
+        for (id, assignment) in &desired.assignments {
+            let Some(check) = assignment
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.health.clone())
+            else {
+                continue;
+            };
+            let running = actual
+                .get(id)
+                .is_some_and(|status| status.state == RtState::Running);
+            let Some(record) = self.records.get(id) else {
+                continue;
+            };
+            if !running || record.health.next_probe_at > now || assignment.instance.stopping {
+                continue;
+            }
+            let target = probe_target(&check.probe, assignment, &self.address);
+            let runtime = Arc::clone(&self.runtime);
+            let id = id.clone();
+            probes.spawn(async move {
+                let result = health::probe(&check, target, &runtime, &id).await;
+                (id, check, result)
+            });
+        }
+        while let Some(Ok((id, check, result))) = probes.join_next().await {
+            if let Some(record) = self.records.get_mut(&id) {
+                record.health.record(&check, result, Instant::now());
+            }
+        }
+    }
+
+    /// The observed status of one assigned instance.
+    fn status(&self, assignment: &Assignment, actual: Option<&RtStatus>) -> InstanceStatus {
+        let instance = &assignment.instance;
+        let record = self.records.get(&instance.id);
+        let has_health = assignment
+            .spec
+            .as_ref()
+            .is_some_and(|spec| spec.health.is_some());
+        let healthy = record.and_then(|record| record.health.healthy);
+        let running = actual.is_some_and(|status| status.state == RtState::Running);
+        let (state, message) =
+            if let Some(problem) = record.and_then(|record| record.failed.clone()) {
+                (InstanceState::Failed, Some(problem))
+            } else if instance.stopping {
+                (
+                    if running {
+                        InstanceState::Stopping
+                    } else {
+                        InstanceState::Stopped
+                    },
+                    None,
+                )
+            } else if self.starting.contains_key(&instance.id) {
+                (InstanceState::Starting, None)
+            } else {
+                match actual.map(|status| status.state) {
+                    None => (InstanceState::Pending, None),
+                    Some(RtState::Created) => (InstanceState::Starting, None),
+                    Some(RtState::Running) if has_health && healthy != Some(true) => (
+                        InstanceState::Starting,
+                        record.and_then(|record| record.health.last_failure.clone()),
+                    ),
+                    Some(RtState::Running) => (InstanceState::Running, None),
+                    Some(RtState::Exited) => (InstanceState::Restarting, None),
+                }
+            };
+        InstanceStatus {
+            id: instance.id.clone(),
+            service: instance.service.clone(),
+            node: self.node.clone(),
+            state,
+            healthy: if has_health { healthy } else { None },
+            pid: actual.filter(|_| running).and_then(|status| status.pid),
+            address: Some(self.address.clone()),
+            host_ports: instance.host_ports.clone(),
+            restarts: record.map_or(0, |record| record.restarts),
+            last_exit: record.and_then(|record| record.last_exit.clone()),
+            message,
+            updated_at: 0,
+        }
+    }
+}
+
+/// Creates the instance if needed, runs its init steps to completion in
+/// order, then starts it.
+async fn start_instance(
+    runtime: Arc<dyn Runtime>,
+    spec: InstanceSpec,
+    init: Vec<cca_model::spec::InitStep>,
+) -> Result<(), String> {
+    let id = spec.id.clone();
+    match runtime.inspect(&id).await {
+        Ok(_) => {}
+        Err(_) => {
+            runtime
+                .create(spec.clone())
+                .await
+                .map_err(|err| err.to_string())?;
+        }
+    }
+    for step in init {
+        run_init_step(&runtime, &spec, &step).await?;
+    }
+    runtime.start(&id).await.map_err(|err| err.to_string())
+}
+
+/// Runs one init step as a short-lived instance of its own, with the main
+/// instance's environment and ports, and waits for it to exit 0.
+async fn run_init_step(
+    runtime: &Arc<dyn Runtime>,
+    main: &InstanceSpec,
+    step: &cca_model::spec::InitStep,
+) -> Result<(), String> {
+    let Some(command) = &step.command else {
+        return Ok(());
+    };
+    let id = format!("{}.init-{}", main.id, step.name);
+    let mut spec = main.clone();
+    spec.id = id.clone();
+    spec.command = command.clone();
+    let _ = runtime.remove(&id).await;
+    runtime
+        .create(spec)
+        .await
+        .map_err(|err| format!("init step `{}`: {err}", step.name))?;
+    runtime
+        .start(&id)
+        .await
+        .map_err(|err| format!("init step `{}`: {err}", step.name))?;
+    let exit = loop {
+        match runtime.inspect(&id).await {
+            Ok(status) if status.state == RtState::Exited => break status.exit,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(err) => return Err(format!("init step `{}`: {err}", step.name)),
+        }
+    };
+    let _ = runtime.remove(&id).await;
+    match exit {
+        Some(exit) if exit.code == Some(0) => Ok(()),
+        Some(exit) => Err(format!("init step `{}` {exit}", step.name)),
+        None => Err(format!(
+            "init step `{}` ended without an exit status",
+            step.name
+        )),
+    }
+}
+
+/// The host port of each service port, in declaration order.
+fn port_bindings(
+    service: &ServiceSpec,
+    host_ports: &BTreeMap<String, u16>,
+) -> Result<Vec<PortBinding>, String> {
+    service
+        .ports
+        .iter()
+        .map(|port| {
+            let name = port.name.clone().unwrap_or_else(|| port.number.to_string());
+            let host_port = *host_ports
+                .get(&name)
+                .ok_or_else(|| format!("no host port was assigned for port `{name}`"))?;
+            Ok(PortBinding { name, host_port })
+        })
+        .collect()
+}
+
+/// Where an HTTP or TCP probe connects: the host port bound to the probe's
+/// service port (or the port itself when the service does not declare it).
+fn probe_target(probe: &Probe, assignment: &Assignment, address: &str) -> Option<ProbeTarget> {
+    let port = match probe {
+        Probe::Http { port, .. } | Probe::Tcp { port } => *port,
+        Probe::Exec { .. } => return None,
+    };
+    let service = assignment.spec.as_ref()?;
+    let host_port = service
+        .ports
+        .iter()
+        .find(|spec| spec.number == port)
+        .and_then(|spec| {
+            let name = spec.name.clone().unwrap_or_else(|| spec.number.to_string());
+            assignment.instance.host_ports.get(&name).copied()
+        })
+        .unwrap_or(port);
+    Some(ProbeTarget {
+        address: address.to_owned(),
+        port: host_port,
+    })
+}
+
+fn model_exit(exit: &cca_runtime::ExitInfo, log_tail: Vec<String>) -> ExitInfo {
+    let reason = match &exit.reason {
+        ExitReason::Exited => "exited",
+        ExitReason::Stopped => "stopped",
+        ExitReason::OutOfMemory { .. } => "oom_killed",
+        ExitReason::AgentAway => "ended_while_agent_away",
+        ExitReason::FailedToStart { .. } => "start_failed",
+    };
+    ExitInfo {
+        code: exit.code,
+        signal: exit.signal,
+        reason: reason.to_owned(),
+        at: exit.finished_at_ms,
+        log_tail,
+    }
+}

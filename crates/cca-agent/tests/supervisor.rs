@@ -1,0 +1,257 @@
+//! The supervisor against the recording fake runtime: it starts what is
+//! assigned (with ports and environment), restarts crashes with backoff and
+//! gives up after the threshold with the exit code and log tail, stops what
+//! the scheduler stops, adopts instances an earlier agent left running,
+//! removes orphans only once the assignments are known, and refuses what
+//! it cannot run with a reason.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cca_agent::desired::Desired;
+use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
+use cca_api::types::Assignment;
+use cca_model::cluster::{Instance, InstanceState};
+use cca_model::spec::{
+    Cpu, Memory, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy, Workload,
+};
+use cca_runtime::fake::{Call, FakeRuntime};
+use cca_runtime::{InstanceSpec, Runtime};
+
+fn service(workload: Workload) -> ServiceSpec {
+    ServiceSpec {
+        name: "web".into(),
+        workload,
+        replicas: 1,
+        ports: vec![PortSpec {
+            name: Some("http".into()),
+            number: 8080,
+            protocol: Protocol::Tcp,
+        }],
+        env: BTreeMap::from([("GREETING".into(), "hi".into())]),
+        resources: Resources::default(),
+        health: None,
+        placement: Placement::default(),
+        connections: Vec::new(),
+        volumes: Vec::new(),
+        init: Vec::new(),
+        update: UpdateStrategy::default(),
+        budget: None,
+        autoscale: None,
+        stateful: false,
+        scale_to_zero: None,
+    }
+}
+
+fn assignment(id: &str, workload: Workload, stopping: bool) -> Assignment {
+    Assignment {
+        instance: Instance {
+            id: id.into(),
+            service: "web".into(),
+            node: "n1".into(),
+            ordinal: None,
+            spec_hash: "h".into(),
+            cpu: Cpu(0),
+            memory: Memory(0),
+            host_ports: BTreeMap::from([("http".into(), 20001)]),
+            created_at: 0,
+            stopping,
+            replaces: None,
+            failures: Vec::new(),
+        },
+        spec: Some(service(workload)),
+    }
+}
+
+fn run(command: &str) -> Workload {
+    Workload::Process {
+        run: command.into(),
+    }
+}
+
+fn desired(assignments: Vec<Assignment>) -> Desired {
+    Desired {
+        revision: 1,
+        known: true,
+        assignments: assignments
+            .into_iter()
+            .map(|a| (a.instance.id.clone(), a))
+            .collect(),
+    }
+}
+
+fn supervisor(fake: &Arc<FakeRuntime>) -> Supervisor {
+    let config = SupervisorConfig {
+        restart_threshold: 3,
+        backoff_base: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(40),
+        stable_after: Duration::from_secs(30),
+        stop_grace: Duration::from_millis(100),
+        log_tail: 5,
+    };
+    let runtime: Arc<dyn Runtime> = Arc::clone(fake) as Arc<dyn Runtime>;
+    Supervisor::new("n1", "127.0.0.1", runtime, config, BTreeMap::new())
+}
+
+/// Ticks until `done` holds for the status of `id` (at most ~3 s).
+async fn tick_until(
+    supervisor: &mut Supervisor,
+    desired: &Desired,
+    id: &str,
+    done: impl Fn(&Tick) -> bool,
+) -> Tick {
+    for _ in 0..300 {
+        let tick = supervisor.tick(desired).await;
+        if done(&tick) {
+            return tick;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{id} never reached the expected state");
+}
+
+fn state_of(tick: &Tick, id: &str) -> Option<InstanceState> {
+    tick.statuses.iter().find(|s| s.id == id).map(|s| s.state)
+}
+
+#[tokio::test]
+async fn an_assigned_instance_is_created_with_its_ports_and_env_and_started() {
+    let fake = Arc::new(FakeRuntime::new());
+    let mut supervisor = supervisor(&fake);
+    let desired = desired(vec![assignment("web-1", run("cca whoami"), false)]);
+    let tick = tick_until(&mut supervisor, &desired, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Running)
+    })
+    .await;
+    let created = fake.calls().into_iter().find_map(|call| match call {
+        Call::Create(spec) => Some(spec),
+        _ => None,
+    });
+    let created = created.expect("a create call");
+    assert_eq!(created.command, "cca whoami");
+    assert_eq!(created.env.get("GREETING").map(String::as_str), Some("hi"));
+    assert_eq!(
+        (created.ports[0].name.as_str(), created.ports[0].host_port),
+        ("http", 20001)
+    );
+    let status = &tick.statuses[0];
+    assert_eq!(
+        (status.node.as_str(), status.host_ports.get("http")),
+        ("n1", Some(&20001))
+    );
+    assert!(status.pid.is_some());
+}
+
+#[tokio::test]
+async fn a_crashing_instance_is_restarted_then_reported_failed_with_its_exit_and_logs() {
+    let fake = Arc::new(FakeRuntime::new());
+    fake.exit_after_start(Some("web-1"), 3);
+    fake.set_logs("web-1", &["starting", "error: no database"]);
+    let mut supervisor = supervisor(&fake);
+    let desired = desired(vec![assignment("web-1", run("false"), false)]);
+    let tick = tick_until(&mut supervisor, &desired, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Failed)
+    })
+    .await;
+    let status = &tick.statuses[0];
+    let exit = status.last_exit.as_ref().expect("the last exit");
+    assert_eq!(exit.code, Some(3));
+    assert_eq!(exit.log_tail, ["starting", "error: no database"]);
+    assert_eq!(
+        status.restarts, 2,
+        "restarted until the threshold of 3 crashes"
+    );
+    assert!(
+        status
+            .message
+            .as_deref()
+            .unwrap_or("")
+            .contains("gave up after 3 consecutive crashes"),
+        "{status:?}"
+    );
+    let starts = fake
+        .calls()
+        .iter()
+        .filter(|call| matches!(call, Call::Start(_)))
+        .count();
+    assert_eq!(starts, 3);
+}
+
+#[tokio::test]
+async fn a_stopping_instance_is_stopped_and_reported_stopped() {
+    let fake = Arc::new(FakeRuntime::new());
+    let mut supervisor = supervisor(&fake);
+    let running = desired(vec![assignment("web-1", run("sleep 100"), false)]);
+    tick_until(&mut supervisor, &running, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Running)
+    })
+    .await;
+    let stopping = desired(vec![assignment("web-1", run("sleep 100"), true)]);
+    tick_until(&mut supervisor, &stopping, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Stopped)
+    })
+    .await;
+    assert!(
+        fake.calls()
+            .iter()
+            .any(|call| matches!(call, Call::Stop { id, .. } if id == "web-1"))
+    );
+}
+
+#[tokio::test]
+async fn an_instance_left_running_by_an_earlier_agent_is_adopted_not_restarted() {
+    let fake = Arc::new(FakeRuntime::new());
+    let pid = fake.insert_running(InstanceSpec::new("web-1", "web", "sleep 100"));
+    let mut supervisor = supervisor(&fake);
+    let desired = desired(vec![assignment("web-1", run("sleep 100"), false)]);
+    let tick = supervisor.tick(&desired).await;
+    assert_eq!(state_of(&tick, "web-1"), Some(InstanceState::Running));
+    assert_eq!(tick.statuses[0].pid, Some(pid));
+    assert!(
+        !fake
+            .calls()
+            .iter()
+            .any(|call| matches!(call, Call::Create(_) | Call::Start(_) | Call::Stop { .. })),
+        "{:?}",
+        fake.calls()
+    );
+}
+
+#[tokio::test]
+async fn orphans_are_removed_only_once_the_assignments_are_known() {
+    let fake = Arc::new(FakeRuntime::new());
+    fake.insert_running(InstanceSpec::new("old-1", "old", "sleep 100"));
+    let mut supervisor = supervisor(&fake);
+    let mut unknown = desired(Vec::new());
+    unknown.known = false;
+    let tick = supervisor.tick(&unknown).await;
+    assert!(
+        tick.removed.is_empty(),
+        "nothing heard yet: keep everything"
+    );
+    assert!(fake.status("old-1").is_some());
+    let tick = supervisor.tick(&desired(Vec::new())).await;
+    assert_eq!(tick.removed, ["old-1"]);
+    assert!(fake.status("old-1").is_none());
+}
+
+#[tokio::test]
+async fn an_image_workload_on_a_process_node_fails_with_a_reason() {
+    let fake = Arc::new(FakeRuntime::new());
+    let mut supervisor = supervisor(&fake);
+    let image = Workload::Image {
+        image: "busybox:1".into(),
+        command: None,
+    };
+    let desired = desired(vec![assignment("web-1", image, false)]);
+    let tick = supervisor.tick(&desired).await;
+    assert_eq!(state_of(&tick, "web-1"), Some(InstanceState::Failed));
+    let message = tick.statuses[0].message.clone().unwrap_or_default();
+    assert!(message.contains("needs a container runtime"), "{message}");
+    assert!(
+        fake.calls()
+            .iter()
+            .all(|call| !matches!(call, Call::Create(_)))
+    );
+}

@@ -1,0 +1,186 @@
+//! `cca agent`: runs the node agent with the host-process runtime. Wiring
+//! only — the agent lives in `cca-agent`, the runtime in `cca-runtime`.
+//! Defaults describe this machine (cpus, memory, arch, hostname).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use cca_agent::{AgentConfig, SupervisorConfig};
+use cca_model::spec::{Cpu, Memory};
+use cca_runtime::{ProcessConfig, ProcessRuntime, Runtime};
+use clap::Args;
+use tokio::sync::watch;
+
+/// `cca agent [--server URL] [--node NAME] [--data-dir DIR] …`
+#[derive(Debug, Args)]
+pub(crate) struct AgentArgs {
+    /// The API server.
+    #[arg(long, env = "CCA_SERVER", default_value = "http://127.0.0.1:9770")]
+    server: String,
+    /// This node's name (default: the hostname).
+    #[arg(long)]
+    node: Option<String>,
+    /// Where the agent keeps its desired-state cache and its instances.
+    #[arg(long, default_value = ".cca-agent")]
+    data_dir: PathBuf,
+    /// Allocatable CPU (`2`, `1500m`; default: every core).
+    #[arg(long)]
+    cpu: Option<String>,
+    /// Allocatable memory (`4Gi`; default: all of it).
+    #[arg(long)]
+    memory: Option<String>,
+    /// The node's zone, for placement.
+    #[arg(long)]
+    zone: Option<String>,
+    /// A node label for placement (`disk=ssd`); may repeat.
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    labels: Vec<String>,
+    /// The address this node's instances are reached at.
+    #[arg(long, default_value = "127.0.0.1")]
+    address: String,
+    /// Where the agent's logs/exec API listens (port 0: any).
+    #[arg(long)]
+    listen: Option<SocketAddr>,
+    /// Consecutive quick crashes after which an instance is reported failed.
+    #[arg(long, default_value_t = 5)]
+    restart_threshold: u32,
+    /// First restart delay after a crash; doubles per crash, up to 30 s.
+    #[arg(long, default_value = "1s", value_name = "DURATION")]
+    restart_backoff: String,
+}
+
+impl AgentArgs {
+    /// The agent of `cca dev`: this machine, on loopback.
+    pub(crate) fn for_dev(server: String) -> Self {
+        Self {
+            server,
+            node: None,
+            data_dir: PathBuf::new(),
+            cpu: None,
+            memory: None,
+            zone: None,
+            labels: Vec::new(),
+            address: "127.0.0.1".to_owned(),
+            listen: None,
+            restart_threshold: 5,
+            restart_backoff: "1s".to_owned(),
+        }
+    }
+}
+
+pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(async move {
+        let config = agent_config(&args, &args.data_dir)?;
+        let process = process_runtime(&args.data_dir).await?;
+        let (stop, stopping) = watch::channel(false);
+        tokio::spawn(async move {
+            crate::server_cmd::shutdown_signal().await;
+            let _ = stop.send(true);
+        });
+        cca_agent::run(config, process, stopping).await?;
+        Ok(ExitCode::SUCCESS)
+    })
+}
+
+/// The host-process runtime with its instances under `DIR/runtime`, and
+/// this binary's directory on the instances' PATH (so `cca whoami` runs).
+pub(crate) async fn process_runtime(data_dir: &std::path::Path) -> Result<Arc<dyn Runtime>> {
+    let mut config = ProcessConfig::new(data_dir.join("runtime"));
+    if let Some(path) = path_with_this_binary(config.base_env.get("PATH").map(String::as_str)) {
+        config.base_env.insert("PATH".to_owned(), path);
+    }
+    let runtime = ProcessRuntime::new(config)
+        .await
+        .with_context(|| format!("opening the process runtime in {}", data_dir.display()))?;
+    Ok(Arc::new(runtime))
+}
+
+fn path_with_this_binary(path: Option<&str>) -> Option<String> {
+    let exe = std::env::current_exe().ok()?;
+    let dir = exe.parent()?.to_str()?.to_owned();
+    Some(match path {
+        Some(path) if !path.is_empty() => format!("{dir}:{path}"),
+        _ => dir,
+    })
+}
+
+pub(crate) fn agent_config(args: &AgentArgs, data_dir: &std::path::Path) -> Result<AgentConfig> {
+    let cpu = match &args.cpu {
+        Some(text) => Cpu::parse(text).with_context(|| format!("--cpu `{text}`"))?,
+        None => Cpu(1000 * std::thread::available_parallelism().map_or(1, |n| n.get() as u64)),
+    };
+    let memory = match &args.memory {
+        Some(text) => Memory::parse(text).with_context(|| format!("--memory `{text}`"))?,
+        None => Memory(total_memory().context("reading /proc/meminfo (pass --memory)")?),
+    };
+    let mut labels = BTreeMap::new();
+    for label in &args.labels {
+        let Some((key, value)) = label.split_once('=') else {
+            bail!("--label `{label}` must be KEY=VALUE");
+        };
+        labels.insert(key.to_owned(), value.to_owned());
+    }
+    let listen = match args.listen {
+        Some(listen) => listen,
+        None => format!("{}:0", args.address)
+            .parse()
+            .with_context(|| format!("--address `{}` is not an IP address", args.address))?,
+    };
+    Ok(AgentConfig {
+        node: args
+            .node
+            .clone()
+            .unwrap_or_else(crate::server_cmd::hostname),
+        server: args.server.clone(),
+        data_dir: data_dir.to_owned(),
+        cpu,
+        memory,
+        arch: arch().to_owned(),
+        zone: args.zone.clone(),
+        labels,
+        address: args.address.clone(),
+        listen,
+        supervisor: SupervisorConfig {
+            restart_threshold: args.restart_threshold.max(1),
+            backoff_base: crate::server_cmd::duration_flag(
+                "restart-backoff",
+                &args.restart_backoff,
+            )?,
+            ..SupervisorConfig::default()
+        },
+        tick: Duration::from_millis(500),
+        base_env: BTreeMap::new(),
+        stop_instances_on_exit: false,
+    })
+}
+
+/// Go/OCI spelling of this machine's architecture.
+fn arch() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+fn total_memory() -> Result<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
+    let kib = meminfo
+        .lines()
+        .find_map(|line| line.strip_prefix("MemTotal:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .context("no MemTotal line")?;
+    Ok(kib * 1024)
+}

@@ -1,0 +1,190 @@
+//! `cca dev [FILES…]`: a whole cluster in one process for development —
+//! embedded store, controllers, API and one agent running instances as
+//! host processes, data under `--data-dir`. Applies the files, prints the
+//! instances and the URL of every running service port, keeps the status
+//! live until Ctrl-C, then stops its instances cleanly. Wiring only.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use cca_api::client::InstanceQuery;
+use cca_api::{ApiConfig, Client};
+use cca_control::controllers::SchedulerConfig;
+use cca_control::runner::RunnerConfig;
+use cca_dsl::commands::ValueOptions;
+use cca_store::Store;
+use cca_store::embedded::{Config as StoreConfig, EmbeddedStore};
+use clap::Args;
+use tokio::sync::watch;
+
+use crate::cluster_cmd::{commands::compile_files, output};
+use crate::server_cmd::{ControlPlaneSetup, control_loops, run_control_plane, shutdown_signal};
+
+/// `cca dev [--data-dir DIR] [--listen ADDR] [FILES…]`
+#[derive(Debug, Args)]
+pub(crate) struct DevArgs {
+    /// Where the store and the instances live.
+    #[arg(long, default_value = ".cca-dev")]
+    data_dir: PathBuf,
+    /// Where the API listens (the CLI's default server address).
+    #[arg(long, default_value = cca_api::DEFAULT_LISTEN)]
+    listen: SocketAddr,
+    /// A `.ccv` values file; may repeat, later files win.
+    #[arg(long = "values", value_name = "FILE")]
+    values: Vec<PathBuf>,
+    /// Set one value; overrides values files.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// `.cca` files to apply on start.
+    #[arg(value_name = "FILE")]
+    files: Vec<PathBuf>,
+}
+
+pub(crate) fn run(args: DevArgs) -> Result<ExitCode> {
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    runtime.block_on(dev(args))?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn dev(args: DevArgs) -> Result<()> {
+    let options = ValueOptions {
+        files: args.values.clone(),
+        set: args.set.clone(),
+        set_from_env: Vec::new(),
+    };
+    // Compile first: a typo should not cost a cluster start.
+    let program = compile_files(&args.files, &options)?;
+    let store = EmbeddedStore::open(StoreConfig::new(args.data_dir.join("store")))
+        .await
+        .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
+    let listener = tokio::net::TcpListener::bind(args.listen).await.with_context(|| {
+        format!("listening on {} (is another `cca dev` or `cca server` running? pick another --listen)", args.listen)
+    })?;
+    let address = listener
+        .local_addr()
+        .context("reading the listen address")?;
+    let (stop, stopping) = watch::channel(false);
+    let plane = tokio::spawn(run_control_plane(
+        dev_setup(Arc::new(store)),
+        listener,
+        stopped(stopping.clone()),
+    ));
+    let agent = start_agent(&args, address, stopping).await?;
+    let client = Client::new(&format!("http://{address}"));
+    let report = client
+        .apply(&program, false)
+        .await
+        .context("applying the files")?;
+    say(&format!(
+        "cca dev: API on http://{address}; applied {} created, {} changed, {} deleted. Ctrl-C stops everything.",
+        report.created.len(),
+        report.changed.len(),
+        report.deleted.len()
+    ));
+    tokio::select! {
+        () = live_status(&client) => {}
+        () = shutdown_signal() => {}
+    }
+    say("cca dev: stopping instances…");
+    stop.send_replace(true);
+    agent.await.context("the agent task")??;
+    plane.await.context("the control plane task")??;
+    say("cca dev: stopped");
+    Ok(())
+}
+
+async fn stopped(mut stopping: watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|stop| *stop).await;
+}
+
+/// The usual controllers, but placing at once: a dev cluster has no
+/// agents still arriving, so the startup grace would only make you wait.
+fn dev_setup(store: Arc<dyn Store>) -> ControlPlaneSetup {
+    let controllers = control_loops(SchedulerConfig {
+        startup_grace: 0,
+        ..SchedulerConfig::default()
+    });
+    let mut runner = RunnerConfig::new("cca-dev");
+    runner.leader.ttl = Duration::from_secs(5);
+    ControlPlaneSetup {
+        store,
+        controllers,
+        runner,
+        api: ApiConfig::default(),
+    }
+}
+
+async fn start_agent(
+    args: &DevArgs,
+    api: SocketAddr,
+    stopping: watch::Receiver<bool>,
+) -> Result<tokio::task::JoinHandle<Result<(), cca_agent::AgentError>>> {
+    let data_dir = args.data_dir.join("agent");
+    let agent_args = crate::agent_cmd::AgentArgs::for_dev(format!("http://{api}"));
+    let mut config = crate::agent_cmd::agent_config(&agent_args, &data_dir)?;
+    config.stop_instances_on_exit = true;
+    let runtime = crate::agent_cmd::process_runtime(&data_dir).await?;
+    Ok(tokio::spawn(cca_agent::run(config, runtime, stopping)))
+}
+
+/// Prints the instances and the URLs of running ports whenever they change.
+async fn live_status(client: &Client) {
+    let mut shown = String::new();
+    loop {
+        if let Ok(screen) = status_screen(client).await
+            && screen != shown
+        {
+            say(&screen);
+            shown = screen;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn status_screen(client: &Client) -> Result<String> {
+    let query = InstanceQuery::default();
+    let instances = client.instances(&query).await?;
+    let mut rows = Vec::new();
+    let mut urls = BTreeMap::new();
+    for instance in &instances {
+        rows.push(format!(
+            "{:<20} {:<14} {:<12} {}",
+            instance.id,
+            instance.service,
+            instance.state,
+            instance
+                .healthy
+                .map_or("-", |healthy| if healthy { "healthy" } else { "unhealthy" })
+        ));
+        if instance.state == "running" {
+            let detail = client.instance(&instance.id).await?;
+            for (port, host_port) in detail.placement.map(|p| p.host_ports).unwrap_or_default() {
+                urls.insert(
+                    format!("{}/{port} ({})", instance.service, instance.id),
+                    format!("http://127.0.0.1:{host_port}"),
+                );
+            }
+        }
+    }
+    let mut screen = format!(
+        "{:<20} {:<14} {:<12} HEALTH\n",
+        "INSTANCE", "SERVICE", "STATE"
+    );
+    for row in rows {
+        screen.push_str(&row);
+        screen.push('\n');
+    }
+    for (what, url) in urls {
+        screen.push_str(&format!("  {url}   {what}\n"));
+    }
+    Ok(screen)
+}
+
+fn say(text: &str) {
+    output::line(text.trim_end());
+}
