@@ -76,7 +76,8 @@ fn state_of(view: &View, id: &str) -> Option<InstanceState> {
 }
 
 /// Instances placed or reported, filtered. Reports whose placement is
-/// gone are listed too (they are what an agent still runs or ran).
+/// gone (what an unreachable or partitioned agent still runs or ran) count
+/// as ended: listed with `all` only, like stopped and failed instances.
 pub(crate) fn instances(view: &View, filter: &InstanceFilter) -> Vec<InstanceSummary> {
     let placed = view.instances.keys();
     let orphans = view
@@ -93,8 +94,9 @@ pub(crate) fn instances(view: &View, filter: &InstanceFilter) -> Vec<InstanceSum
 }
 
 fn keep(view: &View, row: &InstanceSummary, filter: &InstanceFilter) -> bool {
-    let ended =
-        row.state == InstanceState::Stopped.as_str() || row.state == InstanceState::Failed.as_str();
+    let ended = !row.placed
+        || row.state == InstanceState::Stopped.as_str()
+        || row.state == InstanceState::Failed.as_str();
     (filter.all || !ended)
         && filter.service.as_ref().is_none_or(|s| *s == row.service)
         && filter.node.as_ref().is_none_or(|n| *n == row.node)

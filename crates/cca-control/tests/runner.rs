@@ -35,8 +35,15 @@ impl Controller for WriteOnce {
 
     fn reconcile(&self, view: &View, _: &Context) -> Plan {
         let mut plan = Plan::default();
-        if view.mod_revision(&self.key) == 0 && !view.endpoints.contains_key(self.key.trim_start_matches(keys::DERIVED_ENDPOINTS)) {
-            plan.writes.push(Write::put_json(self.key.clone(), &serde_json::json!({"service": "s", "port": "p", "backends": []})));
+        if view.mod_revision(&self.key) == 0
+            && !view
+                .endpoints
+                .contains_key(self.key.trim_start_matches(keys::DERIVED_ENDPOINTS))
+        {
+            plan.writes.push(Write::put_json(
+                self.key.clone(),
+                &serde_json::json!({"service": "s", "port": "p", "backends": []}),
+            ));
         }
         plan
     }
@@ -44,7 +51,9 @@ impl Controller for WriteOnce {
 
 async fn embedded() -> (Arc<dyn Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = EmbeddedStore::open(Config::new(dir.path())).await.expect("open");
+    let store = EmbeddedStore::open(Config::new(dir.path()))
+        .await
+        .expect("open");
     (Arc::new(store), dir)
 }
 
@@ -54,7 +63,12 @@ struct Server {
     task: tokio::task::JoinHandle<()>,
 }
 
-async fn start(store: Arc<dyn Store>, id: &str, controller: Arc<dyn Controller>, ttl: Duration) -> Server {
+async fn start(
+    store: Arc<dyn Store>,
+    id: &str,
+    controller: Arc<dyn Controller>,
+    ttl: Duration,
+) -> Server {
     let cache = Arc::new(Cache::start(Arc::clone(&store)).await.expect("cache"));
     let metrics = Arc::new(Metrics::new());
     let mut config = RunnerConfig::new(id);
@@ -62,7 +76,11 @@ async fn start(store: Arc<dyn Store>, id: &str, controller: Arc<dyn Controller>,
     let runner = Runner::new(store, cache, vec![controller], Arc::clone(&metrics), config);
     let (stop, stopped) = watch::channel(false);
     let task = tokio::spawn(runner.run(stopped));
-    Server { metrics, stop, task }
+    Server {
+        metrics,
+        stop,
+        task,
+    }
 }
 
 async fn eventually(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
@@ -90,7 +108,10 @@ fn metric(metrics: &Metrics, line_start: &str) -> f64 {
 async fn a_plan_is_committed_once_and_a_converged_view_costs_no_write() {
     let (store, _dir) = embedded().await;
     let key = keys::derived_endpoint("web", "http");
-    let controller = Arc::new(WriteOnce { name: "endpoint", key: key.clone() });
+    let controller = Arc::new(WriteOnce {
+        name: "endpoint",
+        key: key.clone(),
+    });
     let server = start(Arc::clone(&store), "a", controller, Duration::from_secs(2)).await;
     eventually("the plan's write", Duration::from_secs(5), async || {
         store.get(&key).await.expect("get").is_some()
@@ -98,28 +119,60 @@ async fn a_plan_is_committed_once_and_a_converged_view_costs_no_write() {
     .await;
     let settled = store.current_revision().await.expect("revision");
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(store.current_revision().await.expect("revision"), settled, "a no-op plan wrote");
-    assert_eq!(metric(&server.metrics, "reconciliation_writes_total{controller=\"endpoint\"}"), 1.0);
-    assert!(metric(&server.metrics, "reconciliation_cycle_total{controller=\"endpoint\"}") >= 2.0);
+    assert_eq!(
+        store.current_revision().await.expect("revision"),
+        settled,
+        "a no-op plan wrote"
+    );
+    assert_eq!(
+        metric(
+            &server.metrics,
+            "reconciliation_writes_total{controller=\"endpoint\"}"
+        ),
+        1.0
+    );
+    assert!(
+        metric(
+            &server.metrics,
+            "reconciliation_cycle_total{controller=\"endpoint\"}"
+        ) >= 2.0
+    );
     assert_eq!(metric(&server.metrics, "leader "), 1.0);
     let _ = server.stop.send(true);
     server.task.await.expect("runner stops");
-    assert_eq!(store.get(keys::LEADER).await.expect("get"), None, "a stopping leader resigns");
+    assert_eq!(
+        store.get(keys::LEADER).await.expect("get"),
+        None,
+        "a stopping leader resigns"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_outside_the_controllers_domain_is_refused() {
     let (store, _dir) = embedded().await;
     let foreign = keys::derived_instance("web", "web-1");
-    let controller = Arc::new(WriteOnce { name: "endpoint", key: foreign.clone() });
+    let controller = Arc::new(WriteOnce {
+        name: "endpoint",
+        key: foreign.clone(),
+    });
     let server = start(Arc::clone(&store), "a", controller, Duration::from_secs(2)).await;
     eventually("a refused cycle", Duration::from_secs(5), async || {
-        metric(&server.metrics, "reconciliation_errors_total{controller=\"endpoint\"}") >= 1.0
+        metric(
+            &server.metrics,
+            "reconciliation_errors_total{controller=\"endpoint\"}",
+        ) >= 1.0
     })
     .await;
     assert_eq!(store.get(&foreign).await.expect("get"), None);
-    let derived = store.range(RangeRequest::prefix(keys::DERIVED)).await.expect("range");
-    assert!(derived.kvs.is_empty(), "nothing under derived/ may be written: {:?}", derived.kvs);
+    let derived = store
+        .range(RangeRequest::prefix(keys::DERIVED))
+        .await
+        .expect("range");
+    assert!(
+        derived.kvs.is_empty(),
+        "nothing under derived/ may be written: {:?}",
+        derived.kvs
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,15 +195,37 @@ async fn two_servers_on_etcd_elect_one_leader_and_fail_over_within_the_ttl() {
     let a = start(connect().await, "server-a", writes("server-a"), TTL).await;
     let b = start(connect().await, "server-b", writes("server-b"), TTL).await;
 
-    eventually("a leader's controller to run", Duration::from_secs(5), async || {
-        observer.range(RangeRequest::prefix("derived/endpoint/leader/")).await.expect("range").kvs.len() == 1
-    })
+    eventually(
+        "a leader's controller to run",
+        Duration::from_secs(5),
+        async || {
+            observer
+                .range(RangeRequest::prefix("derived/endpoint/leader/"))
+                .await
+                .expect("range")
+                .kvs
+                .len()
+                == 1
+        },
+    )
     .await;
-    let record = observer.get(keys::LEADER).await.expect("get").expect("a leader");
+    let record = observer
+        .get(keys::LEADER)
+        .await
+        .expect("get")
+        .expect("a leader");
     let leader: LeaderRecord = serde_json::from_slice(&record.value).expect("leader record");
-    let (leading, standby, standby_name) = if leader.server == "server-a" { (a, b, "server-b") } else { (b, a, "server-a") };
+    let (leading, standby, standby_name) = if leader.server == "server-a" {
+        (a, b, "server-b")
+    } else {
+        (b, a, "server-a")
+    };
     assert_eq!(metric(&leading.metrics, "leader "), 1.0);
-    assert_eq!(metric(&standby.metrics, "leader "), 0.0, "exactly one server leads");
+    assert_eq!(
+        metric(&standby.metrics, "leader "),
+        0.0,
+        "exactly one server leads"
+    );
     let ran: Vec<String> = observer
         .range(RangeRequest::prefix("derived/endpoint/leader/"))
         .await
@@ -159,26 +234,55 @@ async fn two_servers_on_etcd_elect_one_leader_and_fail_over_within_the_ttl() {
         .into_iter()
         .map(|kv| kv.key)
         .collect();
-    assert_eq!(ran, [keys::derived_endpoint("leader", &leader.server)], "only the leader's controllers run");
+    assert_eq!(
+        ran,
+        [keys::derived_endpoint("leader", &leader.server)],
+        "only the leader's controllers run"
+    );
 
     // The leader dies without resigning: its lease must run out.
     leading.task.abort();
     let killed = Instant::now();
-    eventually("the standby to take over", TTL * 3, async || metric(&standby.metrics, "leader ") == 1.0).await;
+    eventually("the standby to take over", TTL * 3, async || {
+        metric(&standby.metrics, "leader ") == 1.0
+    })
+    .await;
     let takeover = killed.elapsed();
     eprintln!("takeover after {takeover:?} with a {TTL:?} lease TTL");
-    assert!(takeover <= TTL + Duration::from_millis(2500), "takeover took {takeover:?} with a {TTL:?} TTL");
-    eventually("the new leader's controller to run", Duration::from_secs(5), async || {
-        observer.get(&keys::derived_endpoint("leader", standby_name)).await.expect("get").is_some()
-    })
+    assert!(
+        takeover <= TTL + Duration::from_millis(2500),
+        "takeover took {takeover:?} with a {TTL:?} TTL"
+    );
+    eventually(
+        "the new leader's controller to run",
+        Duration::from_secs(5),
+        async || {
+            observer
+                .get(&keys::derived_endpoint("leader", standby_name))
+                .await
+                .expect("get")
+                .is_some()
+        },
+    )
     .await;
 
     // A late commit fenced with the old leader's token is refused.
     let stale_fence = Compare::mod_revision(keys::LEADER, CompareOp::Equal, record.mod_revision);
-    let late = Txn::new().when(stale_fence).then(Op::put(keys::derived_endpoint("late", "write"), "{}"));
+    let late = Txn::new()
+        .when(stale_fence)
+        .then(Op::put(keys::derived_endpoint("late", "write"), "{}"));
     let outcome = observer.txn(late).await.expect("txn");
-    assert!(matches!(outcome, TxnOutcome::CompareFailed { index: 0, .. }), "{outcome:?}");
-    assert_eq!(observer.get(&keys::derived_endpoint("late", "write")).await.expect("get"), None);
+    assert!(
+        matches!(outcome, TxnOutcome::CompareFailed { index: 0, .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        observer
+            .get(&keys::derived_endpoint("late", "write"))
+            .await
+            .expect("get"),
+        None
+    );
     let _ = standby.stop.send(true);
     let _ = standby.task.await;
 }

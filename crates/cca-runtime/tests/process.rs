@@ -88,6 +88,37 @@ async fn stop_kills_the_whole_group_after_the_grace_period_when_term_is_ignored(
 }
 
 #[tokio::test]
+async fn when_the_main_process_dies_what_it_left_in_its_group_dies_too() {
+    let test = TestRuntime::new().await;
+    let command = "sleep 300 & echo $! > child.pid; echo ready; wait";
+    let status = test.run(spec("parent", command)).await;
+    test.wait_for_log("parent", "ready").await;
+    let work = test.runtime.instance_dir("parent").join("work");
+    let child: u32 = std::fs::read_to_string(work.join("child.pid"))
+        .expect("child.pid")
+        .trim()
+        .parse()
+        .expect("pid");
+    let main = status.pid.expect("pid");
+    // Killed from outside (an operator, the OOM killer): only the shell.
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &main.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while is_alive(child) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !is_alive(child),
+        "the orphaned child still holds the instance's resources"
+    );
+    let status = test.runtime.inspect("parent").await.expect("inspect");
+    assert_eq!(status.state, InstanceState::Exited);
+}
+
+#[tokio::test]
 async fn the_exit_code_is_captured_and_a_restart_reuses_the_instance() {
     let test = TestRuntime::new().await;
     test.run(spec("fails", "echo attempt; exit 3")).await;

@@ -137,7 +137,13 @@ pub(crate) async fn reap(
     watch: ExitWatch,
     exits: watch::Sender<Option<ExitInfo>>,
 ) {
-    let exit = match child.wait().await {
+    let group = child.id();
+    let waited = child.wait().await;
+    // The instance is its main process: when that ends, whatever it left
+    // behind in its group or cgroup (a shell's children) goes too, so no
+    // stray process keeps the instance's ports or files after its end.
+    kill_leftovers(group, watch.cgroups.as_ref());
+    let exit = match waited {
         Ok(status) => describe_exit(&watch, Some(status)),
         Err(error) => {
             tracing::warn!(instance = %watch.dir.id, %error, "waiting for the instance failed");
@@ -149,6 +155,22 @@ pub(crate) async fn reap(
     }
     tracing::info!(instance = %watch.dir.id, %exit, "instance ended");
     exits.send_replace(Some(exit));
+}
+
+/// SIGKILLs what remains of an ended instance: its process group (the main
+/// pid leads it) and the members of its cgroups.
+pub(crate) fn kill_leftovers(group: Option<u32>, cgroups: Option<&InstanceCgroups>) {
+    if let Some(group) = group
+        && let Err(error) = super::procfs::signal_group(group, rustix::process::Signal::KILL)
+    {
+        tracing::warn!(group, %error, "killing what an instance left behind failed");
+    }
+    for pid in cgroups
+        .map(InstanceCgroups::member_pids)
+        .unwrap_or_default()
+    {
+        let _ = super::procfs::signal_process(pid, rustix::process::Signal::KILL);
+    }
 }
 
 /// Turns a wait status (or none, when it is unknown) into an [`ExitInfo`]:

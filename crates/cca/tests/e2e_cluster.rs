@@ -1,0 +1,502 @@
+//! End to end with real processes: one `cca server` (embedded store) and
+//! three `cca agent`s, each a separate process with its own data directory
+//! and its own loopback address (127.0.0.2–4), running `cca whoami`
+//! instances as host processes. It checks what the disaster-recovery
+//! runbook promises: instances answer HTTP; a killed instance is
+//! restarted; a command that fails fast is reported failed with its exit
+//! code and last log lines; a restarted agent adopts its instances (same
+//! pids); instances keep serving while the server is down and the cluster
+//! converges without duplicates when it returns; a `kill -9`ed agent's
+//! node goes unreachable and its instances are replaced elsewhere; scale
+//! up and down; drain. Every process this test starts is killed when it
+//! ends, pass or fail — workloads included.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cca_api::Client;
+use cca_api::client::InstanceQuery;
+use cca_api::types::InstanceSummary;
+
+const CCA: &str = env!("CARGO_BIN_EXE_cca");
+
+const PROGRAM: &str = r#"
+service web {
+  run = "cca whoami --port $PORT"
+  replicas = 6
+  port http 8080
+  health {
+    http "/"
+    interval = 1s
+    timeout = 1s
+  }
+}
+
+service broken {
+  run = "echo boom; echo 'cannot reach the database' >&2; exit 3"
+  replicas = 1
+}
+"#;
+
+/// A child process killed (and reaped) on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    fn pid(&self) -> i32 {
+        i32::try_from(self.0.id()).expect("pid fits")
+    }
+
+    /// SIGTERM and wait (a graceful stop).
+    fn terminate(mut self) {
+        signal(self.pid(), "TERM");
+        let _ = self.0.wait();
+    }
+}
+
+fn signal(pid: i32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// Everything the test started lives under one temp dir; on drop, every
+/// process whose working directory is inside it (the workloads, which
+/// outlive their agents by design) is killed too.
+struct Cluster {
+    dir: tempfile::TempDir,
+    server: Option<Proc>,
+    url: String,
+    agents: BTreeMap<String, Proc>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.agents.clear();
+        self.server = None;
+        kill_processes_under(self.dir.path());
+    }
+}
+
+fn kill_processes_under(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(dir)) {
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(pid.to_string())
+                .status();
+        }
+    }
+}
+
+impl Cluster {
+    fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().expect("temp dir"),
+            server: None,
+            url: String::new(),
+            agents: BTreeMap::new(),
+        }
+    }
+
+    fn start_server(&mut self) {
+        let store = format!("embedded:{}", self.dir.path().join("server").display());
+        let listen = if self.url.is_empty() {
+            "127.0.0.1:0".to_owned()
+        } else {
+            self.url.trim_start_matches("http://").to_owned()
+        };
+        let mut child = Command::new(CCA)
+            .args(["server", "--store", &store, "--listen", &listen])
+            .args([
+                "--startup-grace",
+                "0s",
+                "--lost-grace",
+                "2s",
+                "--node-ttl",
+                "2s",
+                "--leader-ttl",
+                "2s",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cca server starts");
+        let stderr = child.stderr.take().expect("stderr");
+        self.url = announced_url(stderr);
+        // For the diagnostics `eventually` prints when it gives up.
+        // SAFETY-free: tests in this file run one at a time in their process.
+        unsafe_free_set_server(&self.url);
+        self.server = Some(Proc(child));
+    }
+
+    fn agent_dir(&self, node: &str) -> PathBuf {
+        self.dir.path().join(node)
+    }
+
+    fn start_agent(&mut self, node: &str, address: &str) {
+        let child = Command::new(CCA)
+            .args([
+                "agent",
+                "--server",
+                &self.url,
+                "--node",
+                node,
+                "--address",
+                address,
+            ])
+            .arg("--data-dir")
+            .arg(self.agent_dir(node))
+            .args([
+                "--cpu",
+                "4",
+                "--memory",
+                "4Gi",
+                "--restart-backoff",
+                "100ms",
+                "--restart-threshold",
+                "3",
+            ])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::File::create(self.dir.path().join(format!("{node}.log")))
+                    .expect("agent log"),
+            )
+            .spawn()
+            .expect("cca agent starts");
+        self.agents.insert(node.to_owned(), Proc(child));
+    }
+
+    fn client(&self) -> Client {
+        Client::new(&self.url)
+    }
+
+    fn cca(&self, args: &[&str]) -> String {
+        let output = Command::new(CCA)
+            .args(args)
+            .env("CCA_SERVER", &self.url)
+            .output()
+            .expect("cca runs");
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "cca {args:?}: {}{stdout}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    }
+}
+
+fn unsafe_free_set_server(url: &str) {
+    let _ = SERVER_URL.set(url.to_owned());
+}
+
+static SERVER_URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
+/// Reads `cca server listening on http://ADDR` from stderr, then keeps
+/// draining stderr so the server never blocks on a full pipe.
+fn announced_url(stderr: std::process::ChildStderr) -> String {
+    let mut lines = BufReader::new(stderr).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("server announces its address")
+            .expect("stderr line");
+        if let Some(url) = line.strip_prefix("cca server listening on ") {
+            break url.trim().to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    url
+}
+
+async fn eventually<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl AsyncFnMut() -> Option<T>,
+) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        if Instant::now() >= deadline {
+            let server = SERVER_URL.get().cloned().unwrap_or_default();
+            let listing = Command::new(CCA)
+                .args(["get", "instances", "--all"])
+                .env("CCA_SERVER", server)
+                .output()
+                .map(|output| String::from_utf8_lossy(&output.stdout).into_owned())
+                .unwrap_or_default();
+            panic!("timed out after {timeout:?} waiting for {what}; instances:\n{listing}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn instances(client: &Client, service: &str) -> Vec<InstanceSummary> {
+    let query = InstanceQuery {
+        service: Some(service.to_owned()),
+        ..InstanceQuery::default()
+    };
+    client.instances(&query).await.unwrap_or_default()
+}
+
+/// The running instances of `web` when exactly `count` exist and all run
+/// and answer health checks.
+async fn all_running(client: &Client, count: usize) -> Option<Vec<InstanceSummary>> {
+    let web = instances(client, "web").await;
+    let ready = web.len() == count
+        && web
+            .iter()
+            .all(|i| i.state == "running" && i.healthy == Some(true) && !i.stopping);
+    ready.then_some(web)
+}
+
+/// The pid and URL of an instance, from its reported status (`None`
+/// while it has no process).
+async fn running_at(client: &Client, id: &str) -> Option<(u32, String)> {
+    let status = client.instance(id).await.ok()?.status?;
+    let port = status.host_ports.get("http").copied()?;
+    Some((status.pid?, format!("http://{}:{port}/", status.address?)))
+}
+
+async fn pid_and_url(client: &Client, id: &str) -> (u32, String) {
+    running_at(client, id)
+        .await
+        .unwrap_or_else(|| panic!("{id} has no running process"))
+}
+
+async fn answers(url: &str, id: &str) -> bool {
+    let body = reqwest::get(url).await.ok().map(|response| response.text());
+    match body {
+        Some(text) => text
+            .await
+            .is_ok_and(|text| text.contains(&format!("instance: {id}"))),
+        None => false,
+    }
+}
+
+async fn assert_all_answer(client: &Client, web: &[InstanceSummary]) {
+    for instance in web {
+        let (_, url) = pid_and_url(client, &instance.id).await;
+        assert!(
+            answers(&url, &instance.id).await,
+            "{} does not answer at {url}",
+            instance.id
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_of_processes_survives_crashes_restarts_and_node_loss() {
+    let mut cluster = Cluster::new();
+    cluster.start_server();
+    for (node, address) in [
+        ("n1", "127.0.0.2"),
+        ("n2", "127.0.0.3"),
+        ("n3", "127.0.0.4"),
+    ] {
+        cluster.start_agent(node, address);
+    }
+    let client = cluster.client();
+    eventually("three ready nodes", Duration::from_secs(20), async || {
+        let nodes = client.nodes().await.ok()?;
+        (nodes.iter().filter(|n| n.status == "ready").count() == 3).then_some(())
+    })
+    .await;
+    let file = cluster.dir.path().join("app.cca");
+    std::fs::write(&file, PROGRAM).expect("write program");
+    cluster.cca(&["apply", file.to_str().expect("utf-8 path")]);
+
+    // Apply: every instance runs, on every node, and answers HTTP.
+    let web = eventually(
+        "6 healthy web instances",
+        Duration::from_secs(30),
+        async || all_running(&client, 6).await,
+    )
+    .await;
+    let nodes: std::collections::BTreeSet<&str> = web.iter().map(|i| i.node.as_str()).collect();
+    assert_eq!(nodes.len(), 3, "replicas spread over the nodes: {web:?}");
+    assert_all_answer(&client, &web).await;
+
+    // A command that fails fast is reported failed with its exit code and output.
+    let broken = eventually(
+        "broken to be reported failed",
+        Duration::from_secs(30),
+        async || {
+            let query = InstanceQuery {
+                service: Some("broken".to_owned()),
+                all: true,
+                ..InstanceQuery::default()
+            };
+            let listed = client.instances(&query).await.ok()?;
+            listed.into_iter().find(|found| found.state == "failed")
+        },
+    )
+    .await;
+    let detail = client.instance(&broken.id).await.expect("broken detail");
+    let exit = detail
+        .status
+        .and_then(|status| status.last_exit)
+        .expect("a last exit");
+    assert_eq!(exit.code, Some(3));
+    assert!(
+        exit.log_tail.iter().any(|line| line.contains("boom")),
+        "{:?}",
+        exit.log_tail
+    );
+    let described = cluster.cca(&["describe", "instance", &broken.id]);
+    assert!(
+        described.contains("cannot reach the database"),
+        "describe shows the log tail:\n{described}"
+    );
+
+    // A killed instance process is restarted.
+    let victim = web[0].id.clone();
+    let (old_pid, _) = pid_and_url(&client, &victim).await;
+    signal(i32::try_from(old_pid).expect("pid"), "KILL");
+    eventually(
+        "the killed instance to run again",
+        Duration::from_secs(20),
+        async || {
+            let (pid, url) = running_at(&client, &victim).await?;
+            let detail = client.instance(&victim).await.ok()?;
+            let restarted =
+                detail.summary.restarts >= 1 && pid != old_pid && detail.summary.state == "running";
+            (restarted && answers(&url, &victim).await).then_some(())
+        },
+    )
+    .await;
+
+    // A restarted agent adopts its instances: same pids.
+    let on_n2: Vec<String> = instances(&client, "web")
+        .await
+        .into_iter()
+        .filter(|i| i.node == "n2")
+        .map(|i| i.id)
+        .collect();
+    let mut pids_before = BTreeMap::new();
+    for id in &on_n2 {
+        pids_before.insert(id.clone(), pid_and_url(&client, id).await.0);
+    }
+    cluster.agents.remove("n2").expect("n2 agent").terminate();
+    cluster.start_agent("n2", "127.0.0.3");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eventually(
+        "n2's instances adopted",
+        Duration::from_secs(20),
+        async || all_running(&client, 6).await,
+    )
+    .await;
+    for (id, pid) in &pids_before {
+        assert_eq!(
+            pid_and_url(&client, id).await.0,
+            *pid,
+            "{id} was restarted instead of adopted"
+        );
+    }
+
+    // The server goes away: instances keep serving. It returns: no duplicates.
+    let web = all_running(&client, 6).await.expect("converged");
+    let mut urls = Vec::new();
+    for instance in &web {
+        urls.push((
+            instance.id.clone(),
+            pid_and_url(&client, &instance.id).await.1,
+        ));
+    }
+    cluster.server.take().expect("server").terminate();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for (id, url) in &urls {
+        if !answers(url, id).await {
+            for node in ["n1", "n2", "n3"] {
+                let log = std::fs::read_to_string(cluster.dir.path().join(format!("{node}.log")))
+                    .unwrap_or_default();
+                eprintln!("--- {node}\n{log}");
+            }
+            panic!("{id} at {url} stopped serving while the server was down ({web:?})");
+        }
+    }
+    cluster.start_server();
+    let client = cluster.client();
+    let after = eventually(
+        "convergence after the server returns",
+        Duration::from_secs(30),
+        async || all_running(&client, 6).await,
+    )
+    .await;
+    let ids = |list: &[InstanceSummary]| {
+        list.iter()
+            .map(|i| i.id.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    assert_eq!(ids(&after), ids(&web), "the same instances, no duplicates");
+
+    // kill -9 an agent: its node goes unreachable, its instances are replaced.
+    let n3 = cluster.agents.remove("n3").expect("n3 agent");
+    signal(n3.pid(), "KILL");
+    drop(n3);
+    eventually("n3 unreachable", Duration::from_secs(20), async || {
+        let nodes = client.nodes().await.ok()?;
+        nodes
+            .iter()
+            .any(|n| n.name == "n3" && n.status == "unreachable")
+            .then_some(())
+    })
+    .await;
+    let replaced = eventually(
+        "n3's instances replaced elsewhere",
+        Duration::from_secs(40),
+        async || {
+            let web = all_running(&client, 6).await?;
+            web.iter().all(|i| i.node != "n3").then_some(web)
+        },
+    )
+    .await;
+    assert_all_answer(&client, &replaced).await;
+
+    // Scale up and down.
+    cluster.cca(&["scale", "web", "8"]);
+    eventually("8 instances", Duration::from_secs(30), async || {
+        all_running(&client, 8).await
+    })
+    .await;
+    cluster.cca(&["scale", "web", "3"]);
+    eventually("3 instances", Duration::from_secs(30), async || {
+        all_running(&client, 3).await
+    })
+    .await;
+
+    // Drain n1: its instances move to n2.
+    cluster.cca(&["drain", "n1"]);
+    let drained = eventually("n1 drained", Duration::from_secs(40), async || {
+        let web = all_running(&client, 3).await?;
+        web.iter().all(|i| i.node == "n2").then_some(web)
+    })
+    .await;
+    assert_all_answer(&client, &drained).await;
+}
