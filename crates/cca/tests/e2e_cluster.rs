@@ -6,7 +6,8 @@
 //! restarted; a command that fails fast is reported failed with its exit
 //! code and last log lines; a restarted agent adopts its instances (same
 //! pids); instances keep serving while the server is down and the cluster
-//! converges without duplicates when it returns; a `kill -9`ed agent's
+//! converges without duplicates when it returns; `cca logs` and `cca exec`
+//! reach the agent; a `kill -9`ed agent's
 //! node goes unreachable and its instances are replaced elsewhere; scale
 //! up and down; drain. Every process this test starts is killed when it
 //! ends, pass or fail — workloads included.
@@ -374,6 +375,28 @@ async fn a_cluster_of_processes_survives_crashes_restarts_and_node_loss() {
         described.contains("cannot reach the database"),
         "describe shows the log tail:\n{described}"
     );
+
+    // Logs and exec reach the agent running the instance, through the API.
+    let logs = cluster.cca(&["logs", &broken.id, "--tail", "5"]);
+    assert!(logs.contains("boom"), "cca logs: {logs}");
+    let output = Command::new(CCA)
+        .args([
+            "exec",
+            &web[0].id,
+            "--",
+            "sh",
+            "-c",
+            "echo $CCA_INSTANCE; exit 7",
+        ])
+        .env("CCA_SERVER", &cluster.url)
+        .output()
+        .expect("cca exec runs");
+    assert_eq!(
+        output.status.code(),
+        Some(7),
+        "cca exec passes the remote exit code on"
+    );
+    assert_eq!(String::from_utf8_lossy(&output.stdout).trim(), web[0].id);
 
     // A killed instance process is restarted.
     let victim = web[0].id.clone();
