@@ -149,6 +149,10 @@ async fn live_status(client: &Client) {
 async fn status_screen(client: &Client) -> Result<String> {
     let query = InstanceQuery::default();
     let instances = client.instances(&query).await?;
+    if instances.is_empty() {
+        // Nothing placed yet: print nothing rather than an empty table.
+        return Ok(String::new());
+    }
     let mut rows = Vec::new();
     let mut urls = BTreeMap::new();
     for instance in &instances {
