@@ -14,7 +14,8 @@ use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
 use cca_api::types::Assignment;
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{
-    Cpu, Memory, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy, Workload,
+    Cpu, InitStep, Memory, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy,
+    Workload,
 };
 use cca_runtime::fake::{Call, FakeRuntime};
 use cca_runtime::{InstanceSpec, Runtime};
@@ -253,5 +254,86 @@ async fn an_image_workload_on_a_process_node_fails_with_a_reason() {
         fake.calls()
             .iter()
             .all(|call| !matches!(call, Call::Create(_)))
+    );
+}
+
+fn with_init(mut assignment: Assignment, command: &str) -> Assignment {
+    if let Some(spec) = assignment.spec.as_mut() {
+        spec.init.push(InitStep {
+            name: "migrate".into(),
+            command: Some(command.into()),
+            image: None,
+            probe: None,
+        });
+    }
+    assignment
+}
+
+#[tokio::test]
+async fn init_steps_run_to_completion_before_the_main_command() {
+    let fake = Arc::new(FakeRuntime::new());
+    fake.exit_after_start(Some("web-1.init-migrate"), 0);
+    let mut supervisor = supervisor(&fake);
+    let desired = desired(vec![with_init(
+        assignment("web-1", run("serve"), false),
+        "migrate --up",
+    )]);
+    tick_until(&mut supervisor, &desired, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Running)
+    })
+    .await;
+    let order: Vec<String> = fake
+        .calls()
+        .into_iter()
+        .filter_map(|call| match call {
+            Call::Create(spec) => Some(format!("create {} `{}`", spec.id, spec.command)),
+            Call::Start(id) => Some(format!("start {id}")),
+            Call::Remove(id) => Some(format!("remove {id}")),
+            _ => None,
+        })
+        .collect();
+    let position = |needle: &str| {
+        order
+            .iter()
+            .position(|line| line == needle)
+            .unwrap_or_else(|| panic!("{needle} missing in {order:?}"))
+    };
+    assert!(
+        position("create web-1.init-migrate `migrate --up`") < position("start web-1.init-migrate")
+    );
+    assert!(
+        position("start web-1.init-migrate") < position("start web-1"),
+        "{order:?}"
+    );
+    assert!(
+        fake.status("web-1.init-migrate").is_none(),
+        "the init step's instance is removed"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_init_step_fails_the_instance_and_names_the_step() {
+    let fake = Arc::new(FakeRuntime::new());
+    fake.exit_after_start(Some("web-1.init-migrate"), 2);
+    let mut supervisor = supervisor(&fake);
+    let desired = desired(vec![with_init(
+        assignment("web-1", run("serve"), false),
+        "migrate --up",
+    )]);
+    let tick = tick_until(&mut supervisor, &desired, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Failed)
+    })
+    .await;
+    let message = tick.statuses[0].message.clone().unwrap_or_default();
+    assert!(
+        message.contains("init step `migrate`") && message.contains("code 2"),
+        "{message}"
+    );
+    assert!(
+        !fake
+            .calls()
+            .iter()
+            .any(|call| matches!(call, Call::Start(id) if id == "web-1")),
+        "the main command never started"
     );
 }
