@@ -1,0 +1,105 @@
+//! The image crate's error type: every variant names the image, blob or
+//! path it is about and what was being done, so a pull failure shown by
+//! `cca describe` needs no further context.
+
+use std::path::PathBuf;
+
+/// Results of image operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why an image operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid image reference {reference:?}: {reason}")]
+    InvalidReference { reference: String, reason: String },
+
+    #[error("invalid digest {digest:?}: {reason}")]
+    InvalidDigest { digest: String, reason: String },
+
+    /// The registry refused or could not be reached: unknown image or tag,
+    /// authentication, connection, TLS.
+    #[error("image {image}: registry {registry}: {message}")]
+    Registry {
+        image: String,
+        registry: String,
+        message: String,
+    },
+
+    #[error("{what} {expected}: the content's digest is {actual}")]
+    DigestMismatch {
+        /// What the blob is, e.g. `image 127.0.0.1:5000/a:1: layer`.
+        what: String,
+        expected: String,
+        actual: String,
+    },
+
+    #[error("layer {digest}: {reason}")]
+    Unpack { digest: String, reason: String },
+
+    #[error("image {image}: config {digest} is not a valid image config: {source}")]
+    Config {
+        image: String,
+        digest: String,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    #[error("image {image}: {reason}")]
+    Unsupported { image: String, reason: String },
+
+    #[error("image {image}: not in the store")]
+    NotFound { image: String },
+
+    #[error("image store: {what} {path}: {source}")]
+    Io {
+        /// What was being done, e.g. `writing`.
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("image store: {path} is not a valid image record: {source}")]
+    CorruptRecord {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn io(what: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            what,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Attaches "what was done on which path" to an IO result.
+pub(crate) trait IoContext<T> {
+    fn on(self, what: &'static str, path: impl Into<PathBuf>) -> Result<T>;
+}
+
+impl<T> IoContext<T> for std::io::Result<T> {
+    fn on(self, what: &'static str, path: impl Into<PathBuf>) -> Result<T> {
+        self.map_err(|source| Error::io(what, path, source))
+    }
+}
+
+/// The error and its sources, so "connection refused" is not hidden
+/// behind "error sending request".
+pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut message = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = cause.source();
+    }
+    message
+}

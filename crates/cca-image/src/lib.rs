@@ -1,0 +1,27 @@
+//! Container images on one node. [`ImageRef`] parses and validates
+//! references with Docker's defaults; [`ImageStore`] keeps verified blobs,
+//! unpacked layers (overlayfs form, ready to stack as lowerdirs) and image
+//! records under one directory, writes atomically and collects garbage;
+//! [`Puller`] fetches images through the registry distribution API.
+//!
+//! Architecture invariant: this crate knows registries and files, never
+//! runtimes or instances; the `oci` runtime asks it for layer directories
+//! and image configs. It spawns no processes (the `testing` feature's
+//! loopback registry aside).
+
+mod config;
+mod digest;
+mod error;
+mod pull;
+mod reference;
+mod store;
+#[cfg(feature = "testing")]
+pub mod testing;
+mod unpack;
+
+pub use config::ImageConfig;
+pub use digest::Digest;
+pub use error::{Error, Result};
+pub use pull::{Puller, RegistryConfig, RegistrySettings, node_architecture};
+pub use reference::{DEFAULT_REGISTRY, ImageRef};
+pub use store::{GcReport, ImageRecord, ImageStore};

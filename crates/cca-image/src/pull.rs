@@ -1,0 +1,254 @@
+//! Pulling images through the registry distribution API (`oci-client`):
+//! per-registry settings (plain HTTP only where configured, credentials
+//! for token or basic auth, anonymous otherwise), manifest lists resolved
+//! to this node's platform, every blob's digest checked by the store, and
+//! layers downloaded and unpacked in parallel.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures_util::{StreamExt, TryStreamExt};
+use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::errors::{DigestError, OciDistributionError};
+use oci_client::manifest::OciDescriptor;
+use oci_client::secrets::RegistryAuth;
+use serde::{Deserialize, Serialize};
+
+use crate::error::IoContext;
+use crate::{Digest, Error, ImageConfig, ImageRecord, ImageRef, ImageStore, Result};
+
+/// Layers fetched at once per pull.
+const PARALLEL_LAYERS: usize = 4;
+
+/// How to talk to each registry; registries not listed get HTTPS and
+/// anonymous access.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RegistrySettings {
+    /// Keyed by registry host as written in references (`127.0.0.1:5000`).
+    pub registries: BTreeMap<String, RegistryConfig>,
+}
+
+/// One registry's settings.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RegistryConfig {
+    /// Speak plain HTTP instead of HTTPS (local or test registries only).
+    #[serde(default)]
+    pub plain_http: bool,
+    /// Credentials: used for basic auth, or exchanged for a bearer token
+    /// when the registry asks for one.
+    pub username: Option<String>,
+    pub password: Option<String>,
+}
+
+impl RegistrySettings {
+    /// Settings allowing plain HTTP to `registry`, anonymous access.
+    pub fn plain_http(registry: impl Into<String>) -> Self {
+        let config = RegistryConfig {
+            plain_http: true,
+            ..RegistryConfig::default()
+        };
+        Self {
+            registries: BTreeMap::from([(registry.into(), config)]),
+        }
+    }
+
+    fn auth_for(&self, registry: &str) -> RegistryAuth {
+        match self.registries.get(registry) {
+            Some(RegistryConfig {
+                username: Some(user),
+                password: Some(password),
+                ..
+            }) => RegistryAuth::Basic(user.clone(), password.clone()),
+            _ => RegistryAuth::Anonymous,
+        }
+    }
+}
+
+/// Pulls images into a store.
+pub struct Puller {
+    client: oci_client::Client,
+    settings: RegistrySettings,
+    store: ImageStore,
+}
+
+impl std::fmt::Debug for Puller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Puller")
+            .field("settings", &self.settings)
+            .field("store", &self.store)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Puller {
+    pub fn new(store: ImageStore, settings: RegistrySettings) -> Self {
+        let plain_http = settings
+            .registries
+            .iter()
+            .filter(|(_, config)| config.plain_http)
+            .map(|(registry, _)| registry.clone())
+            .collect();
+        let config = ClientConfig {
+            protocol: ClientProtocol::HttpsExcept(plain_http),
+            connect_timeout: Some(Duration::from_secs(10)),
+            read_timeout: Some(Duration::from_secs(60)),
+            ..ClientConfig::default()
+        };
+        Self {
+            client: oci_client::Client::new(config),
+            settings,
+            store,
+        }
+    }
+
+    /// Pulls `reference` (its digest when it has one, else its tag) and
+    /// records it under its name and under `name@digest`. Blobs and layers
+    /// already in the store are not fetched again.
+    pub async fn pull(&self, reference: &ImageRef) -> Result<ImageRecord> {
+        let oci_ref = reference.to_oci();
+        let auth = self.settings.auth_for(&reference.registry);
+        let (manifest, manifest_digest, config_json) = self
+            .client
+            .pull_manifest_and_config(&oci_ref, &auth)
+            .await
+            .map_err(|e| self.registry_error(reference, e))?;
+        let digest = manifest_digest.parse::<Digest>()?;
+        let config_digest = manifest.config.digest.parse::<Digest>()?;
+        let config =
+            ImageConfig::from_json(config_json.as_bytes()).map_err(|source| Error::Config {
+                image: reference.to_string(),
+                digest: config_digest.to_string(),
+                source,
+            })?;
+        self.check_platform(reference, &config)?;
+        let what = format!("image {reference}: config");
+        self.store
+            .put_blob(&config_digest, config_json.as_bytes(), &what)?;
+        let layers = self
+            .fetch_layers(reference, &oci_ref, &manifest.layers)
+            .await?;
+        let names = [reference.clone(), reference.with_digest(digest.clone())];
+        let record = ImageRecord {
+            digest,
+            names: names.iter().map(ToString::to_string).collect(),
+            config_digest,
+            layers,
+            config,
+            size_bytes: manifest
+                .layers
+                .iter()
+                .map(|l| u64::try_from(l.size).unwrap_or(0))
+                .sum(),
+            pulled_at_ms: now_ms(),
+        };
+        tracing::info!(image = %reference, digest = %record.digest, "pulled image");
+        self.store.save_image(record)
+    }
+
+    async fn fetch_layers(
+        &self,
+        reference: &ImageRef,
+        oci_ref: &oci_client::Reference,
+        layers: &[OciDescriptor],
+    ) -> Result<Vec<Digest>> {
+        futures_util::stream::iter(layers)
+            .map(|layer| self.fetch_layer(reference, oci_ref, layer))
+            .buffered(PARALLEL_LAYERS)
+            .try_collect()
+            .await
+    }
+
+    /// Downloads one layer blob into a temporary file, moves it into the
+    /// store once its digest checks out, and unpacks it.
+    async fn fetch_layer(
+        &self,
+        reference: &ImageRef,
+        oci_ref: &oci_client::Reference,
+        layer: &OciDescriptor,
+    ) -> Result<Digest> {
+        let digest = layer.digest.parse::<Digest>()?;
+        if !self.store.blob_path(&digest).exists() {
+            let temp = self.store.temp_file()?;
+            let file = temp.reopen().on("opening", temp.path())?;
+            self.client
+                .pull_blob(oci_ref, layer, tokio::fs::File::from_std(file))
+                .await
+                .map_err(|e| self.layer_error(reference, &digest, e))?;
+            let store = self.store.clone();
+            let (what, expected) = (format!("image {reference}: layer"), digest.clone());
+            blocking(move || store.commit_blob(temp, &expected, &what)).await?;
+        }
+        let store = self.store.clone();
+        let unpacked = digest.clone();
+        blocking(move || store.unpack_layer(&unpacked)).await?;
+        Ok(digest)
+    }
+
+    fn check_platform(&self, reference: &ImageRef, config: &ImageConfig) -> Result<()> {
+        let arch = node_architecture();
+        let os_ok = config.os.is_empty() || config.os == "linux";
+        let arch_ok = config.architecture.is_empty() || config.architecture == arch;
+        if os_ok && arch_ok {
+            return Ok(());
+        }
+        Err(Error::Unsupported {
+            image: reference.to_string(),
+            reason: format!(
+                "built for {}/{}, this node is linux/{arch}",
+                config.os, config.architecture
+            ),
+        })
+    }
+
+    fn layer_error(
+        &self,
+        reference: &ImageRef,
+        digest: &Digest,
+        error: OciDistributionError,
+    ) -> Error {
+        match error {
+            OciDistributionError::DigestError(DigestError::VerificationError {
+                actual, ..
+            }) => Error::DigestMismatch {
+                what: format!("image {reference}: layer"),
+                expected: digest.to_string(),
+                actual,
+            },
+            other => self.registry_error(reference, other),
+        }
+    }
+
+    fn registry_error(&self, reference: &ImageRef, error: OciDistributionError) -> Error {
+        Error::Registry {
+            image: reference.to_string(),
+            registry: reference.registry.clone(),
+            message: crate::error::error_chain(&error),
+        }
+    }
+}
+
+/// This node's architecture in OCI's (Go's) spelling.
+pub fn node_architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        "x86" => "386",
+        "powerpc64" => "ppc64le",
+        other => other,
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .unwrap_or_else(|join_error| std::panic::resume_unwind(join_error.into_panic()))
+}
+
+fn now_ms() -> i64 {
+    let since_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+}

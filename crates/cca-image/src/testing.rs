@@ -1,0 +1,304 @@
+//! Test support (feature `testing`): a `docker-registry` on a free
+//! loopback port with its storage in a temporary directory (killed when
+//! dropped), tar layer building, OCI image layouts written by hand, a
+//! busybox-static image, and `skopeo` to push a layout to the registry.
+//! Everything here returns `std::io::Result` with a message saying what
+//! failed: it runs in tests only.
+
+use std::io::{Error, ErrorKind, Result, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::Digest;
+
+/// Whether every command is on `PATH`; prints the skip reason when not.
+pub fn commands_available(test: &str, commands: &[&str]) -> bool {
+    let missing: Vec<&str> = commands
+        .iter()
+        .copied()
+        .filter(|c| find_command(c).is_none())
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    #[allow(clippy::print_stderr)]
+    {
+        eprintln!(
+            "skipping {test}: {} not installed (scripts/test installs them)",
+            missing.join(", ")
+        );
+    }
+    false
+}
+
+/// The first `name` on `PATH`.
+pub fn find_command(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| candidate.is_file())
+}
+
+/// A `docker-registry` serving from a temporary directory on loopback.
+#[derive(Debug)]
+pub struct TestRegistry {
+    child: Child,
+    /// `127.0.0.1:PORT`, as written in references.
+    pub host: String,
+    dir: tempfile::TempDir,
+}
+
+impl TestRegistry {
+    /// Starts the registry and waits until `/v2/` answers.
+    pub fn start() -> Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let port = free_port()?;
+        let host = format!("127.0.0.1:{port}");
+        let config = dir.path().join("config.yml");
+        std::fs::write(&config, registry_config(&dir.path().join("storage"), &host))?;
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("registry.log"))?)
+            .spawn()
+            .map_err(|e| Error::new(e.kind(), format!("spawning docker-registry: {e}")))?;
+        let registry = Self { child, host, dir };
+        registry.wait_ready()?;
+        Ok(registry)
+    }
+
+    /// Pushes the OCI layout at `layout` (tag `tag`) as `REPO:TAG` with skopeo.
+    pub fn push(&self, layout: &Path, tag: &str, repository: &str) -> Result<()> {
+        let source = format!("oci:{}:{tag}", layout.display());
+        let target = format!("docker://{}/{repository}:{tag}", self.host);
+        run(Command::new("skopeo")
+            .args(["copy", "--quiet", "--dest-tls-verify=false"])
+            .arg(&source)
+            .arg(&target))
+    }
+
+    /// Where the registry keeps a blob's bytes (to corrupt it in tests).
+    pub fn blob_data_path(&self, digest: &Digest) -> PathBuf {
+        let hex = digest.hex();
+        self.dir
+            .path()
+            .join("storage/docker/registry/v2/blobs/sha256")
+            .join(&hex[..2])
+            .join(hex)
+            .join("data")
+    }
+
+    fn wait_ready(&self) -> Result<()> {
+        let address: SocketAddr = self
+            .host
+            .parse()
+            .map_err(|e| Error::new(ErrorKind::InvalidInput, format!("{e}")))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if TcpStream::connect_timeout(&address, Duration::from_millis(100)).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let log = std::fs::read_to_string(self.dir.path().join("registry.log")).unwrap_or_default();
+        Err(Error::new(
+            ErrorKind::TimedOut,
+            format!("docker-registry on {} not ready in 10 s: {log}", self.host),
+        ))
+    }
+}
+
+impl Drop for TestRegistry {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn registry_config(storage: &Path, host: &str) -> String {
+    format!(
+        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\nhttp:\n  addr: {host}\n",
+        storage.display()
+    )
+}
+
+/// A loopback port nothing listens on right now.
+pub fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn run(command: &mut Command) -> Result<()> {
+    let output = command.stdin(Stdio::null()).output()?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(Error::other(format!(
+        "{command:?} failed ({}): {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    )))
+}
+
+/// Builds one layer as an uncompressed tar.
+pub struct LayerBuilder {
+    tar: tar::Builder<Vec<u8>>,
+}
+
+impl std::fmt::Debug for LayerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LayerBuilder").finish_non_exhaustive()
+    }
+}
+
+impl Default for LayerBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LayerBuilder {
+    pub fn new() -> Self {
+        Self {
+            tar: tar::Builder::new(Vec::new()),
+        }
+    }
+
+    pub fn dir(mut self, path: &str) -> Result<Self> {
+        let mut header = header(tar::EntryType::Directory, 0o755, 0);
+        self.tar.append_data(&mut header, path, std::io::empty())?;
+        Ok(self)
+    }
+
+    pub fn file(mut self, path: &str, content: &[u8], mode: u32) -> Result<Self> {
+        let mut header = header(tar::EntryType::Regular, mode, content.len() as u64);
+        self.tar.append_data(&mut header, path, content)?;
+        Ok(self)
+    }
+
+    pub fn symlink(mut self, path: &str, target: &str) -> Result<Self> {
+        let mut header = header(tar::EntryType::Symlink, 0o777, 0);
+        self.tar.append_link(&mut header, path, target)?;
+        Ok(self)
+    }
+
+    /// A regular file whose name is written as is, bypassing the tar
+    /// crate's checks (to test that unpacking refuses `../x`).
+    pub fn raw_file(mut self, name: &str, content: &[u8]) -> Result<Self> {
+        let mut header = header(tar::EntryType::Regular, 0o644, content.len() as u64);
+        let bytes = name.as_bytes();
+        let field = &mut header.as_old_mut().name;
+        if bytes.len() >= field.len() {
+            return Err(Error::new(ErrorKind::InvalidInput, "raw name too long"));
+        }
+        field[..bytes.len()].copy_from_slice(bytes);
+        header.set_cksum();
+        self.tar.append(&header, content)?;
+        Ok(self)
+    }
+
+    /// The uncompressed tar.
+    pub fn finish(self) -> Result<Vec<u8>> {
+        self.tar.into_inner()
+    }
+}
+
+fn header(kind: tar::EntryType, mode: u32, size: u64) -> tar::Header {
+    let mut header = tar::Header::new_gnu();
+    header.set_entry_type(kind);
+    header.set_mode(mode);
+    header.set_size(size);
+    header.set_mtime(1_700_000_000);
+    header.set_uid(0);
+    header.set_gid(0);
+    header
+}
+
+/// Gzip-compresses a tar.
+pub fn gzip(tar: &[u8]) -> Result<Vec<u8>> {
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    encoder.write_all(tar)?;
+    encoder.finish()
+}
+
+/// A layer with a static busybox at `/bin/busybox`, a symlink per applet
+/// (what `busybox --install -s` makes), and `/tmp`, `/etc`, `/www`.
+pub fn busybox_layer() -> Result<Vec<u8>> {
+    let busybox = find_command("busybox")
+        .ok_or_else(|| Error::new(ErrorKind::NotFound, "busybox is not installed"))?;
+    let output = Command::new(&busybox).arg("--list").output()?;
+    let applets = String::from_utf8_lossy(&output.stdout).into_owned();
+    let mut layer = LayerBuilder::new()
+        .dir("bin")?
+        .dir("etc")?
+        .dir("tmp")?
+        .dir("www")?
+        .dir("proc")?
+        .dir("sys")?
+        .dir("dev")?;
+    layer = layer.file("bin/busybox", &std::fs::read(&busybox)?, 0o755)?;
+    layer = layer.file("www/index.html", b"hello from busybox\n", 0o644)?;
+    for applet in applets
+        .lines()
+        .map(str::trim)
+        .filter(|a| !a.is_empty() && *a != "busybox")
+    {
+        layer = layer.symlink(&format!("bin/{applet}"), "busybox")?;
+    }
+    layer.finish()
+}
+
+/// Writes an OCI image layout at `dir` with the given uncompressed layer
+/// tars (gzip-compressed in the layout), default command `cmd`, tagged
+/// `tag`. Returns the manifest digest.
+pub fn write_oci_layout(dir: &Path, tag: &str, layers: &[Vec<u8>], cmd: &[&str]) -> Result<Digest> {
+    let blobs = dir.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs)?;
+    let mut descriptors = Vec::new();
+    let mut diff_ids = Vec::new();
+    for tar in layers {
+        diff_ids.push(Digest::of_bytes(tar).to_string());
+        let compressed = gzip(tar)?;
+        descriptors.push(write_blob(
+            &blobs,
+            "application/vnd.oci.image.layer.v1.tar+gzip",
+            &compressed,
+        )?);
+    }
+    let config = serde_json::json!({
+        "architecture": crate::node_architecture(), "os": "linux",
+        "config": {"Cmd": cmd, "Env": ["PATH=/bin"], "WorkingDir": "/"},
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+    });
+    let config = write_blob(
+        &blobs,
+        "application/vnd.oci.image.config.v1+json",
+        &serde_json::to_vec(&config)?,
+    )?;
+    let manifest = serde_json::json!({
+        "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": config, "layers": descriptors,
+    });
+    let manifest_bytes = serde_json::to_vec(&manifest)?;
+    let mut manifest = write_blob(
+        &blobs,
+        "application/vnd.oci.image.manifest.v1+json",
+        &manifest_bytes,
+    )?;
+    manifest["annotations"] = serde_json::json!({"org.opencontainers.image.ref.name": tag});
+    let index = serde_json::json!({"schemaVersion": 2, "manifests": [manifest]});
+    std::fs::write(dir.join("index.json"), serde_json::to_vec(&index)?)?;
+    std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+    Ok(Digest::of_bytes(&manifest_bytes))
+}
+
+fn write_blob(blobs: &Path, media_type: &str, bytes: &[u8]) -> Result<serde_json::Value> {
+    let digest = Digest::of_bytes(bytes);
+    std::fs::write(blobs.join(digest.hex()), bytes)?;
+    Ok(
+        serde_json::json!({"mediaType": media_type, "digest": digest.to_string(), "size": bytes.len()}),
+    )
+}
