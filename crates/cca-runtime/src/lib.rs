@@ -13,6 +13,7 @@ mod error;
 pub mod fake;
 mod logs;
 pub mod process;
+pub mod sim;
 mod spec;
 mod status;
 

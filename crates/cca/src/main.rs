@@ -3,6 +3,7 @@
 //! arguments into calls and results into output and exit codes.
 
 mod agent_cmd;
+mod benchmark_cmd;
 mod cluster_cmd;
 mod dev_cmd;
 mod dsl_cmd;
@@ -38,6 +39,8 @@ enum Command {
     Agent(agent_cmd::AgentArgs),
     /// A whole cluster in one process: apply FILES and run them here until Ctrl-C.
     Dev(dev_cmd::DevArgs),
+    /// Benchmark the real control plane with N simulated nodes in this process.
+    Benchmark(benchmark_cmd::BenchmarkArgs),
     /// Serve a tiny HTTP page saying who this instance is (a test workload).
     Whoami(whoami::WhoamiArgs),
     #[command(flatten)]
@@ -55,6 +58,7 @@ fn main() -> ExitCode {
         Command::Server(args) => server_cmd::run(args),
         Command::Agent(args) => agent_cmd::run(args),
         Command::Dev(args) => dev_cmd::run(args),
+        Command::Benchmark(args) => benchmark_cmd::run(args),
         Command::Whoami(args) => whoami::run(args),
         Command::Cluster(command) => cluster_cmd::run(command, Cli::command),
     };

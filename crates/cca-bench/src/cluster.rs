@@ -1,0 +1,355 @@
+//! [`Cluster`]: the real control plane — cache, runner (leader election,
+//! node, scheduler and endpoint controllers), HTTP API on a loopback port —
+//! and N real agents, one `cca_agent::run` task per simulated node, each
+//! with its own [`SimRuntime`], its own HTTP client and its own agent API
+//! listener. The harness can kill nodes, restart the controllers, and
+//! stop everything; everything else happens through production code.
+
+use std::collections::{BTreeMap, HashSet};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cca_agent::{AgentConfig, AgentError, SupervisorConfig};
+use cca_api::{ApiConfig, ApiState, Client};
+use cca_control::controllers::{
+    EndpointController, NodeController, SchedulerConfig, SchedulerController,
+};
+use cca_control::metrics::Metrics;
+use cca_control::runner::{Runner, RunnerConfig};
+use cca_control::{Cache, Controller};
+use cca_model::spec::{Cpu, Memory};
+use cca_runtime::sim::{SimConfig, SimRuntime};
+use cca_store::Store;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::BenchError;
+use crate::workload::GOLD_LABEL;
+
+/// The shape of a simulated cluster and the control plane's timings.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    pub nodes: usize,
+    /// Capacity of every node.
+    pub node_cpu: Cpu,
+    pub node_memory: Memory,
+    /// Every node's runtime behaviour; node `i` draws with seed `seed + i`.
+    pub sim: SimConfig,
+    /// TTL of an agent's heartbeat lease (production default 15 s).
+    pub node_ttl: Duration,
+    /// Unreachable this long → instances replaced (production default 30 s).
+    pub lost_grace: Duration,
+    /// No placement this long after becoming leader (production default 10 s).
+    pub startup_grace: Duration,
+    /// How often each agent's supervisor looks even without changes
+    /// (`cca agent` uses 500 ms).
+    pub agent_tick: Duration,
+}
+
+/// One simulated node: its agent task and its runtime.
+#[derive(Debug)]
+struct SimNode {
+    name: String,
+    runtime: Arc<SimRuntime>,
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<Result<(), AgentError>>>,
+}
+
+/// The control plane's runner task.
+#[derive(Debug)]
+struct RunningRunner {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+/// A control plane and its simulated nodes, all in this process.
+pub struct Cluster {
+    store: Arc<dyn Store>,
+    cache: Arc<Cache>,
+    config: ClusterConfig,
+    client: Client,
+    api_stop: watch::Sender<bool>,
+    api_task: JoinHandle<std::io::Result<()>>,
+    runner: Option<RunningRunner>,
+    /// Counts runner starts, naming each one in the leader record.
+    runner_generation: u32,
+    nodes: Vec<SimNode>,
+    dead: HashSet<String>,
+    /// Agents' desired-state caches (on tmpfs when there is one).
+    _agent_dirs: tempfile::TempDir,
+}
+
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster")
+            .field("api", &self.client.base_url())
+            .field("nodes", &self.nodes.len())
+            .field("dead", &self.dead)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cluster {
+    /// Starts the control plane on `store` and every agent; returns once
+    /// the API listens (agents register in the background: see
+    /// [`Cluster::wait_ready`]).
+    pub async fn start(store: Arc<dyn Store>, config: ClusterConfig) -> Result<Self, BenchError> {
+        let cache = Arc::new(Cache::start(Arc::clone(&store)).await?);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(BenchError::io("binding the API listener"))?;
+        let address = listener
+            .local_addr()
+            .map_err(BenchError::io("reading the API address"))?;
+        let metrics = Arc::new(Metrics::new());
+        let render = Arc::clone(&metrics);
+        let state = ApiState::new(
+            Arc::clone(&store),
+            Arc::clone(&cache),
+            api_config(&config),
+            Arc::new(move || render.render()),
+        );
+        let (api_stop, mut api_stopping) = watch::channel(false);
+        let api_task = tokio::spawn(cca_api::serve(listener, state, async move {
+            let _ = api_stopping.wait_for(|stop| *stop).await;
+        }));
+        let agent_dirs = agent_dirs()?;
+        let mut cluster = Self {
+            store,
+            cache,
+            config,
+            client: Client::new(&format!("http://{address}")),
+            api_stop,
+            api_task,
+            runner: None,
+            runner_generation: 0,
+            nodes: Vec::new(),
+            dead: HashSet::new(),
+            _agent_dirs: agent_dirs,
+        };
+        cluster.start_controllers();
+        cluster.start_agents(address);
+        Ok(cluster)
+    }
+
+    /// A client of the cluster's API.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// Names of every simulated node, in order.
+    pub fn node_names(&self) -> Vec<String> {
+        self.nodes.iter().map(|node| node.name.clone()).collect()
+    }
+
+    /// Nodes killed so far.
+    pub fn dead(&self) -> &HashSet<String> {
+        &self.dead
+    }
+
+    /// Waits until every node is registered and ready.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<(), BenchError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Ok(status) = self.client.status().await
+                && status.nodes.ready >= self.nodes.len()
+            {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(BenchError::Timeout {
+                    what: format!("{} nodes becoming ready", self.nodes.len()),
+                    timeout,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Kills nodes as a power cut would: their instances end at once and
+    /// their agents stop without a word (their leases expire on their own).
+    pub async fn kill_nodes(&mut self, names: &HashSet<String>) {
+        for node in self
+            .nodes
+            .iter_mut()
+            .filter(|node| names.contains(&node.name))
+        {
+            node.runtime.kill_node();
+            node.stop.send_replace(true);
+            self.dead.insert(node.name.clone());
+        }
+        for node in self
+            .nodes
+            .iter_mut()
+            .filter(|node| names.contains(&node.name))
+        {
+            join_agent(node).await;
+        }
+    }
+
+    /// Starts a runner (leader election, then the controllers).
+    pub fn start_controllers(&mut self) {
+        let (stop, stopping) = watch::channel(false);
+        let mut identity = RunnerConfig::new(format!("bench-{}", self.runner_generation));
+        identity.leader.ttl = Duration::from_secs(15);
+        self.runner_generation += 1;
+        let runner = Runner::new(
+            Arc::clone(&self.store),
+            Arc::clone(&self.cache),
+            controllers(&self.config),
+            Arc::new(Metrics::new()),
+            identity,
+        );
+        let task = tokio::spawn(runner.run(stopping));
+        self.runner = Some(RunningRunner { stop, task });
+    }
+
+    /// Stops the runner; it resigns leadership on the way out.
+    pub async fn stop_controllers(&mut self) {
+        if let Some(runner) = self.runner.take() {
+            runner.stop.send_replace(true);
+            let _ = runner.task.await;
+        }
+    }
+
+    /// Stops every agent (leaving instances as they are), the runner and
+    /// the API.
+    pub async fn stop(mut self) {
+        for node in &self.nodes {
+            node.stop.send_replace(true);
+        }
+        for node in &mut self.nodes {
+            join_agent(node).await;
+        }
+        self.stop_controllers().await;
+        self.api_stop.send_replace(true);
+        match (&mut self.api_task).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "the API stopped with an error"),
+            Err(error) => tracing::warn!(%error, "the API task failed"),
+        }
+    }
+
+    fn start_agents(&mut self, api: SocketAddr) {
+        let server = format!("http://{api}");
+        for index in 0..self.config.nodes {
+            let name = format!("sim-{index:05}");
+            let sim = SimConfig {
+                seed: self.config.sim.seed.wrapping_add(index as u64),
+                ..self.config.sim.clone()
+            };
+            let runtime = Arc::new(SimRuntime::new(sim));
+            let config = agent_config(&self.config, index, &name, &server, self._agent_dirs.path());
+            let (stop, stopping) = watch::channel(false);
+            let driven: Arc<dyn cca_runtime::Runtime> = Arc::clone(&runtime) as _;
+            let task = tokio::spawn(cca_agent::run(config, driven, stopping));
+            self.nodes.push(SimNode {
+                name,
+                runtime,
+                stop,
+                task: Some(task),
+            });
+        }
+    }
+}
+
+async fn join_agent(node: &mut SimNode) {
+    let Some(task) = node.task.take() else {
+        return;
+    };
+    match task.await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::warn!(node = %node.name, %error, "the agent failed"),
+        Err(error) => tracing::warn!(node = %node.name, %error, "the agent task failed"),
+    }
+}
+
+/// The production controllers with the cluster's timings.
+fn controllers(config: &ClusterConfig) -> Vec<Arc<dyn Controller>> {
+    let scheduler = SchedulerConfig {
+        startup_grace: millis(config.startup_grace),
+        lost_grace: millis(config.lost_grace),
+        ..SchedulerConfig::default()
+    };
+    vec![
+        Arc::new(NodeController),
+        Arc::new(SchedulerController { config: scheduler }),
+        Arc::new(EndpointController),
+    ]
+}
+
+/// The API's defaults, with room for one assignment stream and a few
+/// requests in flight per node: the defaults (1,024 streams, 256
+/// requests) are sized for a few hundred nodes.
+fn api_config(config: &ClusterConfig) -> ApiConfig {
+    let defaults = ApiConfig::default();
+    ApiConfig {
+        max_streams: defaults.max_streams.max(config.nodes + 64),
+        max_concurrent_requests: defaults.max_concurrent_requests.max(2 * config.nodes),
+        queue_timeout: defaults.queue_timeout.max(Duration::from_secs(30)),
+        node_lease_ttl: config.node_ttl,
+        ..defaults
+    }
+}
+
+fn agent_config(
+    config: &ClusterConfig,
+    index: usize,
+    name: &str,
+    server: &str,
+    dirs: &Path,
+) -> AgentConfig {
+    let mut labels = BTreeMap::new();
+    if index.is_multiple_of(2) {
+        let (key, value) = GOLD_LABEL;
+        labels.insert(key.to_owned(), value.to_owned());
+    }
+    AgentConfig {
+        node: name.to_owned(),
+        server: server.to_owned(),
+        data_dir: dirs.join(name),
+        cpu: config.node_cpu,
+        memory: config.node_memory,
+        arch: "amd64".to_owned(),
+        zone: Some(format!("zone-{}", index % 3)),
+        labels,
+        // A made-up address per node: nothing connects to instances.
+        address: format!(
+            "10.{}.{}.{}",
+            (index >> 16) & 0xff,
+            (index >> 8) & 0xff,
+            index & 0xff
+        ),
+        listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        supervisor: SupervisorConfig::default(),
+        tick: config.agent_tick,
+        base_env: BTreeMap::new(),
+        stop_instances_on_exit: false,
+    }
+}
+
+/// Where agents cache their desired state: tmpfs when there is one, so
+/// that N agents' fsyncs measure the control plane, not this disk.
+fn agent_dirs() -> Result<tempfile::TempDir, BenchError> {
+    let builder = {
+        let mut builder = tempfile::Builder::new();
+        builder.prefix("cca-bench-agents-");
+        builder
+    };
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir()
+        && let Ok(dir) = builder.tempdir_in(shm)
+    {
+        return Ok(dir);
+    }
+    builder
+        .tempdir()
+        .map_err(BenchError::io("creating the agents' directory"))
+}
+
+fn millis(duration: Duration) -> cca_model::cluster::Millis {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,544 @@
+//! The scenarios and their [`Report`]s. Each scenario runs on a fresh
+//! store and a fresh cluster: measure the store's raw transaction rate,
+//! start the control plane and the agents, wait for every node to be
+//! ready, then deploy the workload and do what the scenario is about,
+//! timing it with the [`Tracker`].
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cca_model::spec::{Cpu, Memory};
+use cca_runtime::sim::{SimConfig, StartLatency};
+use cca_store::Store;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::cluster::{Cluster, ClusterConfig};
+use crate::measure::{peak_rss_bytes, store_txn_per_s};
+use crate::slow_store::SlowStore;
+use crate::stats::Summary;
+use crate::tracker::Tracker;
+use crate::workload::{INSTANCE_CPU_MILLIS, INSTANCE_MEMORY_MIB, Workload};
+use crate::{BenchError, verify};
+
+/// What a run does once the cluster is up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scenario {
+    /// Apply the workload; time until every instance runs.
+    Deploy,
+    /// Deploy, then verify capacity and constraints through the API.
+    Placement,
+    /// Deploy, kill nodes; time from lease expiry to all replacements running.
+    NodeFailure,
+    /// Deploy, scale every service by the scale factor (1,000 → 1,500).
+    ScaleUp,
+    /// Deploy, stop the controllers, scale up 10% meanwhile, start new
+    /// controllers; time to converge, and check nothing placed moved.
+    ControllerRestart,
+    /// Deploy through a store that delays every operation.
+    StoreLatency,
+}
+
+impl Scenario {
+    pub const ALL: [Scenario; 6] = [
+        Scenario::Deploy,
+        Scenario::Placement,
+        Scenario::NodeFailure,
+        Scenario::ScaleUp,
+        Scenario::ControllerRestart,
+        Scenario::StoreLatency,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Deploy => "deploy",
+            Scenario::Placement => "placement",
+            Scenario::NodeFailure => "node-failure",
+            Scenario::ScaleUp => "scale-up",
+            Scenario::ControllerRestart => "controller-restart",
+            Scenario::StoreLatency => "store-latency",
+        }
+    }
+
+    /// The scenario called `name`.
+    pub fn named(name: &str) -> Option<Self> {
+        Self::ALL
+            .into_iter()
+            .find(|scenario| scenario.name() == name)
+    }
+}
+
+/// Which store the control plane runs on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreTarget {
+    /// The embedded store in a fresh directory per scenario, under the
+    /// given one or a temporary one.
+    Embedded(Option<PathBuf>),
+    /// A running etcd; each scenario uses a fresh key namespace.
+    Etcd(Vec<String>),
+}
+
+/// Everything a run is parameterised by.
+#[derive(Clone, Debug)]
+pub struct BenchConfig {
+    pub nodes: usize,
+    pub instances: usize,
+    pub store: StoreTarget,
+    pub node_ttl: Duration,
+    pub lost_grace: Duration,
+    pub startup_grace: Duration,
+    pub start_latency: StartLatency,
+    /// Delay per store operation in the `store-latency` scenario.
+    pub store_latency: Duration,
+    /// Nodes killed in `node-failure`.
+    pub killed_nodes: usize,
+    /// `scale-up` multiplies every service's replicas by this.
+    pub scale_factor: f64,
+    /// Longest wait for any one convergence.
+    pub timeout: Duration,
+    pub seed: u64,
+    /// How long the store's transaction rate is probed.
+    pub probe_window: Duration,
+}
+
+impl BenchConfig {
+    /// Production timings, 10% of the nodes killed, 1.5× scale-up.
+    pub fn new(nodes: usize, instances: usize, store: StoreTarget) -> Self {
+        Self {
+            nodes,
+            instances,
+            store,
+            node_ttl: Duration::from_secs(15),
+            lost_grace: Duration::from_secs(30),
+            startup_grace: Duration::ZERO,
+            start_latency: StartLatency::Uniform {
+                min: Duration::from_millis(5),
+                max: Duration::from_millis(50),
+            },
+            store_latency: Duration::from_millis(5),
+            killed_nodes: (nodes / 10).max(1),
+            scale_factor: 1.5,
+            timeout: Duration::from_secs(600),
+            seed: 1,
+            probe_window: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Told how a run advances (a progress bar, or nothing).
+pub trait Progress: Send + Sync {
+    /// A new phase begins, `total` steps long (0: unknown).
+    fn phase(&self, what: &str, total: u64);
+    /// `done` steps of the current phase are done.
+    fn advance(&self, done: u64);
+}
+
+/// One scenario's figures. Times are in seconds.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub scenario: String,
+    pub nodes: usize,
+    /// Instances asked for at the end of the scenario.
+    pub instances: usize,
+    pub store: String,
+    /// The scenario's headline time (see each scenario).
+    pub seconds: f64,
+    /// Per-instance latencies of the instances the scenario started.
+    pub mean: f64,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+    pub success_rate: f64,
+    /// Instances the scenario started, per second of `seconds`.
+    pub placements_per_s: f64,
+    /// Single-put transactions/s of the same store, 64 writers, this run.
+    pub store_txn_per_s: f64,
+    /// Node failure: from the kill to the first lease expiry.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub detection_seconds: Option<f64>,
+    /// Node failure: from the kill to all replacements running.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub total_seconds: Option<f64>,
+    /// Placement and restart checks that failed; empty when all hold.
+    pub violations: Vec<String>,
+    /// Peak resident memory of this process so far (control plane,
+    /// agents and harness together).
+    pub peak_rss_bytes: Option<u64>,
+}
+
+impl Report {
+    /// Whether the run did everything it should have.
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty() && self.success_rate >= 1.0
+    }
+}
+
+/// What a scenario measured.
+#[derive(Debug, Default)]
+struct Outcome {
+    seconds: f64,
+    latencies: Vec<Duration>,
+    success_rate: f64,
+    instances: usize,
+    detection_seconds: Option<f64>,
+    total_seconds: Option<f64>,
+    violations: Vec<String>,
+}
+
+/// Runs `scenario` on a fresh cluster and reports it.
+pub async fn run_scenario(
+    scenario: Scenario,
+    config: &BenchConfig,
+    progress: &dyn Progress,
+) -> Result<Report, BenchError> {
+    let (raw, _data) = open_store(&config.store, scenario).await?;
+    progress.phase("measuring the store's transaction rate", 0);
+    let txn_rate = store_txn_per_s(&raw, config.probe_window).await?;
+    let store: Arc<dyn Store> = match scenario {
+        Scenario::StoreLatency => Arc::new(SlowStore::new(raw, config.store_latency)),
+        _ => raw,
+    };
+    let tracker = Tracker::start(Arc::clone(&store)).await?;
+    progress.phase("starting the control plane and agents", config.nodes as u64);
+    let mut cluster = Cluster::start(store, cluster_config(config)).await?;
+    let outcome = match cluster.wait_ready(config.timeout).await {
+        Ok(()) => drive(scenario, &mut cluster, &tracker, config, progress).await,
+        Err(error) => Err(error),
+    };
+    progress.phase("stopping", 0);
+    cluster.stop().await;
+    let outcome = outcome?;
+    Ok(report(scenario, config, txn_rate, outcome))
+}
+
+async fn drive(
+    scenario: Scenario,
+    cluster: &mut Cluster,
+    tracker: &Tracker,
+    config: &BenchConfig,
+    progress: &dyn Progress,
+) -> Result<Outcome, BenchError> {
+    let workload = Workload::new(config.instances);
+    let deployed = deploy(cluster, tracker, &workload, config, progress).await?;
+    match scenario {
+        Scenario::Deploy | Scenario::StoreLatency => Ok(deployed),
+        Scenario::Placement => {
+            let violations = verify::placement(cluster.client(), &workload).await?;
+            Ok(Outcome {
+                violations,
+                ..deployed
+            })
+        }
+        _ if deployed.success_rate < 1.0 => Ok(deployed),
+        Scenario::NodeFailure => node_failure(cluster, tracker, &workload, config, progress).await,
+        Scenario::ScaleUp => {
+            let scaled = workload.scaled(config.scale_factor);
+            scale(cluster, tracker, &scaled, config, progress).await
+        }
+        Scenario::ControllerRestart => {
+            controller_restart(cluster, tracker, &workload, config, progress).await
+        }
+    }
+}
+
+/// Applies the workload; time from the apply to all running.
+async fn deploy(
+    cluster: &Cluster,
+    tracker: &Tracker,
+    workload: &Workload,
+    config: &BenchConfig,
+    progress: &dyn Progress,
+) -> Result<Outcome, BenchError> {
+    let program = workload.program()?;
+    progress.phase("deploying", workload.instances() as u64);
+    let begun = Instant::now();
+    cluster.client().apply(&program, false).await?;
+    converge(
+        cluster,
+        tracker,
+        &HashSet::new(),
+        begun,
+        workload.instances(),
+        config,
+        progress,
+    )
+    .await
+}
+
+/// Scales every service to `target`'s replicas; time from the first
+/// scale request to all running.
+async fn scale(
+    cluster: &Cluster,
+    tracker: &Tracker,
+    target: &Workload,
+    config: &BenchConfig,
+    progress: &dyn Progress,
+) -> Result<Outcome, BenchError> {
+    let before: HashSet<String> = tracker.placements().into_keys().collect();
+    progress.phase("scaling up", target.instances() as u64);
+    let begun = Instant::now();
+    for (service, replicas) in &target.replicas {
+        cluster.client().scale(service, *replicas).await?;
+    }
+    converge(
+        cluster,
+        tracker,
+        &before,
+        begun,
+        target.instances(),
+        config,
+        progress,
+    )
+    .await
+}
+
+/// Kills nodes; time from the first lease expiry to every replacement
+/// running, plus the detection time before it.
+async fn node_failure(
+    cluster: &mut Cluster,
+    tracker: &Tracker,
+    workload: &Workload,
+    config: &BenchConfig,
+    progress: &dyn Progress,
+) -> Result<Outcome, BenchError> {
+    let victims = victims(&cluster.node_names(), config.killed_nodes);
+    let before: HashSet<String> = tracker.placements().into_keys().collect();
+    progress.phase(
+        "killing nodes, waiting for their leases to expire",
+        victims.len() as u64,
+    );
+    let killed = Instant::now();
+    cluster.kill_nodes(&victims).await;
+    let expired = wait_for_expiries(tracker, &victims, config.timeout, progress).await?;
+    progress.phase("replacing lost instances", workload.instances() as u64);
+    let mut outcome = converge(
+        cluster,
+        tracker,
+        &before,
+        expired,
+        workload.instances(),
+        config,
+        progress,
+    )
+    .await?;
+    outcome.detection_seconds = Some(expired.duration_since(killed).as_secs_f64());
+    outcome.total_seconds = Some(outcome.seconds + expired.duration_since(killed).as_secs_f64());
+    Ok(outcome)
+}
+
+/// Stops the controllers, scales up 10% while they are away, starts new
+/// ones; time from the restart to all running. Every instance placed
+/// before must still be placed on the same node.
+async fn controller_restart(
+    cluster: &mut Cluster,
+    tracker: &Tracker,
+    workload: &Workload,
+    config: &BenchConfig,
+    progress: &dyn Progress,
+) -> Result<Outcome, BenchError> {
+    let before = tracker.placements();
+    progress.phase("restarting the controllers", 0);
+    cluster.stop_controllers().await;
+    let target = workload.scaled(1.1);
+    for (service, replicas) in &target.replicas {
+        cluster.client().scale(service, *replicas).await?;
+    }
+    let begun = Instant::now();
+    cluster.start_controllers();
+    progress.phase("converging after the restart", target.instances() as u64);
+    let known = before.keys().cloned().collect();
+    let mut outcome = converge(
+        cluster,
+        tracker,
+        &known,
+        begun,
+        target.instances(),
+        config,
+        progress,
+    )
+    .await?;
+    let after = tracker.placements();
+    for (id, placed) in &before {
+        match after.get(id) {
+            Some(now) if now.node == placed.node && !now.stopping => {}
+            Some(now) => outcome.violations.push(format!(
+                "{id} moved from {} to {} (stopping: {}) across the restart",
+                placed.node, now.node, now.stopping
+            )),
+            None => outcome.violations.push(format!(
+                "{id} on {} was lost across the restart",
+                placed.node
+            )),
+        }
+    }
+    Ok(outcome)
+}
+
+/// Waits until `target` instances run on live nodes; latencies of the
+/// ones not in `before`, measured from `since`.
+async fn converge(
+    cluster: &Cluster,
+    tracker: &Tracker,
+    before: &HashSet<String>,
+    since: Instant,
+    target: usize,
+    config: &BenchConfig,
+    progress: &dyn Progress,
+) -> Result<Outcome, BenchError> {
+    let deadline = since + config.timeout;
+    let dead = cluster.dead();
+    loop {
+        if let Some(problem) = tracker.broken() {
+            return Err(BenchError::Task {
+                what: "store watch".into(),
+                problem,
+            });
+        }
+        let now = tracker.progress(dead);
+        progress.advance(now.running as u64);
+        let converged = now.running == target && now.placed == target;
+        if converged || Instant::now() >= deadline {
+            let seconds = since.elapsed().as_secs_f64();
+            return Ok(Outcome {
+                seconds,
+                latencies: tracker.new_latencies(before, dead, since),
+                success_rate: (now.running.min(target) as f64 / target.max(1) as f64)
+                    .min(if converged { 1.0 } else { 0.999_999 }),
+                instances: target,
+                ..Outcome::default()
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Waits until every victim's lease expired; returns the first expiry.
+async fn wait_for_expiries(
+    tracker: &Tracker,
+    victims: &HashSet<String>,
+    timeout: Duration,
+    progress: &dyn Progress,
+) -> Result<Instant, BenchError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let expiries = tracker.expiries(victims);
+        progress.advance(expiries.len() as u64);
+        if expiries.len() == victims.len()
+            && let Some(first) = expiries.into_iter().min()
+        {
+            return Ok(first);
+        }
+        if Instant::now() >= deadline {
+            return Err(BenchError::Timeout {
+                what: "the killed nodes' leases expiring".into(),
+                timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `count` nodes spread over the cluster (gold and plain ones alike).
+fn victims(nodes: &[String], count: usize) -> HashSet<String> {
+    let count = count.clamp(1, nodes.len().saturating_sub(1).max(1));
+    let stride = (nodes.len() / count).max(1);
+    nodes.iter().step_by(stride).take(count).cloned().collect()
+}
+
+/// Nodes big enough for 2.25× their even share of the workload: room for
+/// the scale-up (1.5×) on the 90% of nodes left after a node failure, and
+/// for the restricted service crowding onto half of them.
+fn cluster_config(config: &BenchConfig) -> ClusterConfig {
+    let share = (config.instances as f64 * 2.25 / config.nodes.max(1) as f64).ceil() as u64 + 1;
+    ClusterConfig {
+        nodes: config.nodes,
+        node_cpu: Cpu(share * INSTANCE_CPU_MILLIS),
+        node_memory: Memory(share * INSTANCE_MEMORY_MIB * 1024 * 1024),
+        sim: SimConfig {
+            start_latency: config.start_latency,
+            seed: config.seed,
+            ..SimConfig::default()
+        },
+        node_ttl: config.node_ttl,
+        lost_grace: config.lost_grace,
+        startup_grace: config.startup_grace,
+        agent_tick: Duration::from_millis(500),
+    }
+}
+
+/// A fresh store for one scenario, and the directory to keep alive.
+async fn open_store(
+    target: &StoreTarget,
+    scenario: Scenario,
+) -> Result<(Arc<dyn Store>, Option<tempfile::TempDir>), BenchError> {
+    match target {
+        StoreTarget::Embedded(parent) => {
+            let prefix = format!("cca-bench-{}-", scenario.name());
+            let mut builder = tempfile::Builder::new();
+            builder.prefix(&prefix);
+            let dir = match parent {
+                Some(parent) => builder.tempdir_in(parent),
+                None => builder.tempdir(),
+            }
+            .map_err(BenchError::io("creating the store directory"))?;
+            let url = cca_store::StoreUrl::Embedded(dir.path().to_owned());
+            Ok((cca_store::open(&url).await?, Some(dir)))
+        }
+        StoreTarget::Etcd(endpoints) => {
+            let mut etcd = cca_store::etcd::Config::new(endpoints.clone());
+            let stamp = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_millis();
+            etcd.namespace = format!("cca-bench/{stamp}-{}/", scenario.name());
+            let store = cca_store::etcd::EtcdStore::connect(etcd).await?;
+            Ok((Arc::new(store), None))
+        }
+    }
+}
+
+fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outcome) -> Report {
+    let started = outcome.latencies.len();
+    let summary = Summary::of(outcome.latencies);
+    Report {
+        scenario: scenario.name().to_owned(),
+        nodes: config.nodes,
+        instances: outcome.instances,
+        store: match &config.store {
+            StoreTarget::Embedded(_) => "embedded".to_owned(),
+            StoreTarget::Etcd(endpoints) => format!("etcd {}", endpoints.join(",")),
+        },
+        seconds: outcome.seconds,
+        mean: summary.mean,
+        p50: summary.p50,
+        p95: summary.p95,
+        p99: summary.p99,
+        max: summary.max,
+        success_rate: outcome.success_rate,
+        placements_per_s: started as f64 / outcome.seconds.max(1e-9),
+        store_txn_per_s: txn_rate,
+        detection_seconds: outcome.detection_seconds,
+        total_seconds: outcome.total_seconds,
+        violations: outcome.violations,
+        peak_rss_bytes: peak_rss_bytes(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scenarios_are_found_by_name_and_victims_spread() {
+        for scenario in Scenario::ALL {
+            assert_eq!(Scenario::named(scenario.name()), Some(scenario));
+        }
+        let nodes: Vec<String> = (0..10).map(|i| format!("n{i}")).collect();
+        let chosen = victims(&nodes, 2);
+        assert_eq!(chosen, HashSet::from(["n0".to_owned(), "n5".to_owned()]));
+        assert_eq!(victims(&nodes[..1], 3).len(), 1);
+    }
+}

@@ -1,0 +1,54 @@
+//! CI keeps the benchmark honest: every scenario on a small cluster (20
+//! nodes, 200 instances) with short lease and grace times, checking
+//! correctness — placement verified, nothing moved across a controller
+//! restart, success rate 1.0 — never timings.
+
+use std::time::Duration;
+
+use cca_bench::{BenchConfig, Progress, Report, Scenario, StoreTarget, run_scenario};
+
+/// Reports nothing: the test looks at the result only.
+struct Quiet;
+
+impl Progress for Quiet {
+    fn phase(&self, _what: &str, _total: u64) {}
+    fn advance(&self, _done: u64) {}
+}
+
+fn small_cluster() -> BenchConfig {
+    let mut config = BenchConfig::new(20, 200, StoreTarget::Embedded(None));
+    config.node_ttl = Duration::from_secs(2);
+    config.lost_grace = Duration::from_secs(1);
+    config.killed_nodes = 2;
+    config.timeout = Duration::from_secs(30);
+    config.probe_window = Duration::from_millis(200);
+    config
+}
+
+fn check(report: &Report, instances: usize) {
+    assert!(report.violations.is_empty(), "{report:#?}");
+    assert_eq!(report.success_rate, 1.0, "{report:#?}");
+    assert_eq!(report.instances, instances, "{report:#?}");
+    assert!(report.passed());
+    assert!(report.store_txn_per_s > 0.0);
+    assert!(report.p50 <= report.p99 && report.p99 <= report.max);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_scenario_converges_correctly_on_a_small_cluster() {
+    let config = small_cluster();
+    for scenario in Scenario::ALL {
+        let report = run_scenario(scenario, &config, &Quiet)
+            .await
+            .unwrap_or_else(|error| panic!("{}: {error}", scenario.name()));
+        let instances = match scenario {
+            Scenario::ScaleUp => 300,
+            Scenario::ControllerRestart => 220,
+            _ => 200,
+        };
+        check(&report, instances);
+        if scenario == Scenario::NodeFailure {
+            assert!(report.detection_seconds.is_some() && report.total_seconds.is_some());
+        }
+    }
+}

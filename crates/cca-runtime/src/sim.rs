@@ -1,0 +1,493 @@
+//! `SimRuntime`: simulated instances for benchmarks and chaos runs — no
+//! processes, no files, a few hundred bytes per instance, so one process
+//! can hold thousands of nodes with tens of instances each. A start takes
+//! a latency drawn from a seeded [`StartLatency`] distribution; faults are
+//! injected from a [`SimConfig`] (fail to start with a probability, crash
+//! a fixed time after each start) or by [`SimRuntime::kill_node`], which
+//! ends every instance at once as a machine losing power would. It follows
+//! the same state rules as the real runtimes (no double start, no removing
+//! a running instance), so the agent drives it exactly as it drives them.
+
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{
+    Error, ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceSpec, InstanceState,
+    InstanceStatus, LimitsEnforcement, LogOptions, LogStream, Operation, Result, Runtime,
+};
+
+/// How long a simulated start takes.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StartLatency {
+    /// Every start takes exactly this long.
+    Fixed(Duration),
+    /// Uniformly between `min` and `max`.
+    Uniform { min: Duration, max: Duration },
+    /// Normally distributed around `mean` (never below zero): image pulls
+    /// and process starts cluster around a typical time with a tail.
+    Normal { mean: Duration, std_dev: Duration },
+}
+
+impl StartLatency {
+    /// One draw from the distribution.
+    fn sample(&self, rng: &mut fastrand::Rng) -> Duration {
+        match *self {
+            StartLatency::Fixed(latency) => latency,
+            StartLatency::Uniform { min, max } if max > min => min + (max - min).mul_f64(rng.f64()),
+            StartLatency::Uniform { min, .. } => min,
+            StartLatency::Normal { mean, std_dev } => {
+                let seconds = mean.as_secs_f64() + std_dev.as_secs_f64() * standard_normal(rng);
+                Duration::from_secs_f64(seconds.max(0.0))
+            }
+        }
+    }
+}
+
+/// A standard normal draw (Box–Muller): fastrand has no distributions.
+fn standard_normal(rng: &mut fastrand::Rng) -> f64 {
+    // 1 - f64() lies in (0, 1], so the logarithm is finite.
+    let radius = (-2.0 * (1.0 - rng.f64()).ln()).sqrt();
+    radius * (std::f64::consts::TAU * rng.f64()).cos()
+}
+
+/// The behaviour of one simulated node.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SimConfig {
+    pub start_latency: StartLatency,
+    /// Each start fails (the instance exits as "failed to start") with
+    /// this probability, 0.0 to 1.0.
+    pub start_failure_probability: f64,
+    /// Every run crashes (exit code 1) this long after it started.
+    pub crash_after: Option<Duration>,
+    /// Seed of the node's random draws: the same seed replays the same run.
+    pub seed: u64,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        Self {
+            start_latency: StartLatency::Fixed(Duration::ZERO),
+            start_failure_probability: 0.0,
+            crash_after: None,
+            seed: 0,
+        }
+    }
+}
+
+/// Exit code of a simulated crash.
+const CRASH_EXIT_CODE: i32 = 1;
+/// Signal that ends instances on a killed node (as SIGKILL would).
+const NODE_DEATH_SIGNAL: i32 = 9;
+
+#[derive(Debug)]
+struct State {
+    rng: fastrand::Rng,
+    instances: BTreeMap<String, InstanceStatus>,
+    next_pid: u32,
+    /// The node was killed: every call fails until [`SimRuntime::revive`].
+    dead: bool,
+}
+
+/// A simulated node's runtime. Cheap to create; share it as
+/// `Arc<SimRuntime>` to inject node death while an agent drives it.
+#[derive(Debug)]
+pub struct SimRuntime {
+    config: SimConfig,
+    state: Mutex<State>,
+}
+
+impl SimRuntime {
+    pub fn new(config: SimConfig) -> Self {
+        let state = State {
+            rng: fastrand::Rng::with_seed(config.seed),
+            instances: BTreeMap::new(),
+            next_pid: 1,
+            dead: false,
+        };
+        Self {
+            config,
+            state: Mutex::new(state),
+        }
+    }
+
+    /// The node dies: every running instance ends at once (killed), and
+    /// every later call fails until [`SimRuntime::revive`].
+    pub fn kill_node(&self) {
+        let mut state = self.state();
+        state.dead = true;
+        let now = crate::now_ms();
+        for status in state.instances.values_mut() {
+            if status.state == InstanceState::Running {
+                end_run(
+                    status,
+                    None,
+                    Some(NODE_DEATH_SIGNAL),
+                    ExitReason::Exited,
+                    now,
+                );
+            }
+        }
+    }
+
+    /// The node is back (its instances stay exited, as after a reboot).
+    pub fn revive(&self) {
+        self.state().dead = false;
+    }
+
+    /// How many instances run now.
+    pub fn running(&self) -> usize {
+        let mut state = self.state();
+        let crash_after = self.config.crash_after;
+        let mut running = 0;
+        for status in state.instances.values_mut() {
+            apply_crash(status, crash_after);
+            running += usize::from(status.state == InstanceState::Running);
+        }
+        running
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The state, refusing every call on a dead node.
+    fn alive(&self, id: &str, operation: Operation) -> Result<MutexGuard<'_, State>> {
+        let state = self.state();
+        if state.dead {
+            return Err(Error::Failed {
+                id: id.to_owned(),
+                operation,
+                message: "the simulated node is dead".to_owned(),
+            });
+        }
+        Ok(state)
+    }
+
+    /// Checks that `id` may start and draws its latency and fate.
+    fn prepare_start(&self, id: &str) -> Result<(Duration, bool)> {
+        let mut state = self.alive(id, Operation::Start)?;
+        let crash_after = self.config.crash_after;
+        let status = existing(&mut state, id)?;
+        apply_crash(status, crash_after);
+        refuse_when_running(status, Operation::Start)?;
+        let latency = self.config.start_latency.sample(&mut state.rng);
+        let fails = state.rng.f64() < self.config.start_failure_probability;
+        Ok((latency, fails))
+    }
+
+    /// Ends the start: the instance runs, or exits as failed to start.
+    fn finish_start(&self, id: &str, fails: bool) -> Result<()> {
+        let mut state = self.alive(id, Operation::Start)?;
+        let pid = state.next_pid;
+        state.next_pid += 1;
+        let crash_after = self.config.crash_after;
+        let status = existing(&mut state, id)?;
+        apply_crash(status, crash_after);
+        refuse_when_running(status, Operation::Start)?;
+        let now = crate::now_ms();
+        status.state = InstanceState::Running;
+        status.pid = Some(pid);
+        status.started_at_ms = Some(now);
+        status.exit = None;
+        if !fails {
+            return Ok(());
+        }
+        let message = "simulated start failure".to_owned();
+        let reason = ExitReason::FailedToStart {
+            message: message.clone(),
+        };
+        end_run(status, None, None, reason, now);
+        Err(Error::Failed {
+            id: id.to_owned(),
+            operation: Operation::Start,
+            message,
+        })
+    }
+
+    /// The status of `id` with any due crash applied.
+    fn current(&self, id: &str, operation: Operation) -> Result<InstanceStatus> {
+        let mut state = self.alive(id, operation)?;
+        let crash_after = self.config.crash_after;
+        let status = existing(&mut state, id)?;
+        apply_crash(status, crash_after);
+        Ok(status.clone())
+    }
+}
+
+#[async_trait]
+impl Runtime for SimRuntime {
+    fn kind(&self) -> &'static str {
+        "sim"
+    }
+
+    async fn create(&self, spec: InstanceSpec) -> Result<String> {
+        let mut state = self.alive(&spec.id, Operation::Create)?;
+        spec.validate()?;
+        if state.instances.contains_key(&spec.id) {
+            return Err(Error::AlreadyExists { id: spec.id });
+        }
+        let id = spec.id.clone();
+        state.instances.insert(id.clone(), created_status(spec));
+        Ok(id)
+    }
+
+    async fn start(&self, id: &str) -> Result<()> {
+        let (latency, fails) = self.prepare_start(id)?;
+        // The lock is not held while "starting": other instances proceed.
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        self.finish_start(id, fails)
+    }
+
+    async fn stop(&self, id: &str, _grace: Duration) -> Result<InstanceStatus> {
+        let mut state = self.alive(id, Operation::Stop)?;
+        let crash_after = self.config.crash_after;
+        let status = existing(&mut state, id)?;
+        apply_crash(status, crash_after);
+        if status.state == InstanceState::Running {
+            // A simulated workload honours SIGTERM at once.
+            end_run(status, None, Some(15), ExitReason::Stopped, crate::now_ms());
+        }
+        Ok(status.clone())
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        let mut state = self.alive(id, Operation::Remove)?;
+        let crash_after = self.config.crash_after;
+        let status = existing(&mut state, id)?;
+        apply_crash(status, crash_after);
+        refuse_when_running(status, Operation::Remove)?;
+        state.instances.remove(id);
+        Ok(())
+    }
+
+    async fn inspect(&self, id: &str) -> Result<InstanceStatus> {
+        self.current(id, Operation::Inspect)
+    }
+
+    async fn list(&self) -> Result<Vec<InstanceStatus>> {
+        let mut state = self.alive("", Operation::List)?;
+        let crash_after = self.config.crash_after;
+        Ok(state
+            .instances
+            .values_mut()
+            .map(|status| {
+                apply_crash(status, crash_after);
+                status.clone()
+            })
+            .collect())
+    }
+
+    async fn logs(&self, id: &str, _options: LogOptions) -> Result<LogStream> {
+        let status = self.current(id, Operation::Logs)?;
+        // A simulated workload writes one line per start, nothing else.
+        let line = status
+            .started_at_ms
+            .map(|at| format!("sim: started at {at} ms"));
+        Ok(LogStream::from_lines(line))
+    }
+
+    async fn exec(&self, id: &str, _request: ExecRequest) -> Result<ExecOutput> {
+        let status = self.current(id, Operation::Exec)?;
+        if status.state != InstanceState::Running {
+            return Err(Error::InvalidState {
+                id: id.to_owned(),
+                operation: Operation::Exec,
+                state: status.state,
+            });
+        }
+        Ok(ExecOutput {
+            code: Some(0),
+            ..ExecOutput::default()
+        })
+    }
+}
+
+fn created_status(spec: InstanceSpec) -> InstanceStatus {
+    let limits = if spec.cpu_millis.is_some() || spec.memory_bytes.is_some() {
+        LimitsEnforcement::Enforced {
+            by: "sim".to_owned(),
+        }
+    } else {
+        LimitsEnforcement::NotRequested
+    };
+    InstanceStatus {
+        id: spec.id.clone(),
+        spec,
+        state: InstanceState::Created,
+        pid: None,
+        started_at_ms: None,
+        exit: None,
+        limits,
+        adopted: false,
+    }
+}
+
+/// Crashes a running instance whose `crash_after` has passed; the exit is
+/// dated when it was due, not when it was noticed.
+fn apply_crash(status: &mut InstanceStatus, crash_after: Option<Duration>) {
+    let (Some(after), Some(started)) = (crash_after, status.started_at_ms) else {
+        return;
+    };
+    let due = started.saturating_add(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
+    if status.state == InstanceState::Running && crate::now_ms() >= due {
+        end_run(status, Some(CRASH_EXIT_CODE), None, ExitReason::Exited, due);
+    }
+}
+
+fn existing<'a>(state: &'a mut State, id: &str) -> Result<&'a mut InstanceStatus> {
+    state
+        .instances
+        .get_mut(id)
+        .ok_or_else(|| Error::NotFound { id: id.to_owned() })
+}
+
+fn refuse_when_running(status: &InstanceStatus, operation: Operation) -> Result<()> {
+    if status.state == InstanceState::Running {
+        return Err(Error::InvalidState {
+            id: status.id.clone(),
+            operation,
+            state: status.state,
+        });
+    }
+    Ok(())
+}
+
+fn end_run(
+    status: &mut InstanceStatus,
+    code: Option<i32>,
+    signal: Option<i32>,
+    reason: ExitReason,
+    at_ms: i64,
+) {
+    status.state = InstanceState::Exited;
+    status.exit = Some(ExitInfo {
+        code,
+        signal,
+        reason,
+        finished_at_ms: at_ms,
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(id: &str) -> InstanceSpec {
+        InstanceSpec::new(id, "web", "sim")
+    }
+
+    async fn started(runtime: &SimRuntime, id: &str) -> Result<()> {
+        runtime.create(spec(id)).await?;
+        runtime.start(id).await
+    }
+
+    #[tokio::test]
+    async fn instances_run_and_stop_by_the_real_state_rules() {
+        let runtime = SimRuntime::new(SimConfig::default());
+        started(&runtime, "a").await.expect("start a");
+        assert_eq!(runtime.running(), 1);
+        assert!(matches!(
+            runtime.start("a").await,
+            Err(Error::InvalidState { .. })
+        ));
+        assert!(matches!(
+            runtime.remove("a").await,
+            Err(Error::InvalidState { .. })
+        ));
+        let stopped = runtime.stop("a", Duration::ZERO).await.expect("stop");
+        assert_eq!(stopped.exit.expect("exit").reason, ExitReason::Stopped);
+        runtime.remove("a").await.expect("remove");
+        assert!(runtime.list().await.expect("list").is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_start_takes_the_drawn_latency() {
+        let config = SimConfig {
+            start_latency: StartLatency::Uniform {
+                min: Duration::from_millis(100),
+                max: Duration::from_millis(200),
+            },
+            ..SimConfig::default()
+        };
+        let runtime = SimRuntime::new(config);
+        let begun = tokio::time::Instant::now();
+        started(&runtime, "a").await.expect("start");
+        let took = begun.elapsed();
+        assert!(
+            (Duration::from_millis(100)..=Duration::from_millis(200)).contains(&took),
+            "{took:?}"
+        );
+    }
+
+    #[test]
+    fn draws_are_seeded_and_normal_ones_never_negative() {
+        let normal = StartLatency::Normal {
+            mean: Duration::from_millis(10),
+            std_dev: Duration::from_millis(50),
+        };
+        let draws = |seed| {
+            let mut rng = fastrand::Rng::with_seed(seed);
+            (0..100)
+                .map(|_| normal.sample(&mut rng))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(draws(7), draws(7));
+        assert!(draws(7).contains(&Duration::ZERO), "the tail is clamped");
+    }
+
+    #[tokio::test]
+    async fn injected_start_failures_exit_as_failed_to_start() {
+        let config = SimConfig {
+            start_failure_probability: 1.0,
+            ..SimConfig::default()
+        };
+        let runtime = SimRuntime::new(config);
+        let error = started(&runtime, "a").await.expect_err("fails");
+        assert_eq!(
+            error.to_string(),
+            "instance a: start failed: simulated start failure"
+        );
+        let exit = runtime.inspect("a").await.expect("inspect").exit;
+        assert!(matches!(
+            exit.expect("exit").reason,
+            ExitReason::FailedToStart { .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn runs_crash_after_the_configured_time() {
+        let config = SimConfig {
+            crash_after: Some(Duration::ZERO),
+            ..SimConfig::default()
+        };
+        let runtime = SimRuntime::new(config);
+        started(&runtime, "a").await.expect("start");
+        let status = runtime.inspect("a").await.expect("inspect");
+        assert_eq!(status.state, InstanceState::Exited);
+        assert_eq!(status.exit.expect("exit").code, Some(CRASH_EXIT_CODE));
+    }
+
+    #[tokio::test]
+    async fn a_killed_node_loses_every_instance_and_refuses_calls() {
+        let runtime = SimRuntime::new(SimConfig::default());
+        started(&runtime, "a").await.expect("a");
+        started(&runtime, "b").await.expect("b");
+        runtime.kill_node();
+        assert_eq!(runtime.running(), 0);
+        assert!(runtime.list().await.is_err());
+        runtime.revive();
+        let exits: Vec<_> = runtime
+            .list()
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|status| status.exit.and_then(|exit| exit.signal))
+            .collect();
+        assert_eq!(exits, [Some(NODE_DEATH_SIGNAL), Some(NODE_DEATH_SIGNAL)]);
+    }
+}

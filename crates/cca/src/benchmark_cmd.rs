@@ -1,0 +1,258 @@
+//! `cca benchmark`: the synthetic cluster benchmark — the real control
+//! plane with N simulated agents in this process (`cca-bench`). Wiring
+//! only: parses the flags, runs each scenario with a progress bar, prints
+//! a table (or one JSON object per scenario) and fails when a scenario's
+//! checks fail or it does not fully converge.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use cca_bench::{BenchConfig, Progress, Report, Scenario, StoreTarget, run_scenario};
+use cca_runtime::sim::StartLatency;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::cluster_cmd::output;
+use crate::server_cmd::duration_flag;
+
+/// `cca benchmark --nodes N --instances M --store S --scenario NAME [--json]`
+#[derive(Debug, Args)]
+pub(crate) struct BenchmarkArgs {
+    /// Simulated nodes (one agent each).
+    #[arg(long, default_value_t = 50)]
+    nodes: usize,
+    /// Instances deployed (scale-up grows them by --scale-factor).
+    #[arg(long, default_value_t = 1000)]
+    instances: usize,
+    /// `embedded` (a temporary directory), `embedded:DIR` (fresh
+    /// directories under DIR) or `etcd://host:port[,…]` (a running etcd;
+    /// each scenario uses a fresh key namespace).
+    #[arg(long, default_value = "embedded")]
+    store: String,
+    /// deploy, placement, node-failure, scale-up, controller-restart,
+    /// store-latency, or all.
+    #[arg(long, default_value = "deploy")]
+    scenario: String,
+    /// One JSON object per scenario instead of a table.
+    #[arg(long)]
+    json: bool,
+    /// The agents' heartbeat lease TTL.
+    #[arg(long, default_value = "15s", value_name = "DURATION")]
+    node_ttl: String,
+    /// How long a node stays unreachable before its instances are replaced.
+    #[arg(long, default_value = "30s", value_name = "DURATION")]
+    lost_grace: String,
+    /// No placement this long after the controllers become leader.
+    #[arg(long, default_value = "0s", value_name = "DURATION")]
+    startup_grace: String,
+    /// Simulated start time: `50ms`, `uniform:10ms..100ms`, `normal:50ms,20ms`.
+    #[arg(long, default_value = "uniform:5ms..50ms")]
+    start_latency: String,
+    /// Delay added to every store operation in `store-latency`.
+    #[arg(long, default_value = "5ms", value_name = "DURATION")]
+    store_latency: String,
+    /// Nodes killed in `node-failure` (default: 10%, at least one).
+    #[arg(long)]
+    kill: Option<usize>,
+    /// `scale-up` multiplies every service's replicas by this.
+    #[arg(long, default_value_t = 1.5)]
+    scale_factor: f64,
+    /// Longest wait for one convergence.
+    #[arg(long, default_value = "10m", value_name = "DURATION")]
+    timeout: String,
+    /// Seed of the simulated start latencies.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+pub(crate) fn run(args: BenchmarkArgs) -> Result<ExitCode> {
+    let config = bench_config(&args)?;
+    let scenarios = scenarios(&args.scenario)?;
+    // Every simulated node holds a listener and a few connections.
+    cca_bench::raise_open_file_limit(((args.nodes as u64) * 8).max(4096));
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let mut reports = Vec::new();
+    for scenario in scenarios {
+        let bar = Bar::new(args.json);
+        let report = runtime
+            .block_on(run_scenario(scenario, &config, &bar))
+            .with_context(|| format!("scenario {}", scenario.name()))?;
+        bar.finish();
+        if args.json {
+            output::json_line(&report)?;
+        }
+        reports.push(report);
+    }
+    if !args.json {
+        print_table(&reports);
+    }
+    Ok(outcome(&reports))
+}
+
+fn bench_config(args: &BenchmarkArgs) -> Result<BenchConfig> {
+    if args.nodes == 0 || args.instances == 0 {
+        bail!("--nodes and --instances must be at least 1");
+    }
+    let mut config = BenchConfig::new(args.nodes, args.instances, store_target(&args.store)?);
+    config.node_ttl = duration_flag("node-ttl", &args.node_ttl)?;
+    config.lost_grace = duration_flag("lost-grace", &args.lost_grace)?;
+    config.startup_grace = duration_flag("startup-grace", &args.startup_grace)?;
+    config.start_latency = start_latency(&args.start_latency)?;
+    config.store_latency = duration_flag("store-latency", &args.store_latency)?;
+    config.scale_factor = args.scale_factor;
+    config.timeout = duration_flag("timeout", &args.timeout)?;
+    config.seed = args.seed;
+    if let Some(kill) = args.kill {
+        config.killed_nodes = kill;
+    }
+    Ok(config)
+}
+
+fn store_target(text: &str) -> Result<StoreTarget> {
+    if text == "embedded" {
+        return Ok(StoreTarget::Embedded(None));
+    }
+    match text.parse::<cca_store::StoreUrl>() {
+        Ok(cca_store::StoreUrl::Embedded(dir)) => Ok(StoreTarget::Embedded(Some(dir))),
+        Ok(cca_store::StoreUrl::Etcd(endpoints)) => Ok(StoreTarget::Etcd(endpoints)),
+        Err(error) => bail!("--store `{text}`: {error}"),
+    }
+}
+
+fn start_latency(text: &str) -> Result<StartLatency> {
+    let duration = |part: &str| duration_flag("start-latency", part.trim());
+    if let Some(range) = text.strip_prefix("uniform:") {
+        let (min, max) = range
+            .split_once("..")
+            .context("--start-latency uniform:MIN..MAX")?;
+        return Ok(StartLatency::Uniform {
+            min: duration(min)?,
+            max: duration(max)?,
+        });
+    }
+    if let Some(shape) = text.strip_prefix("normal:") {
+        let (mean, std_dev) = shape
+            .split_once(',')
+            .context("--start-latency normal:MEAN,STDDEV")?;
+        return Ok(StartLatency::Normal {
+            mean: duration(mean)?,
+            std_dev: duration(std_dev)?,
+        });
+    }
+    Ok(StartLatency::Fixed(duration(text)?))
+}
+
+fn scenarios(name: &str) -> Result<Vec<Scenario>> {
+    if name == "all" {
+        return Ok(Scenario::ALL.to_vec());
+    }
+    let names: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
+    match Scenario::named(name) {
+        Some(scenario) => Ok(vec![scenario]),
+        None => bail!(
+            "--scenario `{name}`: expected one of {} or all",
+            names.join(", ")
+        ),
+    }
+}
+
+/// Success unless a scenario failed a check or did not fully converge.
+fn outcome(reports: &[Report]) -> ExitCode {
+    let failed: Vec<&Report> = reports.iter().filter(|report| !report.passed()).collect();
+    for report in &failed {
+        for violation in &report.violations {
+            output::line(&format!("{}: violation: {violation}", report.scenario));
+        }
+        output::line(&format!(
+            "{}: FAILED (success rate {:.4})",
+            report.scenario, report.success_rate
+        ));
+    }
+    if failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+fn print_table(reports: &[Report]) {
+    let rows = reports.iter().map(table_row).collect();
+    output::table(
+        &[
+            "scenario",
+            "nodes",
+            "instances",
+            "seconds",
+            "mean",
+            "p50",
+            "p95",
+            "p99",
+            "max",
+            "success",
+            "placed/s",
+            "store txn/s",
+            "total",
+            "peak rss",
+        ],
+        rows,
+    );
+}
+
+fn table_row(report: &Report) -> Vec<String> {
+    let seconds = |value: f64| format!("{value:.3}");
+    vec![
+        report.scenario.clone(),
+        report.nodes.to_string(),
+        report.instances.to_string(),
+        seconds(report.seconds),
+        seconds(report.mean),
+        seconds(report.p50),
+        seconds(report.p95),
+        seconds(report.p99),
+        seconds(report.max),
+        format!("{:.4}", report.success_rate),
+        format!("{:.0}", report.placements_per_s),
+        format!("{:.0}", report.store_txn_per_s),
+        report.total_seconds.map_or("-".to_owned(), seconds),
+        report.peak_rss_bytes.map_or("-".to_owned(), |bytes| {
+            format!("{} MiB", bytes / (1024 * 1024))
+        }),
+    ]
+}
+
+/// A progress bar on stderr (hidden for `--json` and off a terminal).
+struct Bar {
+    bar: ProgressBar,
+}
+
+impl Bar {
+    fn new(quiet: bool) -> Self {
+        let bar = if quiet {
+            ProgressBar::hidden()
+        } else {
+            ProgressBar::new(0)
+        };
+        let style = ProgressStyle::with_template("{spinner} {msg} [{elapsed}] {pos}/{len}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar());
+        bar.set_style(style);
+        bar.enable_steady_tick(Duration::from_millis(200));
+        Self { bar }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
+}
+
+impl Progress for Bar {
+    fn phase(&self, what: &str, total: u64) {
+        self.bar.set_message(what.to_owned());
+        self.bar.set_length(total);
+        self.bar.set_position(0);
+    }
+
+    fn advance(&self, done: u64) {
+        self.bar.set_position(done);
+    }
+}
