@@ -12,6 +12,7 @@ mod error;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 mod logs;
+pub mod oci;
 pub mod process;
 pub mod sim;
 mod spec;
@@ -23,6 +24,7 @@ use async_trait::async_trait;
 
 pub use error::{Error, Operation, Result};
 pub use logs::{LogOptions, LogStream};
+pub use oci::{OciConfig, OciRuntime};
 pub use process::{ProcessConfig, ProcessRuntime};
 pub use spec::{DEFAULT_LOG_LIMIT_BYTES, InstanceSpec, PortBinding, env_name_for_port};
 pub use status::{

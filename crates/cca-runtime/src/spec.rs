@@ -21,8 +21,13 @@ pub struct InstanceSpec {
     pub service: String,
     /// The node's name, handed to the workload as `CCA_NODE`.
     pub node: String,
-    /// Run through `sh -c`.
+    /// Run through `sh -c`. May be empty when `image` is set: the image's
+    /// entrypoint and cmd run instead.
     pub command: String,
+    /// The container image (`oci` runtime), as a reference the node's image
+    /// store knows; `None` for host processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// Extra variables; they override the ones the runtime sets.
     pub env: BTreeMap<String, String>,
     /// Where the command runs; `None`: a private directory the runtime
@@ -58,6 +63,7 @@ impl InstanceSpec {
             service: service.into(),
             node: String::new(),
             command: command.into(),
+            image: None,
             env: BTreeMap::new(),
             working_dir: None,
             ports: Vec::new(),
@@ -80,7 +86,7 @@ impl InstanceSpec {
                 self.id
             )));
         }
-        if self.command.trim().is_empty() {
+        if self.command.trim().is_empty() && self.image.is_none() {
             return Err(invalid("the command is empty".into()));
         }
         if self.memory_bytes == Some(0) || self.cpu_millis == Some(0) {
@@ -174,6 +180,9 @@ mod tests {
     #[test]
     fn empty_commands_zero_limits_and_duplicate_ports_are_rejected() {
         check_invalid(&InstanceSpec::new("a", "s", "  "), "command is empty");
+        let mut from_image = InstanceSpec::new("a", "s", "");
+        from_image.image = Some("busybox".into());
+        assert!(from_image.validate().is_ok(), "an image's own command runs");
         let mut spec = InstanceSpec::new("a", "s", "true");
         spec.memory_bytes = Some(0);
         check_invalid(&spec, "limit of 0");

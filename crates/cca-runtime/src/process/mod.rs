@@ -12,7 +12,7 @@
 mod cgroup;
 mod exec;
 mod launch;
-mod procfs;
+pub(crate) mod procfs;
 mod records;
 mod stop;
 
@@ -202,6 +202,14 @@ impl Inner {
     }
 
     fn create(&self, spec: InstanceSpec) -> Result<String> {
+        if let Some(image) = &spec.image {
+            return Err(Error::InvalidSpec {
+                id: spec.id,
+                reason: format!(
+                    "the process runtime does not run images ({image}): use the oci runtime"
+                ),
+            });
+        }
         let dir = self.dir(&spec.id);
         if dir.exists() {
             return Err(Error::AlreadyExists { id: spec.id });

@@ -1,0 +1,859 @@
+//! The `oci` runtime: each instance is a container run by an OCI runtime
+//! binary (`runc`, or `crun` where the host allows it) from an image in
+//! the node's [`cca_image::ImageStore`]: an overlay rootfs (image layers
+//! below, the instance's upper dir above), a generated `config.json`, and
+//! logs and exit code on disk under `DIR/instances/{id}/` (see `records`).
+//!
+//! No daemon and no shim binary: `start` spawns a small *monitor* shell in
+//! its own process group that runs `runc run` in the foreground with the
+//! instance's `output.log` as stdout and stderr, and writes runc's exit
+//! status to `exit-code` when it returns. The monitor outlives the agent,
+//! so a restarted agent adopts the container from `run.json` (monitor pid,
+//! start time, boot id) and still learns its exit code. Known limits of
+//! this shape, for the shim that replaces it: runc copies the container's
+//! stdout and stderr through two pipes (their relative order is lost, and
+//! output stops if runc dies), and runc deletes the cgroup when the
+//! container ends, so OOM kills are not detected yet.
+//!
+//! Networking: containers share the host's network namespace for now (the
+//! spec has no network namespace); the node bridge and veths come later.
+
+mod binary;
+mod bundle;
+mod records;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use cca_image::{ImageRecord, ImageRef, ImageStore};
+use tokio::sync::mpsc;
+
+pub use self::binary::{BinaryError, OciBinary, OciBinaryKind};
+use self::bundle::{CgroupPlan, ProcessPlan};
+use self::records::{OciDir, OciInstance, OciRun};
+use crate::logs::{self, LogOptions, LogStream};
+use crate::process::procfs;
+use crate::{
+    Error, ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceSpec, InstanceState,
+    InstanceStatus, LimitsEnforcement, Operation, Result, Runtime,
+};
+
+/// The monitor: `$1 --root $2 run --bundle $3 $4`, then its exit status
+/// into `$5` (atomically), so the code survives the agent.
+const MONITOR_SCRIPT: &str = r#""$1" --root "$2" run --bundle "$3" "$4"; code=$?; echo "$code" > "$5.tmp" && mv "$5.tmp" "$5""#;
+const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// How long `start` waits for the container to run, `stop` for it to die
+/// after SIGKILL.
+const STATE_CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(10);
+
+/// Where and how the `oci` runtime keeps its containers.
+#[derive(Clone, Debug)]
+pub struct OciConfig {
+    /// The runtime directory; keep it across agent restarts (adoption).
+    pub dir: PathBuf,
+    /// Images are looked up here; `create` does not pull.
+    pub images: ImageStore,
+    /// The OCI runtime binary; `None`: runc, else crun, from `PATH`.
+    pub binary: Option<PathBuf>,
+    /// The cgroup mount point, normally `/sys/fs/cgroup`.
+    pub cgroup_root: PathBuf,
+    /// Containers' cgroups are `/{cgroup_parent}/{id}` in every hierarchy.
+    pub cgroup_parent: String,
+    /// How often log files are checked against their size limit.
+    pub rotate_interval: Duration,
+}
+
+impl OciConfig {
+    pub fn new(dir: impl Into<PathBuf>, images: ImageStore) -> Self {
+        Self {
+            dir: dir.into(),
+            images,
+            binary: None,
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            cgroup_parent: "cca-oci".to_owned(),
+            rotate_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// The `oci` runtime; share it as `Arc<dyn Runtime>`. Dropping it stops
+/// log rotation, never the containers.
+#[derive(Debug)]
+pub struct OciRuntime {
+    inner: Arc<Inner>,
+    rotator: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: OciConfig,
+    instances_dir: PathBuf,
+    binary: OciBinary,
+    boot_id: String,
+    /// Instances whose monitor this object spawned (the rest are adopted).
+    own_runs: Mutex<HashSet<String>>,
+    /// Serialises create/start/stop/remove per instance.
+    locks: Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl OciRuntime {
+    /// Opens the runtime directory and finds the OCI runtime binary;
+    /// containers already there are adopted as they are.
+    pub async fn new(config: OciConfig) -> Result<Self> {
+        let instances_dir = config.dir.join("instances");
+        std::fs::create_dir_all(&instances_dir).map_err(|source| Error::RuntimeDir {
+            path: instances_dir.clone(),
+            source,
+        })?;
+        let state_root = config.dir.join("oci-state");
+        let binary = OciBinary::detect(config.binary.as_deref(), state_root, &config.cgroup_root)
+            .map_err(|error| Error::RuntimeDir {
+            path: config.dir.clone(),
+            source: std::io::Error::other(error),
+        })?;
+        tracing::debug!(binary = %binary.path.display(), "oci runtime binary");
+        let inner = Arc::new(Inner {
+            instances_dir,
+            binary,
+            boot_id: procfs::boot_id(),
+            own_runs: Mutex::default(),
+            locks: Mutex::default(),
+            config,
+        });
+        let rotator = tokio::spawn(rotate_logs(Arc::downgrade(&inner)));
+        Ok(Self { inner, rotator })
+    }
+
+    /// The OCI runtime binary in use.
+    pub fn binary(&self) -> &OciBinary {
+        &self.inner.binary
+    }
+
+    /// The directory of one instance (logs, bundle, upper dir).
+    pub fn instance_dir(&self, id: &str) -> PathBuf {
+        self.inner.instances_dir.join(id)
+    }
+
+    /// The cgroup directories a container of `id` would have, for checks
+    /// that removal left none.
+    pub fn cgroup_dirs(&self, id: &str) -> Vec<PathBuf> {
+        self.inner.cgroup_dirs(id)
+    }
+}
+
+impl Drop for OciRuntime {
+    fn drop(&mut self) {
+        self.rotator.abort();
+    }
+}
+
+#[async_trait]
+impl Runtime for OciRuntime {
+    fn kind(&self) -> &'static str {
+        "oci"
+    }
+
+    async fn create(&self, spec: InstanceSpec) -> Result<String> {
+        spec.validate()?;
+        let _guard = self.inner.lock(&spec.id).await;
+        self.inner.create(spec)
+    }
+
+    async fn start(&self, id: &str) -> Result<()> {
+        let _guard = self.inner.lock(id).await;
+        self.inner.start(id).await
+    }
+
+    async fn stop(&self, id: &str, grace: Duration) -> Result<InstanceStatus> {
+        let _guard = self.inner.lock(id).await;
+        self.inner.stop(id, grace).await
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        let _guard = self.inner.lock(id).await;
+        self.inner.remove(id).await
+    }
+
+    async fn inspect(&self, id: &str) -> Result<InstanceStatus> {
+        self.inner.status(id, Operation::Inspect)
+    }
+
+    async fn list(&self) -> Result<Vec<InstanceStatus>> {
+        self.inner.list()
+    }
+
+    async fn logs(&self, id: &str, options: LogOptions) -> Result<LogStream> {
+        logs_of(&self.inner, id, options).await
+    }
+
+    async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecOutput> {
+        self.inner.exec(id, request).await
+    }
+}
+
+impl Inner {
+    fn dir(&self, id: &str) -> OciDir {
+        OciDir::new(&self.instances_dir, id)
+    }
+
+    async fn lock(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self
+            .locks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(id.to_owned())
+            .or_default()
+            .clone();
+        lock.lock_owned().await
+    }
+
+    fn create(&self, spec: InstanceSpec) -> Result<String> {
+        let dir = self.dir(&spec.id);
+        if dir.path.exists() {
+            return Err(Error::AlreadyExists { id: spec.id });
+        }
+        let image = self.resolve_image(&spec)?;
+        let process = process_plan(&spec, &image)?;
+        let instance = OciInstance {
+            layers: self.config.images.layer_dirs(&image),
+            image_digest: image.digest.to_string(),
+            process,
+            spec,
+            created_at_ms: crate::now_ms(),
+        };
+        let written = self.write_bundle(&dir, &instance);
+        if written.is_err() {
+            let _ = std::fs::remove_dir_all(&dir.path);
+        }
+        written.map(|()| dir.id)
+    }
+
+    fn resolve_image(&self, spec: &InstanceSpec) -> Result<ImageRecord> {
+        let failed = |message: String| Error::Failed {
+            id: spec.id.clone(),
+            operation: Operation::Create,
+            message,
+        };
+        let Some(text) = &spec.image else {
+            return Err(Error::InvalidSpec {
+                id: spec.id.clone(),
+                reason: "the oci runtime needs an image".into(),
+            });
+        };
+        let reference: ImageRef = text
+            .parse()
+            .map_err(|e: cca_image::Error| failed(e.to_string()))?;
+        self.config
+            .images
+            .image(&reference)
+            .map_err(|e| failed(e.to_string()))
+    }
+
+    /// The instance directory, `instance.json` and the bundle's
+    /// `config.json`; the rootfs is mounted by `start`.
+    fn write_bundle(&self, dir: &OciDir, instance: &OciInstance) -> Result<()> {
+        let id = &instance.spec.id;
+        for path in [dir.rootfs(), dir.upper(), dir.work()] {
+            std::fs::create_dir_all(&path)
+                .map_err(|e| dir.io_error(Operation::Create, "creating", &path, e))?;
+        }
+        let spec = bundle::runtime_spec(id, &instance.process, &self.cgroup_plan(&instance.spec))
+            .map_err(|reason| Error::InvalidSpec {
+            id: id.clone(),
+            reason,
+        })?;
+        let config = dir.bundle().join("config.json");
+        spec.save(&config).map_err(|e| Error::Failed {
+            id: id.clone(),
+            operation: Operation::Create,
+            message: format!("writing {}: {e}", config.display()),
+        })?;
+        dir.write_instance(instance, Operation::Create)
+    }
+
+    fn cgroup_plan(&self, spec: &InstanceSpec) -> CgroupPlan {
+        let memsw = self
+            .config
+            .cgroup_root
+            .join("memory/memory.memsw.limit_in_bytes");
+        CgroupPlan {
+            path: PathBuf::from(format!("/{}/{}", self.config.cgroup_parent, spec.id)),
+            memory_bytes: spec.memory_bytes,
+            limit_swap: memsw.exists(),
+            cpu_millis: spec.cpu_millis,
+        }
+    }
+
+    async fn start(&self, id: &str) -> Result<()> {
+        let status = self.status(id, Operation::Start)?;
+        if status.state == InstanceState::Running {
+            return Err(Error::InvalidState {
+                id: id.to_owned(),
+                operation: Operation::Start,
+                state: status.state,
+            });
+        }
+        let dir = self.dir(id);
+        let instance = dir.read_instance(Operation::Start)?;
+        self.ensure_rootfs(&dir, &instance)?;
+        // A container of an earlier run (killed with its monitor) may linger.
+        self.binary.delete(id).await;
+        dir.clear_exit(Operation::Start)?;
+        let log_offset = std::fs::metadata(dir.path.join(logs::LOG_FILE)).map_or(0, |m| m.len());
+        let child = self.spawn_monitor(&dir)?;
+        let monitor_pid = child.id().unwrap_or_default();
+        let mut run = OciRun {
+            monitor_pid,
+            container_pid: None,
+            monitor_start_time: procfs::stat(monitor_pid).map_or(0, |stat| stat.start_time),
+            boot_id: self.boot_id.clone(),
+            started_at_ms: crate::now_ms(),
+            limits: self.limits(&instance.spec),
+        };
+        dir.write_run(&run, Operation::Start)?;
+        self.own_runs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.to_owned());
+        tokio::spawn(async move {
+            let mut child = child;
+            let _ = child.wait().await;
+        });
+        run.container_pid = self.wait_until_running(&dir, log_offset).await?;
+        dir.write_run(&run, Operation::Start)?;
+        tracing::info!(instance = id, monitor_pid, "container started");
+        Ok(())
+    }
+
+    fn ensure_rootfs(&self, dir: &OciDir, instance: &OciInstance) -> Result<()> {
+        let rootfs = dir.rootfs();
+        if bundle::is_mounted(&rootfs) {
+            return Ok(());
+        }
+        if let Some(missing) = instance.layers.iter().find(|layer| !layer.is_dir()) {
+            return Err(Error::Failed {
+                id: dir.id.clone(),
+                operation: Operation::Start,
+                message: format!(
+                    "image layer {} is gone (garbage-collected?)",
+                    missing.display()
+                ),
+            });
+        }
+        bundle::mount_rootfs(&instance.layers, &dir.upper(), &dir.work(), &rootfs).map_err(|e| {
+            dir.io_error(
+                Operation::Start,
+                "mounting the overlay rootfs at",
+                &rootfs,
+                e,
+            )
+        })
+    }
+
+    fn spawn_monitor(&self, dir: &OciDir) -> Result<tokio::process::Child> {
+        let log_path = dir.path.join(logs::LOG_FILE);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(|e| dir.io_error(Operation::Start, "opening", &log_path, e))?;
+        let log_for_stderr = log
+            .try_clone()
+            .map_err(|e| dir.io_error(Operation::Start, "opening", &log_path, e))?;
+        tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(MONITOR_SCRIPT)
+            .arg("cca-oci-monitor")
+            .arg(&self.binary.path)
+            .arg(&self.binary.state_root)
+            .arg(dir.bundle())
+            .arg(&dir.id)
+            .arg(dir.exit_code_path())
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_for_stderr)
+            // Its own group: a signal to the agent's group must not reach it.
+            .process_group(0)
+            .spawn()
+            .map_err(|e| Error::io(&dir.id, Operation::Start, "spawning the monitor shell", e))
+    }
+
+    /// Waits until the OCI runtime reports the container running. When the
+    /// monitor ends first, the log written since `log_offset` tells a
+    /// container that ran and ended at once (started) from one the OCI
+    /// runtime could not create (failed, with its message).
+    async fn wait_until_running(&self, dir: &OciDir, log_offset: u64) -> Result<Option<u32>> {
+        let deadline = Instant::now() + STATE_CHANGE_TIMEOUT;
+        loop {
+            if let Some(state) = self.binary.state(&dir.id).await
+                && state.status == "running"
+            {
+                return Ok(Some(state.pid));
+            }
+            let failed = |message: String| Error::Failed {
+                id: dir.id.clone(),
+                operation: Operation::Start,
+                message,
+            };
+            if dir.read_exit_code().is_some() {
+                return match runtime_error(&dir.path, log_offset) {
+                    Some(message) => {
+                        Err(failed(format!("{}: {message}", self.binary.path.display())))
+                    }
+                    None => Ok(None),
+                };
+            }
+            if Instant::now() > deadline {
+                return Err(failed(format!(
+                    "not running after {STATE_CHANGE_TIMEOUT:?}"
+                )));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    fn limits(&self, spec: &InstanceSpec) -> LimitsEnforcement {
+        if spec.memory_bytes.is_none() && spec.cpu_millis.is_none() {
+            return LimitsEnforcement::NotRequested;
+        }
+        let version = if self.config.cgroup_root.join("memory").is_dir() {
+            "v1"
+        } else {
+            "v2"
+        };
+        let name = self
+            .binary
+            .path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("oci runtime");
+        LimitsEnforcement::Enforced {
+            by: format!("{name} (cgroup {version})"),
+        }
+    }
+
+    async fn stop(&self, id: &str, grace: Duration) -> Result<InstanceStatus> {
+        let status = self.status(id, Operation::Stop)?;
+        if status.state != InstanceState::Running {
+            return Ok(status);
+        }
+        let dir = self.dir(id);
+        dir.mark_stop_requested(Operation::Stop)?;
+        if !grace.is_zero() {
+            self.binary.kill(id, "TERM").await;
+            if let Some(status) = self.wait_for_exit(id, grace).await? {
+                return Ok(status);
+            }
+        }
+        self.binary.kill(id, "KILL").await;
+        match self.wait_for_exit(id, STATE_CHANGE_TIMEOUT).await? {
+            Some(status) => Ok(status),
+            None => Err(Error::Failed {
+                id: id.to_owned(),
+                operation: Operation::Stop,
+                message: format!("still running {STATE_CHANGE_TIMEOUT:?} after SIGKILL"),
+            }),
+        }
+    }
+
+    async fn wait_for_exit(&self, id: &str, within: Duration) -> Result<Option<InstanceStatus>> {
+        let deadline = Instant::now() + within;
+        loop {
+            let status = self.status(id, Operation::Stop)?;
+            if status.state != InstanceState::Running {
+                return Ok(Some(status));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        let status = self.status(id, Operation::Remove)?;
+        if status.state == InstanceState::Running {
+            return Err(Error::InvalidState {
+                id: id.to_owned(),
+                operation: Operation::Remove,
+                state: status.state,
+            });
+        }
+        let dir = self.dir(id);
+        self.binary.delete(id).await;
+        let rootfs = dir.rootfs();
+        if bundle::is_mounted(&rootfs) {
+            bundle::unmount_rootfs(&rootfs)
+                .map_err(|e| dir.io_error(Operation::Remove, "unmounting", &rootfs, e))?;
+        }
+        for cgroup in self
+            .cgroup_dirs(id)
+            .into_iter()
+            .filter(|path| path.exists())
+        {
+            std::fs::remove_dir(&cgroup)
+                .map_err(|e| dir.io_error(Operation::Remove, "removing", &cgroup, e))?;
+        }
+        std::fs::remove_dir_all(&dir.path)
+            .map_err(|e| dir.io_error(Operation::Remove, "removing", &dir.path, e))?;
+        self.own_runs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+        Ok(())
+    }
+
+    /// `{cgroup_root}/{hierarchy}/{parent}/{id}` for every hierarchy.
+    fn cgroup_dirs(&self, id: &str) -> Vec<PathBuf> {
+        let Ok(entries) = std::fs::read_dir(&self.config.cgroup_root) else {
+            return Vec::new();
+        };
+        let mut dirs: Vec<PathBuf> = entries
+            .filter_map(|entry| entry.ok())
+            .map(|entry| entry.path().join(&self.config.cgroup_parent).join(id))
+            .collect();
+        dirs.push(
+            self.config
+                .cgroup_root
+                .join(&self.config.cgroup_parent)
+                .join(id),
+        );
+        dirs.sort();
+        dirs
+    }
+
+    fn list(&self) -> Result<Vec<InstanceStatus>> {
+        let entries =
+            std::fs::read_dir(&self.instances_dir).map_err(|source| Error::RuntimeDir {
+                path: self.instances_dir.clone(),
+                source,
+            })?;
+        let mut ids: Vec<String> = entries
+            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
+            .filter(|name| !name.starts_with('.'))
+            .collect();
+        ids.sort();
+        let mut statuses = Vec::with_capacity(ids.len());
+        for id in ids {
+            match self.status(&id, Operation::List) {
+                Ok(status) => statuses.push(status),
+                Err(Error::NotFound { .. }) => {
+                    tracing::debug!(id, "skipping a directory without instance.json")
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(statuses)
+    }
+
+    /// The status from disk: `exit-code` written means exited; else a live
+    /// monitor means running; else it ended unrecorded (reboot, killed
+    /// monitor).
+    fn status(&self, id: &str, operation: Operation) -> Result<InstanceStatus> {
+        let dir = self.dir(id);
+        let instance = dir.read_instance(operation)?;
+        let mut status = InstanceStatus {
+            id: id.to_owned(),
+            spec: instance.spec,
+            state: InstanceState::Created,
+            pid: None,
+            started_at_ms: None,
+            exit: None,
+            limits: LimitsEnforcement::NotRequested,
+            adopted: false,
+        };
+        let Some(run) = dir.read_run(operation)? else {
+            return Ok(status);
+        };
+        status.started_at_ms = Some(run.started_at_ms);
+        status.limits = run.limits.clone();
+        status.adopted = !self
+            .own_runs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(id);
+        status.pid = Some(run.container_pid.unwrap_or(run.monitor_pid));
+        let exit = match dir.read_exit_code() {
+            Some(recorded) => Some(exit_info(Some(recorded), dir.stop_requested())),
+            None if self.monitor_alive(&run) => None,
+            // The monitor may have written the code just now.
+            None => Some(exit_info(dir.read_exit_code(), dir.stop_requested())),
+        };
+        status.state = if exit.is_some() {
+            InstanceState::Exited
+        } else {
+            InstanceState::Running
+        };
+        status.exit = exit;
+        Ok(status)
+    }
+
+    fn monitor_alive(&self, run: &OciRun) -> bool {
+        run.boot_id == self.boot_id
+            && procfs::stat(run.monitor_pid)
+                .is_some_and(|stat| stat.start_time == run.monitor_start_time && !stat.is_zombie())
+    }
+
+    fn is_running(&self, id: &str) -> bool {
+        self.status(id, Operation::Logs)
+            .is_ok_and(|status| status.state == InstanceState::Running)
+    }
+
+    async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecOutput> {
+        let status = self.status(id, Operation::Exec)?;
+        if status.state != InstanceState::Running {
+            return Err(Error::InvalidState {
+                id: id.to_owned(),
+                operation: Operation::Exec,
+                state: status.state,
+            });
+        }
+        let output = self
+            .binary
+            .command("exec")
+            .arg(id)
+            .args(&request.argv)
+            .output();
+        match tokio::time::timeout(request.timeout, output).await {
+            Ok(Ok(output)) => Ok(ExecOutput {
+                code: output.status.code(),
+                signal: std::os::unix::process::ExitStatusExt::signal(&output.status),
+                stdout: output.stdout,
+                stderr: output.stderr,
+                timed_out: false,
+            }),
+            Ok(Err(error)) => Err(Error::io(
+                id,
+                Operation::Exec,
+                "spawning the OCI runtime's exec",
+                error,
+            )),
+            // Dropping the future killed the runtime's exec process.
+            Err(_) => Ok(ExecOutput {
+                timed_out: true,
+                ..ExecOutput::default()
+            }),
+        }
+    }
+}
+
+/// The process of an instance: `sh -c COMMAND` when the spec gives a
+/// command, else the image's entrypoint and cmd; the image's environment
+/// under the instance's; the spec's or the image's working directory.
+fn process_plan(spec: &InstanceSpec, image: &ImageRecord) -> Result<ProcessPlan> {
+    let invalid = |reason: String| Error::InvalidSpec {
+        id: spec.id.clone(),
+        reason,
+    };
+    let args = if spec.command.trim().is_empty() {
+        image.config.default_args()
+    } else {
+        vec!["/bin/sh".to_owned(), "-c".to_owned(), spec.command.clone()]
+    };
+    if args.is_empty() {
+        return Err(invalid(
+            "the image has no entrypoint or cmd and the service gives no command".into(),
+        ));
+    }
+    let (uid, gid) = parse_user(image.config.user.as_deref()).map_err(invalid)?;
+    let cwd = match &spec.working_dir {
+        Some(dir) => dir.display().to_string(),
+        None => image
+            .config
+            .working_dir
+            .clone()
+            .unwrap_or_else(|| "/".to_owned()),
+    };
+    Ok(ProcessPlan {
+        args,
+        env: merged_env(&image.config.env, spec),
+        cwd,
+        uid,
+        gid,
+    })
+}
+
+fn merged_env(image_env: &[String], spec: &InstanceSpec) -> Vec<String> {
+    let mut env: Vec<String> = image_env.to_vec();
+    if !env.iter().any(|line| line.starts_with("PATH=")) {
+        env.insert(0, DEFAULT_PATH.to_owned());
+    }
+    for (name, value) in spec.full_env() {
+        let prefix = format!("{name}=");
+        env.retain(|line| !line.starts_with(&prefix));
+        env.push(format!("{name}={value}"));
+    }
+    env
+}
+
+/// `uid` or `uid:gid`, numeric; names would need the image's
+/// `/etc/passwd` and are refused for now.
+fn parse_user(user: Option<&str>) -> Result<(u32, u32), String> {
+    let Some(user) = user else {
+        return Ok((0, 0));
+    };
+    let (uid, gid) = user.split_once(':').unwrap_or((user, user));
+    let number = |text: &str| {
+        text.parse::<u32>()
+            .map_err(|_| format!("image user {user:?}: only numeric uid[:gid] is supported"))
+    };
+    let uid = if uid == "root" { 0 } else { number(uid)? };
+    let gid = if gid == "root" {
+        0
+    } else if gid == user {
+        uid
+    } else {
+        number(gid)?
+    };
+    Ok((uid, gid))
+}
+
+/// The OCI runtime's own error lines in the log after `offset` (runc logs
+/// `level=error msg=...`, crun `crun: ...`), `None` when there are none.
+fn runtime_error(dir: &Path, offset: u64) -> Option<String> {
+    let bytes = std::fs::read(dir.join(logs::LOG_FILE)).ok()?;
+    let start = usize::try_from(offset)
+        .unwrap_or(usize::MAX)
+        .min(bytes.len());
+    let text = String::from_utf8_lossy(&bytes[start..]);
+    let errors: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("level=error") || line.starts_with("crun:"))
+        .collect();
+    (!errors.is_empty()).then(|| errors.join("; "))
+}
+
+/// How a run ended from the monitor's record: runc exits 128 + N when
+/// the container's init was killed by signal N.
+fn exit_info(recorded: Option<(i32, i64)>, stop_requested: bool) -> ExitInfo {
+    let Some((code, finished_at_ms)) = recorded else {
+        return ExitInfo {
+            code: None,
+            signal: None,
+            reason: ExitReason::AgentAway,
+            finished_at_ms: crate::now_ms(),
+        };
+    };
+    let (code, signal) = if (129..=128 + 64).contains(&code) {
+        (None, Some(code - 128))
+    } else {
+        (Some(code), None)
+    };
+    ExitInfo {
+        code,
+        signal,
+        reason: if stop_requested {
+            ExitReason::Stopped
+        } else {
+            ExitReason::Exited
+        },
+        finished_at_ms,
+    }
+}
+
+async fn logs_of(inner: &Arc<Inner>, id: &str, options: LogOptions) -> Result<LogStream> {
+    let dir = inner.dir(id);
+    inner.status(id, Operation::Logs)?;
+    let path = dir.path.clone();
+    let (lines, offset) = tokio::task::spawn_blocking(move || logs::read_tail(&path, options.tail))
+        .await
+        .map_err(|e| {
+            Error::io(
+                id,
+                Operation::Logs,
+                "reading output.log",
+                std::io::Error::other(e),
+            )
+        })?
+        .map_err(|e| Error::io(id, Operation::Logs, "reading output.log", e))?;
+    let (sender, receiver) = mpsc::channel(256);
+    let weak = Arc::downgrade(inner);
+    let id = id.to_owned();
+    tokio::spawn(async move {
+        for line in lines {
+            if sender.send(Ok(line)).await.is_err() {
+                return;
+            }
+        }
+        if options.follow {
+            let is_running = move || weak.upgrade().is_some_and(|inner| inner.is_running(&id));
+            logs::follow(dir.path, offset, is_running, sender).await;
+        }
+    });
+    Ok(LogStream::from_channel(receiver))
+}
+
+/// Rotates every container's log past its limit (copy, then truncate: the
+/// container keeps its `O_APPEND` descriptor), until the runtime is gone.
+async fn rotate_logs(inner: std::sync::Weak<Inner>) {
+    loop {
+        let Some(interval) = inner.upgrade().map(|inner| inner.config.rotate_interval) else {
+            return;
+        };
+        tokio::time::sleep(interval).await;
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let _ = tokio::task::spawn_blocking(move || rotate_all(&strong)).await;
+    }
+}
+
+fn rotate_all(inner: &Inner) {
+    let Ok(entries) = std::fs::read_dir(&inner.instances_dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let Ok(instance) = inner.dir(&id).read_instance(Operation::Logs) else {
+            continue;
+        };
+        if let Err(error) = logs::rotate_if_needed(&entry.path(), instance.spec.log_limit_bytes) {
+            tracing::warn!(instance = id, %error, "rotating output.log failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn users_are_numeric_and_default_to_root() {
+        assert_eq!(parse_user(None), Ok((0, 0)));
+        assert_eq!(parse_user(Some("1000")), Ok((1000, 1000)));
+        assert_eq!(parse_user(Some("1000:100")), Ok((1000, 100)));
+        assert_eq!(parse_user(Some("root")), Ok((0, 0)));
+        let error = parse_user(Some("www-data")).expect_err("names are refused");
+        assert!(error.contains("only numeric"), "{error}");
+    }
+
+    #[test]
+    fn signals_read_from_runc_exit_codes_and_stops_are_stopped() {
+        let killed = exit_info(Some((137, 5)), true);
+        assert_eq!(
+            (killed.code, killed.signal, killed.reason),
+            (None, Some(9), ExitReason::Stopped)
+        );
+        let exited = exit_info(Some((3, 5)), false);
+        assert_eq!((exited.code, exited.reason), (Some(3), ExitReason::Exited));
+        assert_eq!(exit_info(None, false).reason, ExitReason::AgentAway);
+    }
+
+    #[test]
+    fn the_instance_environment_overrides_the_image_and_path_defaults() {
+        let mut spec = InstanceSpec::new("a", "svc", "true");
+        spec.env.insert("MODE".into(), "prod".into());
+        let env = merged_env(&["MODE=dev".into(), "KEEP=1".into()], &spec);
+        assert_eq!(env[0], DEFAULT_PATH);
+        assert!(env.contains(&"KEEP=1".to_owned()) && env.contains(&"MODE=prod".to_owned()));
+        assert!(!env.contains(&"MODE=dev".to_owned()));
+        assert!(env.contains(&"CCA_INSTANCE=a".to_owned()));
+    }
+}

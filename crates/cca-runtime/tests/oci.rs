@@ -1,0 +1,376 @@
+//! The `oci` runtime against the real kernel and runc: an image built from
+//! busybox-static in the test, pushed to a loopback `docker-registry` and
+//! pulled into a store; `busybox httpd` reached on loopback (containers
+//! share the host network for now), stop with grace then kill (httpd as
+//! PID 1 ignores SIGTERM), exit codes, logs, exec, restart, adoption by a
+//! second runtime object, and removal leaving no mount, cgroup or state.
+//! A guard force-deletes the test's containers and unmounts their rootfs,
+//! also when a test fails.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use cca_image::testing::{
+    TestRegistry, busybox_layer, commands_available, free_port, write_oci_layout,
+};
+use cca_image::{ImageStore, Puller, RegistrySettings};
+use cca_runtime::{
+    ExecRequest, ExitReason, InstanceSpec, InstanceState, LimitsEnforcement, LogOptions, OciConfig,
+    OciRuntime, PortBinding, Runtime,
+};
+
+/// A store holding the busybox test image, a runtime directory, and the
+/// cleanup of whatever the test started.
+struct Fixture {
+    image: String,
+    store: ImageStore,
+    dir: tempfile::TempDir,
+    runtime: OciRuntime,
+    _registry: TestRegistry,
+}
+
+impl Fixture {
+    async fn new(test: &str) -> Option<Self> {
+        if !commands_available(test, &["runc", "docker-registry", "skopeo", "busybox"]) {
+            return None;
+        }
+        if !rustix::process::geteuid().is_root() {
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!("skipping {test}: containers need root");
+            }
+            return None;
+        }
+        let layout = tempfile::tempdir().expect("tempdir");
+        let layer = busybox_layer().expect("busybox layer");
+        write_oci_layout(layout.path(), "1", &[layer], &["sh"]).expect("layout");
+        let registry = TestRegistry::start().expect("registry");
+        registry
+            .push(layout.path(), "1", "test/busybox")
+            .expect("push");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = ImageStore::open(dir.path().join("images")).expect("store");
+        let image = format!("{}/test/busybox:1", registry.host);
+        let puller = Puller::new(store.clone(), RegistrySettings::plain_http(&registry.host));
+        puller
+            .pull(&image.parse().expect("reference"))
+            .await
+            .expect("pull");
+        let runtime = OciRuntime::new(OciConfig::new(dir.path().join("oci"), store.clone()))
+            .await
+            .expect("runtime opens");
+        Some(Self {
+            image,
+            store,
+            dir,
+            runtime,
+            _registry: registry,
+        })
+    }
+
+    fn spec(&self, id: &str, command: &str) -> InstanceSpec {
+        let mut spec = InstanceSpec::new(id, "svc", command);
+        spec.image = Some(self.image.clone());
+        spec
+    }
+
+    async fn run(&self, spec: InstanceSpec) {
+        let id = self.runtime.create(spec).await.expect("create");
+        self.runtime.start(&id).await.expect("start");
+    }
+
+    /// A second runtime object on the same directory: a restarted agent.
+    async fn reopen(&self) -> OciRuntime {
+        OciRuntime::new(OciConfig::new(
+            self.dir.path().join("oci"),
+            self.store.clone(),
+        ))
+        .await
+        .expect("runtime reopens")
+    }
+
+    async fn wait_exited(&self, id: &str) -> cca_runtime::InstanceStatus {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let status = self.runtime.inspect(id).await.expect("inspect");
+            if status.state == InstanceState::Exited || Instant::now() > deadline {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Nothing of `id` is left: no instance dir, mount, cgroup or runc state.
+    fn assert_gone(&self, id: &str) {
+        let instance_dir = self.runtime.instance_dir(id);
+        assert!(!instance_dir.exists(), "{} is left", instance_dir.display());
+        let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+        assert!(
+            !mountinfo.contains(&instance_dir.display().to_string()),
+            "a mount is left"
+        );
+        let cgroups: Vec<PathBuf> = self
+            .runtime
+            .cgroup_dirs(id)
+            .into_iter()
+            .filter(|d| d.exists())
+            .collect();
+        assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
+        let state = self.runtime.binary().state_root.join(id);
+        assert!(!state.exists(), "runc state {} is left", state.display());
+    }
+}
+
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let binary = self.runtime.binary().clone();
+        let Ok(entries) = std::fs::read_dir(self.dir.path().join("oci/instances")) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let _ = Command::new(&binary.path)
+                .arg("--root")
+                .arg(&binary.state_root)
+                .args(["delete", "--force"])
+                .arg(entry.file_name())
+                .output();
+            let _ = rustix::mount::unmount(
+                entry.path().join("bundle/rootfs"),
+                rustix::mount::UnmountFlags::DETACH,
+            );
+        }
+    }
+}
+
+/// `GET /` on loopback, the body when the answer is 200.
+fn http_get(port: u16) -> Option<String> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    stream
+        .write_all(b"GET / HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    (head.split(' ').nth(1) == Some("200")).then(|| body.to_owned())
+}
+
+async fn wait_for_http(port: u16) -> Option<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        if let Some(body) = http_get(port) {
+            return Some(body);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+#[tokio::test]
+async fn busybox_httpd_serves_on_loopback_then_is_killed_after_the_grace_and_removed() {
+    let Some(test) = Fixture::new("busybox_httpd_serves").await else {
+        return;
+    };
+    let port = free_port().expect("port");
+    let mut spec = test.spec("web-1", "exec httpd -f -p $PORT -h /www");
+    spec.ports = vec![PortBinding {
+        name: "http".into(),
+        host_port: port,
+    }];
+    spec.memory_bytes = Some(64 << 20);
+    spec.cpu_millis = Some(500);
+    test.run(spec).await;
+
+    let status = test.runtime.inspect("web-1").await.expect("inspect");
+    assert_eq!(
+        (status.state, status.adopted),
+        (InstanceState::Running, false)
+    );
+    assert!(
+        matches!(status.limits, LimitsEnforcement::Enforced { .. }),
+        "{:?}",
+        status.limits
+    );
+    let Some(body) = wait_for_http(port).await else {
+        let log = std::fs::read_to_string(test.runtime.instance_dir("web-1").join("output.log"));
+        panic!("httpd does not answer on loopback; its log: {log:?}");
+    };
+    assert_eq!(body, "hello from busybox\n");
+    let memory = test
+        .runtime
+        .cgroup_dirs("web-1")
+        .into_iter()
+        .find(|dir| dir.join("memory.limit_in_bytes").exists())
+        .expect("a memory cgroup");
+    let limit = std::fs::read_to_string(memory.join("memory.limit_in_bytes")).expect("limit");
+    assert_eq!(limit.trim(), (64u64 << 20).to_string());
+
+    let grace = Duration::from_millis(300);
+    let started = Instant::now();
+    let status = test.runtime.stop("web-1", grace).await.expect("stop");
+    assert!(
+        started.elapsed() >= grace,
+        "httpd ignores SIGTERM: KILL comes after the grace"
+    );
+    let exit = status.exit.expect("exited");
+    assert_eq!((exit.reason, exit.signal), (ExitReason::Stopped, Some(9)));
+    assert!(http_get(port).is_none(), "httpd is gone");
+
+    test.runtime.remove("web-1").await.expect("remove");
+    test.assert_gone("web-1");
+    assert!(test.runtime.list().await.expect("list").is_empty());
+}
+
+#[tokio::test]
+async fn exit_codes_logs_exec_and_restarts() {
+    let Some(test) = Fixture::new("exit_codes_logs_exec").await else {
+        return;
+    };
+    test.run(test.spec(
+        "job",
+        "echo hello from $CCA_INSTANCE; echo oops >&2; exit 3",
+    ))
+    .await;
+    let status = test.wait_exited("job").await;
+    let exit = status.exit.expect("exited");
+    assert_eq!((exit.code, exit.reason), (Some(3), ExitReason::Exited));
+    let logs = test
+        .runtime
+        .logs("job", LogOptions::default())
+        .await
+        .expect("logs");
+    // runc copies stdout and stderr through separate pipes: their relative
+    // order is not kept.
+    let mut lines = logs.collect().await.expect("lines");
+    lines.sort();
+    assert_eq!(lines, ["hello from job", "oops"]);
+
+    test.runtime.start("job").await.expect("restart");
+    let status = test.wait_exited("job").await;
+    assert_eq!(status.exit.and_then(|e| e.code), Some(3));
+    let logs = test
+        .runtime
+        .logs("job", LogOptions::default())
+        .await
+        .expect("logs");
+    assert_eq!(
+        logs.collect().await.expect("lines").len(),
+        4,
+        "the restart appended"
+    );
+
+    test.run(test.spec("svc", "sleep 1000")).await;
+    let request = ExecRequest::new(
+        [
+            "sh",
+            "-c",
+            "echo $CCA_INSTANCE; cat /etc/hostname 2>/dev/null; hostname",
+        ],
+        Duration::from_secs(5),
+    );
+    let output = test.runtime.exec("svc", request).await.expect("exec");
+    assert!(output.success(), "{output:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout).lines().last(),
+        Some("svc"),
+        "uts namespace"
+    );
+    assert!(
+        String::from_utf8_lossy(&output.stdout).starts_with("svc\n"),
+        "the instance env"
+    );
+    let status = test
+        .runtime
+        .stop("svc", Duration::from_secs(5))
+        .await
+        .expect("stop");
+    assert_eq!(status.exit.map(|e| e.reason), Some(ExitReason::Stopped));
+    for id in ["job", "svc"] {
+        test.runtime.remove(id).await.expect("remove");
+        test.assert_gone(id);
+    }
+}
+
+#[tokio::test]
+async fn a_restarted_agent_adopts_a_running_container_and_learns_its_exit() {
+    let Some(test) = Fixture::new("adoption").await else {
+        return;
+    };
+    test.run(test.spec(
+        "long",
+        "trap 'exit 7' TERM; while true; do sleep 0.05; done",
+    ))
+    .await;
+
+    let adopter = test.reopen().await;
+    let listed = adopter.list().await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        (listed[0].state, listed[0].adopted),
+        (InstanceState::Running, true)
+    );
+    let status = adopter
+        .stop("long", Duration::from_secs(5))
+        .await
+        .expect("stop");
+    let exit = status.exit.expect("exited");
+    assert_eq!(
+        (exit.code, exit.reason),
+        (Some(7), ExitReason::Stopped),
+        "the trap ran on SIGTERM"
+    );
+    adopter.remove("long").await.expect("remove");
+    test.assert_gone("long");
+}
+
+#[tokio::test]
+async fn an_image_not_in_the_store_fails_create_and_leaves_nothing() {
+    let Some(test) = Fixture::new("image_not_in_store").await else {
+        return;
+    };
+    let mut spec = test.spec("ghost", "true");
+    spec.image = Some("127.0.0.1:1/not/pulled:1".into());
+    let error = test
+        .runtime
+        .create(spec)
+        .await
+        .expect_err("must fail")
+        .to_string();
+    assert_eq!(
+        error,
+        "instance ghost: create failed: image 127.0.0.1:1/not/pulled:1: not in the store"
+    );
+    let mut spec = test.spec("bad", "true");
+    spec.image = Some("Not A Reference".into());
+    let error = test
+        .runtime
+        .create(spec)
+        .await
+        .expect_err("must fail")
+        .to_string();
+    assert!(error.contains("invalid image reference"), "{error}");
+    test.assert_gone("ghost");
+    test.assert_gone("bad");
+}
+
+#[tokio::test]
+async fn crun_on_hybrid_cgroups_is_refused_with_the_reason() {
+    let hybrid = std::path::Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists()
+        && std::path::Path::new("/sys/fs/cgroup/memory").is_dir();
+    if !hybrid || !commands_available("crun_on_hybrid_cgroups", &["crun"]) {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = ImageStore::open(dir.path().join("images")).expect("store");
+    let mut config = OciConfig::new(dir.path().join("oci"), store);
+    config.binary = cca_image::testing::find_command("crun");
+    let error = OciRuntime::new(config)
+        .await
+        .expect_err("crun is refused here")
+        .to_string();
+    assert!(error.contains("crun refuses hybrid cgroups"), "{error}");
+    assert!(error.contains("use runc"), "{error}");
+}
