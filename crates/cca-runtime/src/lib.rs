@@ -5,8 +5,9 @@
 //! session and process group, cgroup limits where the host allows them,
 //! rotated log files, state on disk so a restarted agent adopts what it
 //! finds); `FakeRuntime` (feature `fake`) records calls and injects failures
-//! for the agent's unit tests. Later runtimes (`oci`, `sim`) implement the
-//! same trait.
+//! for the agent's unit tests. [`OciRuntime`] runs containers from the
+//! node's image store with runc; `sim` simulates instances (seeded start
+//! latency, failures, crashes) for benchmarks.
 
 mod error;
 #[cfg(any(test, feature = "fake"))]
