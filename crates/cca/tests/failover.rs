@@ -1,0 +1,147 @@
+//! HA failover with real processes: two `cca server`s on one real etcd.
+//! Exactly one leads (runs the controllers); `kill -9` it and the other
+//! takes over within the leader lease TTL and places new work. Both serve
+//! the API throughout. Every process is killed when the test ends.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use cca_store::testing::etcd::EtcdServer;
+
+const CCA: &str = env!("CARGO_BIN_EXE_cca");
+const LEADER_TTL: Duration = Duration::from_secs(2);
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start_server(etcd: &EtcdServer, id: &str) -> Server {
+    let store = format!("etcd://{}", etcd.endpoint().trim_start_matches("http://"));
+    let mut child = Command::new(CCA)
+        .args([
+            "server",
+            "--store",
+            &store,
+            "--listen",
+            "127.0.0.1:0",
+            "--server-id",
+            id,
+        ])
+        .args(["--leader-ttl", "2s", "--startup-grace", "0s"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cca server starts");
+    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
+    let url = loop {
+        let line = lines
+            .next()
+            .expect("the server announces itself")
+            .expect("stderr line");
+        if let Some(url) = line.strip_prefix("cca server listening on ") {
+            break url.trim().to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    Server { child, url }
+}
+
+/// 1 when the server leads, 0 when it stands by (from its `/metrics`).
+async fn leads(server: &Server) -> Option<bool> {
+    let text = reqwest::get(format!("{}/metrics", server.url))
+        .await
+        .ok()?
+        .text()
+        .await
+        .ok()?;
+    let line = text.lines().find(|line| line.starts_with("leader "))?;
+    Some(line.ends_with(" 1"))
+}
+
+async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) -> Duration {
+    let started = Instant::now();
+    while !check().await {
+        assert!(
+            started.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standby_server_takes_over_within_the_lease_ttl() {
+    let etcd = EtcdServer::start();
+    let a = start_server(&etcd, "server-a");
+    let b = start_server(&etcd, "server-b");
+    wait_for("a leader", Duration::from_secs(10), async || {
+        leads(&a).await == Some(true) || leads(&b).await == Some(true)
+    })
+    .await;
+    let (leader, standby) = if leads(&a).await == Some(true) {
+        (a, b)
+    } else {
+        (b, a)
+    };
+    assert_eq!(
+        leads(&standby).await,
+        Some(false),
+        "exactly one server leads"
+    );
+
+    let mut leader = leader;
+    leader.child.kill().expect("kill -9 the leader");
+    let _ = leader.child.wait();
+    let took = wait_for("the standby to lead", LEADER_TTL * 4, async || {
+        leads(&standby).await == Some(true)
+    })
+    .await;
+    assert!(
+        took <= LEADER_TTL + Duration::from_millis(1500),
+        "takeover took {took:?} with a {LEADER_TTL:?} TTL"
+    );
+
+    // The new leader runs the controllers: an applied service gets placed
+    // (an unplaced-demand fact appears, as no node has registered).
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = dir.path().join("app.cca");
+    std::fs::write(
+        &file,
+        "service web {\n  run = \"sleep 100\"\n  replicas = 2\n}\n",
+    )
+    .expect("write");
+    let applied = Command::new(CCA)
+        .args(["apply", file.to_str().expect("utf-8")])
+        .env("CCA_SERVER", &standby.url)
+        .output()
+        .expect("cca apply");
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    wait_for(
+        "the new leader's scheduler to act",
+        Duration::from_secs(10),
+        async || {
+            let output = Command::new(CCA)
+                .args(["describe", "service", "web"])
+                .env("CCA_SERVER", &standby.url)
+                .output()
+                .expect("cca describe");
+            let text = String::from_utf8_lossy(&output.stdout).into_owned();
+            text.contains("insufficient_capacity") || text.contains("unsatisfiable_constraint")
+        },
+    )
+    .await;
+}
