@@ -10,6 +10,7 @@ pub mod desired;
 pub mod error;
 pub mod health;
 mod link;
+pub mod runtimes;
 pub mod serve;
 pub mod supervisor;
 
@@ -28,6 +29,7 @@ use tokio::sync::watch;
 
 pub use desired::Desired;
 pub use error::AgentError;
+pub use runtimes::{Containers, RuntimeSet};
 pub use supervisor::{Supervisor, SupervisorConfig};
 
 /// Everything an agent needs to know about itself.

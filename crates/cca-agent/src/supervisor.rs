@@ -329,15 +329,16 @@ impl Supervisor {
                 instance.service
             )
         })?;
-        let command = match &service.workload {
-            Workload::Process { run } => run.clone(),
-            Workload::Image { image, .. } => {
-                return Err(format!(
-                    "image `{image}` needs a container runtime; this agent runs host processes only"
-                ));
+        // Which runtime runs it is the runtime's business (see
+        // `RuntimeSet`): the spec only says whether it is an image.
+        let (command, image) = match &service.workload {
+            Workload::Process { run } => (run.clone(), None),
+            Workload::Image { image, command } => {
+                (command.clone().unwrap_or_default(), Some(image.clone()))
             }
         };
         let mut spec = InstanceSpec::new(&instance.id, &instance.service, command);
+        spec.image = image;
         spec.node = self.node.clone();
         spec.env = self.base_env.clone();
         // Instances of nodes sharing a host (tests, several agents on one

@@ -3,7 +3,10 @@
 //! gives up after the threshold with the exit code and log tail, stops what
 //! the scheduler stops, adopts instances an earlier agent left running,
 //! removes orphans only once the assignments are known, and refuses what
-//! it cannot run with a reason.
+//! it cannot run with a reason. Through a `RuntimeSet` of two fakes:
+//! image workloads go to the container runtime pinned to the image's
+//! digest, a node without containers or a failed pull fails the instance
+//! with the reason and creates nothing.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -11,7 +14,9 @@ use std::time::Duration;
 
 use cca_agent::desired::Desired;
 use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
+use cca_agent::{Containers, RuntimeSet};
 use cca_api::types::Assignment;
+use cca_image::{Digest, ImageConfig, ImageRecord, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{
     Cpu, InitStep, Memory, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy,
@@ -237,24 +242,194 @@ async fn orphans_are_removed_only_once_the_assignments_are_known() {
     assert!(fake.status("old-1").is_none());
 }
 
-#[tokio::test]
-async fn an_image_workload_on_a_process_node_fails_with_a_reason() {
-    let fake = Arc::new(FakeRuntime::new());
-    let mut supervisor = supervisor(&fake);
-    let image = Workload::Image {
-        image: "busybox:1".into(),
-        command: None,
+fn supervisor_over(runtime: RuntimeSet) -> Supervisor {
+    let config = SupervisorConfig {
+        restart_threshold: 3,
+        backoff_base: Duration::from_millis(10),
+        backoff_max: Duration::from_millis(40),
+        stable_after: Duration::from_secs(30),
+        stop_grace: Duration::from_millis(100),
+        log_tail: 5,
     };
-    let desired = desired(vec![assignment("web-1", image, false)]);
-    let tick = supervisor.tick(&desired).await;
-    assert_eq!(state_of(&tick, "web-1"), Some(InstanceState::Failed));
-    let message = tick.statuses[0].message.clone().unwrap_or_default();
-    assert!(message.contains("needs a container runtime"), "{message}");
-    assert!(
-        fake.calls()
-            .iter()
-            .all(|call| !matches!(call, Call::Create(_)))
+    Supervisor::new(
+        "n1",
+        "127.0.0.1",
+        Arc::new(runtime),
+        config,
+        BTreeMap::new(),
+    )
+}
+
+fn image(reference: &str) -> Workload {
+    Workload::Image {
+        image: reference.into(),
+        command: Some("httpd -f".into()),
+    }
+}
+
+fn creates(fake: &FakeRuntime) -> Vec<InstanceSpec> {
+    fake.calls()
+        .into_iter()
+        .filter_map(|call| match call {
+            Call::Create(spec) => Some(spec),
+            _ => None,
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn an_image_workload_on_a_node_without_containers_fails_with_the_reason() {
+    let fake = Arc::new(FakeRuntime::new());
+    let set = RuntimeSet::processes_only(
+        Arc::clone(&fake) as Arc<dyn Runtime>,
+        "no OCI runtime found: neither runc nor crun is on PATH",
     );
+    let mut supervisor = supervisor_over(set);
+    let desired = desired(vec![assignment("web-1", image("busybox:1"), false)]);
+    let tick = tick_until(&mut supervisor, &desired, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Failed)
+    })
+    .await;
+    let message = tick.statuses[0].message.clone().unwrap_or_default();
+    assert!(
+        message.contains("image `busybox:1` needs a container runtime")
+            && message.contains("neither runc nor crun"),
+        "{message}"
+    );
+    assert!(creates(&fake).is_empty());
+}
+
+/// A node with a fake process runtime, a fake container runtime and a real
+/// image store in a temporary directory.
+struct Node {
+    processes: Arc<FakeRuntime>,
+    containers: Arc<FakeRuntime>,
+    store: ImageStore,
+    _dir: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> (Self, RuntimeSet) {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = ImageStore::open(dir.path().join("images")).expect("store");
+        let processes = Arc::new(FakeRuntime::new());
+        let containers = Arc::new(FakeRuntime::new());
+        let set = RuntimeSet::new(
+            Arc::clone(&processes) as Arc<dyn Runtime>,
+            Containers::new(
+                Arc::clone(&containers) as Arc<dyn Runtime>,
+                store.clone(),
+                RegistrySettings::insecure(&["127.0.0.1:1".to_owned()]).expect("settings"),
+            ),
+        );
+        let node = Self {
+            processes,
+            containers,
+            store,
+            _dir: dir,
+        };
+        (node, set)
+    }
+}
+
+#[tokio::test]
+async fn a_failed_pull_fails_the_instance_with_the_reason_and_creates_nothing() {
+    let (node, set) = Node::new();
+    let mut supervisor = supervisor_over(set);
+    let desired = desired(vec![
+        assignment("unreachable", image("127.0.0.1:1/test/busybox:1"), false),
+        assignment("invalid", image("Not A Reference"), false),
+    ]);
+    let tick = tick_until(&mut supervisor, &desired, "both", |t| {
+        state_of(t, "unreachable") == Some(InstanceState::Failed)
+            && state_of(t, "invalid") == Some(InstanceState::Failed)
+    })
+    .await;
+    let message = |id: &str| {
+        tick.statuses
+            .iter()
+            .find(|s| s.id == id)
+            .and_then(|s| s.message.clone())
+            .unwrap_or_default()
+    };
+    let unreachable = message("unreachable");
+    assert!(
+        unreachable.contains("pulling the image failed")
+            && unreachable.contains("registry 127.0.0.1:1"),
+        "{unreachable}"
+    );
+    let invalid = message("invalid");
+    assert!(
+        invalid.contains("invalid image reference \"Not A Reference\""),
+        "{invalid}"
+    );
+    assert!(creates(&node.containers).is_empty() && creates(&node.processes).is_empty());
+    assert!(node.store.images().expect("images").is_empty());
+}
+
+#[tokio::test]
+async fn images_go_to_the_container_runtime_pinned_to_their_digest_and_lists_merge() {
+    let (node, set) = Node::new();
+    // An image already in the store is not pulled (the registry at port 1
+    // would refuse).
+    let digest = Digest::of_bytes(b"manifest");
+    node.store
+        .save_image(ImageRecord {
+            digest: digest.clone(),
+            names: ["127.0.0.1:1/test/app:1".to_owned()].into(),
+            config_digest: Digest::of_bytes(b"config"),
+            layers: Vec::new(),
+            config: ImageConfig::default(),
+            size_bytes: 0,
+            pulled_at_ms: 0,
+        })
+        .expect("record");
+    let mut supervisor = supervisor_over(set);
+    let desired = desired(vec![
+        assignment("app-1", image("127.0.0.1:1/test/app:1"), false),
+        assignment("web-1", run("serve"), false),
+    ]);
+    tick_until(&mut supervisor, &desired, "both", |t| {
+        state_of(t, "app-1") == Some(InstanceState::Running)
+            && state_of(t, "web-1") == Some(InstanceState::Running)
+    })
+    .await;
+    let container = creates(&node.containers);
+    assert_eq!(container.len(), 1);
+    assert_eq!(
+        (container[0].id.as_str(), container[0].command.as_str()),
+        ("app-1", "httpd -f")
+    );
+    assert_eq!(
+        container[0].image.as_deref(),
+        Some(format!("127.0.0.1:1/test/app@{digest}").as_str())
+    );
+    let process = creates(&node.processes);
+    assert_eq!(
+        process.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        ["web-1"]
+    );
+
+    // Orphans in both runtimes are found through the merged list and
+    // removed by the runtime that holds them.
+    let tick = tick_until(&mut supervisor, &desired_none(), "none", |t| {
+        t.removed.len() == 2
+    })
+    .await;
+    let mut removed = tick.removed.clone();
+    removed.sort();
+    assert_eq!(removed, ["app-1", "web-1"]);
+    assert!(node.containers.status("app-1").is_none());
+    assert!(node.processes.status("web-1").is_none());
+    assert_eq!(
+        node.store.images().expect("images").len(),
+        1,
+        "a named image stays"
+    );
+}
+
+fn desired_none() -> Desired {
+    desired(Vec::new())
 }
 
 fn with_init(mut assignment: Assignment, command: &str) -> Assignment {

@@ -13,6 +13,11 @@ pub enum Error {
     #[error("invalid image reference {reference:?}: {reason}")]
     InvalidReference { reference: String, reason: String },
 
+    #[error(
+        "invalid registry {registry:?} (expected HOST or HOST:PORT, as in references): {reason}"
+    )]
+    InvalidRegistry { registry: String, reason: String },
+
     #[error("invalid digest {digest:?}: {reason}")]
     InvalidDigest { digest: String, reason: String },
 
@@ -58,6 +63,9 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    #[error("image store {}: busy: {reason}", store.display())]
+    Busy { store: PathBuf, reason: String },
 
     #[error("image store: {path} is not a valid image record: {source}")]
     CorruptRecord {

@@ -24,4 +24,4 @@ pub use digest::Digest;
 pub use error::{Error, Result};
 pub use pull::{Puller, RegistryConfig, RegistrySettings, node_architecture};
 pub use reference::{DEFAULT_REGISTRY, ImageRef};
-pub use store::{GcReport, ImageRecord, ImageStore};
+pub use store::{GcReport, ImageRecord, ImageStore, PullLock};

@@ -52,6 +52,29 @@ impl RegistrySettings {
         }
     }
 
+    /// Settings allowing plain HTTP to each of `registries` (`HOST[:PORT]`
+    /// as written in references: `--insecure-registry`), anonymous access;
+    /// anything else is refused with the reason.
+    pub fn insecure(registries: &[String]) -> Result<Self> {
+        let mut settings = Self::default();
+        for registry in registries {
+            crate::reference::validate_registry(registry).map_err(|reason| {
+                Error::InvalidRegistry {
+                    registry: registry.clone(),
+                    reason,
+                }
+            })?;
+            settings.registries.insert(
+                registry.clone(),
+                RegistryConfig {
+                    plain_http: true,
+                    ..RegistryConfig::default()
+                },
+            );
+        }
+        Ok(settings)
+    }
+
     fn auth_for(&self, registry: &str) -> RegistryAuth {
         match self.registries.get(registry) {
             Some(RegistryConfig {
@@ -103,8 +126,11 @@ impl Puller {
 
     /// Pulls `reference` (its digest when it has one, else its tag) and
     /// records it under its name and under `name@digest`. Blobs and layers
-    /// already in the store are not fetched again.
+    /// already in the store are not fetched again. Holds the store's pull
+    /// lock throughout, so no garbage collection runs meanwhile.
     pub async fn pull(&self, reference: &ImageRef) -> Result<ImageRecord> {
+        let store = self.store.clone();
+        let _lock = blocking(move || store.lock_for_pull()).await?;
         let oci_ref = reference.to_oci();
         let auth = self.settings.auth_for(&reference.registry);
         let (manifest, manifest_digest, config_json) = self
@@ -151,8 +177,11 @@ impl Puller {
         oci_ref: &oci_client::Reference,
         layers: &[OciDescriptor],
     ) -> Result<Vec<Digest>> {
-        futures_util::stream::iter(layers)
-            .map(|layer| self.fetch_layer(reference, oci_ref, layer))
+        // Owned descriptors: a closure over borrowed ones makes the future
+        // not provably `Send` (rustc's higher-ranked lifetime limitation),
+        // and the agent pulls inside `Send` tasks.
+        futures_util::stream::iter(layers.to_vec())
+            .map(|layer| async move { self.fetch_layer(reference, oci_ref, &layer).await })
             .buffered(PARALLEL_LAYERS)
             .try_collect()
             .await

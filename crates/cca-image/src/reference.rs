@@ -135,7 +135,7 @@ fn split_registry(name: &str) -> (String, String) {
     (DEFAULT_REGISTRY.to_owned(), repository)
 }
 
-fn validate_registry(registry: &str) -> Result<(), String> {
+pub(crate) fn validate_registry(registry: &str) -> Result<(), String> {
     let (host, port) = match registry.rsplit_once(':') {
         Some((host, port)) => (host, Some(port)),
         None => (registry, None),

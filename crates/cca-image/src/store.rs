@@ -5,11 +5,15 @@
 //! DIR/layers/sha256/{hex}/       each layer unpacked, overlayfs form
 //! DIR/images/{hex}.json          one record per image (manifest digest)
 //! DIR/tmp/                       writes in progress; emptied on open
+//! DIR/lock                       flock: shared by pulls, exclusive by gc
 //! ```
 //!
 //! Everything is written under `tmp/` first and renamed into place only
 //! once complete and verified, so a crash or a failed pull never leaves a
-//! half-written blob, layer or record where a reader would find it.
+//! half-written blob, layer or record where a reader would find it. A pull's
+//! blobs are unreferenced until its record is saved, so pulls hold `DIR/lock`
+//! shared and garbage collection takes it exclusively (without waiting): the
+//! agent and `cca image gc` in another process never collect a pull under way.
 
 use std::collections::{BTreeSet, HashSet};
 use std::io::Write;
@@ -45,6 +49,13 @@ pub struct GcReport {
     pub layers: Vec<Digest>,
 }
 
+/// Held for the duration of a pull ([`ImageStore::lock_for_pull`]); the
+/// flock goes with the file.
+#[derive(Debug)]
+pub struct PullLock {
+    _file: std::fs::File,
+}
+
 /// A handle on the store; cheap to clone, shared by pulls.
 #[derive(Clone, Debug)]
 pub struct ImageStore {
@@ -74,6 +85,29 @@ impl ImageStore {
             std::fs::create_dir_all(&dir).on("creating", &dir)?;
         }
         Ok(store)
+    }
+
+    /// Takes the store's lock shared, waiting while a garbage collection
+    /// runs (they are short); blocking, call it off the async threads.
+    pub fn lock_for_pull(&self) -> Result<PullLock> {
+        let file = self.lock_file()?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockShared)
+            .map_err(|e| Error::io("locking", self.lock_path(), e.into()))?;
+        Ok(PullLock { _file: file })
+    }
+
+    fn lock_file(&self) -> Result<std::fs::File> {
+        let path = self.lock_path();
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .on("opening", &path)
+    }
+
+    fn lock_path(&self) -> PathBuf {
+        self.root.join("lock")
     }
 
     pub fn root(&self) -> &Path {
@@ -231,10 +265,21 @@ impl ImageStore {
 
     /// Deletes images without a name unless `in_use` (manifest digests of
     /// images instances run), then every blob and layer no remaining image
-    /// references. Run it while no pull is under way (the caller
-    /// serialises them): a pull's blobs are unreferenced until its record
-    /// is saved.
+    /// references. Refused with [`Error::Busy`] while a pull (in any
+    /// process) holds the store's lock: a pull's blobs are unreferenced
+    /// until its record is saved.
     pub fn gc(&self, in_use: &HashSet<Digest>) -> Result<GcReport> {
+        let lock = self.lock_file()?;
+        match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => {}
+            Err(rustix::io::Errno::WOULDBLOCK) => {
+                return Err(Error::Busy {
+                    store: self.root.to_path_buf(),
+                    reason: "a pull is under way; collect garbage once it is done".into(),
+                });
+            }
+            Err(e) => return Err(Error::io("locking", self.lock_path(), e.into())),
+        }
         let _guard = self
             .records
             .lock()

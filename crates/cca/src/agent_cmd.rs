@@ -1,6 +1,9 @@
-//! `cca agent`: runs the node agent with the host-process runtime. Wiring
-//! only — the agent lives in `cca-agent`, the runtime in `cca-runtime`.
-//! Defaults describe this machine (cpus, memory, arch, hostname).
+//! `cca agent`: runs the node agent with the node's runtimes — host
+//! processes, and containers (runc or crun, images pulled into
+//! `DATA/images`) where the host can run them. Wiring only — the agent
+//! lives in `cca-agent`, the runtimes in `cca-runtime`, images in
+//! `cca-image`. Defaults describe this machine (cpus, memory, arch,
+//! hostname).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -10,9 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use cca_agent::{AgentConfig, SupervisorConfig};
+use cca_agent::{AgentConfig, Containers, RuntimeSet, SupervisorConfig};
+use cca_image::{ImageStore, RegistrySettings};
 use cca_model::spec::{Cpu, Memory};
-use cca_runtime::{ProcessConfig, ProcessRuntime, Runtime};
+use cca_runtime::{OciConfig, OciRuntime, ProcessConfig, ProcessRuntime, Runtime};
 use clap::Args;
 use tokio::sync::watch;
 
@@ -52,15 +56,23 @@ pub(crate) struct AgentArgs {
     /// First restart delay after a crash; doubles per crash, up to 30 s.
     #[arg(long, default_value = "1s", value_name = "DURATION")]
     restart_backoff: String,
+    /// A registry (`HOST:PORT`, as written in image references) reached
+    /// over plain HTTP instead of HTTPS; may repeat. Others: HTTPS only.
+    #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+    insecure_registries: Vec<String>,
+    /// The OCI runtime binary for containers (default: runc, else crun,
+    /// from PATH).
+    #[arg(long, value_name = "PATH")]
+    oci_runtime: Option<PathBuf>,
 }
 
 impl AgentArgs {
     /// The agent of `cca dev`: this machine, on loopback.
-    pub(crate) fn for_dev(server: String) -> Self {
+    pub(crate) fn for_dev(server: String, data_dir: PathBuf) -> Self {
         Self {
             server,
             node: None,
-            data_dir: PathBuf::new(),
+            data_dir,
             cpu: None,
             memory: None,
             zone: None,
@@ -69,6 +81,8 @@ impl AgentArgs {
             listen: None,
             restart_threshold: 5,
             restart_backoff: "1s".to_owned(),
+            insecure_registries: Vec::new(),
+            oci_runtime: None,
         }
     }
 }
@@ -77,15 +91,61 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
         let config = agent_config(&args, &args.data_dir)?;
-        let process = process_runtime(&args.data_dir).await?;
+        let runtime = node_runtime(&args).await?;
         let (stop, stopping) = watch::channel(false);
         tokio::spawn(async move {
             crate::server_cmd::shutdown_signal().await;
             let _ = stop.send(true);
         });
-        cca_agent::run(config, process, stopping).await?;
+        cca_agent::run(config, runtime, stopping).await?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The node's image store: `DATA/images`.
+pub(crate) fn images_dir(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("images")
+}
+
+/// The container runtime's directory: `DATA/oci`.
+pub(crate) fn oci_dir(data_dir: &std::path::Path) -> PathBuf {
+    data_dir.join("oci")
+}
+
+/// The process runtime and, when this host can run containers, the `oci`
+/// runtime with its image store; otherwise image workloads fail with the
+/// reason (logged once here too).
+pub(crate) async fn node_runtime(args: &AgentArgs) -> Result<Arc<dyn Runtime>> {
+    let registries =
+        RegistrySettings::insecure(&args.insecure_registries).context("--insecure-registry")?;
+    let process = process_runtime(&args.data_dir).await?;
+    let set = match containers(args, registries).await {
+        Ok(containers) => RuntimeSet::new(process, containers),
+        Err(reason) => {
+            tracing::warn!(%reason, "no container runtime: image workloads will fail");
+            RuntimeSet::processes_only(process, reason)
+        }
+    };
+    Ok(Arc::new(set))
+}
+
+async fn containers(
+    args: &AgentArgs,
+    registries: RegistrySettings,
+) -> std::result::Result<Containers, String> {
+    let uid = rustix::process::geteuid();
+    if !uid.is_root() {
+        return Err(format!(
+            "containers need root (mounts, cgroups, namespaces); the agent runs as uid {}",
+            uid.as_raw()
+        ));
+    }
+    let images_dir = images_dir(&args.data_dir);
+    let images = ImageStore::open(&images_dir).map_err(|e| e.to_string())?;
+    let mut config = OciConfig::new(oci_dir(&args.data_dir), images.clone());
+    config.binary.clone_from(&args.oci_runtime);
+    let oci = OciRuntime::new(config).await.map_err(|e| e.to_string())?;
+    Ok(Containers::new(Arc::new(oci), images, registries))
 }
 
 /// The host-process runtime with its instances under `DIR/runtime`, and

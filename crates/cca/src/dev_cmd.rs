@@ -1,6 +1,7 @@
 //! `cca dev [FILES…]`: a whole cluster in one process for development —
 //! embedded store, controllers, API and one agent running instances as
-//! host processes, data under `--data-dir`. Applies the files, prints the
+//! host processes (and containers, when run as root with runc or crun),
+//! data under `--data-dir`. Applies the files, prints the
 //! instances and the URL of every running service port, keeps the status
 //! live until Ctrl-C, then stops its instances cleanly. Wiring only.
 
@@ -125,10 +126,11 @@ async fn start_agent(
     stopping: watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<Result<(), cca_agent::AgentError>>> {
     let data_dir = args.data_dir.join("agent");
-    let agent_args = crate::agent_cmd::AgentArgs::for_dev(format!("http://{api}"));
+    let agent_args =
+        crate::agent_cmd::AgentArgs::for_dev(format!("http://{api}"), data_dir.clone());
     let mut config = crate::agent_cmd::agent_config(&agent_args, &data_dir)?;
     config.stop_instances_on_exit = true;
-    let runtime = crate::agent_cmd::process_runtime(&data_dir).await?;
+    let runtime = crate::agent_cmd::node_runtime(&agent_args).await?;
     Ok(tokio::spawn(cca_agent::run(config, runtime, stopping)))
 }
 

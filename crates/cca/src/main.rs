@@ -7,6 +7,7 @@ mod benchmark_cmd;
 mod cluster_cmd;
 mod dev_cmd;
 mod dsl_cmd;
+mod image_cmd;
 mod server_cmd;
 mod store_cmd;
 mod whoami;
@@ -37,6 +38,9 @@ enum Command {
     Server(server_cmd::ServerArgs),
     /// Run the node agent: register this node and run the instances placed on it.
     Agent(agent_cmd::AgentArgs),
+    /// Pull, list, remove and collect the images of a node's store (an operator's tool).
+    #[command(subcommand_required = true)]
+    Image(image_cmd::ImageArgs),
     /// A whole cluster in one process: apply FILES and run them here until Ctrl-C.
     Dev(dev_cmd::DevArgs),
     /// Benchmark the real control plane with N simulated nodes in this process.
@@ -57,6 +61,7 @@ fn main() -> ExitCode {
         Command::Render(args) => dsl_cmd::render(&args),
         Command::Server(args) => server_cmd::run(args),
         Command::Agent(args) => agent_cmd::run(args),
+        Command::Image(args) => image_cmd::run(args),
         Command::Dev(args) => dev_cmd::run(args),
         Command::Benchmark(args) => benchmark_cmd::run(args),
         Command::Whoami(args) => whoami::run(args),

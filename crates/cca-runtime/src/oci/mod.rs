@@ -146,6 +146,49 @@ impl OciRuntime {
     }
 }
 
+/// The manifest digests of the images the containers under the runtime
+/// directory `dir` were created from, running or not: what an image
+/// garbage collection must keep. Reads the records only (no OCI runtime
+/// binary needed), so `cca image gc` can ask it of a node's directory.
+pub fn images_in_use(dir: &Path) -> Result<HashSet<cca_image::Digest>> {
+    let instances = dir.join("instances");
+    let entries = match std::fs::read_dir(&instances) {
+        Ok(entries) => entries,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(HashSet::new()),
+        Err(source) => {
+            return Err(Error::RuntimeDir {
+                path: instances,
+                source,
+            });
+        }
+    };
+    let mut digests = HashSet::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| Error::RuntimeDir {
+            path: instances.clone(),
+            source,
+        })?;
+        let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let instance = match OciDir::new(&instances, &id).read_instance(Operation::List) {
+            Ok(instance) => instance,
+            Err(Error::NotFound { .. }) => continue,
+            Err(error) => return Err(error),
+        };
+        let digest = instance
+            .image_digest
+            .parse()
+            .map_err(|e: cca_image::Error| Error::Failed {
+                id: id.clone(),
+                operation: Operation::List,
+                message: format!("the recorded image digest: {e}"),
+            })?;
+        digests.insert(digest);
+    }
+    Ok(digests)
+}
+
 impl Drop for OciRuntime {
     fn drop(&mut self) {
         self.rotator.abort();

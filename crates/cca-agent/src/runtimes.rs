@@ -1,0 +1,325 @@
+//! The runtimes of one node behind one [`Runtime`]: [`RuntimeSet`] sends
+//! image workloads to the container runtime and `run` workloads to the
+//! process runtime, routes every later call by instance id (ids are unique
+//! across both), and merges their lists. Before a container is created its
+//! image is pulled into the node's image store (unless the store already
+//! has it), and the container is created from the image pinned to the
+//! pulled digest, so a tag moving later never changes what an instance
+//! runs and garbage collection knows exactly which images are in use.
+//! After a container is removed, images no instance uses are collected.
+//!
+//! A node without a usable container runtime (no runc or crun, crun on
+//! hybrid cgroups, not root) still runs processes; its image workloads fail
+//! at create with the reason, and nothing is created.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use cca_image::{Digest, ImageRef, ImageStore, Puller, RegistrySettings};
+use cca_runtime::{
+    Error, ExecOutput, ExecRequest, InstanceSpec, InstanceStatus, LogOptions, LogStream, Operation,
+    Result, Runtime,
+};
+
+/// Which runtime an instance lives in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Route {
+    Process,
+    Container,
+}
+
+/// The node's runtimes; share it as `Arc<dyn Runtime>`.
+#[derive(Debug)]
+pub struct RuntimeSet {
+    process: Arc<dyn Runtime>,
+    /// The container runtime, or why this node has none.
+    containers: std::result::Result<Containers, String>,
+    /// Where each known instance lives; refreshed by `list`, filled in by
+    /// `create`, probed with `inspect` on a miss.
+    routes: Mutex<HashMap<String, Route>>,
+}
+
+/// A container runtime with the image store it creates containers from
+/// and the puller that fills it.
+#[derive(Debug)]
+pub struct Containers {
+    runtime: Arc<dyn Runtime>,
+    images: ImageStore,
+    puller: Puller,
+    /// One pull per reference at a time: instances of one service starting
+    /// together wait for the first pull instead of fetching it again.
+    pulls: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// A collection was refused because a pull was under way; it runs
+    /// when the next pull ends.
+    gc_pending: AtomicBool,
+}
+
+impl Containers {
+    /// `runtime` runs containers from `images`; pulls use `registries`.
+    pub fn new(
+        runtime: Arc<dyn Runtime>,
+        images: ImageStore,
+        registries: RegistrySettings,
+    ) -> Self {
+        Self {
+            puller: Puller::new(images.clone(), registries),
+            runtime,
+            images,
+            pulls: Mutex::default(),
+            gc_pending: AtomicBool::new(false),
+        }
+    }
+
+    /// The image of `spec` in the store, pulled first when missing, as a
+    /// reference pinned to its manifest digest.
+    async fn pinned_image(&self, id: &str, text: &str) -> Result<String> {
+        let failed = |message: String| Error::Failed {
+            id: id.to_owned(),
+            operation: Operation::Create,
+            message,
+        };
+        let reference: ImageRef = text
+            .parse()
+            .map_err(|e: cca_image::Error| failed(e.to_string()))?;
+        let lock = Arc::clone(
+            self.pulls
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(reference.to_string())
+                .or_default(),
+        );
+        let pulled = {
+            let _one_pull = lock.lock().await;
+            match self.images.image(&reference) {
+                Ok(record) => Ok(record),
+                Err(cca_image::Error::NotFound { .. }) => {
+                    tracing::info!(instance = id, image = %reference, "pulling");
+                    self.puller
+                        .pull(&reference)
+                        .await
+                        .map_err(|e| failed(format!("pulling the image failed: {e}")))
+                }
+                Err(error) => Err(failed(error.to_string())),
+            }
+        };
+        if self.gc_pending.load(Ordering::SeqCst) {
+            self.collect_garbage().await;
+        }
+        Ok(reference.with_digest(pulled?.digest).to_string())
+    }
+
+    /// Collects the images no container uses (and unreferenced blobs and
+    /// layers); deferred when a pull holds the store.
+    async fn collect_garbage(&self) {
+        let in_use = match self.images_in_use().await {
+            Ok(in_use) => in_use,
+            Err(problem) => {
+                // Never collect without knowing what is in use.
+                tracing::warn!(%problem, "image garbage collection skipped");
+                return;
+            }
+        };
+        let images = self.images.clone();
+        match tokio::task::spawn_blocking(move || images.gc(&in_use)).await {
+            Ok(Ok(report)) => {
+                self.gc_pending.store(false, Ordering::SeqCst);
+                if report != cca_image::GcReport::default() {
+                    tracing::info!(
+                        images = report.images.len(),
+                        blobs = report.blobs.len(),
+                        layers = report.layers.len(),
+                        "collected unused images"
+                    );
+                }
+            }
+            Ok(Err(cca_image::Error::Busy { .. })) => self.gc_pending.store(true, Ordering::SeqCst),
+            Ok(Err(error)) => tracing::warn!(%error, "image garbage collection failed"),
+            Err(error) => tracing::warn!(%error, "image garbage collection panicked"),
+        }
+    }
+
+    /// The manifest digests of every container's image.
+    async fn images_in_use(&self) -> std::result::Result<HashSet<Digest>, String> {
+        let containers = self.runtime.list().await.map_err(|e| e.to_string())?;
+        let mut in_use = HashSet::new();
+        for status in containers {
+            let Some(text) = &status.spec.image else {
+                continue;
+            };
+            let reference: ImageRef = text
+                .parse()
+                .map_err(|e| format!("instance {}: {e}", status.id))?;
+            let digest = match reference.digest {
+                Some(digest) => digest,
+                None => {
+                    self.images
+                        .image(&reference)
+                        .map_err(|e| format!("instance {}: {e}", status.id))?
+                        .digest
+                }
+            };
+            in_use.insert(digest);
+        }
+        Ok(in_use)
+    }
+}
+
+impl RuntimeSet {
+    /// Processes only; image workloads fail with `reason` (why this node
+    /// has no container runtime).
+    pub fn processes_only(process: Arc<dyn Runtime>, reason: impl Into<String>) -> Self {
+        Self {
+            process,
+            containers: Err(reason.into()),
+            routes: Mutex::default(),
+        }
+    }
+
+    /// Processes and containers.
+    pub fn new(process: Arc<dyn Runtime>, containers: Containers) -> Self {
+        Self {
+            process,
+            containers: Ok(containers),
+            routes: Mutex::default(),
+        }
+    }
+
+    /// Why image workloads cannot run here, `None` when they can.
+    pub fn containers_unavailable(&self) -> Option<&str> {
+        self.containers.as_ref().err().map(String::as_str)
+    }
+
+    fn runtime(&self, route: Route) -> Option<&Arc<dyn Runtime>> {
+        match route {
+            Route::Process => Some(&self.process),
+            Route::Container => self.containers.as_ref().ok().map(|c| &c.runtime),
+        }
+    }
+
+    fn remember(&self, id: &str, route: Route) {
+        self.routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id.to_owned(), route);
+    }
+
+    /// Where `id` lives: remembered, else whichever runtime knows it.
+    async fn route(&self, id: &str) -> Result<(Route, &Arc<dyn Runtime>)> {
+        let known = self
+            .routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(id)
+            .copied();
+        if let Some(route) = known
+            && let Some(runtime) = self.runtime(route)
+        {
+            return Ok((route, runtime));
+        }
+        for route in [Route::Process, Route::Container] {
+            let Some(runtime) = self.runtime(route) else {
+                continue;
+            };
+            match runtime.inspect(id).await {
+                Ok(_) => {
+                    self.remember(id, route);
+                    return Ok((route, runtime));
+                }
+                Err(Error::NotFound { .. }) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Err(Error::NotFound { id: id.to_owned() })
+    }
+}
+
+#[async_trait]
+impl Runtime for RuntimeSet {
+    fn kind(&self) -> &'static str {
+        "node"
+    }
+
+    async fn create(&self, mut spec: InstanceSpec) -> Result<String> {
+        spec.validate()?;
+        // Ids are unique across the runtimes, not only within each.
+        if self.route(&spec.id).await.is_ok() {
+            return Err(Error::AlreadyExists { id: spec.id });
+        }
+        let Some(image) = spec.image.clone() else {
+            let id = self.process.create(spec).await?;
+            self.remember(&id, Route::Process);
+            return Ok(id);
+        };
+        let containers = self.containers.as_ref().map_err(|reason| Error::Failed {
+            id: spec.id.clone(),
+            operation: Operation::Create,
+            message: format!(
+                "image `{image}` needs a container runtime, and this node has none: {reason}"
+            ),
+        })?;
+        spec.image = Some(containers.pinned_image(&spec.id, &image).await?);
+        let id = containers.runtime.create(spec).await?;
+        self.remember(&id, Route::Container);
+        Ok(id)
+    }
+
+    async fn start(&self, id: &str) -> Result<()> {
+        self.route(id).await?.1.start(id).await
+    }
+
+    async fn stop(&self, id: &str, grace: Duration) -> Result<InstanceStatus> {
+        self.route(id).await?.1.stop(id, grace).await
+    }
+
+    async fn remove(&self, id: &str) -> Result<()> {
+        let (route, runtime) = self.route(id).await?;
+        runtime.remove(id).await?;
+        self.routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(id);
+        if route == Route::Container
+            && let Ok(containers) = &self.containers
+        {
+            containers.collect_garbage().await;
+        }
+        Ok(())
+    }
+
+    async fn inspect(&self, id: &str) -> Result<InstanceStatus> {
+        self.route(id).await?.1.inspect(id).await
+    }
+
+    async fn list(&self) -> Result<Vec<InstanceStatus>> {
+        let mut routes = HashMap::new();
+        let mut statuses = self.process.list().await?;
+        routes.extend(statuses.iter().map(|s| (s.id.clone(), Route::Process)));
+        if let Ok(containers) = &self.containers {
+            let listed = containers.runtime.list().await?;
+            for status in listed {
+                if routes.insert(status.id.clone(), Route::Container).is_some() {
+                    // Only a hand-made id clash gets here; the process
+                    // instance keeps the id so nothing is routed twice.
+                    tracing::warn!(instance = %status.id, "the id is both a process and a container");
+                    routes.insert(status.id.clone(), Route::Process);
+                    continue;
+                }
+                statuses.push(status);
+            }
+        }
+        statuses.sort_by(|a, b| a.id.cmp(&b.id));
+        *self.routes.lock().unwrap_or_else(PoisonError::into_inner) = routes;
+        Ok(statuses)
+    }
+
+    async fn logs(&self, id: &str, options: LogOptions) -> Result<LogStream> {
+        self.route(id).await?.1.logs(id, options).await
+    }
+
+    async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecOutput> {
+        self.route(id).await?.1.exec(id, request).await
+    }
+}

@@ -1,0 +1,147 @@
+//! `cca image pull|ls|rm|gc`: a node's image store (`DATA/images` of
+//! `cca agent --data-dir DATA`) operated directly, an operator's tool like
+//! `cca store`. Wiring only — the store, pulls and garbage collection live
+//! in `cca-image`; which images containers use, in `cca_runtime::oci`.
+
+#![allow(clippy::print_stdout, reason = "the command's output goes to stdout")]
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use cca_image::{ImageRecord, ImageRef, ImageStore, Puller, RegistrySettings};
+use clap::{Args, Subcommand};
+
+#[derive(Debug, Args)]
+pub(crate) struct ImageArgs {
+    /// The agent's data directory; its images are in `DIR/images`.
+    #[arg(long, default_value = ".cca-agent", global = true)]
+    data_dir: PathBuf,
+
+    #[command(subcommand)]
+    command: ImageCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum ImageCommand {
+    /// Pull an image (`[REGISTRY/]REPO[:TAG][@DIGEST]`) into the node's store.
+    Pull {
+        reference: String,
+        /// A registry (`HOST:PORT`) reached over plain HTTP; may repeat.
+        #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
+        insecure_registries: Vec<String>,
+    },
+    /// List the images in the store.
+    Ls,
+    /// Remove one name of an image (by digest: the whole image); its files
+    /// go with the next `cca image gc`.
+    Rm { reference: String },
+    /// Delete images without names that no container uses, and every blob
+    /// and layer no image needs.
+    Gc,
+}
+
+pub(crate) fn run(args: ImageArgs) -> Result<ExitCode> {
+    let images_dir = crate::agent_cmd::images_dir(&args.data_dir);
+    let store = ImageStore::open(&images_dir)
+        .with_context(|| format!("opening the image store {}", images_dir.display()))?;
+    match args.command {
+        ImageCommand::Pull {
+            reference,
+            insecure_registries,
+        } => pull(store, &reference, &insecure_registries),
+        ImageCommand::Ls => {
+            list(&store.images()?);
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::Rm { reference } => {
+            let parsed = parse(&reference)?;
+            store.remove(&parsed)?;
+            println!("removed {parsed}");
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCommand::Gc => {
+            let oci_dir = crate::agent_cmd::oci_dir(&args.data_dir);
+            let in_use: HashSet<_> = cca_runtime::oci::images_in_use(&oci_dir)
+                .with_context(|| format!("reading the containers in {}", oci_dir.display()))?;
+            let report = store.gc(&in_use)?;
+            println!(
+                "removed {} images, {} blobs, {} layers; kept {} in use",
+                report.images.len(),
+                report.blobs.len(),
+                report.layers.len(),
+                in_use.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn parse(reference: &str) -> Result<ImageRef> {
+    Ok(reference.parse::<ImageRef>()?)
+}
+
+fn pull(store: ImageStore, reference: &str, insecure: &[String]) -> Result<ExitCode> {
+    let reference = parse(reference)?;
+    let settings = RegistrySettings::insecure(insecure).context("--insecure-registry")?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let spinner = indicatif::ProgressBar::new_spinner()
+        .with_message(format!("pulling {reference} (layers in parallel)"));
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let pulled = runtime.block_on(Puller::new(store, settings).pull(&reference));
+    spinner.finish_and_clear();
+    let image = pulled?;
+    println!(
+        "pulled {reference}: {} ({} layers, {})",
+        image.digest,
+        image.layers.len(),
+        human_size(image.size_bytes)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn list(images: &[ImageRecord]) {
+    let rows = images
+        .iter()
+        .map(|image| {
+            // `name@digest` repeats the digest column; tags say more.
+            let tagged: Vec<&str> = image
+                .names
+                .iter()
+                .filter(|name| !name.contains('@'))
+                .map(String::as_str)
+                .collect();
+            let names = if tagged.is_empty() {
+                "<none>".to_owned()
+            } else {
+                tagged.join(", ")
+            };
+            let digest = image.digest.to_string();
+            let short = digest.get(..19).unwrap_or(&digest).to_owned();
+            vec![
+                names,
+                short,
+                image.layers.len().to_string(),
+                human_size(image.size_bytes),
+            ]
+        })
+        .collect();
+    crate::cluster_cmd::output::table(&["name", "digest", "layers", "size"], rows);
+}
+
+fn human_size(bytes: u64) -> String {
+    const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
+    let mut size = bytes as f64;
+    let mut unit = 0;
+    while size >= 1024.0 && unit + 1 < UNITS.len() {
+        size /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{size:.1} {}", UNITS[unit])
+    }
+}
