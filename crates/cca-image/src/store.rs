@@ -358,3 +358,41 @@ impl ImageStore {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gc_is_refused_while_a_pull_holds_the_lock_and_runs_after() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = ImageStore::open(dir.path()).expect("store");
+        let orphan = Digest::of_bytes(b"left by a pull");
+        store
+            .put_blob(&orphan, b"left by a pull", "a blob")
+            .expect("blob");
+        let pull = store.lock_for_pull().expect("lock");
+        let error = store.gc(&HashSet::new()).expect_err("busy");
+        assert!(matches!(error, Error::Busy { .. }), "{error}");
+        assert!(error.to_string().contains("a pull is under way"), "{error}");
+        assert!(store.blob_path(&orphan).exists(), "nothing collected");
+        let second = store.lock_for_pull().expect("pulls share the lock");
+        drop((pull, second));
+        let report = store.gc(&HashSet::new()).expect("gc runs");
+        assert_eq!(report.blobs, [orphan]);
+    }
+
+    #[test]
+    fn insecure_registries_are_validated() {
+        let settings =
+            crate::RegistrySettings::insecure(&["127.0.0.1:5000".to_owned()]).expect("valid");
+        assert!(settings.registries["127.0.0.1:5000"].plain_http);
+        let error = crate::RegistrySettings::insecure(&["http://r:5000".to_owned()])
+            .expect_err("a URL is not a registry")
+            .to_string();
+        assert!(
+            error.contains("invalid registry \"http://r:5000\""),
+            "{error}"
+        );
+    }
+}
