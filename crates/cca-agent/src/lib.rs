@@ -58,6 +58,24 @@ pub struct AgentConfig {
     /// Stop and remove every instance when the agent stops (`cca dev`);
     /// a production agent leaves workloads running.
     pub stop_instances_on_exit: bool,
+    /// How the agent talks to the server and is reached; the default is
+    /// `cca agent`'s.
+    pub link: LinkOptions,
+}
+
+/// Options for running many agents in one process (`cca benchmark`), where
+/// what one agent per machine can afford — its own connections and its own
+/// listener — adds up to several descriptors per node. The default (own
+/// client, agent API served on `listen`) is what `cca agent` does.
+#[derive(Clone, Debug, Default)]
+pub struct LinkOptions {
+    /// A client of `server` to use instead of building one: agents given
+    /// clones of one client share its connection pool.
+    pub client: Option<Client>,
+    /// Serve no agent API (logs, exec): `listen` is ignored and the node
+    /// registers without an agent URL, so `cca logs`/`exec` say the node
+    /// does not serve them.
+    pub without_agent_api: bool,
 }
 
 /// Reports are re-sent this often even when nothing changed, so a server
@@ -75,9 +93,18 @@ pub async fn run(
         problem: format!("cannot create the data directory: {err}"),
     })?;
     let cached = Desired::load(&config.data_dir)?;
-    let (agent_url, server) =
-        serve_agent_api(&config, Arc::clone(&runtime), shutdown.clone()).await?;
-    let client = Client::new(&config.server);
+    let (agent_url, server) = if config.link.without_agent_api {
+        (None, None)
+    } else {
+        let (url, server) =
+            serve_agent_api(&config, Arc::clone(&runtime), shutdown.clone()).await?;
+        (Some(url), Some(server))
+    };
+    let client = config
+        .link
+        .client
+        .clone()
+        .unwrap_or_else(|| Client::new(&config.server));
     let (desired, mut desired_changes) = watch::channel(Arc::new(cached));
     let (connected, _) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
@@ -117,7 +144,9 @@ pub async fn run(
         supervisor.stop_all().await;
     }
     tasks.shutdown().await;
-    let _ = server.await;
+    if let Some(server) = server {
+        let _ = server.await;
+    }
     Ok(())
 }
 
@@ -154,7 +183,7 @@ async fn serve_agent_api(
     Ok((format!("http://{}:{port}", config.address), server))
 }
 
-fn register_request(config: &AgentConfig, agent_url: String) -> RegisterRequest {
+fn register_request(config: &AgentConfig, agent_url: Option<String>) -> RegisterRequest {
     RegisterRequest {
         name: config.node.clone(),
         cpu: config.cpu,
@@ -163,7 +192,7 @@ fn register_request(config: &AgentConfig, agent_url: String) -> RegisterRequest 
         zone: config.zone.clone(),
         labels: config.labels.clone(),
         addresses: vec![config.address.clone()],
-        agent_url: Some(agent_url),
+        agent_url,
     }
 }
 

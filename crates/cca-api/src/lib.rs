@@ -8,6 +8,7 @@
 mod apply;
 pub mod client;
 pub mod error;
+mod hub;
 mod metrics;
 mod read;
 mod routes;

@@ -1,7 +1,8 @@
 //! What every handler shares: the store (for writes and exact reads), the
 //! watch-fed cache (for fast, consistent reads), limits, the request
-//! metrics, a pluggable renderer for the control plane's own metrics, and
-//! the shutdown signal that ends long-lived streams.
+//! metrics, a pluggable renderer for the control plane's own metrics, the
+//! assignment hub feeding every agent's stream, and the shutdown signal
+//! that ends long-lived streams.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -14,6 +15,7 @@ use cca_store::{Op, Store};
 use tokio::sync::{Semaphore, watch};
 
 use crate::error::{ApiError, ApiResult};
+use crate::hub::AssignmentHub;
 use crate::metrics::RequestMetrics;
 
 /// Renders extra Prometheus text for `/metrics` (the controller runner's).
@@ -70,6 +72,7 @@ struct Inner {
     stream_permits: Arc<Semaphore>,
     shutdown: watch::Sender<bool>,
     event_seq: AtomicU32,
+    assignments: Arc<AssignmentHub>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -100,6 +103,7 @@ impl ApiState {
             requests: RequestMetrics::default(),
             shutdown,
             event_seq: AtomicU32::new(fastrand::u32(..1_000_000)),
+            assignments: Arc::default(),
         };
         Self {
             inner: Arc::new(inner),
@@ -135,6 +139,11 @@ impl ApiState {
         Arc::clone(&self.inner.stream_permits)
             .try_acquire_owned()
             .map_err(|_| ApiError::unavailable("too many open watch streams; retry later"))
+    }
+
+    /// The one watch of placements every assignment stream is fed from.
+    pub(crate) fn assignment_hub(&self) -> &Arc<AssignmentHub> {
+        &self.inner.assignments
     }
 
     /// Resolves when the server begins shutting down.

@@ -217,6 +217,7 @@ pub(crate) fn agent_config(args: &AgentArgs, data_dir: &std::path::Path) -> Resu
         tick: Duration::from_millis(500),
         base_env: BTreeMap::new(),
         stop_instances_on_exit: false,
+        link: Default::default(),
     })
 }
 

@@ -4,25 +4,20 @@
 //! instances placed on its own node — except to say one stopped or failed,
 //! which it must be able to do after the placement moved away.
 
-use std::collections::BTreeMap;
-
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::response::Response;
 use cca_model::cluster::{Heartbeat, Instance, InstanceState, InstanceStatus, NodeInfo};
 use cca_model::keys;
-use cca_store::{
-    Compare, CompareOp, KeyValue, Op, RangeRequest, Revision, StoreError, Txn, TxnOutcome,
-    WatchEvent, WatchMessage,
-};
+use cca_store::{Compare, CompareOp, KeyValue, Op, Revision, StoreError, Txn, TxnOutcome};
 use serde::Deserialize;
 
 use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
-use crate::routes::watch::{LineSender, ndjson};
+use crate::hub::Subscription;
+use crate::routes::watch::ndjson;
 use crate::state::{ApiState, encode, now_millis};
 use crate::types::{
-    Assignment, AssignmentLine, HeartbeatReply, HeartbeatRequest, RegisterReply, RegisterRequest,
-    WriteReply,
+    AssignmentLine, HeartbeatReply, HeartbeatRequest, RegisterReply, RegisterRequest, WriteReply,
 };
 use crate::validate::check_name;
 
@@ -130,7 +125,9 @@ pub(crate) struct AssignmentQuery {
 }
 
 /// Streams the instances placed on `node`: a snapshot (unless resuming),
-/// then puts and deletes as placements change.
+/// then puts and deletes as placements change. Every stream is fed by the
+/// server's one [`AssignmentHub`](crate::hub::AssignmentHub), so a change
+/// costs the same whatever the number of nodes.
 pub(crate) async fn assignments(
     State(state): State<ApiState>,
     Path(node): Path<String>,
@@ -138,133 +135,42 @@ pub(crate) async fn assignments(
 ) -> ApiResult<Response> {
     check_name("node", &node)?;
     let permit = state.stream_permit()?;
-    let page = state
-        .store()
-        .range(RangeRequest::prefix(keys::DERIVED_INSTANCES))
+    let subscription = state
+        .assignment_hub()
+        .subscribe(&state, &node, query.from.max(0))
         .await?;
-    let resuming = query.from > 0;
-    let start = if resuming {
-        query.from
-    } else {
-        page.revision + 1
-    };
-    let stream = state.store().watch(keys::DERIVED_INSTANCES, start).await?;
-    let tracker = Tracker::new(node, &page.kvs);
-    let snapshot = (!resuming).then(|| AssignmentLine::Snapshot {
-        revision: page.revision,
-        assignments: tracker.snapshot(&state, &page.kvs),
-    });
-    let producer_state = state.clone();
     Ok(ndjson(&state, permit, move |lines| async move {
-        if let Some(snapshot) = snapshot
-            && !lines.send(&snapshot).await
-        {
-            return;
-        }
-        follow_assignments(producer_state, tracker, stream, lines).await;
-    }))
-}
-
-/// Which placement keys are on which node, to turn the global instance
-/// watch into one node's assignments.
-struct Tracker {
-    node: String,
-    /// Placement key → node it is on.
-    nodes: BTreeMap<String, String>,
-}
-
-impl Tracker {
-    fn new(node: String, kvs: &[KeyValue]) -> Self {
-        let nodes = kvs
-            .iter()
-            .filter_map(|kv| Some((kv.key.clone(), decode_instance(&kv.value)?.node)))
-            .collect();
-        Self { node, nodes }
-    }
-
-    fn snapshot(&self, state: &ApiState, kvs: &[KeyValue]) -> Vec<Assignment> {
-        kvs.iter()
-            .filter_map(|kv| decode_instance(&kv.value))
-            .filter(|instance| instance.node == self.node)
-            .map(|instance| assignment(state, instance))
-            .collect()
-    }
-
-    /// The line an event means for this node, if any.
-    fn line(
-        &mut self,
-        state: &ApiState,
-        revision: Revision,
-        event: WatchEvent,
-    ) -> Option<AssignmentLine> {
-        match event {
-            WatchEvent::Put(kv) => {
-                let instance = decode_instance(&kv.value)?;
-                let was = self.nodes.insert(kv.key, instance.node.clone());
-                if instance.node == self.node {
-                    Some(AssignmentLine::Put {
-                        revision,
-                        assignment: Box::new(assignment(state, instance)),
-                    })
-                } else if was.as_deref() == Some(self.node.as_str()) {
-                    Some(AssignmentLine::Delete {
-                        revision,
-                        id: instance.id,
-                    })
-                } else {
-                    None
-                }
+        let (first, mut live) = match subscription {
+            Subscription::Live { first, live } => (first, live),
+            Subscription::Compacted { compact_revision } => {
+                lines
+                    .send(&AssignmentLine::Compacted { compact_revision })
+                    .await;
+                return;
             }
-            WatchEvent::Delete { key, .. } => {
-                // A key never seen was deleted before the range this stream
-                // started from (resuming): tell the agent, which ignores ids
-                // it does not run.
-                let was = self.nodes.remove(&key);
-                let ours = was.as_deref().is_none_or(|node| node == self.node);
-                let id = key.rsplit('/').next().unwrap_or_default().to_owned();
-                ours.then_some(AssignmentLine::Delete { revision, id })
-            }
-        }
-    }
-}
-
-async fn follow_assignments(
-    state: ApiState,
-    mut tracker: Tracker,
-    mut stream: cca_store::WatchStream,
-    lines: LineSender,
-) {
-    while let Some(message) = lines.next_message(&mut stream).await {
-        let out = match message {
-            Ok(WatchMessage::Events { revision, events }) => events
-                .into_iter()
-                .filter_map(|event| tracker.line(&state, revision, event))
-                .collect(),
-            Ok(WatchMessage::Compacted { compact_revision }) => {
-                vec![AssignmentLine::Compacted { compact_revision }]
-            }
-            Err(_) => return,
         };
-        for line in &out {
-            if !lines.send(line).await {
+        for line in first {
+            if !lines.send(&*line).await {
                 return;
             }
         }
-    }
+        loop {
+            let line = tokio::select! {
+                line = live.recv() => line,
+                () = lines.stopped() => return,
+            };
+            // The hub dropping the stream (it fell behind, or the hub
+            // relists) ends it: the agent resumes or resnapshots.
+            let Some(line) = line else { return };
+            if !lines.send(&*line).await {
+                return;
+            }
+        }
+    }))
 }
 
 fn decode_instance(value: &[u8]) -> Option<Instance> {
     serde_json::from_slice(value).ok()
-}
-
-fn assignment(state: &ApiState, instance: Instance) -> Assignment {
-    let spec = state
-        .cache()
-        .view()
-        .services
-        .get(&instance.service)
-        .map(|spec| (*spec.value).clone());
-    Assignment { instance, spec }
 }
 
 /// Writes `observed/instance/{id}` for an instance of the reporting node.
