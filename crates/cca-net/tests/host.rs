@@ -1,0 +1,253 @@
+//! Root-only conformance tests of the real node network on this kernel:
+//! two instances on a throwaway bridge and subnet, an HTTP server in one
+//! namespace reached from the other, from the host and through a published
+//! port, and nothing of ours left after detach. Every name carries a random
+//! suffix and a guard removes bridge, table and namespaces even when an
+//! assertion fails. Without root the tests skip (and say so).
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use cca_net::{HostNetwork, IpNft, NetConfig, NodeNetwork, Proto};
+
+fn is_root() -> bool {
+    // /proc/self belongs to the effective uid.
+    fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// Throwaway names and the processes started in them; dropping removes all.
+struct Guard {
+    config: NetConfig,
+    children: Vec<Child>,
+    _dir: tempfile::TempDir,
+}
+
+impl Guard {
+    fn new() -> Self {
+        let tag = format!("{:04x}", fastrand::u16(..));
+        let dir = tempfile::tempdir().expect("a temporary state dir");
+        let subnet = format!("10.199.{}.0/24", fastrand::u8(1..=254));
+        let mut config = NetConfig::new(subnet.parse().expect("a valid test subnet"), dir.path());
+        config.bridge = format!("ccat{tag}");
+        config.table = format!("ccat_{tag}");
+        config.netns_prefix = format!("ccat{tag}-");
+        config.veth_prefix = format!("vt{tag}");
+        Self {
+            config,
+            children: Vec::new(),
+            _dir: dir,
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        for child in &mut self.children {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let host = IpNft::new();
+        for netns in host.list_netns().unwrap_or_default() {
+            if netns.starts_with(&self.config.netns_prefix) {
+                let _ = host.delete_netns(&netns);
+            }
+        }
+        for link in host.list_links().unwrap_or_default() {
+            if link.starts_with(&self.config.veth_prefix) {
+                let _ = host.delete_link(&link);
+            }
+        }
+        let _ = host.delete_nat(&self.config.table);
+        let _ = host.delete_bridge(&self.config.bridge);
+    }
+}
+
+fn output(program: &str, args: &[&str]) -> (bool, String) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| panic!("running {program}: {error}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+/// GETs `url`, from inside `netns` if given, retrying while the server
+/// starts; returns the body.
+fn get(netns: Option<&str>, url: &str) -> String {
+    let curl = ["curl", "-sS", "--max-time", "2", url];
+    let mut command: Vec<&str> = match netns {
+        Some(netns) => vec!["ip", "netns", "exec", netns],
+        None => Vec::new(),
+    };
+    command.extend(curl);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = Command::new(command[0])
+            .args(&command[1..])
+            .output()
+            .unwrap_or_else(|error| panic!("running {command:?}: {error}"));
+        if out.status.success() {
+            return String::from_utf8_lossy(&out.stdout).into_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "GET {url} from {netns:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        sleep(Duration::from_millis(100));
+    }
+}
+
+fn links() -> Vec<String> {
+    IpNft::new().list_links().expect("ip -j link show")
+}
+
+#[test]
+fn two_instances_talk_publish_and_leave_nothing_behind() {
+    if !is_root() {
+        eprintln!("skipping: the node network tests need root");
+        return;
+    }
+    let mut guard = Guard::new();
+    let config = guard.config.clone();
+    let net = NodeNetwork::open(config.clone(), IpNft::new()).unwrap();
+
+    let a = net.attach("a").unwrap();
+    let b = net.attach("b").unwrap();
+    assert_eq!(a.gateway, config.subnet.gateway());
+    assert_ne!(a.address, b.address);
+    assert!(a.netns_path.exists());
+    let (ns_a, ns_b) = (config.netns_name("a"), config.netns_name("b"));
+
+    // The instance side: address, lo up, default route via the gateway.
+    let (_, routes) = output("ip", &["-n", &ns_a, "route", "show", "default"]);
+    assert!(
+        routes.contains(&format!("default via {}", a.gateway)),
+        "{routes}"
+    );
+    let (_, addrs) = output("ip", &["-n", &ns_a, "-br", "addr"]);
+    assert!(addrs.contains(&format!("{}/24", a.address)), "{addrs}");
+    assert!(addrs.contains("lo "), "{addrs}");
+
+    let www = tempfile::tempdir().unwrap();
+    fs::write(www.path().join("index.html"), "hello from a\n").unwrap();
+    let server = Command::new("ip")
+        .args([
+            "netns", "exec", &ns_a, "busybox", "httpd", "-f", "-p", "8080",
+        ])
+        .arg("-h")
+        .arg(www.path())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    guard.children.push(server);
+
+    let direct = format!("http://{}:8080/", a.address);
+    assert_eq!(get(Some(&ns_a), "http://127.0.0.1:8080/"), "hello from a\n");
+    assert_eq!(get(Some(&ns_b), &direct), "hello from a\n", "b -> a");
+    assert_eq!(get(None, &direct), "hello from a\n", "host -> a");
+
+    let host_port = fastrand::u16(20000..40000);
+    net.publish("a", host_port, 8080, Proto::Tcp).unwrap();
+    let gateway_url = format!("http://{}:{host_port}/", a.gateway);
+    let loopback_url = format!("http://127.0.0.1:{host_port}/");
+    assert_eq!(
+        get(None, &loopback_url),
+        "hello from a\n",
+        "published on 127.0.0.1"
+    );
+    assert_eq!(
+        get(None, &gateway_url),
+        "hello from a\n",
+        "published on the gateway"
+    );
+    assert_eq!(
+        get(Some(&ns_b), &gateway_url),
+        "hello from a\n",
+        "hairpin from b"
+    );
+
+    // Outbound NAT: the masquerade rule for the subnet is in our table.
+    let (ok, table) = output("nft", &["-j", "list", "table", "ip", &config.table]);
+    assert!(ok);
+    assert!(table.contains("\"masquerade\""), "{table}");
+    assert!(
+        table.contains(&format!("\"addr\": \"{}\"", config.subnet.network())),
+        "{table}"
+    );
+    assert_eq!(
+        fs::read_to_string("/proc/sys/net/ipv4/ip_forward")
+            .unwrap()
+            .trim(),
+        "1"
+    );
+
+    net.detach("a").unwrap();
+    net.detach("b").unwrap();
+    assert!(!a.netns_path.exists());
+    assert!(!b.netns_path.exists());
+    let remaining = links();
+    assert!(
+        !remaining.iter().any(|l| l.starts_with(&config.veth_prefix)),
+        "{remaining:?}"
+    );
+    assert!(IpNft::new().list_ports(&config.table).unwrap().is_empty());
+    assert!(net.leases().is_empty());
+    // The bridge is the node's and outlives its last instance.
+    assert!(remaining.contains(&config.bridge));
+
+    drop(guard);
+    assert!(!links().contains(&config.bridge));
+    let (exists, _) = output("nft", &["list", "table", "ip", &config.table]);
+    assert!(!exists, "table {} left behind", config.table);
+}
+
+#[test]
+fn restart_keeps_addresses_and_cleanup_removes_orphans() {
+    if !is_root() {
+        eprintln!("skipping: the node network tests need root");
+        return;
+    }
+    let guard = Guard::new();
+    let config = guard.config.clone();
+    let net = NodeNetwork::open(config.clone(), IpNft::new()).unwrap();
+    let keep = net.attach("keep").unwrap();
+    let gone = net.attach("gone").unwrap();
+    net.publish("gone", fastrand::u16(40001..60000), 80, Proto::Udp)
+        .unwrap();
+    drop(net);
+
+    // The restarted agent finds its leases, namespaces and ports again.
+    let net = NodeNetwork::open(config.clone(), IpNft::new()).unwrap();
+    assert_eq!(net.attach("keep").unwrap(), keep);
+    assert_eq!(net.attachment_of("gone"), Some(gone.clone()));
+    assert_eq!(IpNft::new().list_ports(&config.table).unwrap().len(), 1);
+
+    // A namespace from a crashed attach that never got a lease.
+    IpNft::new()
+        .create_netns(&config.netns_name("crashed"))
+        .unwrap();
+    let report = net.cleanup_orphans(["keep"]).unwrap();
+    assert_eq!(report.instances, vec!["gone".to_owned()]);
+    assert_eq!(report.netns, vec![config.netns_name("crashed")]);
+    assert!(!gone.netns_path.exists());
+    assert!(keep.netns_path.exists());
+    assert!(
+        !Path::new("/run/netns")
+            .join(config.netns_name("crashed"))
+            .exists()
+    );
+    assert!(IpNft::new().list_ports(&config.table).unwrap().is_empty());
+    assert!(!links().contains(&config.veth_name("gone")));
+    assert!(links().contains(&config.veth_name("keep")));
+
+    net.destroy().unwrap();
+    assert!(!links().contains(&config.bridge));
+    assert!(!keep.netns_path.exists());
+}
