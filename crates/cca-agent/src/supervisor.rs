@@ -542,7 +542,11 @@ fn port_bindings(
             let host_port = *host_ports
                 .get(&name)
                 .ok_or_else(|| format!("no host port was assigned for port `{name}`"))?;
-            Ok(PortBinding { name, host_port })
+            Ok(PortBinding {
+                name,
+                host_port,
+                container_port: Some(port.number),
+            })
         })
         .collect()
 }

@@ -27,7 +27,9 @@ pub use error::{Error, Operation, Result};
 pub use logs::{LogOptions, LogStream};
 pub use oci::{OciConfig, OciRuntime};
 pub use process::{ProcessConfig, ProcessRuntime};
-pub use spec::{DEFAULT_LOG_LIMIT_BYTES, InstanceSpec, PortBinding, env_name_for_port};
+pub use spec::{
+    DEFAULT_LOG_LIMIT_BYTES, InstanceSpec, NetworkAttachment, PortBinding, env_name_for_port,
+};
 pub use status::{
     ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceState, InstanceStatus, LimitsEnforcement,
 };

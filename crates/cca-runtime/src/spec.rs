@@ -1,8 +1,12 @@
 //! What the agent asks a runtime to run: [`InstanceSpec`], its validation,
 //! and the environment every instance sees (`CCA_INSTANCE`, `CCA_SERVICE`,
 //! `CCA_NODE`, `PORT`, `CCA_PORT_{NAME}`, then the spec's own variables).
+//! An instance with a [`NetworkAttachment`] runs in its own network
+//! namespace: its ports are its service's declared ports and its
+//! `CCA_ADDRESS` is its own address.
 
 use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -42,6 +46,10 @@ pub struct InstanceSpec {
     pub memory_bytes: Option<u64>,
     /// A log file rotates when it grows past this many bytes.
     pub log_limit_bytes: u64,
+    /// The instance's own network namespace and address (containers on a
+    /// node with a pod subnet); `None`: the host's network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkAttachment>,
 }
 
 /// A named port and the host port the agent picked for it.
@@ -49,6 +57,30 @@ pub struct InstanceSpec {
 pub struct PortBinding {
     pub name: String,
     pub host_port: u16,
+    /// The port the service declares (what the workload listens on inside
+    /// its own network namespace; the host port is published to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_port: Option<u16>,
+}
+
+impl PortBinding {
+    /// The port the workload listens on: the declared one inside its own
+    /// namespace, the host port on the host's network.
+    pub fn listen_port(&self, own_network: bool) -> u16 {
+        match self.container_port {
+            Some(port) if own_network => port,
+            _ => self.host_port,
+        }
+    }
+}
+
+/// Where an instance with its own network runs: the namespace to join and
+/// the address it has there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkAttachment {
+    /// The network namespace (`/run/netns/…`) the OCI spec joins.
+    pub netns_path: PathBuf,
+    pub address: Ipv4Addr,
 }
 
 impl InstanceSpec {
@@ -70,6 +102,7 @@ impl InstanceSpec {
             cpu_millis: None,
             memory_bytes: None,
             log_limit_bytes: DEFAULT_LOG_LIMIT_BYTES,
+            network: None,
         }
     }
 
@@ -113,19 +146,32 @@ impl InstanceSpec {
         env.insert("CCA_INSTANCE".to_owned(), self.id.clone());
         env.insert("CCA_SERVICE".to_owned(), self.service.clone());
         env.insert("CCA_NODE".to_owned(), self.node.clone());
+        let own_network = self.network.is_some();
         if let Some(first) = self.ports.first() {
-            env.insert("PORT".to_owned(), first.host_port.to_string());
+            env.insert(
+                "PORT".to_owned(),
+                first.listen_port(own_network).to_string(),
+            );
         }
         for port in &self.ports {
-            env.insert(env_name_for_port(&port.name), port.host_port.to_string());
+            env.insert(
+                env_name_for_port(&port.name),
+                port.listen_port(own_network).to_string(),
+            );
         }
         env
     }
 
-    /// The complete environment: runtime variables, then the spec's.
+    /// The complete environment: runtime variables, then the spec's. With
+    /// its own network the instance's `CCA_ADDRESS` is its own address,
+    /// whatever the spec says: the node's address (which the agent puts in
+    /// the spec) cannot be bound inside the namespace.
     pub fn full_env(&self) -> BTreeMap<String, String> {
         let mut env = self.runtime_env();
         env.extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        if let Some(network) = &self.network {
+            env.insert("CCA_ADDRESS".to_owned(), network.address.to_string());
+        }
         env
     }
 }
@@ -191,10 +237,12 @@ mod tests {
             PortBinding {
                 name: "http-alt".into(),
                 host_port: 1,
+                container_port: None,
             },
             PortBinding {
                 name: "HTTP_ALT".into(),
                 host_port: 2,
+                container_port: None,
             },
         ];
         check_invalid(&spec, "used twice");
@@ -208,10 +256,12 @@ mod tests {
             PortBinding {
                 name: "http".into(),
                 host_port: 31000,
+                container_port: Some(8080),
             },
             PortBinding {
                 name: "admin-ui".into(),
                 host_port: 31001,
+                container_port: None,
             },
         ];
         spec.env.insert("CCA_NODE".into(), "override".into());
@@ -222,5 +272,44 @@ mod tests {
         assert_eq!(env["PORT"], "31000");
         assert_eq!(env["CCA_PORT_HTTP"], "31000");
         assert_eq!(env["CCA_PORT_ADMIN_UI"], "31001");
+        assert!(!env.contains_key("CCA_ADDRESS"));
+    }
+
+    #[test]
+    fn an_own_network_gives_declared_ports_and_the_own_address() {
+        let mut spec = InstanceSpec::new("web-1", "web", "true");
+        spec.ports = vec![
+            PortBinding {
+                name: "http".into(),
+                host_port: 31000,
+                container_port: Some(8080),
+            },
+            PortBinding {
+                name: "admin".into(),
+                host_port: 31001,
+                container_port: None,
+            },
+        ];
+        spec.env.insert("CCA_ADDRESS".into(), "192.0.2.1".into());
+        spec.network = Some(NetworkAttachment {
+            netns_path: "/run/netns/cca-web-1".into(),
+            address: Ipv4Addr::new(10, 88, 0, 2),
+        });
+        let env = spec.full_env();
+        assert_eq!(env["PORT"], "8080");
+        assert_eq!(env["CCA_PORT_HTTP"], "8080");
+        assert_eq!(
+            env["CCA_PORT_ADMIN"], "31001",
+            "no declared port: the host's"
+        );
+        assert_eq!(env["CCA_ADDRESS"], "10.88.0.2");
+        let json = serde_json::to_value(&spec).expect("serialises");
+        assert_eq!(json["network"]["address"], "10.88.0.2");
+        let back: InstanceSpec = serde_json::from_value(json).expect("parses");
+        assert_eq!(back, spec);
+        let mut old = serde_json::to_value(InstanceSpec::new("a", "s", "true")).expect("json");
+        assert!(old.get("network").is_none(), "None is not written");
+        old.as_object_mut().expect("object").remove("network");
+        assert!(serde_json::from_value::<InstanceSpec>(old).is_ok());
     }
 }

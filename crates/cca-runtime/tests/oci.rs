@@ -179,6 +179,7 @@ async fn busybox_httpd_serves_on_loopback_then_is_killed_after_the_grace_and_rem
     spec.ports = vec![PortBinding {
         name: "http".into(),
         host_port: port,
+        container_port: None,
     }];
     spec.memory_bytes = Some(64 << 20);
     spec.cpu_millis = Some(500);

@@ -151,10 +151,12 @@ async fn environment_ports_and_working_directory_are_applied() {
         PortBinding {
             name: "http".into(),
             host_port: 31080,
+            container_port: None,
         },
         PortBinding {
             name: "admin-ui".into(),
             host_port: 31081,
+            container_port: None,
         },
     ];
     test.run(spec).await;

@@ -1,15 +1,16 @@
 //! An instance's OCI bundle: the rootfs as an overlay mount (image layers
 //! below, the instance's own upper and work dirs above) and `config.json`
-//! generated with `oci-spec` — mount, pid, ipc and uts namespaces (the
-//! network namespace is the host's until container networking lands),
-//! cgroup cpu/memory limits, environment, user, working directory.
+//! generated with `oci-spec` — mount, pid, ipc and uts namespaces, the
+//! network namespace the node network made for the instance (or the host's
+//! when the node has no pod subnet), cgroup cpu/memory limits,
+//! environment, user, working directory.
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    LinuxCpuBuilder, LinuxMemoryBuilder, LinuxNamespaceType, LinuxResourcesBuilder, Process,
-    RootBuilder, Spec, UserBuilder,
+    LinuxCpuBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder, LinuxNamespaceType,
+    LinuxResourcesBuilder, Process, RootBuilder, Spec, UserBuilder,
 };
 use rustix::mount::{MountFlags, UnmountFlags};
 
@@ -40,11 +41,13 @@ pub(crate) struct CgroupPlan {
     pub(crate) cpu_millis: Option<u64>,
 }
 
-/// Builds `config.json` for one instance.
+/// Builds `config.json` for one instance; `netns` is the network namespace
+/// to join, `None` for the host's.
 pub(crate) fn runtime_spec(
     hostname: &str,
     process: &ProcessPlan,
     cgroups: &CgroupPlan,
+    netns: Option<&Path>,
 ) -> Result<Spec, String> {
     let mut spec = Spec::default();
     spec.set_hostname(Some(hostname.to_owned()));
@@ -57,7 +60,7 @@ pub(crate) fn runtime_spec(
     ));
     spec.set_process(Some(container_process(process)?));
     let mut linux = spec.linux().clone().unwrap_or_default();
-    let namespaces = linux
+    let mut namespaces: Vec<_> = linux
         .namespaces()
         .clone()
         .unwrap_or_default()
@@ -66,6 +69,18 @@ pub(crate) fn runtime_spec(
             ns.typ() != LinuxNamespaceType::Network && ns.typ() != LinuxNamespaceType::Cgroup
         })
         .collect();
+    if let Some(path) = netns {
+        // Joined, not created: the node network set the namespace up
+        // (veth, address, route) before the container exists, and removes
+        // it after the container is gone.
+        namespaces.push(
+            LinuxNamespaceBuilder::default()
+                .typ(LinuxNamespaceType::Network)
+                .path(path)
+                .build()
+                .map_err(|e| e.to_string())?,
+        );
+    }
     linux.set_namespaces(Some(namespaces));
     linux.set_cgroups_path(Some(cgroups.path.clone()));
     linux.set_resources(Some(resources(cgroups)?));
@@ -181,7 +196,7 @@ mod tests {
             limit_swap: false,
             cpu_millis: Some(500),
         };
-        let spec = runtime_spec("web-1", &plan(), &cgroups).expect("spec builds");
+        let spec = runtime_spec("web-1", &plan(), &cgroups, None).expect("spec builds");
         let json = serde_json::to_value(&spec).expect("serialises");
         assert_eq!(json["process"]["args"][2], "true");
         assert_eq!(json["process"]["cwd"], "/www");
@@ -198,5 +213,26 @@ mod tests {
             .filter_map(|ns| ns["type"].as_str())
             .collect();
         assert_eq!(namespaces, ["pid", "ipc", "uts", "mount"]);
+    }
+
+    #[test]
+    fn an_attached_instance_joins_its_network_namespace() {
+        let cgroups = CgroupPlan {
+            path: "/cca-oci/web-1".into(),
+            memory_bytes: None,
+            limit_swap: false,
+            cpu_millis: None,
+        };
+        let netns = Path::new("/run/netns/cca-web-1");
+        let spec = runtime_spec("web-1", &plan(), &cgroups, Some(netns)).expect("spec builds");
+        let json = serde_json::to_value(&spec).expect("serialises");
+        let network: Vec<&serde_json::Value> = json["linux"]["namespaces"]
+            .as_array()
+            .expect("namespaces")
+            .iter()
+            .filter(|ns| ns["type"] == "network")
+            .collect();
+        assert_eq!(network.len(), 1);
+        assert_eq!(network[0]["path"], "/run/netns/cca-web-1");
     }
 }

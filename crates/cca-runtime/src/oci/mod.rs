@@ -15,8 +15,9 @@
 //! output stops if runc dies), and runc deletes the cgroup when the
 //! container ends, so OOM kills are not detected yet.
 //!
-//! Networking: containers share the host's network namespace for now (the
-//! spec has no network namespace); the node bridge and veths come later.
+//! Networking: a spec with a `network` attachment joins that namespace
+//! (the agent's node network creates and removes it around the container);
+//! without one the container shares the host's network namespace.
 
 mod binary;
 mod bundle;
@@ -305,8 +306,18 @@ impl Inner {
             std::fs::create_dir_all(&path)
                 .map_err(|e| dir.io_error(Operation::Create, "creating", &path, e))?;
         }
-        let spec = bundle::runtime_spec(id, &instance.process, &self.cgroup_plan(&instance.spec))
-            .map_err(|reason| Error::InvalidSpec {
+        let netns = instance
+            .spec
+            .network
+            .as_ref()
+            .map(|network| network.netns_path.as_path());
+        let spec = bundle::runtime_spec(
+            id,
+            &instance.process,
+            &self.cgroup_plan(&instance.spec),
+            netns,
+        )
+        .map_err(|reason| Error::InvalidSpec {
             id: id.clone(),
             reason,
         })?;
