@@ -10,6 +10,7 @@ pub mod desired;
 pub mod error;
 pub mod health;
 mod link;
+pub mod network;
 pub mod runtimes;
 pub mod serve;
 pub mod supervisor;
@@ -29,6 +30,7 @@ use tokio::sync::watch;
 
 pub use desired::Desired;
 pub use error::AgentError;
+pub use network::InstanceNetwork;
 pub use runtimes::{Containers, RuntimeSet};
 pub use supervisor::{Supervisor, SupervisorConfig};
 

@@ -8,6 +8,13 @@
 //! runs and garbage collection knows exactly which images are in use.
 //! After a container is removed, images no instance uses are collected.
 //!
+//! With a node network (`Containers::with_network`, `cca agent
+//! --pod-subnet`) a container is attached before it is created — its own
+//! namespace and address, its host ports published to its declared ports —
+//! and detached after it is removed; a spec that already names a network
+//! (an init step joining its instance's namespace) is left as it is.
+//! Without one, containers share the host's network.
+//!
 //! A node without a usable container runtime (no runc or crun, crun on
 //! hybrid cgroups, not root) still runs processes; its image workloads fail
 //! at create with the reason, and nothing is created.
@@ -23,6 +30,8 @@ use cca_runtime::{
     Error, ExecOutput, ExecRequest, InstanceSpec, InstanceStatus, LogOptions, LogStream, Operation,
     Result, Runtime,
 };
+
+use crate::network::{self, InstanceNetwork};
 
 /// Which runtime an instance lives in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -55,6 +64,8 @@ pub struct Containers {
     /// A collection was refused because a pull was under way; it runs
     /// when the next pull ends.
     gc_pending: AtomicBool,
+    /// The node network containers are attached to; `None`: the host's.
+    network: Option<Arc<dyn InstanceNetwork>>,
 }
 
 impl Containers {
@@ -70,7 +81,16 @@ impl Containers {
             images,
             pulls: Mutex::default(),
             gc_pending: AtomicBool::new(false),
+            network: None,
         }
+    }
+
+    /// Containers get their own network from `network` instead of sharing
+    /// the host's.
+    #[must_use]
+    pub fn with_network(mut self, network: Arc<dyn InstanceNetwork>) -> Self {
+        self.network = Some(network);
+        self
     }
 
     /// The image of `spec` in the store, pulled first when missing, as a
@@ -187,6 +207,31 @@ impl RuntimeSet {
         }
     }
 
+    /// Removes the network namespaces, veths, leases and published ports
+    /// that belong to no container the runtime still has (left by a crash
+    /// or a removal whose detach failed). The agent calls this once at
+    /// start; `Ok(None)` when containers have no node network.
+    pub async fn cleanup_network_orphans(
+        &self,
+    ) -> std::result::Result<Option<cca_net::CleanupReport>, String> {
+        let Ok(containers) = &self.containers else {
+            return Ok(None);
+        };
+        let Some(net) = &containers.network else {
+            return Ok(None);
+        };
+        // Never clean up without knowing every live container.
+        let known = containers
+            .runtime
+            .list()
+            .await
+            .map_err(|e| format!("listing the containers: {e}"))?
+            .into_iter()
+            .map(|status| status.id)
+            .collect();
+        network::cleanup_orphans(net, known).await.map(Some)
+    }
+
     /// Why image workloads cannot run here, `None` when they can.
     pub fn containers_unavailable(&self) -> Option<&str> {
         self.containers.as_ref().err().map(String::as_str)
@@ -261,9 +306,37 @@ impl Runtime for RuntimeSet {
             ),
         })?;
         spec.image = Some(containers.pinned_image(&spec.id, &image).await?);
-        let id = containers.runtime.create(spec).await?;
-        self.remember(&id, Route::Container);
-        Ok(id)
+        let attached = match &containers.network {
+            Some(net) if spec.network.is_none() => {
+                let attachment =
+                    network::attach(net, &spec)
+                        .await
+                        .map_err(|message| Error::Failed {
+                            id: spec.id.clone(),
+                            operation: Operation::Create,
+                            message,
+                        })?;
+                spec.network = Some(attachment);
+                Some(net)
+            }
+            _ => None,
+        };
+        let id = spec.id.clone();
+        match containers.runtime.create(spec).await {
+            Ok(id) => {
+                self.remember(&id, Route::Container);
+                Ok(id)
+            }
+            Err(error) => {
+                // Nothing half-created: the namespace goes with the failure.
+                if let Some(net) = attached
+                    && let Err(problem) = network::detach(net, &id).await
+                {
+                    tracing::warn!(instance = %id, %problem, "detaching after a failed create");
+                }
+                Err(error)
+            }
+        }
     }
 
     async fn start(&self, id: &str) -> Result<()> {
@@ -284,6 +357,15 @@ impl Runtime for RuntimeSet {
         if route == Route::Container
             && let Ok(containers) = &self.containers
         {
+            // Detaching an instance that was never attached (an init step
+            // in its instance's namespace) removes nothing. A failure is
+            // only logged: the container is gone, and the agent's next
+            // start removes what is left.
+            if let Some(net) = &containers.network
+                && let Err(problem) = network::detach(net, id).await
+            {
+                tracing::warn!(instance = %id, %problem, "detaching from the node network failed");
+            }
             containers.collect_garbage().await;
         }
         Ok(())

@@ -15,7 +15,7 @@ use cca_model::cluster::{ExitInfo, InstanceState, InstanceStatus};
 use cca_model::spec::{Probe, ServiceSpec, Workload};
 use cca_runtime::{
     ExitReason, InstanceSpec, InstanceState as RtState, InstanceStatus as RtStatus, LogOptions,
-    PortBinding, Runtime,
+    NetworkAttachment, PortBinding, Runtime,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -397,7 +397,10 @@ impl Supervisor {
             if !running || record.health.next_probe_at > now || assignment.instance.stopping {
                 continue;
             }
-            let target = probe_target(&check.probe, assignment, &self.address);
+            let own = actual
+                .get(id)
+                .and_then(|status| status.spec.network.as_ref());
+            let target = probe_target(&check.probe, assignment, &self.address, own);
             let runtime = Arc::clone(&self.runtime);
             let id = id.clone();
             probes.spawn(async move {
@@ -455,7 +458,13 @@ impl Supervisor {
             state,
             healthy: if has_health { healthy } else { None },
             pid: actual.filter(|_| running).and_then(|status| status.pid),
-            address: Some(self.address.clone()),
+            // An instance with its own network is reached at its own
+            // address; the others at the node's.
+            address: Some(
+                actual
+                    .and_then(|status| status.spec.network.as_ref())
+                    .map_or_else(|| self.address.clone(), |net| net.address.to_string()),
+            ),
             host_ports: instance.host_ports.clone(),
             restarts: record.map_or(0, |record| record.restarts),
             last_exit: record.and_then(|record| record.last_exit.clone()),
@@ -482,8 +491,18 @@ async fn start_instance(
                 .map_err(|err| err.to_string())?;
         }
     }
+    // Init steps run in the instance's own network namespace when it has
+    // one (the runtime attached it at create), as a pod's init containers do.
+    let mut main = spec.clone();
+    if !init.is_empty() {
+        main.network = runtime
+            .inspect(&id)
+            .await
+            .ok()
+            .and_then(|status| status.spec.network);
+    }
     for step in init {
-        run_init_step(&runtime, &spec, &step).await?;
+        run_init_step(&runtime, &main, &step).await?;
     }
     runtime.start(&id).await.map_err(|err| err.to_string())
 }
@@ -551,13 +570,26 @@ fn port_bindings(
         .collect()
 }
 
-/// Where an HTTP or TCP probe connects: the host port bound to the probe's
-/// service port (or the port itself when the service does not declare it).
-fn probe_target(probe: &Probe, assignment: &Assignment, address: &str) -> Option<ProbeTarget> {
+/// Where an HTTP or TCP probe connects: an instance with its own network
+/// at its address and the probe's port itself; others at the node address
+/// and the host port bound to the probe's service port (or the port itself
+/// when the service does not declare it).
+fn probe_target(
+    probe: &Probe,
+    assignment: &Assignment,
+    address: &str,
+    own: Option<&NetworkAttachment>,
+) -> Option<ProbeTarget> {
     let port = match probe {
         Probe::Http { port, .. } | Probe::Tcp { port } => *port,
         Probe::Exec { .. } => return None,
     };
+    if let Some(own) = own {
+        return Some(ProbeTarget {
+            address: own.address.to_string(),
+            port,
+        });
+    }
     let service = assignment.spec.as_ref()?;
     let host_port = service
         .ports

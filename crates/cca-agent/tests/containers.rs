@@ -1,15 +1,19 @@
 //! The agent running a real container end to end: a busybox image built in
 //! the test and pushed to a loopback `docker-registry`, a supervisor over a
 //! `RuntimeSet` with the real `oci` runtime (runc), an assignment naming
-//! the image by tag. The agent pulls it, runs `busybox httpd` on the host
-//! port it was given (containers share the host network for now), reports
-//! it running, serves over loopback; once stopped and unassigned, nothing
-//! is left: no instance directory, mount, cgroup or runc state. Skipped
-//! without root or the tools `scripts/test` installs.
+//! the image by tag. The agent pulls it, runs `busybox httpd`, reports it
+//! running, serves over loopback; once stopped and unassigned, nothing is
+//! left: no instance directory, mount, cgroup or runc state. Without a node
+//! network the container shares the host's and listens on its host port;
+//! with one (a throwaway bridge, table and subnet) it has its own address,
+//! listens on its declared port, is reached there and through the host
+//! port published on 127.0.0.1, and leaves no namespace, veth or published
+//! port behind either. Skipped without root or the tools `scripts/test`
+//! installs.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{IpAddr, Ipv4Addr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,10 +29,15 @@ use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{
     Cpu, Memory, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy, Workload,
 };
+use cca_net::{HostNetwork, IpNft, NetConfig, NodeNetwork};
 use cca_runtime::fake::FakeRuntime;
 use cca_runtime::{OciConfig, OciRuntime, Runtime};
 
 fn assignment(image: &str, host_port: u16, stopping: bool) -> Assignment {
+    assignment_of("web-1", image, host_port, stopping)
+}
+
+fn assignment_of(id: &str, image: &str, host_port: u16, stopping: bool) -> Assignment {
     let service = ServiceSpec {
         name: "web".into(),
         workload: Workload::Image {
@@ -56,7 +65,7 @@ fn assignment(image: &str, host_port: u16, stopping: bool) -> Assignment {
     };
     Assignment {
         instance: Instance {
-            id: "web-1".into(),
+            id: id.into(),
             service: "web".into(),
             node: "n1".into(),
             ordinal: None,
@@ -111,7 +120,13 @@ fn state(tick: &Tick) -> Option<InstanceState> {
 
 /// `GET /` on loopback, the body when the answer is 200.
 fn http_get(port: u16) -> Option<String> {
-    let mut stream = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    http_get_at(IpAddr::V4(Ipv4Addr::LOCALHOST), port)
+}
+
+/// `GET /` at `address`, the body when the answer is 200.
+fn http_get_at(address: IpAddr, port: u16) -> Option<String> {
+    let mut stream =
+        TcpStream::connect_timeout(&(address, port).into(), Duration::from_secs(2)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
     stream
         .write_all(b"GET / HTTP/1.0\r\nHost: localhost\r\n\r\n")
@@ -126,6 +141,7 @@ fn http_get(port: u16) -> Option<String> {
 /// an assertion failed, so a failed run leaves nothing behind either.
 struct Cleanup {
     oci: Arc<OciRuntime>,
+    id: &'static str,
 }
 
 impl Drop for Cleanup {
@@ -134,10 +150,10 @@ impl Drop for Cleanup {
         let _ = std::process::Command::new(&binary.path)
             .arg("--root")
             .arg(&binary.state_root)
-            .args(["delete", "--force", "web-1"])
+            .args(["delete", "--force", self.id])
             .output();
         let _ = rustix::mount::unmount(
-            self.oci.instance_dir("web-1").join("bundle/rootfs"),
+            self.oci.instance_dir(self.id).join("bundle/rootfs"),
             rustix::mount::UnmountFlags::DETACH,
         );
     }
@@ -179,6 +195,7 @@ async fn the_agent_pulls_an_image_runs_it_as_a_container_and_removes_it_complete
     );
     let _cleanup = Cleanup {
         oci: Arc::clone(&oci),
+        id: "web-1",
     };
     let set = RuntimeSet::new(
         Arc::new(FakeRuntime::new()),
@@ -248,4 +265,213 @@ async fn the_agent_pulls_an_image_runs_it_as_a_container_and_removes_it_complete
         1,
         "a named image stays after garbage collection"
     );
+}
+
+/// The throwaway node network of one test: random bridge, table, prefixes
+/// and subnet (the names cca-net's own tests use), removed on drop even
+/// when an assertion failed.
+struct NetGuard {
+    config: NetConfig,
+    _dir: tempfile::TempDir,
+}
+
+impl NetGuard {
+    fn new() -> Self {
+        let tag = format!("{:04x}", fastrand::u16(..));
+        let dir = tempfile::tempdir().expect("a temporary state dir");
+        let subnet = format!("10.198.{}.0/24", fastrand::u8(1..=254));
+        let mut config = NetConfig::new(subnet.parse().expect("a valid test subnet"), dir.path());
+        config.bridge = format!("ccaa{tag}");
+        config.table = format!("ccaa_{tag}");
+        config.netns_prefix = format!("ccaa{tag}-");
+        config.veth_prefix = format!("va{tag}");
+        Self { config, _dir: dir }
+    }
+
+    fn netns_left(&self) -> Vec<String> {
+        IpNft::new()
+            .list_netns()
+            .expect("netns list")
+            .into_iter()
+            .filter(|ns| ns.starts_with(&self.config.netns_prefix))
+            .collect()
+    }
+
+    fn veths_left(&self) -> Vec<String> {
+        IpNft::new()
+            .list_links()
+            .expect("link list")
+            .into_iter()
+            .filter(|link| link.starts_with(&self.config.veth_prefix))
+            .collect()
+    }
+}
+
+impl Drop for NetGuard {
+    fn drop(&mut self) {
+        let host = IpNft::new();
+        for netns in self.netns_left() {
+            let _ = host.delete_netns(&netns);
+        }
+        for link in self.veths_left() {
+            let _ = host.delete_link(&link);
+        }
+        let _ = host.delete_nat(&self.config.table);
+        let _ = host.delete_bridge(&self.config.bridge);
+    }
+}
+
+#[tokio::test]
+async fn with_a_node_network_a_container_has_its_own_address_and_published_ports() {
+    let test = "agent_attaches_a_container";
+    if !commands_available(
+        test,
+        &["runc", "docker-registry", "skopeo", "busybox", "ip", "nft"],
+    ) {
+        return;
+    }
+    if !rustix::process::geteuid().is_root() {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("skipping {test}: containers need root");
+        }
+        return;
+    }
+    const ID: &str = "web-net";
+    let layout = tempfile::tempdir().expect("tempdir");
+    write_oci_layout(
+        layout.path(),
+        "1",
+        &[busybox_layer().expect("layer")],
+        &["sh"],
+    )
+    .expect("layout");
+    let registry = TestRegistry::start().expect("registry");
+    registry
+        .push(layout.path(), "1", "test/busybox")
+        .expect("push");
+    let image = format!("{}/test/busybox:1", registry.host);
+
+    // Declared first so it drops last: the container goes before its
+    // namespace, the namespaces before the bridge.
+    let net = NetGuard::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = ImageStore::open(dir.path().join("images")).expect("store");
+    let oci = Arc::new(
+        OciRuntime::new(OciConfig::new(dir.path().join("oci"), store.clone()))
+            .await
+            .expect("the oci runtime opens"),
+    );
+    let _cleanup = Cleanup {
+        oci: Arc::clone(&oci),
+        id: ID,
+    };
+    let network = NodeNetwork::open(net.config.clone(), IpNft::new()).expect("network opens");
+    let set = Arc::new(RuntimeSet::new(
+        Arc::new(FakeRuntime::new()),
+        Containers::new(
+            Arc::clone(&oci) as Arc<dyn Runtime>,
+            store.clone(),
+            RegistrySettings::insecure(std::slice::from_ref(&registry.host)).expect("settings"),
+        )
+        .with_network(Arc::new(network)),
+    ));
+    let report = set
+        .cleanup_network_orphans()
+        .await
+        .expect("cleanup runs")
+        .expect("there is a node network");
+    assert_eq!(report, cca_net::CleanupReport::default());
+    let config = SupervisorConfig {
+        stop_grace: Duration::from_millis(200),
+        ..SupervisorConfig::default()
+    };
+    let mut supervisor = Supervisor::new(
+        "n1",
+        "127.0.0.1",
+        Arc::clone(&set) as Arc<dyn Runtime>,
+        config,
+        BTreeMap::new(),
+    );
+
+    let port = free_port().expect("port");
+    let running = desired(vec![assignment_of(ID, &image, port, false)]);
+    let tick = tick_until(&mut supervisor, &running, "running", |t| {
+        state(t) == Some(InstanceState::Running)
+    })
+    .await;
+    let address: Ipv4Addr = tick.statuses[0]
+        .address
+        .as_deref()
+        .expect("an address is reported")
+        .parse()
+        .expect("the reported address is an IPv4 address");
+    assert!(
+        net.config.subnet.contains(address),
+        "{address} is not in {}",
+        net.config.subnet
+    );
+    let status = set.inspect(ID).await.expect("inspect");
+    let attachment = status.spec.network.expect("the container is attached");
+    assert_eq!(attachment.address, address);
+    assert_eq!(net.netns_left().len(), 1);
+
+    // httpd listens on the declared port 80 ($PORT inside its namespace):
+    // reached at its own address, and at the host port on loopback.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        if let Some(body) = http_get_at(IpAddr::V4(address), 80) {
+            break body;
+        }
+        let log = std::fs::read_to_string(oci.instance_dir(ID).join("output.log"));
+        assert!(Instant::now() < deadline, "httpd does not answer: {log:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(body, "hello from busybox\n");
+    assert_eq!(
+        http_get(port).as_deref(),
+        Some("hello from busybox\n"),
+        "the published host port on 127.0.0.1"
+    );
+    assert_eq!(
+        IpNft::new()
+            .list_ports(&net.config.table)
+            .expect("ports")
+            .len(),
+        2,
+        "the host port is published for tcp and udp"
+    );
+
+    let stopping = desired(vec![assignment_of(ID, &image, port, true)]);
+    tick_until(&mut supervisor, &stopping, "stopped", |t| {
+        state(t) == Some(InstanceState::Stopped)
+    })
+    .await;
+    assert!(http_get(port).is_none(), "httpd is gone");
+    tick_until(&mut supervisor, &desired(Vec::new()), "removed", |t| {
+        t.removed == [ID]
+    })
+    .await;
+
+    assert!(!attachment.netns_path.exists(), "the namespace is left");
+    assert_eq!(net.netns_left(), Vec::<String>::new(), "namespaces left");
+    assert_eq!(net.veths_left(), Vec::<String>::new(), "veths left");
+    assert_eq!(
+        IpNft::new().list_ports(&net.config.table).expect("ports"),
+        Vec::new(),
+        "published ports left"
+    );
+    let instance_dir = oci.instance_dir(ID);
+    assert!(!instance_dir.exists(), "{} is left", instance_dir.display());
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    assert!(
+        !mountinfo.contains(&instance_dir.display().to_string()),
+        "a mount is left"
+    );
+    let cgroups: Vec<_> = oci
+        .cgroup_dirs(ID)
+        .into_iter()
+        .filter(|d| d.exists())
+        .collect();
+    assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
+use cca_agent::network::{CleanupReport, node_network};
 use cca_agent::{AgentConfig, Containers, RuntimeSet, SupervisorConfig};
 use cca_image::{ImageStore, RegistrySettings};
 use cca_model::spec::{Cpu, Memory};
@@ -64,6 +65,12 @@ pub(crate) struct AgentArgs {
     /// from PATH).
     #[arg(long, value_name = "PATH")]
     oci_runtime: Option<PathBuf>,
+    /// Give each container its own network namespace and an address from
+    /// this node subnet (`10.88.0.0/24`) on the bridge `cca0`, with
+    /// outbound NAT and its host ports published to its declared ports.
+    /// Default: containers share the host's network.
+    #[arg(long, value_name = "CIDR")]
+    pod_subnet: Option<String>,
 }
 
 impl AgentArgs {
@@ -83,6 +90,7 @@ impl AgentArgs {
             restart_backoff: "1s".to_owned(),
             insecure_registries: Vec::new(),
             oci_runtime: None,
+            pod_subnet: None,
         }
     }
 }
@@ -120,12 +128,37 @@ pub(crate) async fn node_runtime(args: &AgentArgs) -> Result<Arc<dyn Runtime>> {
         RegistrySettings::insecure(&args.insecure_registries).context("--insecure-registry")?;
     let process = process_runtime(&args.data_dir).await?;
     let set = match containers(args, registries).await {
-        Ok(containers) => RuntimeSet::new(process, containers),
+        Ok(containers) => match &args.pod_subnet {
+            // An explicit subnet that cannot be set up stops the agent:
+            // running containers on the host network instead would be a
+            // silent change of what the flag asked for.
+            Some(subnet) => {
+                let subnet = subnet.clone();
+                let state_dir = args.data_dir.clone();
+                let network = tokio::task::spawn_blocking(move || node_network(&subnet, state_dir))
+                    .await
+                    .context("opening the node network")?
+                    .map_err(anyhow::Error::msg)
+                    .context("--pod-subnet")?;
+                RuntimeSet::new(process, containers.with_network(network))
+            }
+            None => RuntimeSet::new(process, containers),
+        },
         Err(reason) => {
             tracing::warn!(%reason, "no container runtime: image workloads will fail");
+            if args.pod_subnet.is_some() {
+                tracing::warn!("--pod-subnet is unused: this node runs no containers");
+            }
             RuntimeSet::processes_only(process, reason)
         }
     };
+    match set.cleanup_network_orphans().await {
+        Ok(Some(report)) if report != CleanupReport::default() => {
+            tracing::info!(?report, "removed node network leftovers of gone containers");
+        }
+        Ok(_) => {}
+        Err(problem) => tracing::warn!(%problem, "cleaning up the node network failed"),
+    }
     Ok(Arc::new(set))
 }
 

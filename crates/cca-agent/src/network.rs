@@ -1,0 +1,147 @@
+//! Per-instance networking of containers: the narrow [`InstanceNetwork`]
+//! trait the [`crate::RuntimeSet`] drives (implemented by
+//! [`cca_net::NodeNetwork`] over any host), and the async wrappers that run
+//! its blocking calls (`ip`, `nft`, the state file) on the blocking pool.
+//!
+//! A container gets its own namespace, address and published host ports at
+//! create, and loses them after remove; the agent removes what crashed
+//! instances left behind at start (`cleanup_orphans`). A node without a
+//! pod subnet has no `InstanceNetwork`, and its containers keep the host's
+//! network.
+
+use std::fmt;
+use std::sync::Arc;
+
+pub use cca_net::CleanupReport;
+use cca_net::{Attachment, HostNetwork, NodeNetwork, Proto};
+use cca_runtime::{InstanceSpec, NetworkAttachment};
+
+/// What the agent needs of the node network.
+pub trait InstanceNetwork: Send + Sync + fmt::Debug {
+    /// Gives `id` its namespace, veth and address (idempotent).
+    fn attach(&self, id: &str) -> cca_net::Result<Attachment>;
+    /// Publishes `host_port` on every local address to `id`'s `container_port`.
+    fn publish(
+        &self,
+        id: &str,
+        host_port: u16,
+        container_port: u16,
+        proto: Proto,
+    ) -> cca_net::Result<()>;
+    /// Removes `id`'s ports, veth and namespace and releases its address;
+    /// an unknown id is fine.
+    fn detach(&self, id: &str) -> cca_net::Result<()>;
+    /// Removes everything belonging to no instance in `known`.
+    fn cleanup_orphans(&self, known: &[String]) -> cca_net::Result<CleanupReport>;
+}
+
+impl<H: HostNetwork> InstanceNetwork for NodeNetwork<H> {
+    fn attach(&self, id: &str) -> cca_net::Result<Attachment> {
+        NodeNetwork::attach(self, id)
+    }
+
+    fn publish(
+        &self,
+        id: &str,
+        host_port: u16,
+        container_port: u16,
+        proto: Proto,
+    ) -> cca_net::Result<()> {
+        NodeNetwork::publish(self, id, host_port, container_port, proto).map(|_| ())
+    }
+
+    fn detach(&self, id: &str) -> cca_net::Result<()> {
+        NodeNetwork::detach(self, id)
+    }
+
+    fn cleanup_orphans(&self, known: &[String]) -> cca_net::Result<CleanupReport> {
+        NodeNetwork::cleanup_orphans(self, known.iter().map(String::as_str))
+    }
+}
+
+/// Runs `call` on the blocking pool; a panic is reported as an error.
+async fn blocking<T: Send + 'static>(
+    call: impl FnOnce() -> cca_net::Result<T> + Send + 'static,
+) -> Result<T, String> {
+    match tokio::task::spawn_blocking(call).await {
+        Ok(result) => result.map_err(|error| error.to_string()),
+        Err(error) => Err(format!("the node network call panicked: {error}")),
+    }
+}
+
+/// Attaches the instance of `spec` and publishes each of its host ports to
+/// its declared port. The spec does not say a port's protocol, so both TCP
+/// and UDP are published: host ports are the instance's alone either way.
+/// On failure everything is detached again.
+pub(crate) async fn attach(
+    network: &Arc<dyn InstanceNetwork>,
+    spec: &InstanceSpec,
+) -> Result<NetworkAttachment, String> {
+    let id = spec.id.clone();
+    let ports: Vec<(u16, u16)> = spec
+        .ports
+        .iter()
+        .map(|port| {
+            (
+                port.host_port,
+                port.container_port.unwrap_or(port.host_port),
+            )
+        })
+        .collect();
+    let net = Arc::clone(network);
+    let attached = blocking(move || {
+        let attachment = net.attach(&id)?;
+        for (host_port, container_port) in ports {
+            for proto in [Proto::Tcp, Proto::Udp] {
+                net.publish(&id, host_port, container_port, proto)?;
+            }
+        }
+        Ok(attachment)
+    })
+    .await;
+    match attached {
+        Ok(attachment) => Ok(NetworkAttachment {
+            netns_path: attachment.netns_path,
+            address: attachment.address,
+        }),
+        Err(problem) => {
+            if let Err(undo) = detach(network, &spec.id).await {
+                tracing::warn!(instance = %spec.id, problem = %undo, "detaching after a failed attach");
+            }
+            Err(format!("attaching to the node network: {problem}"))
+        }
+    }
+}
+
+/// Detaches `id` from the node network.
+pub(crate) async fn detach(network: &Arc<dyn InstanceNetwork>, id: &str) -> Result<(), String> {
+    let net = Arc::clone(network);
+    let id = id.to_owned();
+    blocking(move || net.detach(&id)).await
+}
+
+/// Removes what belongs to no instance in `known`.
+pub(crate) async fn cleanup_orphans(
+    network: &Arc<dyn InstanceNetwork>,
+    known: Vec<String>,
+) -> Result<CleanupReport, String> {
+    let net = Arc::clone(network);
+    blocking(move || net.cleanup_orphans(&known)).await
+}
+
+/// The real node network for `subnet` (`10.88.0.0/24`): bridge `cca0`,
+/// nftables table `ip cca`, namespaces `cca-{id}`, state in
+/// `state_dir/network.json`. Opening creates the bridge and table and
+/// restores published ports (blocking; call it at agent start).
+pub fn node_network(
+    subnet: &str,
+    state_dir: impl Into<std::path::PathBuf>,
+) -> Result<Arc<dyn InstanceNetwork>, String> {
+    let subnet: cca_net::Subnet = subnet
+        .parse()
+        .map_err(|e: cca_net::Error| format!("pod subnet `{subnet}`: {e}"))?;
+    let config = cca_net::NetConfig::new(subnet, state_dir);
+    let network = NodeNetwork::open(config, cca_net::IpNft::new())
+        .map_err(|e| format!("opening the node network on {subnet}: {e}"))?;
+    Ok(Arc::new(network))
+}
