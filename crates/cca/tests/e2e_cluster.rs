@@ -344,10 +344,14 @@ async fn a_cluster_of_processes_survives_crashes_restarts_and_node_loss() {
     assert_eq!(nodes.len(), 3, "replicas spread over the nodes: {web:?}");
     assert_all_answer(&client, &web).await;
 
-    // A command that fails fast is reported failed with its exit code and output.
-    let broken = eventually(
-        "broken to be reported failed",
-        Duration::from_secs(30),
+    // A command that fails fast is reported failed with its exit code and
+    // output. The scheduler replaces failed instances (within the restart
+    // budget) and the agent then removes them, so each failed instance is
+    // looked at while it still exists; the last one stays once the budget
+    // is spent.
+    let (exit, described) = eventually(
+        "broken to be reported failed, with describe showing why",
+        Duration::from_secs(60),
         async || {
             let query = InstanceQuery {
                 service: Some("broken".to_owned()),
@@ -355,30 +359,47 @@ async fn a_cluster_of_processes_survives_crashes_restarts_and_node_loss() {
                 ..InstanceQuery::default()
             };
             let listed = client.instances(&query).await.ok()?;
-            listed.into_iter().find(|found| found.state == "failed")
+            let failed = listed.into_iter().find(|found| found.state == "failed")?;
+            let exit = client.instance(&failed.id).await.ok()?.status?.last_exit?;
+            let output = Command::new(CCA)
+                .args(["describe", "instance", &failed.id])
+                .env("CCA_SERVER", &cluster.url)
+                .output()
+                .ok()?;
+            output
+                .status
+                .success()
+                .then(|| (exit, String::from_utf8_lossy(&output.stdout).into_owned()))
         },
     )
     .await;
-    let detail = client.instance(&broken.id).await.expect("broken detail");
-    let exit = detail
-        .status
-        .and_then(|status| status.last_exit)
-        .expect("a last exit");
     assert_eq!(exit.code, Some(3));
     assert!(
         exit.log_tail.iter().any(|line| line.contains("boom")),
         "{:?}",
         exit.log_tail
     );
-    let described = cluster.cca(&["describe", "instance", &broken.id]);
     assert!(
         described.contains("cannot reach the database"),
         "describe shows the log tail:\n{described}"
     );
 
     // Logs and exec reach the agent running the instance, through the API.
-    let logs = cluster.cca(&["logs", &broken.id, "--tail", "5"]);
-    assert!(logs.contains("boom"), "cca logs: {logs}");
+    eventually(
+        "cca logs to show broken's output",
+        Duration::from_secs(20),
+        async || {
+            let output = Command::new(CCA)
+                .args(["logs", "broken", "--tail", "5"])
+                .env("CCA_SERVER", &cluster.url)
+                .output()
+                .ok()?;
+            String::from_utf8_lossy(&output.stdout)
+                .contains("boom")
+                .then_some(())
+        },
+    )
+    .await;
     let output = Command::new(CCA)
         .args([
             "exec",
