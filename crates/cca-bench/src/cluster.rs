@@ -172,17 +172,15 @@ impl Cluster {
         }
     }
 
-    /// Kills nodes as a power cut would: their instances end at once and
-    /// their agents stop without a word (their leases expire on their own).
+    /// Kills nodes as a power cut would. Their agents go first, as with
+    /// `kill -9`: stopped and joined before anything else happens, so no
+    /// heartbeat or report leaves them afterwards (their leases expire on
+    /// their own). Only then do their runtimes die, ending every instance;
+    /// no agent is left to notice, so the control plane learns of the loss
+    /// only from the lease, as it would of a dead machine.
     pub async fn kill_nodes(&mut self, names: &HashSet<String>) {
-        for node in self
-            .nodes
-            .iter_mut()
-            .filter(|node| names.contains(&node.name))
-        {
-            node.runtime.kill_node();
+        for node in self.nodes.iter().filter(|node| names.contains(&node.name)) {
             node.stop.send_replace(true);
-            self.dead.insert(node.name.clone());
         }
         for node in self
             .nodes
@@ -190,6 +188,10 @@ impl Cluster {
             .filter(|node| names.contains(&node.name))
         {
             join_agent(node).await;
+        }
+        for node in self.nodes.iter().filter(|node| names.contains(&node.name)) {
+            node.runtime.kill_node();
+            self.dead.insert(node.name.clone());
         }
     }
 

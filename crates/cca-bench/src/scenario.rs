@@ -4,14 +4,14 @@
 //! ready, then deploy the workload and do what the scenario is about,
 //! timing it with the [`Tracker`].
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::sim::{SimConfig, StartLatency};
-use cca_store::Store;
+use cca_store::{Revision, Store};
 use serde::Serialize;
 use tokio::time::Instant;
 
@@ -19,7 +19,7 @@ use crate::cluster::{Cluster, ClusterConfig};
 use crate::measure::{peak_rss_bytes, store_txn_per_s};
 use crate::slow_store::SlowStore;
 use crate::stats::Summary;
-use crate::tracker::Tracker;
+use crate::tracker::{Expiry, Placed, Tracker};
 use crate::workload::{INSTANCE_CPU_MILLIS, INSTANCE_MEMORY_MIB, Workload};
 use crate::{BenchError, verify};
 
@@ -30,7 +30,9 @@ pub enum Scenario {
     Deploy,
     /// Deploy, then verify capacity and constraints through the API.
     Placement,
-    /// Deploy, kill nodes; time from lease expiry to all replacements running.
+    /// Deploy, kill nodes (agents first, then their instances); time from
+    /// the first lease expiry to all replacements running. A replacement
+    /// placed before a lease expired fails the run.
     NodeFailure,
     /// Deploy, scale every service by the scale factor (1,000 → 1,500).
     ScaleUp,
@@ -296,7 +298,9 @@ async fn scale(
 }
 
 /// Kills nodes; time from the first lease expiry to every replacement
-/// running, plus the detection time before it.
+/// running (per instance too), plus the detection time before it: the
+/// total runs from the kill. Every replacement must come after enough of
+/// the killed nodes' leases expired (see [`early_replacements`]).
 async fn node_failure(
     cluster: &mut Cluster,
     tracker: &Tracker,
@@ -305,14 +309,20 @@ async fn node_failure(
     progress: &dyn Progress,
 ) -> Result<Outcome, BenchError> {
     let victims = victims(&cluster.node_names(), config.killed_nodes);
-    let before: HashSet<String> = tracker.placements().into_keys().collect();
+    let placed_before = tracker.placements();
+    let before: HashSet<String> = placed_before.keys().cloned().collect();
     progress.phase(
         "killing nodes, waiting for their leases to expire",
         victims.len() as u64,
     );
     let killed = Instant::now();
     cluster.kill_nodes(&victims).await;
-    let expired = wait_for_expiries(tracker, &victims, config.timeout, progress).await?;
+    let expiries = wait_for_expiries(tracker, &victims, config.timeout, progress).await?;
+    let expired = expiries
+        .values()
+        .map(|expiry| expiry.at)
+        .min()
+        .unwrap_or_else(Instant::now);
     progress.phase("replacing lost instances", workload.instances() as u64);
     let mut outcome = converge(
         cluster,
@@ -324,9 +334,55 @@ async fn node_failure(
         progress,
     )
     .await?;
-    outcome.detection_seconds = Some(expired.duration_since(killed).as_secs_f64());
-    outcome.total_seconds = Some(outcome.seconds + expired.duration_since(killed).as_secs_f64());
+    let detection = expired.duration_since(killed).as_secs_f64();
+    outcome.detection_seconds = Some(detection);
+    outcome.total_seconds = Some(outcome.seconds + detection);
+    outcome.violations = early_replacements(&placed_before, &tracker.placements(), &expiries);
     Ok(outcome)
+}
+
+/// Replacements placed before enough of the killed nodes' leases had
+/// expired. In the order of the store revisions that created them, the
+/// k-th new instance needs at least k instances lost on killed nodes whose
+/// lease expired at an earlier revision; one placed sooner answered a
+/// report from a killed node's agent, which a dead machine never sends.
+fn early_replacements(
+    before: &HashMap<String, Placed>,
+    after: &HashMap<String, Placed>,
+    expiries: &HashMap<String, Expiry>,
+) -> Vec<String> {
+    let mut lost: Vec<(Revision, usize)> = expiries
+        .iter()
+        .map(|(node, expiry)| {
+            let on_node = before
+                .values()
+                .filter(|placed| !placed.stopping && placed.node == *node)
+                .count();
+            (expiry.revision, on_node)
+        })
+        .collect();
+    lost.sort_unstable();
+    let mut new: Vec<(&String, &Placed)> = after
+        .iter()
+        .filter(|(id, _)| !before.contains_key(*id))
+        .collect();
+    new.sort_unstable_by_key(|(id, placed)| (placed.created, *id));
+    let mut violations = Vec::new();
+    let mut expired = lost.iter().peekable();
+    let mut replaceable = 0;
+    for (made, (id, placed)) in new.into_iter().enumerate() {
+        while let Some((_, count)) = expired.next_if(|(revision, _)| *revision < placed.created) {
+            replaceable += count;
+        }
+        if made + 1 > replaceable {
+            violations.push(format!(
+                "{id} on {} was placed at revision {} with only {replaceable} instances \
+                 lost to expired leases by then: a replacement before the lease expired",
+                placed.node, placed.created
+            ));
+        }
+    }
+    violations
 }
 
 /// Stops the controllers, scales up 10% while they are away, starts new
@@ -415,21 +471,19 @@ async fn converge(
     }
 }
 
-/// Waits until every victim's lease expired; returns the first expiry.
+/// Waits until every victim's lease expired; returns each expiry.
 async fn wait_for_expiries(
     tracker: &Tracker,
     victims: &HashSet<String>,
     timeout: Duration,
     progress: &dyn Progress,
-) -> Result<Instant, BenchError> {
+) -> Result<HashMap<String, Expiry>, BenchError> {
     let deadline = Instant::now() + timeout;
     loop {
         let expiries = tracker.expiries(victims);
         progress.advance(expiries.len() as u64);
-        if expiries.len() == victims.len()
-            && let Some(first) = expiries.into_iter().min()
-        {
-            return Ok(first);
+        if expiries.len() == victims.len() {
+            return Ok(expiries);
         }
         if Instant::now() >= deadline {
             return Err(BenchError::Timeout {
@@ -540,5 +594,45 @@ mod tests {
         let chosen = victims(&nodes, 2);
         assert_eq!(chosen, HashSet::from(["n0".to_owned(), "n5".to_owned()]));
         assert_eq!(victims(&nodes[..1], 3).len(), 1);
+    }
+
+    fn placed(node: &str, created: Revision) -> Placed {
+        Placed {
+            node: node.to_owned(),
+            stopping: false,
+            created,
+        }
+    }
+
+    #[test]
+    fn replacements_before_a_lease_expired_are_violations() {
+        let before = HashMap::from([
+            ("a".to_owned(), placed("dead-1", 1)),
+            ("b".to_owned(), placed("dead-1", 2)),
+            ("c".to_owned(), placed("dead-2", 3)),
+            ("d".to_owned(), placed("live", 4)),
+        ]);
+        let expiry = |revision| Expiry {
+            at: Instant::now(),
+            revision,
+        };
+        let expiries = HashMap::from([
+            ("dead-1".to_owned(), expiry(10)),
+            ("dead-2".to_owned(), expiry(20)),
+        ]);
+        let mut after = HashMap::from([("d".to_owned(), placed("live", 4))]);
+        after.insert("x".to_owned(), placed("live", 11));
+        after.insert("y".to_owned(), placed("live", 12));
+        after.insert("z".to_owned(), placed("live", 21));
+        assert!(early_replacements(&before, &after, &expiries).is_empty());
+        // c's replacement before dead-2 expired: it answered a report,
+        // not the lease.
+        after.remove("z");
+        after.insert("w".to_owned(), placed("live", 13));
+        let violations = early_replacements(&before, &after, &expiries);
+        assert_eq!(violations.len(), 1, "{violations:?}");
+        // A replacement before any lease expired.
+        after.insert("v".to_owned(), placed("live", 5));
+        assert_eq!(early_replacements(&before, &after, &expiries).len(), 3);
     }
 }

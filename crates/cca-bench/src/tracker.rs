@@ -1,8 +1,8 @@
 //! [`Tracker`]: the benchmark's stopwatch. It follows one watch on the
 //! store (read-only: it never writes) and remembers, with the local time
 //! it saw each change, where every instance is placed, since when each one
-//! has been reported running, and when each node's heartbeat lease
-//! expired. Scenarios ask it whether the cluster has converged and for
+//! has been reported running, and when (local time and store revision)
+//! each node's heartbeat lease expired. Scenarios ask it whether the cluster has converged and for
 //! per-instance latencies.
 
 use std::collections::{HashMap, HashSet};
@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
 use cca_model::keys;
-use cca_store::{Store, WatchEvent, WatchMessage};
+use cca_store::{Revision, Store, WatchEvent, WatchMessage};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -21,6 +21,17 @@ use crate::BenchError;
 pub(crate) struct Placed {
     pub(crate) node: String,
     pub(crate) stopping: bool,
+    /// Store revision that created the placement.
+    pub(crate) created: Revision,
+}
+
+/// When a node's heartbeat lease expired.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Expiry {
+    /// When the tracker saw the heartbeat key go.
+    pub(crate) at: Instant,
+    /// Store revision of the heartbeat key's deletion.
+    pub(crate) revision: Revision,
 }
 
 #[derive(Debug, Default)]
@@ -29,7 +40,7 @@ struct Seen {
     /// First time each instance was seen running in its current run.
     running_since: HashMap<String, Instant>,
     /// When each node's heartbeat key went away (lease expiry).
-    expired: HashMap<String, Instant>,
+    expired: HashMap<String, Expiry>,
     /// The watch ended (compaction or store failure): figures would lie.
     broken: Option<String>,
 }
@@ -134,11 +145,11 @@ impl Tracker {
     }
 
     /// When each of `nodes` lost its heartbeat lease (those that did).
-    pub(crate) fn expiries(&self, nodes: &HashSet<String>) -> Vec<Instant> {
+    pub(crate) fn expiries(&self, nodes: &HashSet<String>) -> HashMap<String, Expiry> {
         let seen = lock(&self.seen);
         nodes
             .iter()
-            .filter_map(|node| seen.expired.get(node).copied())
+            .filter_map(|node| Some((node.clone(), *seen.expired.get(node)?)))
             .collect()
     }
 }
@@ -152,14 +163,14 @@ impl Seen {
         match event {
             WatchEvent::Put(kv) => {
                 if let Some(rest) = kv.key.strip_prefix(keys::DERIVED_INSTANCES) {
-                    self.placed(rest, &kv.value);
+                    self.placed(rest, &kv.value, kv.create_revision);
                 } else if let Some(id) = kv.key.strip_prefix(keys::OBSERVED_INSTANCES) {
                     self.reported(id, &kv.value, now);
                 } else if let Some(node) = kv.key.strip_prefix(keys::OBSERVED_HEARTBEATS) {
                     self.expired.remove(node);
                 }
             }
-            WatchEvent::Delete { key, .. } => {
+            WatchEvent::Delete { key, revision } => {
                 if let Some(rest) = key.strip_prefix(keys::DERIVED_INSTANCES) {
                     if let Some((_, id)) = rest.split_once('/') {
                         self.placements.remove(id);
@@ -167,14 +178,15 @@ impl Seen {
                 } else if let Some(id) = key.strip_prefix(keys::OBSERVED_INSTANCES) {
                     self.running_since.remove(id);
                 } else if let Some(node) = key.strip_prefix(keys::OBSERVED_HEARTBEATS) {
-                    self.expired.insert(node.to_owned(), now);
+                    self.expired
+                        .insert(node.to_owned(), Expiry { at: now, revision });
                 }
             }
         }
     }
 
     /// `rest` is `{service}/{id}`.
-    fn placed(&mut self, rest: &str, value: &[u8]) {
+    fn placed(&mut self, rest: &str, value: &[u8], created: Revision) {
         let Ok(instance) = serde_json::from_slice::<Instance>(value) else {
             tracing::warn!(key = rest, "an undecodable placement");
             return;
@@ -184,6 +196,7 @@ impl Seen {
             Placed {
                 node: instance.node,
                 stopping: instance.stopping,
+                created,
             },
         );
     }

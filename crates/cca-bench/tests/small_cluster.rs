@@ -52,3 +52,26 @@ async fn every_scenario_converges_correctly_on_a_small_cluster() {
         }
     }
 }
+
+/// A killed node is a dead machine: its agent stops before its instances
+/// end, so nothing reports them failed and every replacement waits for a
+/// lease to expire. The run fails (a violation) when a replacement was
+/// placed before enough of the killed nodes' leases had expired — what
+/// happened when the harness killed the runtimes under live agents.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_failure_replaces_only_after_the_leases_expire() {
+    let mut config = small_cluster();
+    config.killed_nodes = 5;
+    let report = run_scenario(Scenario::NodeFailure, &config, &Quiet)
+        .await
+        .unwrap_or_else(|error| panic!("node-failure: {error}"));
+    check(&report, 200);
+    let (Some(detection), Some(total)) = (report.detection_seconds, report.total_seconds) else {
+        panic!("no detection or total: {report:#?}");
+    };
+    assert!(detection > 0.0, "{report:#?}");
+    assert!(
+        (total - (detection + report.seconds)).abs() < 1e-9,
+        "{report:#?}"
+    );
+}
