@@ -296,6 +296,40 @@ async fn exit_codes_logs_exec_and_restarts() {
 }
 
 #[tokio::test]
+async fn a_container_over_its_memory_limit_is_reported_oom_killed() {
+    let Some(test) = Fixture::new("oom_killed").await else {
+        return;
+    };
+    // busybox tail without -c keeps the last lines; /dev/zero has no
+    // newline, so it buffers all 200 MiB and the kernel kills it.
+    let mut spec = test.spec("hog", "head -c 200m /dev/zero | tail");
+    spec.memory_bytes = Some(32 << 20);
+    test.run(spec).await;
+    let status = test.wait_exited("hog").await;
+    let exit = status.exit.expect("exited");
+    assert_eq!(
+        exit.reason,
+        ExitReason::OutOfMemory {
+            limit_bytes: Some(32 << 20)
+        },
+        "{exit:?}"
+    );
+    assert_eq!(exit.signal, Some(9), "the shell reports tail's SIGKILL");
+
+    // A restart is a new run with a new counter: a clean exit is an exit.
+    let mut spec = test.spec("fits", "head -c 1m /dev/zero | tail -c 1 >/dev/null");
+    spec.memory_bytes = Some(32 << 20);
+    test.run(spec).await;
+    let exit = test.wait_exited("fits").await.exit.expect("exited");
+    assert_eq!((exit.code, exit.reason), (Some(0), ExitReason::Exited));
+
+    for id in ["hog", "fits"] {
+        test.runtime.remove(id).await.expect("remove");
+        test.assert_gone(id);
+    }
+}
+
+#[tokio::test]
 async fn a_restarted_agent_adopts_a_running_container_and_learns_its_exit() {
     let Some(test) = Fixture::new("adoption").await else {
         return;

@@ -1,12 +1,11 @@
 //! The OCI runtime binary the `oci` runtime drives — `runc` or `crun` —
 //! found on `PATH` or given, checked against the host (crun 1.8 refuses
-//! hybrid cgroups), and the few subcommands used: `state`, `kill`,
-//! `delete`, `exec`. `run` is spawned by the instance monitor (see `mod`).
+//! hybrid cgroups), and the few subcommands used: `kill`, `delete`,
+//! `exec`. `run` is spawned by the instance monitor (see `mod`).
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use serde::Deserialize;
 use tokio::process::Command;
 
 /// Which OCI runtime a binary is; they differ in host support.
@@ -37,14 +36,6 @@ pub struct OciBinary {
     pub kind: OciBinaryKind,
     /// `--root`: the binary's own container state, private to this runtime.
     pub state_root: PathBuf,
-}
-
-/// What `runc state` reports.
-#[derive(Clone, Debug, Deserialize)]
-pub(crate) struct ContainerState {
-    /// `created`, `running`, `paused`, `stopped`.
-    pub(crate) status: String,
-    pub(crate) pid: u32,
 }
 
 impl OciBinary {
@@ -93,15 +84,6 @@ impl OciBinary {
             .stdin(Stdio::null())
             .kill_on_drop(true);
         command
-    }
-
-    /// The container's state, `None` when the binary does not know it.
-    pub(crate) async fn state(&self, id: &str) -> Option<ContainerState> {
-        let output = self.command("state").arg(id).output().await.ok()?;
-        if !output.status.success() {
-            return None;
-        }
-        serde_json::from_slice(&output.stdout).ok()
     }
 
     /// Sends `signal` (e.g. `TERM`) to the container's init; errors (it

@@ -12,8 +12,17 @@
 //! start time, boot id) and still learns its exit code. Known limits of
 //! this shape, for the shim that replaces it: runc copies the container's
 //! stdout and stderr through two pipes (their relative order is lost, and
-//! output stops if runc dies), and runc deletes the cgroup when the
-//! container ends, so OOM kills are not detected yet.
+//! output stops if runc dies).
+//!
+//! OOM kills: the monitor runs `runc run --keep`, so the container's
+//! cgroup outlives its init (runc otherwise removes it on exit, and with it
+//! the memory cgroup's `oom_kill` counter), and copies the counter file to
+//! `memory-events` before it writes `exit-code`. An OOM-killed run reads as
+//! [`ExitReason::OutOfMemory`] whatever its exit code. A limit on an
+//! agent-owned parent cgroup would not do on cgroup v1: there the kernel
+//! counts the kill in the victim's own memory cgroup only, not in the
+//! ancestor whose limit was hit. `start` and `remove` delete the kept
+//! container and its cgroups.
 //!
 //! Networking: a spec with a `network` attachment joins that namespace
 //! (the agent's node network creates and removes it around the container);
@@ -43,14 +52,20 @@ use crate::{
     InstanceStatus, LimitsEnforcement, Operation, Result, Runtime,
 };
 
-/// The monitor: `$1 --root $2 run --bundle $3 $4`, then its exit status
-/// into `$5` (atomically), so the code survives the agent.
-const MONITOR_SCRIPT: &str = r#""$1" --root "$2" run --bundle "$3" "$4"; code=$?; echo "$code" > "$5.tmp" && mv "$5.tmp" "$5""#;
+/// The monitor: `$1 --root $2 run --keep --pid-file $8 --bundle $3 $4`
+/// (runc writes the pid file once the container runs), then a copy of
+/// the memory cgroup's counter file `$6` into `$7` (empty when there is
+/// none), then its exit status into `$5` (atomically, last: `exit-code`
+/// present means the copy is complete), so both survive the agent.
+const MONITOR_SCRIPT: &str = r#""$1" --root "$2" run --keep --pid-file "$8" --bundle "$3" "$4"; code=$?; cat "$6" > "$7" 2>/dev/null; echo "$code" > "$5.tmp" && mv "$5.tmp" "$5""#;
 const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long `start` waits for the container to run, `stop` for it to die
 /// after SIGKILL.
 const STATE_CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(10);
+/// How often `start` looks for the pid file: a file check, so often (it
+/// bounds start-to-running latency).
+const START_POLL: Duration = Duration::from_millis(2);
 
 /// Where and how the `oci` runtime keeps its containers.
 #[derive(Clone, Debug)]
@@ -355,8 +370,15 @@ impl Inner {
         let dir = self.dir(id);
         let instance = dir.read_instance(Operation::Start)?;
         self.ensure_rootfs(&dir, &instance)?;
-        // A container of an earlier run (killed with its monitor) may linger.
-        self.binary.delete(id).await;
+        // The container of the last run is kept (`run --keep`) or may
+        // linger (killed with its monitor): delete it and its cgroups, so
+        // this run's OOM counter starts from zero.
+        // No state directory: runc knows no such container, and a `delete`
+        // would only cost a process spawn on every start.
+        if self.binary.state_root.join(id).exists() {
+            self.binary.delete(id).await;
+        }
+        self.remove_cgroups(&dir, Operation::Start)?;
         dir.clear_exit(Operation::Start)?;
         let log_offset = std::fs::metadata(dir.path.join(logs::LOG_FILE)).map_or(0, |m| m.len());
         let child = self.spawn_monitor(&dir)?;
@@ -428,6 +450,9 @@ impl Inner {
             .arg(dir.bundle())
             .arg(&dir.id)
             .arg(dir.exit_code_path())
+            .arg(self.oom_counter_file(&dir.id))
+            .arg(dir.memory_events_path())
+            .arg(dir.pid_file_path())
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_for_stderr)
@@ -437,17 +462,17 @@ impl Inner {
             .map_err(|e| Error::io(&dir.id, Operation::Start, "spawning the monitor shell", e))
     }
 
-    /// Waits until the OCI runtime reports the container running. When the
+    /// Waits until the OCI runtime reports the container running (writes
+    /// its pid file: a file check per poll, where `runc state` would spawn
+    /// a process each time). When the
     /// monitor ends first, the log written since `log_offset` tells a
     /// container that ran and ended at once (started) from one the OCI
     /// runtime could not create (failed, with its message).
     async fn wait_until_running(&self, dir: &OciDir, log_offset: u64) -> Result<Option<u32>> {
         let deadline = Instant::now() + STATE_CHANGE_TIMEOUT;
         loop {
-            if let Some(state) = self.binary.state(&dir.id).await
-                && state.status == "running"
-            {
-                return Ok(Some(state.pid));
+            if let Some(pid) = dir.read_container_pid() {
+                return Ok(Some(pid));
             }
             let failed = |message: String| Error::Failed {
                 id: dir.id.clone(),
@@ -467,7 +492,7 @@ impl Inner {
                     "not running after {STATE_CHANGE_TIMEOUT:?}"
                 )));
             }
-            tokio::time::sleep(POLL).await;
+            tokio::time::sleep(START_POLL).await;
         }
     }
 
@@ -545,14 +570,7 @@ impl Inner {
             bundle::unmount_rootfs(&rootfs)
                 .map_err(|e| dir.io_error(Operation::Remove, "unmounting", &rootfs, e))?;
         }
-        for cgroup in self
-            .cgroup_dirs(id)
-            .into_iter()
-            .filter(|path| path.exists())
-        {
-            std::fs::remove_dir(&cgroup)
-                .map_err(|e| dir.io_error(Operation::Remove, "removing", &cgroup, e))?;
-        }
+        self.remove_cgroups(&dir, Operation::Remove)?;
         std::fs::remove_dir_all(&dir.path)
             .map_err(|e| dir.io_error(Operation::Remove, "removing", &dir.path, e))?;
         self.own_runs
@@ -560,6 +578,39 @@ impl Inner {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(id);
         Ok(())
+    }
+
+    /// Removes the container's cgroup directories `runc delete` left (the
+    /// shared parents stay).
+    fn remove_cgroups(&self, dir: &OciDir, operation: Operation) -> Result<()> {
+        for cgroup in self.cgroup_dirs(&dir.id) {
+            match std::fs::remove_dir(&cgroup) {
+                Ok(()) => {}
+                // Not created, or already removed through a symlinked
+                // hierarchy (`cpu` -> `cpu,cpuacct`).
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(dir.io_error(operation, "removing", &cgroup, e)),
+            }
+        }
+        Ok(())
+    }
+
+    /// The file holding the container's `oom_kill` counter: v1
+    /// `memory.oom_control` in the memory hierarchy, else v2
+    /// `memory.events`.
+    fn oom_counter_file(&self, id: &str) -> PathBuf {
+        let root = &self.config.cgroup_root;
+        let memory = root.join("memory");
+        if memory.is_dir() {
+            memory
+                .join(&self.config.cgroup_parent)
+                .join(id)
+                .join("memory.oom_control")
+        } else {
+            root.join(&self.config.cgroup_parent)
+                .join(id)
+                .join("memory.events")
+        }
     }
 
     /// `{cgroup_root}/{hierarchy}/{parent}/{id}` for every hierarchy.
@@ -632,11 +683,17 @@ impl Inner {
             .unwrap_or_else(PoisonError::into_inner)
             .contains(id);
         status.pid = Some(run.container_pid.unwrap_or(run.monitor_pid));
+        let end = |recorded| RunEnd {
+            recorded,
+            stop_requested: dir.stop_requested(),
+            oom_kills: dir.read_oom_kills(),
+            limit_bytes: status.spec.memory_bytes,
+        };
         let exit = match dir.read_exit_code() {
-            Some(recorded) => Some(exit_info(Some(recorded), dir.stop_requested())),
+            Some(recorded) => Some(exit_info(end(Some(recorded)))),
             None if self.monitor_alive(&run) => None,
             // The monitor may have written the code just now.
-            None => Some(exit_info(dir.read_exit_code(), dir.stop_requested())),
+            None => Some(exit_info(end(dir.read_exit_code()))),
         };
         status.state = if exit.is_some() {
             InstanceState::Exited
@@ -782,10 +839,23 @@ fn runtime_error(dir: &Path, offset: u64) -> Option<String> {
     (!errors.is_empty()).then(|| errors.join("; "))
 }
 
+/// What the monitor and `stop` recorded about the end of a run.
+struct RunEnd {
+    /// The exit code and when it was written, `None`: never recorded.
+    recorded: Option<(i32, i64)>,
+    stop_requested: bool,
+    /// The memory cgroup's `oom_kill` counter at exit (the cgroup is new
+    /// each run), `None` when the monitor could not read it.
+    oom_kills: Option<u64>,
+    limit_bytes: Option<u64>,
+}
+
 /// How a run ended from the monitor's record: runc exits 128 + N when
-/// the container's init was killed by signal N.
-fn exit_info(recorded: Option<(i32, i64)>, stop_requested: bool) -> ExitInfo {
-    let Some((code, finished_at_ms)) = recorded else {
+/// the container's init was killed by signal N; an OOM kill counted
+/// during the run wins (even one of a child process the shell reported as
+/// an exit code), then a requested stop.
+fn exit_info(end: RunEnd) -> ExitInfo {
+    let Some((code, finished_at_ms)) = end.recorded else {
         return ExitInfo {
             code: None,
             signal: None,
@@ -801,7 +871,11 @@ fn exit_info(recorded: Option<(i32, i64)>, stop_requested: bool) -> ExitInfo {
     ExitInfo {
         code,
         signal,
-        reason: if stop_requested {
+        reason: if end.oom_kills.is_some_and(|kills| kills > 0) {
+            ExitReason::OutOfMemory {
+                limit_bytes: end.limit_bytes,
+            }
+        } else if end.stop_requested {
             ExitReason::Stopped
         } else {
             ExitReason::Exited
@@ -888,16 +962,44 @@ mod tests {
         assert!(error.contains("only numeric"), "{error}");
     }
 
+    fn end(recorded: Option<(i32, i64)>, stop_requested: bool, oom_kills: u64) -> RunEnd {
+        RunEnd {
+            recorded,
+            stop_requested,
+            oom_kills: Some(oom_kills),
+            limit_bytes: Some(32 << 20),
+        }
+    }
+
     #[test]
     fn signals_read_from_runc_exit_codes_and_stops_are_stopped() {
-        let killed = exit_info(Some((137, 5)), true);
+        let killed = exit_info(end(Some((137, 5)), true, 0));
         assert_eq!(
             (killed.code, killed.signal, killed.reason),
             (None, Some(9), ExitReason::Stopped)
         );
-        let exited = exit_info(Some((3, 5)), false);
+        let exited = exit_info(end(Some((3, 5)), false, 0));
         assert_eq!((exited.code, exited.reason), (Some(3), ExitReason::Exited));
-        assert_eq!(exit_info(None, false).reason, ExitReason::AgentAway);
+        assert_eq!(exit_info(end(None, false, 0)).reason, ExitReason::AgentAway);
+    }
+
+    #[test]
+    fn an_oom_kill_in_the_run_wins_over_the_code_and_a_stop() {
+        let oom = ExitReason::OutOfMemory {
+            limit_bytes: Some(32 << 20),
+        };
+        let killed = exit_info(end(Some((137, 5)), false, 1));
+        assert_eq!(
+            (killed.signal, killed.reason.clone()),
+            (Some(9), oom.clone())
+        );
+        // A child was killed; the shell went on and exited 0.
+        assert_eq!(exit_info(end(Some((0, 5)), true, 2)).reason, oom);
+        let unread = RunEnd {
+            oom_kills: None,
+            ..end(Some((137, 5)), false, 0)
+        };
+        assert_eq!(exit_info(unread).reason, ExitReason::Exited);
     }
 
     #[test]

@@ -7,6 +7,12 @@
 //!   the limits in force (written by `start`).
 //! - `exit-code` — written by the monitor when `runc run` returns: the
 //!   container's exit code (128 + signal when killed).
+//! - `memory-events` — the monitor's copy of the container's memory cgroup
+//!   counter file (`memory.oom_control` on v1, `memory.events` on v2) taken
+//!   when `runc run --keep` returns, before `exit-code`: its `oom_kill`
+//!   says whether the run was OOM-killed, also after a reboot.
+//! - `container.pid` — written by `runc run --pid-file` once the container
+//!   runs: what `start` waits for.
 //! - `stop-requested` — present once `stop` began, so the exit reads as
 //!   `stopped`.
 //! - `output.log*`, `bundle/` (`config.json`, `rootfs/`), `upper/`,
@@ -26,6 +32,8 @@ const INSTANCE_FILE: &str = "instance.json";
 const RUN_FILE: &str = "run.json";
 pub(crate) const EXIT_CODE_FILE: &str = "exit-code";
 const STOP_MARKER: &str = "stop-requested";
+const MEMORY_EVENTS_FILE: &str = "memory-events";
+const PID_FILE: &str = "container.pid";
 
 /// What `create` decided about a container.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,6 +97,30 @@ impl OciDir {
         self.path.join(EXIT_CODE_FILE)
     }
 
+    pub(crate) fn memory_events_path(&self) -> PathBuf {
+        self.path.join(MEMORY_EVENTS_FILE)
+    }
+
+    pub(crate) fn pid_file_path(&self) -> PathBuf {
+        self.path.join(PID_FILE)
+    }
+
+    /// The container's init pid once runc has written it (atomically).
+    pub(crate) fn read_container_pid(&self) -> Option<u32> {
+        std::fs::read_to_string(self.pid_file_path())
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// The `oom_kill` counter the monitor copied at exit, `None` when it
+    /// copied none (no memory cgroup, or not written yet).
+    pub(crate) fn read_oom_kills(&self) -> Option<u64> {
+        let text = std::fs::read_to_string(self.memory_events_path()).ok()?;
+        crate::process::oom_kill_counter(&text)
+    }
+
     pub(crate) fn read_instance(&self, operation: Operation) -> Result<OciInstance> {
         self.read_json(INSTANCE_FILE, operation)?
             .ok_or_else(|| Error::NotFound {
@@ -137,7 +169,12 @@ impl OciDir {
 
     /// Forgets the last run's end before a new run.
     pub(crate) fn clear_exit(&self, operation: Operation) -> Result<()> {
-        for path in [self.exit_code_path(), self.path.join(STOP_MARKER)] {
+        for path in [
+            self.exit_code_path(),
+            self.path.join(STOP_MARKER),
+            self.memory_events_path(),
+            self.pid_file_path(),
+        ] {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

@@ -306,6 +306,12 @@ fn write_v1_memory_limit(dir: &Path, limit: u64) -> Result<(), String> {
         .or_else(|_| write(&memsw, &value).and_then(|()| write(&memory, &value)))
 }
 
+/// The `oom_kill` counter in the text of a v1 `memory.oom_control` or a
+/// v2 `memory.events` (the `oci` runtime reads the monitor's copy).
+pub(crate) fn oom_kill_counter(text: &str) -> Option<u64> {
+    counter(text, "oom_kill")
+}
+
 fn counter(text: &str, name: &str) -> Option<u64> {
     text.lines().find_map(|line| {
         let (key, value) = line.split_once(' ')?;

@@ -25,6 +25,7 @@ use async_trait::async_trait;
 use tokio::sync::{mpsc, watch};
 
 use self::cgroup::CgroupHost;
+pub(crate) use self::cgroup::oom_kill_counter;
 use self::records::{InstanceDir, InstanceRecord, RunRecord};
 use crate::logs::{self, LogOptions, LogStream};
 use crate::{
