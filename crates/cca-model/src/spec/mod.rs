@@ -95,6 +95,52 @@ impl Program {
     }
 }
 
+/// Two programs being merged both define the same name.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("{kind} `{name}` is defined in more than one file")]
+pub struct DuplicateDefinition {
+    pub kind: &'static str,
+    pub name: String,
+}
+
+impl Program {
+    /// Adds `other`'s definitions (several files applied together). All or
+    /// nothing: a name both define is an error and leaves `self` as it was.
+    pub fn merge(&mut self, other: Program) -> Result<(), DuplicateDefinition> {
+        clash("service", &self.services, &other.services)?;
+        clash("tags of service", &self.tags, &other.tags)?;
+        clash("secret grants of service", &self.grants, &other.grants)?;
+        clash("gate", &self.gates, &other.gates)?;
+        clash("connection", &self.connections, &other.connections)?;
+        clash("secret", &self.secrets, &other.secrets)?;
+        clash("network policy", &self.networks, &other.networks)?;
+        clash("group", &self.groups, &other.groups)?;
+        self.services.extend(other.services);
+        self.tags.extend(other.tags);
+        self.grants.extend(other.grants);
+        self.gates.extend(other.gates);
+        self.connections.extend(other.connections);
+        self.secrets.extend(other.secrets);
+        self.networks.extend(other.networks);
+        self.groups.extend(other.groups);
+        Ok(())
+    }
+}
+
+fn clash<T>(
+    kind: &'static str,
+    held: &BTreeMap<String, T>,
+    added: &BTreeMap<String, T>,
+) -> Result<(), DuplicateDefinition> {
+    match added.keys().find(|name| held.contains_key(*name)) {
+        Some(name) => Err(DuplicateDefinition {
+            kind,
+            name: name.clone(),
+        }),
+        None => Ok(()),
+    }
+}
+
 fn push<T: Serialize>(facts: &mut Vec<Fact>, key: String, value: &T) -> Result<(), EncodeError> {
     match serde_json::to_vec(value) {
         Ok(value) => {
@@ -170,6 +216,29 @@ mod tests {
         );
         assert_eq!(facts[2].value, br#"{"source":"explicit"}"#);
         assert_eq!(facts[3].value, br#""payments""#);
+    }
+
+    #[test]
+    fn merging_is_all_or_nothing_and_names_the_clash() {
+        let mut first = Program::default();
+        first.services.insert("web".into(), service("web"));
+        let mut second = Program::default();
+        second.services.insert("db".into(), service("db"));
+        first.merge(second).expect("disjoint programs merge");
+        assert_eq!(first.services.keys().collect::<Vec<_>>(), ["db", "web"]);
+
+        let mut clashing = Program::default();
+        clashing.services.insert("api".into(), service("api"));
+        clashing.services.insert("web".into(), service("web"));
+        let err = first.merge(clashing).expect_err("web twice");
+        assert_eq!(
+            err.to_string(),
+            "service `web` is defined in more than one file"
+        );
+        assert!(
+            !first.services.contains_key("api"),
+            "nothing of a refused merge is kept"
+        );
     }
 
     #[test]

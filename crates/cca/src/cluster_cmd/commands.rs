@@ -96,7 +96,7 @@ pub(crate) fn compile_files(
             report_diagnostics(&compilation);
         }
         failed |= compilation.has_errors();
-        merge(&mut program, compilation.program)?;
+        program.merge(compilation.program)?;
     }
     if failed {
         bail!("the files have errors; nothing was sent to the server");
@@ -116,30 +116,6 @@ fn report_diagnostics(compilation: &cca_dsl::compile::Compilation) {
         style,
     );
     eprint!("{text}");
-}
-
-/// Adds `part` to `program`; a name defined by two files is an error.
-fn merge(program: &mut Program, part: Program) -> Result<()> {
-    fn into<T>(
-        kind: &str,
-        target: &mut std::collections::BTreeMap<String, T>,
-        source: std::collections::BTreeMap<String, T>,
-    ) -> Result<()> {
-        for (name, value) in source {
-            if target.insert(name.clone(), value).is_some() {
-                bail!("{kind} `{name}` is defined in more than one file");
-            }
-        }
-        Ok(())
-    }
-    into("service", &mut program.services, part.services)?;
-    into("tags of service", &mut program.tags, part.tags)?;
-    into("secret grants of service", &mut program.grants, part.grants)?;
-    into("gate", &mut program.gates, part.gates)?;
-    into("connection", &mut program.connections, part.connections)?;
-    into("secret", &mut program.secrets, part.secrets)?;
-    into("network policy", &mut program.networks, part.networks)?;
-    into("group", &mut program.groups, part.groups)
 }
 
 async fn apply(args: &ApplyArgs, dry_run: bool) -> Result<()> {
