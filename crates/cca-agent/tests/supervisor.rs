@@ -271,7 +271,7 @@ fn creates(fake: &FakeRuntime) -> Vec<InstanceSpec> {
     fake.calls()
         .into_iter()
         .filter_map(|call| match call {
-            Call::Create(spec) => Some(spec),
+            Call::Create(spec) => Some(*spec),
             _ => None,
         })
         .collect()

@@ -16,10 +16,11 @@ use crate::{
     InstanceStatus, LimitsEnforcement, LogOptions, LogStream, Operation, Result, Runtime,
 };
 
-/// One recorded call.
+/// One recorded call. `Create` holds its spec boxed: a spec is far larger
+/// than every other call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Call {
-    Create(InstanceSpec),
+    Create(Box<InstanceSpec>),
     Start(String),
     Stop { id: String, grace: Duration },
     Remove(String),
@@ -209,7 +210,11 @@ impl Runtime for FakeRuntime {
     }
 
     async fn create(&self, spec: InstanceSpec) -> Result<String> {
-        let mut state = self.enter(Call::Create(spec.clone()), Operation::Create, &spec.id)?;
+        let mut state = self.enter(
+            Call::Create(Box::new(spec.clone())),
+            Operation::Create,
+            &spec.id,
+        )?;
         spec.validate()?;
         if state.instances.contains_key(&spec.id) {
             return Err(Error::AlreadyExists { id: spec.id });
@@ -381,7 +386,7 @@ mod tests {
         assert_eq!(
             fake.take_calls(),
             [
-                Call::Create(spec("a")),
+                Call::Create(Box::new(spec("a"))),
                 Call::Start("a".into()),
                 Call::Stop {
                     id: "a".into(),

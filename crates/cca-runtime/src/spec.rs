@@ -3,7 +3,9 @@
 //! `CCA_NODE`, `PORT`, `CCA_PORT_{NAME}`, then the spec's own variables).
 //! An instance with a [`NetworkAttachment`] runs in its own network
 //! namespace: its ports are its service's declared ports and its
-//! `CCA_ADDRESS` is its own address.
+//! `CCA_ADDRESS` is its own address. [`Mount`]s bind host paths into a
+//! container (volumes read-write, secret and connection files read-only);
+//! only runtimes with their own filesystem view (`oci`) accept them.
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -50,6 +52,46 @@ pub struct InstanceSpec {
     /// node with a pod subnet); `None`: the host's network.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkAttachment>,
+    /// Host paths bound into the instance's filesystem, in order (a later
+    /// target may sit inside an earlier one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+}
+
+/// A host file or directory bound at `target` inside the instance.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    /// Must exist when the instance is created: a runtime never creates it
+    /// (a typo would otherwise become an empty directory silently mounted).
+    pub source: PathBuf,
+    /// Absolute, without `..`, inside the instance's root.
+    pub target: String,
+    /// Mounted `ro`: the workload cannot change it (secrets, connection
+    /// files).
+    pub read_only: bool,
+}
+
+impl Mount {
+    /// Why `target` cannot be a mount point, if it cannot: a relative path
+    /// would depend on the runtime's working directory and `..` could climb
+    /// out of the container's root onto the host.
+    pub fn target_problem(&self) -> Option<String> {
+        if !self.target.starts_with('/') {
+            return Some(format!(
+                "mount target {:?} (from {}) is not an absolute path",
+                self.target,
+                self.source.display()
+            ));
+        }
+        if self.target.split('/').any(|part| part == "..") {
+            return Some(format!(
+                "mount target {:?} (from {}) contains '..'",
+                self.target,
+                self.source.display()
+            ));
+        }
+        None
+    }
 }
 
 /// A named port and the host port the agent picked for it.
@@ -103,11 +145,12 @@ impl InstanceSpec {
             memory_bytes: None,
             log_limit_bytes: DEFAULT_LOG_LIMIT_BYTES,
             network: None,
+            mounts: Vec::new(),
         }
     }
 
     /// Checks what every runtime relies on: a usable id, a command, sane
-    /// limits and distinct port names.
+    /// limits, distinct port names and mount targets inside the instance.
     pub fn validate(&self) -> Result<()> {
         let invalid = |reason: String| Error::InvalidSpec {
             id: self.id.clone(),
@@ -135,6 +178,9 @@ impl InstanceSpec {
             if !names.insert(env_name_for_port(&port.name)) {
                 return Err(invalid(format!("port name {:?} is used twice", port.name)));
             }
+        }
+        if let Some(problem) = self.mounts.iter().find_map(Mount::target_problem) {
+            return Err(invalid(problem));
         }
         Ok(())
     }
@@ -311,5 +357,30 @@ mod tests {
         assert!(old.get("network").is_none(), "None is not written");
         old.as_object_mut().expect("object").remove("network");
         assert!(serde_json::from_value::<InstanceSpec>(old).is_ok());
+    }
+
+    #[test]
+    fn mount_targets_must_be_absolute_without_dot_dot() {
+        let mount = |target: &str| Mount {
+            source: "/var/lib/cca/volumes/db/data".into(),
+            target: target.into(),
+            read_only: false,
+        };
+        let mut spec = InstanceSpec::new("db-0", "db", "true");
+        spec.mounts = vec![mount("/data"), mount("relative")];
+        check_invalid(
+            &spec,
+            "\"relative\" (from /var/lib/cca/volumes/db/data) is not an absolute",
+        );
+        spec.mounts = vec![mount("/data/../../etc")];
+        check_invalid(&spec, "contains '..'");
+        spec.mounts = vec![mount("/data/..hidden"), mount("/run/secrets/db")];
+        assert!(spec.validate().is_ok(), "'..' only as a whole component");
+        let json = serde_json::to_value(&spec).expect("serialises");
+        assert_eq!(json["mounts"][1]["target"], "/run/secrets/db");
+        let back: InstanceSpec = serde_json::from_value(json).expect("parses");
+        assert_eq!(back, spec);
+        let none = serde_json::to_value(InstanceSpec::new("a", "s", "true")).expect("json");
+        assert!(none.get("mounts").is_none(), "no mounts are not written");
     }
 }

@@ -3,7 +3,8 @@
 //! pulled into a store; `busybox httpd` reached on loopback (containers
 //! share the host network for now), stop with grace then kill (httpd as
 //! PID 1 ignores SIGTERM), exit codes, logs, exec, restart, adoption by a
-//! second runtime object, and removal leaving no mount, cgroup or state.
+//! second runtime object, removal leaving no mount, cgroup or state, and
+//! bind mounts (a volume outliving its containers, a read-only file).
 //! A guard force-deletes the test's containers and unmounts their rootfs,
 //! also when a test fails.
 
@@ -18,8 +19,8 @@ use cca_image::testing::{
 };
 use cca_image::{ImageStore, Puller, RegistrySettings};
 use cca_runtime::{
-    ExecRequest, ExitReason, InstanceSpec, InstanceState, LimitsEnforcement, LogOptions, OciConfig,
-    OciRuntime, PortBinding, Runtime,
+    ExecRequest, ExitReason, InstanceSpec, InstanceState, LimitsEnforcement, LogOptions, Mount,
+    OciConfig, OciRuntime, PortBinding, Runtime,
 };
 
 /// A store holding the busybox test image, a runtime directory, and the
@@ -389,6 +390,135 @@ async fn an_image_not_in_the_store_fails_create_and_leaves_nothing() {
     assert!(error.contains("invalid image reference"), "{error}");
     test.assert_gone("ghost");
     test.assert_gone("bad");
+}
+
+#[tokio::test]
+async fn a_volume_outlives_its_containers_and_a_read_only_mount_cannot_be_written() {
+    let Some(test) = Fixture::new("volume_and_read_only_mount").await else {
+        return;
+    };
+    let volume = test.dir.path().join("volumes/db/data-0");
+    std::fs::create_dir_all(&volume).expect("volume dir");
+    let secret = test.dir.path().join("secret");
+    std::fs::write(&secret, "s3cret\n").expect("secret file");
+    let mounts = vec![
+        Mount {
+            source: volume.clone(),
+            target: "/data".into(),
+            read_only: false,
+        },
+        Mount {
+            source: secret.clone(),
+            target: "/run/secrets/password".into(),
+            read_only: true,
+        },
+    ];
+
+    let mut writer = test.spec(
+        "writer",
+        "echo kept > /data/file && cat /run/secrets/password \
+         && if echo x > /run/secrets/password; then echo WROTE; exit 1; fi; exit 0",
+    );
+    writer.mounts = mounts.clone();
+    test.run(writer).await;
+    let status = test.wait_exited("writer").await;
+    let lines = test
+        .runtime
+        .logs("writer", LogOptions::default())
+        .await
+        .expect("logs")
+        .collect()
+        .await
+        .expect("lines");
+    assert_eq!(status.exit.and_then(|e| e.code), Some(0), "{lines:?}");
+    assert!(lines.iter().any(|l| l == "s3cret"), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l.contains("Read-only file system")),
+        "the write into the ro mount fails inside: {lines:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&secret).expect("secret"),
+        "s3cret\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(volume.join("file")).expect("written through"),
+        "kept\n"
+    );
+    test.runtime.remove("writer").await.expect("remove");
+    test.assert_gone("writer");
+    assert!(
+        volume.join("file").exists(),
+        "removing a container keeps its volume"
+    );
+
+    // A second container on the same volume (a replacement) sees the file.
+    let mut reader = test.spec("reader", "cat /data/file");
+    reader.mounts = mounts;
+    test.run(reader).await;
+    let status = test.wait_exited("reader").await;
+    assert_eq!(status.exit.and_then(|e| e.code), Some(0));
+    let lines = test
+        .runtime
+        .logs("reader", LogOptions::default())
+        .await
+        .expect("logs")
+        .collect()
+        .await
+        .expect("lines");
+    assert_eq!(lines, ["kept"]);
+    test.runtime.remove("reader").await.expect("remove");
+    test.assert_gone("reader");
+}
+
+#[tokio::test]
+async fn invalid_mounts_are_refused_at_create_and_leave_nothing() {
+    let Some(test) = Fixture::new("invalid_mounts").await else {
+        return;
+    };
+    let cases = [
+        (
+            "relative",
+            test.dir.path().to_path_buf(),
+            "data",
+            "is not an absolute path",
+        ),
+        (
+            "escaping",
+            test.dir.path().to_path_buf(),
+            "/data/../../etc",
+            "contains '..'",
+        ),
+        (
+            "missing",
+            test.dir.path().join("no-such-volume"),
+            "/data",
+            "does not exist",
+        ),
+    ];
+    for (id, source, target, expected) in cases {
+        let mut spec = test.spec(id, "true");
+        spec.mounts = vec![Mount {
+            source: source.clone(),
+            target: target.into(),
+            read_only: false,
+        }];
+        let error = test
+            .runtime
+            .create(spec)
+            .await
+            .expect_err("must be refused")
+            .to_string();
+        assert!(error.contains(expected), "{error}");
+        assert!(
+            error.contains(id) && error.contains(target),
+            "names both: {error}"
+        );
+        test.assert_gone(id);
+        assert!(
+            !test.dir.path().join("no-such-volume").exists(),
+            "no source is created"
+        );
+    }
 }
 
 #[tokio::test]

@@ -509,3 +509,26 @@ async fn a_stop_right_after_start_ends_the_instance_at_once() {
         assert_eq!(stopped.exit.expect("exit").signal, Some(15));
     }
 }
+
+#[tokio::test]
+async fn a_spec_with_mounts_is_refused_naming_the_mount() {
+    let test = TestRuntime::new().await;
+    let mut with_mount = spec("vol", "true");
+    with_mount.mounts = vec![cca_runtime::Mount {
+        source: test.dir.path().to_path_buf(),
+        target: "/data".into(),
+        read_only: false,
+    }];
+    let error = test
+        .runtime
+        .create(with_mount)
+        .await
+        .expect_err("host processes have nothing to mount into");
+    assert!(matches!(error, Error::InvalidSpec { .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(
+        message.contains("vol") && message.contains("cannot mount") && message.contains("/data"),
+        "{message}"
+    );
+    assert!(test.runtime.list().await.expect("list").is_empty());
+}

@@ -3,14 +3,14 @@
 //! generated with `oci-spec` — mount, pid, ipc and uts namespaces, the
 //! network namespace the node network made for the instance (or the host's
 //! when the node has no pod subnet), cgroup cpu/memory limits,
-//! environment, user, working directory.
+//! environment, user, working directory, and the instance's bind mounts.
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
     LinuxCpuBuilder, LinuxMemoryBuilder, LinuxNamespaceBuilder, LinuxNamespaceType,
-    LinuxResourcesBuilder, Process, RootBuilder, Spec, UserBuilder,
+    LinuxResourcesBuilder, MountBuilder, Process, RootBuilder, Spec, UserBuilder,
 };
 use rustix::mount::{MountFlags, UnmountFlags};
 
@@ -42,12 +42,14 @@ pub(crate) struct CgroupPlan {
 }
 
 /// Builds `config.json` for one instance; `netns` is the network namespace
-/// to join, `None` for the host's.
+/// to join, `None` for the host's; `mounts` are bound after the defaults
+/// (`/proc`, `/dev`, …) so that none of them hides one.
 pub(crate) fn runtime_spec(
     hostname: &str,
     process: &ProcessPlan,
     cgroups: &CgroupPlan,
     netns: Option<&Path>,
+    mounts: &[crate::Mount],
 ) -> Result<Spec, String> {
     let mut spec = Spec::default();
     spec.set_hostname(Some(hostname.to_owned()));
@@ -59,6 +61,11 @@ pub(crate) fn runtime_spec(
             .map_err(|e| e.to_string())?,
     ));
     spec.set_process(Some(container_process(process)?));
+    let mut all_mounts = spec.mounts().clone().unwrap_or_default();
+    for mount in mounts {
+        all_mounts.push(bind_mount(mount)?);
+    }
+    spec.set_mounts(Some(all_mounts));
     let mut linux = spec.linux().clone().unwrap_or_default();
     let mut namespaces: Vec<_> = linux
         .namespaces()
@@ -86,6 +93,22 @@ pub(crate) fn runtime_spec(
     linux.set_resources(Some(resources(cgroups)?));
     spec.set_linux(Some(linux));
     Ok(spec)
+}
+
+/// A recursive bind (submounts of a volume stay visible), `ro` applied by
+/// the runtime's remount so the workload cannot write through it.
+fn bind_mount(mount: &crate::Mount) -> Result<oci_spec::runtime::Mount, String> {
+    if let Some(problem) = mount.target_problem() {
+        return Err(problem);
+    }
+    let access = if mount.read_only { "ro" } else { "rw" };
+    MountBuilder::default()
+        .destination(&mount.target)
+        .typ("bind")
+        .source(&mount.source)
+        .options(vec!["rbind".to_owned(), access.to_owned()])
+        .build()
+        .map_err(|e| e.to_string())
 }
 
 fn container_process(plan: &ProcessPlan) -> Result<Process, String> {
@@ -196,7 +219,7 @@ mod tests {
             limit_swap: false,
             cpu_millis: Some(500),
         };
-        let spec = runtime_spec("web-1", &plan(), &cgroups, None).expect("spec builds");
+        let spec = runtime_spec("web-1", &plan(), &cgroups, None, &[]).expect("spec builds");
         let json = serde_json::to_value(&spec).expect("serialises");
         assert_eq!(json["process"]["args"][2], "true");
         assert_eq!(json["process"]["cwd"], "/www");
@@ -224,7 +247,7 @@ mod tests {
             cpu_millis: None,
         };
         let netns = Path::new("/run/netns/cca-web-1");
-        let spec = runtime_spec("web-1", &plan(), &cgroups, Some(netns)).expect("spec builds");
+        let spec = runtime_spec("web-1", &plan(), &cgroups, Some(netns), &[]).expect("spec builds");
         let json = serde_json::to_value(&spec).expect("serialises");
         let network: Vec<&serde_json::Value> = json["linux"]["namespaces"]
             .as_array()
@@ -234,5 +257,45 @@ mod tests {
             .collect();
         assert_eq!(network.len(), 1);
         assert_eq!(network[0]["path"], "/run/netns/cca-web-1");
+    }
+
+    #[test]
+    fn mounts_are_binds_after_the_defaults_read_only_when_asked() {
+        let cgroups = CgroupPlan {
+            path: "/cca-oci/db-0".into(),
+            memory_bytes: None,
+            limit_swap: false,
+            cpu_millis: None,
+        };
+        let mounts = [
+            crate::Mount {
+                source: "/var/lib/cca/volumes/db/data-0".into(),
+                target: "/data".into(),
+                read_only: false,
+            },
+            crate::Mount {
+                source: "/var/lib/cca/secrets/db-0/password".into(),
+                target: "/run/secrets/password".into(),
+                read_only: true,
+            },
+        ];
+        let spec = runtime_spec("db-0", &plan(), &cgroups, None, &mounts).expect("spec builds");
+        let json = serde_json::to_value(&spec).expect("serialises");
+        let all = json["mounts"].as_array().expect("mounts");
+        assert_eq!(all[0]["destination"], "/proc", "defaults first");
+        let binds = &all[all.len() - 2..];
+        assert_eq!(binds[0]["destination"], "/data");
+        assert_eq!(binds[0]["source"], "/var/lib/cca/volumes/db/data-0");
+        assert_eq!(binds[0]["type"], "bind");
+        assert_eq!(binds[0]["options"], serde_json::json!(["rbind", "rw"]));
+        assert_eq!(binds[1]["options"], serde_json::json!(["rbind", "ro"]));
+        let escaping = [crate::Mount {
+            source: "/tmp".into(),
+            target: "/../etc".into(),
+            read_only: false,
+        }];
+        let error = runtime_spec("db-0", &plan(), &cgroups, None, &escaping)
+            .expect_err("an escaping target is refused");
+        assert!(error.contains("contains '..'"), "{error}");
     }
 }

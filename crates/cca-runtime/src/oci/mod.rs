@@ -27,6 +27,11 @@
 //! Networking: a spec with a `network` attachment joins that namespace
 //! (the agent's node network creates and removes it around the container);
 //! without one the container shares the host's network namespace.
+//!
+//! Mounts: each [`crate::Mount`] becomes a recursive bind mount, `ro` when
+//! read-only. Sources must exist at create (checked before anything is
+//! written): the runtime never creates them, and a volume's directory is
+//! owned by whoever made it (the agent), so removing a container leaves it.
 
 mod binary;
 mod bundle;
@@ -276,6 +281,7 @@ impl Inner {
         if dir.path.exists() {
             return Err(Error::AlreadyExists { id: spec.id });
         }
+        check_mount_sources(&spec)?;
         let image = self.resolve_image(&spec)?;
         let process = process_plan(&spec, &image)?;
         let instance = OciInstance {
@@ -331,6 +337,7 @@ impl Inner {
             &instance.process,
             &self.cgroup_plan(&instance.spec),
             netns,
+            &instance.spec.mounts,
         )
         .map_err(|reason| Error::InvalidSpec {
             id: id.clone(),
@@ -756,6 +763,25 @@ impl Inner {
 /// The process of an instance: `sh -c COMMAND` when the spec gives a
 /// command, else the image's entrypoint and cmd; the image's environment
 /// under the instance's; the spec's or the image's working directory.
+/// Refuses mounts whose source is missing, naming the instance and the
+/// mount: runc would fail at start with a bare ENOENT, after the bundle
+/// exists.
+fn check_mount_sources(spec: &InstanceSpec) -> Result<()> {
+    for mount in &spec.mounts {
+        if !mount.source.exists() {
+            return Err(Error::InvalidSpec {
+                id: spec.id.clone(),
+                reason: format!(
+                    "mount source {} (for {}) does not exist",
+                    mount.source.display(),
+                    mount.target
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn process_plan(spec: &InstanceSpec, image: &ImageRecord) -> Result<ProcessPlan> {
     let invalid = |reason: String| Error::InvalidSpec {
         id: spec.id.clone(),

@@ -8,6 +8,10 @@
 //! Processes this runtime object spawned are reaped by a task per run; the
 //! others (adopted) are watched through `/proc`, identified by pid, start
 //! time and boot id.
+//!
+//! Mounts are refused: a host process sees the host's filesystem, so there
+//! is nothing to bind into. The agent hands a process workload its volume
+//! directories as `CCA_VOLUME_{NAME}` variables instead.
 
 mod cgroup;
 mod exec;
@@ -208,6 +212,19 @@ impl Inner {
                 id: spec.id,
                 reason: format!(
                     "the process runtime does not run images ({image}): use the oci runtime"
+                ),
+            });
+        }
+        if let Some(mount) = spec.mounts.first() {
+            // Refused rather than ignored: a workload told its secret sits at
+            // a path that does not exist would fail later and obscurely.
+            return Err(Error::InvalidSpec {
+                id: spec.id.clone(),
+                reason: format!(
+                    "the process runtime cannot mount {} at {}: host processes see the host's \
+                     filesystem (use the path itself, or the oci runtime)",
+                    mount.source.display(),
+                    mount.target
                 ),
             });
         }
