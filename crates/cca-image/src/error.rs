@@ -52,6 +52,11 @@ pub enum Error {
     #[error("image {image}: {reason}")]
     Unsupported { image: String, reason: String },
 
+    /// `cca image import`: the file is not an image archive, lacks a part,
+    /// or holds something unsafe.
+    #[error("import {}: {reason}", path.display())]
+    Import { path: PathBuf, reason: String },
+
     #[error("image {image}: not in the store")]
     NotFound { image: String },
 

@@ -2,7 +2,8 @@
 //! references with Docker's defaults; [`ImageStore`] keeps verified blobs,
 //! unpacked layers (overlayfs form, ready to stack as lowerdirs) and image
 //! records under one directory, writes atomically and collects garbage;
-//! [`Puller`] fetches images through the registry distribution API.
+//! [`Puller`] fetches images through the registry distribution API,
+//! [`ImageStore::import`] reads them from OCI layouts and `docker save` archives.
 //!
 //! Architecture invariant: this crate knows registries and files, never
 //! runtimes or instances; the `oci` runtime asks it for layer directories
@@ -12,6 +13,7 @@
 mod config;
 mod digest;
 mod error;
+mod import;
 mod pull;
 mod reference;
 mod store;
@@ -22,6 +24,6 @@ mod unpack;
 pub use config::ImageConfig;
 pub use digest::Digest;
 pub use error::{Error, Result};
-pub use pull::{Puller, RegistryConfig, RegistrySettings, node_architecture};
+pub use pull::{PullProgress, Puller, RegistryConfig, RegistrySettings, node_architecture};
 pub use reference::{DEFAULT_REGISTRY, ImageRef};
 pub use store::{GcReport, ImageRecord, ImageStore, PullLock};

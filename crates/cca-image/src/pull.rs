@@ -2,9 +2,12 @@
 //! per-registry settings (plain HTTP only where configured, credentials
 //! for token or basic auth, anonymous otherwise), manifest lists resolved
 //! to this node's platform, every blob's digest checked by the store, and
-//! layers downloaded and unpacked in parallel.
+//! layers downloaded and unpacked in parallel, their byte progress
+//! reported to a [`PullProgress`] (the CLI draws one bar per layer).
 
 use std::collections::BTreeMap;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::{StreamExt, TryStreamExt};
@@ -87,6 +90,23 @@ impl RegistrySettings {
     }
 }
 
+/// Told how a pull's layers progress, from the pull's tasks (the CLI draws
+/// bars). Every method has a default doing nothing.
+pub trait PullProgress: Send + Sync {
+    /// A layer is needed: its compressed size from the manifest, and
+    /// whether its blob is already in the store (nothing to download).
+    fn layer_started(&self, _digest: &Digest, _size: u64, _cached: bool) {}
+    /// `bytes` more of the layer were downloaded.
+    fn layer_bytes(&self, _digest: &Digest, _bytes: u64) {}
+    /// The layer is verified, stored and unpacked.
+    fn layer_done(&self, _digest: &Digest) {}
+}
+
+/// Reports nothing: [`Puller::pull`].
+struct NoProgress;
+
+impl PullProgress for NoProgress {}
+
 /// Pulls images into a store.
 pub struct Puller {
     client: oci_client::Client,
@@ -129,6 +149,15 @@ impl Puller {
     /// already in the store are not fetched again. Holds the store's pull
     /// lock throughout, so no garbage collection runs meanwhile.
     pub async fn pull(&self, reference: &ImageRef) -> Result<ImageRecord> {
+        self.pull_with_progress(reference, &NoProgress).await
+    }
+
+    /// [`Puller::pull`], telling `progress` how each layer goes.
+    pub async fn pull_with_progress(
+        &self,
+        reference: &ImageRef,
+        progress: &dyn PullProgress,
+    ) -> Result<ImageRecord> {
         let store = self.store.clone();
         let _lock = blocking(move || store.lock_for_pull()).await?;
         let oci_ref = reference.to_oci();
@@ -146,12 +175,12 @@ impl Puller {
                 digest: config_digest.to_string(),
                 source,
             })?;
-        self.check_platform(reference, &config)?;
+        check_platform(&reference.to_string(), &config)?;
         let what = format!("image {reference}: config");
         self.store
             .put_blob(&config_digest, config_json.as_bytes(), &what)?;
         let layers = self
-            .fetch_layers(reference, &oci_ref, &manifest.layers)
+            .fetch_layers(reference, &oci_ref, &manifest.layers, progress)
             .await?;
         let names = [reference.clone(), reference.with_digest(digest.clone())];
         let record = ImageRecord {
@@ -176,12 +205,15 @@ impl Puller {
         reference: &ImageRef,
         oci_ref: &oci_client::Reference,
         layers: &[OciDescriptor],
+        progress: &dyn PullProgress,
     ) -> Result<Vec<Digest>> {
         // Owned descriptors: a closure over borrowed ones makes the future
         // not provably `Send` (rustc's higher-ranked lifetime limitation),
         // and the agent pulls inside `Send` tasks.
         futures_util::stream::iter(layers.to_vec())
-            .map(|layer| async move { self.fetch_layer(reference, oci_ref, &layer).await })
+            .map(
+                |layer| async move { self.fetch_layer(reference, oci_ref, &layer, progress).await },
+            )
             .buffered(PARALLEL_LAYERS)
             .try_collect()
             .await
@@ -194,13 +226,21 @@ impl Puller {
         reference: &ImageRef,
         oci_ref: &oci_client::Reference,
         layer: &OciDescriptor,
+        progress: &dyn PullProgress,
     ) -> Result<Digest> {
         let digest = layer.digest.parse::<Digest>()?;
-        if !self.store.blob_path(&digest).exists() {
+        let cached = self.store.blob_path(&digest).exists();
+        progress.layer_started(&digest, u64::try_from(layer.size).unwrap_or(0), cached);
+        if !cached {
             let temp = self.store.temp_file()?;
             let file = temp.reopen().on("opening", temp.path())?;
+            let out = Counting {
+                inner: tokio::fs::File::from_std(file),
+                digest: &digest,
+                progress,
+            };
             self.client
-                .pull_blob(oci_ref, layer, tokio::fs::File::from_std(file))
+                .pull_blob(oci_ref, layer, out)
                 .await
                 .map_err(|e| self.layer_error(reference, &digest, e))?;
             let store = self.store.clone();
@@ -210,23 +250,8 @@ impl Puller {
         let store = self.store.clone();
         let unpacked = digest.clone();
         blocking(move || store.unpack_layer(&unpacked)).await?;
+        progress.layer_done(&digest);
         Ok(digest)
-    }
-
-    fn check_platform(&self, reference: &ImageRef, config: &ImageConfig) -> Result<()> {
-        let arch = node_architecture();
-        let os_ok = config.os.is_empty() || config.os == "linux";
-        let arch_ok = config.architecture.is_empty() || config.architecture == arch;
-        if os_ok && arch_ok {
-            return Ok(());
-        }
-        Err(Error::Unsupported {
-            image: reference.to_string(),
-            reason: format!(
-                "built for {}/{}, this node is linux/{arch}",
-                config.os, config.architecture
-            ),
-        })
     }
 
     fn layer_error(
@@ -256,6 +281,52 @@ impl Puller {
     }
 }
 
+/// Refuses an image built for another OS or architecture than this node's.
+pub(crate) fn check_platform(image: &str, config: &ImageConfig) -> Result<()> {
+    let arch = node_architecture();
+    let os_ok = config.os.is_empty() || config.os == "linux";
+    let arch_ok = config.architecture.is_empty() || config.architecture == arch;
+    if os_ok && arch_ok {
+        return Ok(());
+    }
+    Err(Error::Unsupported {
+        image: image.to_owned(),
+        reason: format!(
+            "built for {}/{}, this node is linux/{arch}",
+            config.os, config.architecture
+        ),
+    })
+}
+
+/// A download's file, counting what is written into it for the progress.
+struct Counting<'a, W> {
+    inner: W,
+    digest: &'a Digest,
+    progress: &'a dyn PullProgress,
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Counting<'_, W> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(written)) = &polled {
+            self.progress.layer_bytes(self.digest, *written as u64);
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
 /// This node's architecture in OCI's (Go's) spelling.
 pub fn node_architecture() -> &'static str {
     match std::env::consts::ARCH {
@@ -275,7 +346,7 @@ async fn blocking<T: Send + 'static>(
         .unwrap_or_else(|join_error| std::panic::resume_unwind(join_error.into_panic()))
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     let since_epoch = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();

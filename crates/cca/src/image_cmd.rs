@@ -1,17 +1,20 @@
-//! `cca image pull|ls|rm|gc`: a node's image store (`DATA/images` of
+//! `cca image pull|import|ls|rm|gc`: a node's image store (`DATA/images` of
 //! `cca agent --data-dir DATA`) operated directly, an operator's tool like
 //! `cca store`. Wiring only — the store, pulls and garbage collection live
 //! in `cca-image`; which images containers use, in `cca_runtime::oci`.
 
 #![allow(clippy::print_stdout, reason = "the command's output goes to stdout")]
 
-use std::collections::HashSet;
-use std::path::PathBuf;
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::Mutex;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use cca_image::{ImageRecord, ImageRef, ImageStore, Puller, RegistrySettings};
+use cca_image::{
+    Digest, ImageRecord, ImageRef, ImageStore, PullProgress, Puller, RegistrySettings,
+};
 use clap::{Args, Subcommand};
 
 #[derive(Debug, Args)]
@@ -33,6 +36,14 @@ enum ImageCommand {
         #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
         insecure_registries: Vec<String>,
     },
+    /// Import an image from FILE: an OCI image layout (directory or tar)
+    /// or a `docker save` archive (tar, gzip-compressed or not).
+    Import {
+        file: PathBuf,
+        /// The name to record it under (default: the name in the archive).
+        #[arg(long, value_name = "REF")]
+        name: Option<String>,
+    },
     /// List the images in the store.
     Ls,
     /// Remove one name of an image (by digest: the whole image); its files
@@ -52,6 +63,7 @@ pub(crate) fn run(args: ImageArgs) -> Result<ExitCode> {
             reference,
             insecure_registries,
         } => pull(store, &reference, &insecure_registries),
+        ImageCommand::Import { file, name } => import(&store, &file, name.as_deref()),
         ImageCommand::Ls => {
             list(&store.images()?);
             Ok(ExitCode::SUCCESS)
@@ -87,11 +99,10 @@ fn pull(store: ImageStore, reference: &str, insecure: &[String]) -> Result<ExitC
     let reference = parse(reference)?;
     let settings = RegistrySettings::insecure(insecure).context("--insecure-registry")?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
-    let spinner = indicatif::ProgressBar::new_spinner()
-        .with_message(format!("pulling {reference} (layers in parallel)"));
-    spinner.enable_steady_tick(Duration::from_millis(100));
-    let pulled = runtime.block_on(Puller::new(store, settings).pull(&reference));
-    spinner.finish_and_clear();
+    let bars = LayerBars::default();
+    let pulled =
+        runtime.block_on(Puller::new(store, settings).pull_with_progress(&reference, &bars));
+    bars.bars.clear().ok();
     let image = pulled?;
     println!(
         "pulled {reference}: {} ({} layers, {})",
@@ -100,6 +111,83 @@ fn pull(store: ImageStore, reference: &str, insecure: &[String]) -> Result<ExitC
         human_size(image.size_bytes)
     );
     Ok(ExitCode::SUCCESS)
+}
+
+fn import(store: &ImageStore, file: &Path, name: Option<&str>) -> Result<ExitCode> {
+    let spinner =
+        indicatif::ProgressBar::new_spinner().with_message(format!("importing {}", file.display()));
+    spinner.enable_steady_tick(Duration::from_millis(100));
+    let imported = store.import(file, name);
+    spinner.finish_and_clear();
+    let image = imported?;
+    let names: Vec<&str> = image
+        .names
+        .iter()
+        .filter(|name| !name.contains('@'))
+        .map(String::as_str)
+        .collect();
+    println!(
+        "imported {}: {} ({} layers, {})",
+        names.join(", "),
+        image.digest,
+        image.layers.len(),
+        human_size(image.size_bytes)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One progress bar per layer of a pull: bytes downloaded, then done once
+/// the layer is verified and unpacked.
+#[derive(Default)]
+struct LayerBars {
+    bars: indicatif::MultiProgress,
+    layers: Mutex<HashMap<Digest, indicatif::ProgressBar>>,
+}
+
+impl LayerBars {
+    fn bar(&self, digest: &Digest) -> Option<indicatif::ProgressBar> {
+        let layers = self
+            .layers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        layers.get(digest).cloned()
+    }
+}
+
+impl PullProgress for LayerBars {
+    fn layer_started(&self, digest: &Digest, size: u64, cached: bool) {
+        let style = indicatif::ProgressStyle::with_template(
+            "{prefix} [{bar:30}] {bytes}/{total_bytes} {msg}",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+        .progress_chars("=> ");
+        let bar = self.bars.add(indicatif::ProgressBar::new(size));
+        bar.set_style(style);
+        let text = digest.to_string();
+        bar.set_prefix(text.get(..19).unwrap_or(&text).to_owned());
+        if cached {
+            bar.set_position(size);
+            bar.set_message("in the store");
+        }
+        let mut layers = self
+            .layers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        layers.insert(digest.clone(), bar);
+    }
+
+    fn layer_bytes(&self, digest: &Digest, bytes: u64) {
+        if let Some(bar) = self.bar(digest) {
+            bar.inc(bytes);
+        }
+    }
+
+    fn layer_done(&self, digest: &Digest) {
+        if let Some(bar) = self.bar(digest) {
+            bar.set_position(bar.length().unwrap_or(bar.position()));
+            bar.finish_with_message("done");
+        }
+    }
 }
 
 fn list(images: &[ImageRecord]) {
