@@ -129,7 +129,8 @@ pub async fn run(
         runtime,
         config.supervisor.clone(),
         config.base_env.clone(),
-    );
+    )
+    .with_volumes_dir(config.data_dir.join("volumes"));
     let mut reporter = Reporter::new(client, config.node.clone());
     let mut stop = shutdown;
     loop {

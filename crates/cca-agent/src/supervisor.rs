@@ -5,8 +5,16 @@
 //! stops, remove orphans nobody claims — then describes every instance as
 //! an observed status. Instances started by an earlier agent process are
 //! adopted as they are (same pid), never restarted.
+//!
+//! Volumes are node-local directories, `VOLUMES/{service}/{volume}` (for a
+//! stateful service `{volume}-{ordinal}`), created before the instance and
+//! never removed by the supervisor: a restarted or replacing instance on the
+//! same node finds its data. Image workloads get them bind-mounted
+//! read-write at the volume's path; process workloads, which see the host's
+//! filesystem, get the directory as `CCA_VOLUME_{NAME}`.
 
 use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +23,7 @@ use cca_model::cluster::{ExitInfo, InstanceState, InstanceStatus};
 use cca_model::spec::{Probe, ServiceSpec, Workload};
 use cca_runtime::{
     ExitReason, InstanceSpec, InstanceState as RtState, InstanceStatus as RtStatus, LogOptions,
-    NetworkAttachment, PortBinding, Runtime,
+    Mount, NetworkAttachment, PortBinding, Runtime,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -90,6 +98,9 @@ pub struct Supervisor {
     config: SupervisorConfig,
     /// Extra environment for every instance (e.g. a PATH holding `cca`).
     base_env: BTreeMap<String, String>,
+    /// Where volume directories live (`DATA/volumes` for an agent); `None`:
+    /// services with volumes fail to start, with that reason.
+    volumes_dir: Option<PathBuf>,
     records: HashMap<String, Record>,
     starting: HashMap<String, JoinHandle<Result<(), String>>>,
 }
@@ -117,9 +128,17 @@ impl Supervisor {
             runtime,
             config,
             base_env,
+            volumes_dir: None,
             records: HashMap::new(),
             starting: HashMap::new(),
         }
+    }
+
+    /// Keeps volume directories under `dir` (created as needed).
+    #[must_use]
+    pub fn with_volumes_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.volumes_dir = Some(dir.into());
+        self
     }
 
     /// One pass: act on every difference, then describe every instance.
@@ -331,6 +350,7 @@ impl Supervisor {
         })?;
         // Which runtime runs it is the runtime's business (see
         // `RuntimeSet`): the spec only says whether it is an image.
+        let is_image = matches!(service.workload, Workload::Image { .. });
         let (command, image) = match &service.workload {
             Workload::Process { run } => (run.clone(), None),
             Workload::Image { image, command } => {
@@ -349,7 +369,52 @@ impl Supervisor {
         spec.ports = port_bindings(service, &instance.host_ports)?;
         spec.cpu_millis = service.resources.cpu.map(|cpu| cpu.0);
         spec.memory_bytes = service.resources.memory.map(|memory| memory.0);
+        for volume in &service.volumes {
+            let dir = self.volume_dir(instance, &volume.name)?;
+            if is_image {
+                spec.mounts.push(Mount {
+                    source: dir,
+                    target: volume.path.clone(),
+                    read_only: false,
+                });
+            } else {
+                // A host process has no filesystem of its own to mount
+                // into: it is told where its volume is.
+                spec.env
+                    .insert(volume_env_name(&volume.name), dir.display().to_string());
+            }
+        }
         Ok(spec)
+    }
+
+    /// The directory of one of an instance's volumes, created when missing
+    /// (the runtime refuses a mount source that does not exist).
+    fn volume_dir(
+        &self,
+        instance: &cca_model::cluster::Instance,
+        volume: &str,
+    ) -> Result<PathBuf, String> {
+        let Some(root) = &self.volumes_dir else {
+            return Err(format!(
+                "volume `{volume}`: this agent has no volume directory"
+            ));
+        };
+        for name in [instance.service.as_str(), volume] {
+            if !is_path_segment(name) {
+                return Err(format!(
+                    "volume `{volume}` of service `{}`: {name:?} cannot name a directory",
+                    instance.service
+                ));
+            }
+        }
+        let leaf = match instance.ordinal {
+            Some(ordinal) => format!("{volume}-{ordinal}"),
+            None => volume.to_owned(),
+        };
+        let dir = root.join(&instance.service).join(leaf);
+        std::fs::create_dir_all(&dir)
+            .map_err(|err| format!("volume `{volume}`: cannot create {}: {err}", dir.display()))?;
+        Ok(dir)
     }
 
     async fn remove_orphan(&mut self, id: &str) -> bool {
@@ -476,6 +541,28 @@ impl Supervisor {
 
 /// Creates the instance if needed, runs its init steps to completion in
 /// order, then starts it.
+/// `CCA_VOLUME_{NAME}`: the volume name upper-cased, other characters as
+/// `_` (as ports are named).
+pub fn volume_env_name(name: &str) -> String {
+    let suffix: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("CCA_VOLUME_{suffix}")
+}
+
+/// Whether `name` is one directory name: a `/` or `..` would put the volume
+/// elsewhere on the host.
+fn is_path_segment(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
+}
+
 async fn start_instance(
     runtime: Arc<dyn Runtime>,
     spec: InstanceSpec,

@@ -6,7 +6,10 @@
 //! it cannot run with a reason. Through a `RuntimeSet` of two fakes:
 //! image workloads go to the container runtime pinned to the image's
 //! digest, a node without containers or a failed pull fails the instance
-//! with the reason and creates nothing.
+//! with the reason and creates nothing. Volumes: node-local directories,
+//! per ordinal for stateful services, mounted into image workloads and
+//! named in the environment of process workloads, kept when an instance
+//! goes.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,10 +23,10 @@ use cca_image::{Digest, ImageConfig, ImageRecord, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{
     Cpu, InitStep, Memory, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy,
-    Workload,
+    VolumeSpec, Workload,
 };
 use cca_runtime::fake::{Call, FakeRuntime};
-use cca_runtime::{InstanceSpec, Runtime};
+use cca_runtime::{InstanceSpec, Mount, Runtime};
 
 fn service(workload: Workload) -> ServiceSpec {
     ServiceSpec {
@@ -511,4 +514,109 @@ async fn a_failing_init_step_fails_the_instance_and_names_the_step() {
             .any(|call| matches!(call, Call::Start(id) if id == "web-1")),
         "the main command never started"
     );
+}
+
+/// An assignment of a service with one `data` volume at `/var/lib/data`.
+fn with_volume(id: &str, workload: Workload, ordinal: Option<u32>) -> Assignment {
+    let mut assignment = assignment(id, workload, false);
+    assignment.instance.ordinal = ordinal;
+    if let Some(spec) = assignment.spec.as_mut() {
+        spec.stateful = ordinal.is_some();
+        spec.volumes = vec![VolumeSpec {
+            name: "data".into(),
+            path: "/var/lib/data".into(),
+            size: None,
+        }];
+    }
+    assignment
+}
+
+#[tokio::test]
+async fn a_stateful_image_gets_its_ordinal_volume_mounted_and_keeps_it_across_replacement() {
+    let fake = Arc::new(FakeRuntime::new());
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut supervisor = supervisor(&fake).with_volumes_dir(data.path().join("volumes"));
+    let running =
+        |id: &'static str| move |t: &Tick| state_of(t, id) == Some(InstanceState::Running);
+    let first = desired(vec![with_volume("web-0", image("example/db:1"), Some(0))]);
+    tick_until(&mut supervisor, &first, "web-0", running("web-0")).await;
+    let dir = data.path().join("volumes/web/data-0");
+    let expected = vec![Mount {
+        source: dir.clone(),
+        target: "/var/lib/data".into(),
+        read_only: false,
+    }];
+    assert_eq!(creates(&fake)[0].mounts, expected);
+    assert!(dir.is_dir(), "created before the instance");
+    std::fs::write(dir.join("table"), "rows").expect("the workload writes");
+
+    // The instance goes (an orphan once unassigned); its volume stays, and
+    // the replacement with the same ordinal mounts the same directory.
+    tick_until(&mut supervisor, &desired(Vec::new()), "web-0", |t| {
+        t.removed.iter().any(|id| id == "web-0")
+    })
+    .await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("table")).expect("kept"),
+        "rows"
+    );
+    fake.take_calls();
+    let replacement = desired(vec![with_volume("web-0", image("example/db:1"), Some(0))]);
+    tick_until(&mut supervisor, &replacement, "web-0", running("web-0")).await;
+    assert_eq!(creates(&fake)[0].mounts, expected);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("table")).expect("kept"),
+        "rows"
+    );
+}
+
+#[tokio::test]
+async fn a_process_workload_is_told_its_volume_directory_instead_of_a_mount() {
+    let fake = Arc::new(FakeRuntime::new());
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut supervisor = supervisor(&fake).with_volumes_dir(data.path().join("volumes"));
+    let desired = desired(vec![with_volume("web-1", run("true"), None)]);
+    tick_until(&mut supervisor, &desired, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Running)
+    })
+    .await;
+    let created = creates(&fake).remove(0);
+    assert!(created.mounts.is_empty(), "host processes get no mounts");
+    let dir = data.path().join("volumes/web/data");
+    assert_eq!(
+        created.env.get("CCA_VOLUME_DATA"),
+        Some(&dir.display().to_string())
+    );
+    assert!(dir.is_dir());
+}
+
+#[tokio::test]
+async fn a_volume_without_a_volume_directory_or_with_a_bad_name_fails_with_the_reason() {
+    let fake = Arc::new(FakeRuntime::new());
+    let mut supervisor = supervisor(&fake);
+    let desired_one = desired(vec![with_volume("web-1", image("example/db:1"), None)]);
+    let tick = tick_until(&mut supervisor, &desired_one, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Failed)
+    })
+    .await;
+    let message = tick.statuses[0].message.clone().unwrap_or_default();
+    assert!(message.contains("no volume directory"), "{message}");
+
+    let data = tempfile::tempdir().expect("tempdir");
+    let mut supervisor = supervisor_with(&fake, data.path());
+    let mut bad = with_volume("web-2", image("example/db:1"), None);
+    if let Some(spec) = bad.spec.as_mut() {
+        spec.volumes[0].name = "..".into();
+    }
+    let tick = tick_until(&mut supervisor, &desired(vec![bad]), "web-2", |t| {
+        state_of(t, "web-2") == Some(InstanceState::Failed)
+    })
+    .await;
+    let message = tick.statuses[0].message.clone().unwrap_or_default();
+    assert!(message.contains("cannot name a directory"), "{message}");
+    assert!(creates(&fake).is_empty(), "nothing is created");
+}
+
+fn supervisor_with(fake: &Arc<FakeRuntime>, data: &std::path::Path) -> Supervisor {
+    supervisor(fake).with_volumes_dir(data.join("volumes"))
 }
