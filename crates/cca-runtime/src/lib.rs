@@ -15,6 +15,7 @@ pub mod fake;
 mod logs;
 pub mod oci;
 pub mod process;
+mod records;
 pub mod sim;
 mod spec;
 mod status;

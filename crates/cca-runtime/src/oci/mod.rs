@@ -640,27 +640,7 @@ impl Inner {
     }
 
     fn list(&self) -> Result<Vec<InstanceStatus>> {
-        let entries =
-            std::fs::read_dir(&self.instances_dir).map_err(|source| Error::RuntimeDir {
-                path: self.instances_dir.clone(),
-                source,
-            })?;
-        let mut ids: Vec<String> = entries
-            .filter_map(|entry| entry.ok()?.file_name().into_string().ok())
-            .filter(|name| !name.starts_with('.'))
-            .collect();
-        ids.sort();
-        let mut statuses = Vec::with_capacity(ids.len());
-        for id in ids {
-            match self.status(&id, Operation::List) {
-                Ok(status) => statuses.push(status),
-                Err(Error::NotFound { .. }) => {
-                    tracing::debug!(id, "skipping a directory without instance.json")
-                }
-                Err(error) => return Err(error),
-            }
-        }
-        Ok(statuses)
+        crate::records::list_instances(&self.instances_dir, |id| self.status(id, Operation::List))
     }
 
     /// The status from disk: `exit-code` written means exited; else a live

@@ -204,34 +204,10 @@ impl OciDir {
         name: &str,
         operation: Operation,
     ) -> Result<Option<T>> {
-        let path = self.path.join(name);
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(self.io_error(operation, "reading", &path, e)),
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|source| Error::Corrupt {
-                id: self.id.clone(),
-                operation,
-                path,
-                source,
-            })
+        crate::records::read_json(&self.id, &self.path, name, operation)
     }
 
     fn write_json<T: Serialize>(&self, name: &str, value: &T, operation: Operation) -> Result<()> {
-        let path = self.path.join(name);
-        let temporary = self.path.join(format!(".{name}.tmp"));
-        let json = serde_json::to_vec_pretty(value).map_err(|source| Error::Corrupt {
-            id: self.id.clone(),
-            operation,
-            path: path.clone(),
-            source,
-        })?;
-        std::fs::write(&temporary, json)
-            .map_err(|e| self.io_error(operation, "writing", &temporary, e))?;
-        std::fs::rename(&temporary, &path)
-            .map_err(|e| self.io_error(operation, "replacing", &path, e))
+        crate::records::write_json(&self.id, &self.path, name, value, operation)
     }
 }

@@ -134,43 +134,11 @@ impl InstanceDir {
     }
 
     fn read<T: DeserializeOwned>(&self, name: &str, operation: Operation) -> Result<Option<T>> {
-        let path = self.path.join(name);
-        let bytes = match std::fs::read(&path) {
-            Ok(bytes) => bytes,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(error) => {
-                return Err(Error::io(
-                    &self.id,
-                    operation,
-                    format!("reading {}", path.display()),
-                    error,
-                ));
-            }
-        };
-        serde_json::from_slice(&bytes)
-            .map(Some)
-            .map_err(|source| Error::Corrupt {
-                id: self.id.clone(),
-                operation,
-                path,
-                source,
-            })
+        crate::records::read_json(&self.id, &self.path, name, operation)
     }
 
     fn write<T: Serialize>(&self, name: &str, value: &T, operation: Operation) -> Result<()> {
-        let path = self.path.join(name);
-        let temporary = self.path.join(format!(".{name}.tmp"));
-        let io_error = |e| {
-            Error::io(
-                &self.id,
-                operation,
-                format!("writing {}", path.display()),
-                e,
-            )
-        };
-        let bytes = serde_json::to_vec_pretty(value).map_err(|e| io_error(e.into()))?;
-        std::fs::write(&temporary, bytes).map_err(io_error)?;
-        std::fs::rename(&temporary, &path).map_err(io_error)
+        crate::records::write_json(&self.id, &self.path, name, value, operation)
     }
 }
 
