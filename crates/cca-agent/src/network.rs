@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 pub use cca_net::CleanupReport;
 use cca_net::{Attachment, HostNetwork, NodeNetwork, Proto};
-use cca_runtime::{InstanceSpec, NetworkAttachment};
+use cca_runtime::{InstanceSpec, NetworkAttachment, Protocol};
 
 /// What the agent needs of the node network.
 pub trait InstanceNetwork: Send + Sync + fmt::Debug {
@@ -70,31 +70,30 @@ async fn blocking<T: Send + 'static>(
 }
 
 /// Attaches the instance of `spec` and publishes each of its host ports to
-/// its declared port. The spec does not say a port's protocol, so both TCP
-/// and UDP are published: host ports are the instance's alone either way.
-/// On failure everything is detached again.
+/// its declared port, for the port's declared protocol only (the nftables
+/// map then holds no UDP rule for a TCP port, nor the other way round). On
+/// failure everything is detached again.
 pub(crate) async fn attach(
     network: &Arc<dyn InstanceNetwork>,
     spec: &InstanceSpec,
 ) -> Result<NetworkAttachment, String> {
     let id = spec.id.clone();
-    let ports: Vec<(u16, u16)> = spec
+    let ports: Vec<(u16, u16, Proto)> = spec
         .ports
         .iter()
         .map(|port| {
             (
                 port.host_port,
                 port.container_port.unwrap_or(port.host_port),
+                proto(port.protocol),
             )
         })
         .collect();
     let net = Arc::clone(network);
     let attached = blocking(move || {
         let attachment = net.attach(&id)?;
-        for (host_port, container_port) in ports {
-            for proto in [Proto::Tcp, Proto::Udp] {
-                net.publish(&id, host_port, container_port, proto)?;
-            }
+        for (host_port, container_port, proto) in ports {
+            net.publish(&id, host_port, container_port, proto)?;
         }
         Ok(attachment)
     })
@@ -110,6 +109,14 @@ pub(crate) async fn attach(
             }
             Err(format!("attaching to the node network: {problem}"))
         }
+    }
+}
+
+/// The node network's name for a port's protocol.
+fn proto(protocol: Protocol) -> Proto {
+    match protocol {
+        Protocol::Tcp => Proto::Tcp,
+        Protocol::Udp => Proto::Udp,
     }
 }
 
@@ -144,4 +151,81 @@ pub fn node_network(
     let network = NodeNetwork::open(config, cca_net::IpNft::new())
         .map_err(|e| format!("opening the node network on {subnet}: {e}"))?;
     Ok(Arc::new(network))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use cca_runtime::PortBinding;
+
+    use super::*;
+
+    /// Records what is published; attaches everything at one address.
+    #[derive(Debug, Default)]
+    struct Recording {
+        published: Mutex<Vec<(String, u16, u16, Proto)>>,
+    }
+
+    impl InstanceNetwork for Recording {
+        fn attach(&self, _id: &str) -> cca_net::Result<Attachment> {
+            Ok(Attachment {
+                netns_path: "/run/netns/cca-test".into(),
+                address: std::net::Ipv4Addr::new(10, 88, 0, 2),
+                prefix: 24,
+                gateway: std::net::Ipv4Addr::new(10, 88, 0, 1),
+            })
+        }
+
+        fn publish(
+            &self,
+            id: &str,
+            host: u16,
+            container: u16,
+            proto: Proto,
+        ) -> cca_net::Result<()> {
+            let mut published = self.published.lock().expect("not poisoned");
+            published.push((id.to_owned(), host, container, proto));
+            Ok(())
+        }
+
+        fn detach(&self, _id: &str) -> cca_net::Result<()> {
+            Ok(())
+        }
+
+        fn cleanup_orphans(&self, _known: &[String]) -> cca_net::Result<CleanupReport> {
+            Ok(CleanupReport::default())
+        }
+    }
+
+    #[tokio::test]
+    async fn each_port_is_published_for_its_declared_protocol_only() {
+        let recording = Arc::new(Recording::default());
+        let network: Arc<dyn InstanceNetwork> = recording.clone();
+        let mut spec = InstanceSpec::new("dns-0", "dns", "true");
+        spec.ports = vec![
+            PortBinding {
+                name: "http".into(),
+                host_port: 31000,
+                container_port: Some(80),
+                protocol: Protocol::Tcp,
+            },
+            PortBinding {
+                name: "dns".into(),
+                host_port: 31053,
+                container_port: Some(53),
+                protocol: Protocol::Udp,
+            },
+        ];
+        let attachment = attach(&network, &spec).await.expect("attaches");
+        assert_eq!(attachment.address, std::net::Ipv4Addr::new(10, 88, 0, 2));
+        let published = recording.published.lock().expect("not poisoned").clone();
+        assert_eq!(
+            published,
+            vec![
+                ("dns-0".to_owned(), 31000, 80, Proto::Tcp),
+                ("dns-0".to_owned(), 31053, 53, Proto::Udp),
+            ]
+        );
+    }
 }

@@ -652,6 +652,10 @@ fn port_bindings(
                 name,
                 host_port,
                 container_port: Some(port.number),
+                protocol: match port.protocol {
+                    cca_model::spec::Protocol::Tcp => cca_runtime::Protocol::Tcp,
+                    cca_model::spec::Protocol::Udp => cca_runtime::Protocol::Udp,
+                },
             })
         })
         .collect()

@@ -1,11 +1,15 @@
 //! Root-only conformance tests of the real node network on this kernel:
 //! two instances on a throwaway bridge and subnet, an HTTP server in one
 //! namespace reached from the other, from the host and through a published
-//! port, and nothing of ours left after detach. Every name carries a random
+//! port, and nothing of ours left after detach; a published port carries
+//! only its own protocol (TCP or UDP). Every name carries a random
 //! suffix and a guard removes bridge, table and namespaces even when an
 //! assertion fails. Without root the tests skip (and say so).
 
 use std::fs;
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -250,4 +254,158 @@ fn restart_keeps_addresses_and_cleanup_removes_orphans() {
     net.destroy().unwrap();
     assert!(!links().contains(&config.bridge));
     assert!(!keep.netns_path.exists());
+}
+
+/// TCP and UDP sockets bound inside a namespace, on the same two ports.
+struct Listeners {
+    tcp: [TcpListener; 2],
+    udp: [UdpSocket; 2],
+}
+
+/// Binds TCP listeners and UDP sockets on `ports` inside the namespace at
+/// `netns_path`: a thread joins it (setns affects the calling thread only),
+/// binds, and hands the sockets back — they stay in that namespace.
+fn listen_in(netns_path: &Path, ports: [u16; 2]) -> Listeners {
+    let path = netns_path.to_owned();
+    std::thread::spawn(move || {
+        let netns = fs::File::open(&path).expect("the namespace file opens");
+        rustix::thread::move_into_link_name_space(
+            netns.as_fd(),
+            Some(rustix::thread::LinkNameSpaceType::Network),
+        )
+        .expect("setns into the instance namespace");
+        let any = |port| SocketAddr::from((Ipv4Addr::UNSPECIFIED, port));
+        let tcp = ports.map(|port| {
+            let listener = TcpListener::bind(any(port)).expect("tcp bind in the namespace");
+            listener.set_nonblocking(true).expect("nonblocking");
+            listener
+        });
+        let udp = ports.map(|port| {
+            let socket = UdpSocket::bind(any(port)).expect("udp bind in the namespace");
+            socket
+                .set_read_timeout(Some(Duration::from_millis(500)))
+                .expect("read timeout");
+            socket
+        });
+        Listeners { tcp, udp }
+    })
+    .join()
+    .expect("the namespace thread")
+}
+
+/// Accepts a connection within `timeout`, if one comes.
+fn accept_within(listener: &TcpListener, timeout: Duration) -> Option<TcpStream> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match listener.accept() {
+            Ok((stream, _)) => return Some(stream),
+            Err(error) if error.kind() == ErrorKind::WouldBlock => {
+                if Instant::now() > deadline {
+                    return None;
+                }
+                sleep(Duration::from_millis(20));
+            }
+            Err(error) => panic!("accept: {error}"),
+        }
+    }
+}
+
+/// Sends datagrams to 127.0.0.1:`host_port` until `socket` receives one
+/// (the first may race the DNAT rule's conntrack entry), up to `tries`.
+fn udp_reaches(host_port: u16, socket: &UdpSocket, tries: u32) -> Option<Vec<u8>> {
+    let sender = UdpSocket::bind((Ipv4Addr::LOCALHOST, 0)).expect("udp sender");
+    let mut buffer = [0u8; 64];
+    for _ in 0..tries {
+        sender
+            .send_to(b"ping", (Ipv4Addr::LOCALHOST, host_port))
+            .expect("udp send");
+        if let Ok((n, _)) = socket.recv_from(&mut buffer) {
+            return Some(buffer[..n].to_vec());
+        }
+    }
+    None
+}
+
+#[test]
+fn a_published_port_carries_only_its_protocol() {
+    if !is_root() {
+        eprintln!("skipping: the node network tests need root");
+        return;
+    }
+    let guard = Guard::new();
+    let config = guard.config.clone();
+    let net = NodeNetwork::open(config.clone(), IpNft::new()).unwrap();
+    let a = net.attach("a").unwrap();
+    let tcp_port = fastrand::u16(20000..30000);
+    let udp_port = fastrand::u16(30001..40000);
+    net.publish("a", tcp_port, 8080, Proto::Tcp).unwrap();
+    net.publish("a", udp_port, 5353, Proto::Udp).unwrap();
+
+    // The ruleset: one element per published port, of its protocol only.
+    let (ok, listing) = output("nft", &["list", "map", "ip", &config.table, "ports"]);
+    assert!(ok, "nft list map");
+    let address = a.address;
+    assert!(
+        listing.contains(&format!("tcp . {tcp_port} : {address} . 8080")),
+        "{listing}"
+    );
+    assert!(
+        listing.contains(&format!("udp . {udp_port} : {address} . 5353")),
+        "{listing}"
+    );
+    assert!(
+        !listing.contains(&format!("udp . {tcp_port} ")),
+        "no udp rule for the tcp port: {listing}"
+    );
+    assert!(
+        !listing.contains(&format!("tcp . {udp_port} ")),
+        "no tcp rule for the udp port: {listing}"
+    );
+    assert_eq!(IpNft::new().list_ports(&config.table).unwrap().len(), 2);
+
+    // The traffic: both protocols listen on both ports inside, yet each
+    // host port reaches only its own protocol's socket.
+    let inside = listen_in(&a.netns_path, [8080, 5353]);
+    let [tcp_8080, tcp_5353] = &inside.tcp;
+    let [udp_8080, udp_5353] = &inside.udp;
+
+    let mut client = TcpStream::connect_timeout(
+        &SocketAddr::from((Ipv4Addr::LOCALHOST, tcp_port)),
+        Duration::from_secs(2),
+    )
+    .expect("tcp reaches the published tcp port");
+    let mut server =
+        accept_within(tcp_8080, Duration::from_secs(5)).expect("the tcp connection arrives");
+    server.write_all(b"pong").unwrap();
+    let mut reply = [0u8; 4];
+    client.read_exact(&mut reply).unwrap();
+    assert_eq!(&reply, b"pong");
+
+    assert_eq!(
+        udp_reaches(udp_port, udp_5353, 10).as_deref(),
+        Some(&b"ping"[..]),
+        "udp reaches the published udp port"
+    );
+
+    let refused = TcpStream::connect_timeout(
+        &SocketAddr::from((Ipv4Addr::LOCALHOST, udp_port)),
+        Duration::from_secs(2),
+    );
+    assert!(
+        refused.is_err(),
+        "tcp to the udp-only port is not forwarded"
+    );
+    assert!(
+        accept_within(tcp_5353, Duration::from_millis(300)).is_none(),
+        "nothing arrives at tcp 5353"
+    );
+    assert_eq!(
+        udp_reaches(tcp_port, udp_8080, 3),
+        None,
+        "udp to the tcp-only port is not forwarded"
+    );
+
+    drop(inside);
+    net.detach("a").unwrap();
+    assert!(IpNft::new().list_ports(&config.table).unwrap().is_empty());
 }

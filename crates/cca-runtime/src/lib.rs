@@ -29,7 +29,8 @@ pub use logs::{LogOptions, LogStream};
 pub use oci::{OciConfig, OciRuntime};
 pub use process::{ProcessConfig, ProcessRuntime};
 pub use spec::{
-    DEFAULT_LOG_LIMIT_BYTES, InstanceSpec, Mount, NetworkAttachment, PortBinding, env_name_for_port,
+    DEFAULT_LOG_LIMIT_BYTES, InstanceSpec, Mount, NetworkAttachment, PortBinding, Protocol,
+    env_name_for_port,
 };
 pub use status::{
     ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceState, InstanceStatus, LimitsEnforcement,

@@ -3,7 +3,8 @@
 //! `CCA_NODE`, `PORT`, `CCA_PORT_{NAME}`, then the spec's own variables).
 //! An instance with a [`NetworkAttachment`] runs in its own network
 //! namespace: its ports are its service's declared ports and its
-//! `CCA_ADDRESS` is its own address. [`Mount`]s bind host paths into a
+//! `CCA_ADDRESS` is its own address, and each [`PortBinding`] carries its
+//! [`Protocol`] so only that protocol is published. [`Mount`]s bind host paths into a
 //! container (volumes read-write, secret and connection files read-only);
 //! only runtimes with their own filesystem view (`oci`) accept them.
 
@@ -103,6 +104,30 @@ pub struct PortBinding {
     /// its own network namespace; the host port is published to it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_port: Option<u16>,
+    /// The protocol the service declares for the port: only it is
+    /// published. Records written before the field existed read as TCP.
+    #[serde(default)]
+    pub protocol: Protocol,
+}
+
+/// The transport protocol of a port (TCP unless the service says UDP).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    #[default]
+    Tcp,
+    Udp,
+}
+
+impl std::fmt::Display for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Protocol::Tcp => "tcp",
+            Protocol::Udp => "udp",
+        })
+    }
 }
 
 impl PortBinding {
@@ -284,11 +309,13 @@ mod tests {
                 name: "http-alt".into(),
                 host_port: 1,
                 container_port: None,
+                protocol: Protocol::Tcp,
             },
             PortBinding {
                 name: "HTTP_ALT".into(),
                 host_port: 2,
                 container_port: None,
+                protocol: Protocol::Tcp,
             },
         ];
         check_invalid(&spec, "used twice");
@@ -303,11 +330,13 @@ mod tests {
                 name: "http".into(),
                 host_port: 31000,
                 container_port: Some(8080),
+                protocol: Protocol::Tcp,
             },
             PortBinding {
                 name: "admin-ui".into(),
                 host_port: 31001,
                 container_port: None,
+                protocol: Protocol::Tcp,
             },
         ];
         spec.env.insert("CCA_NODE".into(), "override".into());
@@ -329,11 +358,13 @@ mod tests {
                 name: "http".into(),
                 host_port: 31000,
                 container_port: Some(8080),
+                protocol: Protocol::Tcp,
             },
             PortBinding {
                 name: "admin".into(),
                 host_port: 31001,
                 container_port: None,
+                protocol: Protocol::Tcp,
             },
         ];
         spec.env.insert("CCA_ADDRESS".into(), "192.0.2.1".into());
@@ -357,6 +388,27 @@ mod tests {
         assert!(old.get("network").is_none(), "None is not written");
         old.as_object_mut().expect("object").remove("network");
         assert!(serde_json::from_value::<InstanceSpec>(old).is_ok());
+    }
+
+    #[test]
+    fn a_port_carries_its_protocol_and_old_records_read_as_tcp() {
+        let port = PortBinding {
+            name: "dns".into(),
+            host_port: 31053,
+            container_port: Some(53),
+            protocol: Protocol::Udp,
+        };
+        let json = serde_json::to_value(&port).expect("serialises");
+        assert_eq!(json["protocol"], "udp");
+        let back: PortBinding = serde_json::from_value(json).expect("parses");
+        assert_eq!(back, port);
+        let old = serde_json::json!({"name": "http", "host_port": 31000, "container_port": 80});
+        let old: PortBinding = serde_json::from_value(old).expect("an older record parses");
+        assert_eq!(old.protocol, Protocol::Tcp);
+        assert_eq!(Protocol::Udp.to_string(), "udp");
+        let bad = serde_json::json!({"name": "x", "host_port": 1, "protocol": "sctp"});
+        let error = serde_json::from_value::<PortBinding>(bad).expect_err("unknown protocol");
+        assert!(error.to_string().contains("sctp"), "{error}");
     }
 
     #[test]

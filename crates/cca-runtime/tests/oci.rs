@@ -20,7 +20,7 @@ use cca_image::testing::{
 use cca_image::{ImageStore, Puller, RegistrySettings};
 use cca_runtime::{
     ExecRequest, ExitReason, InstanceSpec, InstanceState, LimitsEnforcement, LogOptions, Mount,
-    OciConfig, OciRuntime, PortBinding, Runtime,
+    OciConfig, OciRuntime, PortBinding, Protocol, Runtime,
 };
 
 /// A store holding the busybox test image, a runtime directory, and the
@@ -181,6 +181,7 @@ async fn busybox_httpd_serves_on_loopback_then_is_killed_after_the_grace_and_rem
         name: "http".into(),
         host_port: port,
         container_port: None,
+        protocol: Protocol::Tcp,
     }];
     spec.memory_bytes = Some(64 << 20);
     spec.cpu_millis = Some(500);

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use cca_runtime::{
     Error, ExecRequest, ExitReason, InstanceSpec, InstanceState, LimitsEnforcement, LogOptions,
-    PortBinding, Runtime,
+    PortBinding, Protocol, Runtime,
 };
 use support::{TestRuntime, is_alive};
 
@@ -152,11 +152,13 @@ async fn environment_ports_and_working_directory_are_applied() {
             name: "http".into(),
             host_port: 31080,
             container_port: None,
+            protocol: Protocol::Tcp,
         },
         PortBinding {
             name: "admin-ui".into(),
             host_port: 31081,
             container_port: None,
+            protocol: Protocol::Tcp,
         },
     ];
     test.run(spec).await;
