@@ -94,6 +94,11 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+
+    /// No usable OCI runtime binary on this host (the message says why and
+    /// what to do).
+    #[error(transparent)]
+    OciBinary(#[from] crate::oci::BinaryError),
 }
 
 impl Error {
@@ -108,7 +113,7 @@ impl Error {
             | Self::Io { id, .. }
             | Self::Corrupt { id, .. }
             | Self::Failed { id, .. } => id,
-            Self::RuntimeDir { .. } => "",
+            Self::RuntimeDir { .. } | Self::OciBinary(_) => "",
         }
     }
 

@@ -523,20 +523,39 @@ async fn invalid_mounts_are_refused_at_create_and_leave_nothing() {
 }
 
 #[tokio::test]
-async fn crun_on_hybrid_cgroups_is_refused_with_the_reason() {
-    let hybrid = std::path::Path::new("/sys/fs/cgroup/unified/cgroup.controllers").exists()
-        && std::path::Path::new("/sys/fs/cgroup/memory").is_dir();
-    if !hybrid || !commands_available("crun_on_hybrid_cgroups", &["crun"]) {
+async fn crun_on_hybrid_cgroups_is_refused_with_the_reason_before_anything_is_created() {
+    // Hybrid as crun sees it: cgroup2 at unified holding controllers.
+    let hybrid = std::fs::read_to_string("/sys/fs/cgroup/unified/cgroup.controllers")
+        .is_ok_and(|controllers| !controllers.trim().is_empty());
+    if !hybrid {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("skipping crun_on_hybrid_cgroups: cgroups are not hybrid here");
+        }
         return;
     }
+    if !commands_available("crun_on_hybrid_cgroups", &["crun"]) {
+        return;
+    }
+    let crun = cca_image::testing::find_command("crun").expect("crun was found");
     let dir = tempfile::tempdir().expect("tempdir");
     let store = ImageStore::open(dir.path().join("images")).expect("store");
     let mut config = OciConfig::new(dir.path().join("oci"), store);
-    config.binary = cca_image::testing::find_command("crun");
+    config.binary = Some(crun.clone());
     let error = OciRuntime::new(config)
         .await
         .expect_err("crun is refused here")
         .to_string();
-    assert!(error.contains("crun refuses hybrid cgroups"), "{error}");
-    assert!(error.contains("use runc"), "{error}");
+    for part in [
+        crun.to_str().expect("utf-8 path"),
+        "crun refuses hybrid cgroups",
+        "use runc",
+        "unified cgroup v2",
+    ] {
+        assert!(error.contains(part), "{error:?} lacks {part:?}");
+    }
+    assert!(
+        !dir.path().join("oci").exists(),
+        "nothing is created for a refused binary"
+    );
 }

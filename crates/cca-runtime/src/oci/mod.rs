@@ -22,7 +22,9 @@
 //! agent-owned parent cgroup would not do on cgroup v1: there the kernel
 //! counts the kill in the victim's own memory cgroup only, not in the
 //! ancestor whose limit was hit. `start` and `remove` delete the kept
-//! container and its cgroups.
+//! container and its cgroups. crun 1.8 has no `--keep` and removes the
+//! cgroup when the container ends, so under crun an OOM kill reads as its
+//! signal (see [`OciBinary::keeps_cgroup_after_exit`]).
 //!
 //! Networking: a spec with a `network` attachment joins that namespace
 //! (the agent's node network creates and removes it around the container);
@@ -57,12 +59,13 @@ use crate::{
     InstanceStatus, LimitsEnforcement, Operation, Result, Runtime,
 };
 
-/// The monitor: `$1 --root $2 run --keep --pid-file $8 --bundle $3 $4`
-/// (runc writes the pid file once the container runs), then a copy of
-/// the memory cgroup's counter file `$6` into `$7` (empty when there is
-/// none), then its exit status into `$5` (atomically, last: `exit-code`
-/// present means the copy is complete), so both survive the agent.
-const MONITOR_SCRIPT: &str = r#""$1" --root "$2" run --keep --pid-file "$8" --bundle "$3" "$4"; code=$?; cat "$6" > "$7" 2>/dev/null; echo "$code" > "$5.tmp" && mv "$5.tmp" "$5""#;
+/// The monitor: `$4…` is the OCI runtime's foreground `run` command line
+/// (see [`OciBinary::run_argv`]: runc writes the pid file once the
+/// container runs), then a copy of the memory cgroup's counter file `$2`
+/// into `$3` (empty when there is none), then its exit status into `$1`
+/// (atomically, last: `exit-code` present means the copy is complete), so
+/// both survive the agent.
+const MONITOR_SCRIPT: &str = r#"exit_code="$1"; events_src="$2"; events="$3"; shift 3; "$@"; code=$?; cat "$events_src" > "$events" 2>/dev/null; echo "$code" > "$exit_code.tmp" && mv "$exit_code.tmp" "$exit_code""#;
 const DEFAULT_PATH: &str = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 /// How long `start` waits for the container to run, `stop` for it to die
 /// after SIGKILL.
@@ -126,16 +129,14 @@ impl OciRuntime {
     /// Opens the runtime directory and finds the OCI runtime binary;
     /// containers already there are adopted as they are.
     pub async fn new(config: OciConfig) -> Result<Self> {
+        // The binary first: a host that cannot run containers gets the
+        // reason and nothing created.
+        let state_root = config.dir.join("oci-state");
+        let binary = OciBinary::detect(config.binary.as_deref(), state_root, &config.cgroup_root)?;
         let instances_dir = config.dir.join("instances");
         std::fs::create_dir_all(&instances_dir).map_err(|source| Error::RuntimeDir {
             path: instances_dir.clone(),
             source,
-        })?;
-        let state_root = config.dir.join("oci-state");
-        let binary = OciBinary::detect(config.binary.as_deref(), state_root, &config.cgroup_root)
-            .map_err(|error| Error::RuntimeDir {
-            path: config.dir.clone(),
-            source: std::io::Error::other(error),
         })?;
         tracing::debug!(binary = %binary.path.display(), "oci runtime binary");
         let inner = Arc::new(Inner {
@@ -452,14 +453,13 @@ impl Inner {
             .arg("-c")
             .arg(MONITOR_SCRIPT)
             .arg("cca-oci-monitor")
-            .arg(&self.binary.path)
-            .arg(&self.binary.state_root)
-            .arg(dir.bundle())
-            .arg(&dir.id)
             .arg(dir.exit_code_path())
             .arg(self.oom_counter_file(&dir.id))
             .arg(dir.memory_events_path())
-            .arg(dir.pid_file_path())
+            .args(
+                self.binary
+                    .run_argv(&dir.bundle(), &dir.id, &dir.pid_file_path()),
+            )
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_for_stderr)
