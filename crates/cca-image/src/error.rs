@@ -30,7 +30,10 @@ pub enum Error {
         message: String,
     },
 
-    #[error("{what} {expected}: the content's digest is {actual}")]
+    #[error(
+        "{what} {expected}: the content's digest is {actual} (corrupted at its source or on \
+         the way; nothing of it was kept)"
+    )]
     DigestMismatch {
         /// What the blob is, e.g. `image 127.0.0.1:5000/a:1: layer`.
         what: String,

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::StreamExt;
 use oci_client::client::{ClientConfig, ClientProtocol};
 use oci_client::errors::{DigestError, OciDistributionError};
 use oci_client::manifest::OciDescriptor;
@@ -159,7 +159,24 @@ impl Puller {
         progress: &dyn PullProgress,
     ) -> Result<ImageRecord> {
         let store = self.store.clone();
-        let _lock = blocking(move || store.lock_for_pull()).await?;
+        let lock = blocking(move || store.lock_for_pull()).await?;
+        let mut stored = Vec::new();
+        let pulled = self.pull_locked(reference, progress, &mut stored).await;
+        drop(lock);
+        if pulled.is_err() && !stored.is_empty() {
+            self.discard(reference, stored).await;
+        }
+        pulled
+    }
+
+    /// The pull itself, under the store's pull lock; `stored` collects the
+    /// digests of the blobs it may have added (config and layers).
+    async fn pull_locked(
+        &self,
+        reference: &ImageRef,
+        progress: &dyn PullProgress,
+        stored: &mut Vec<Digest>,
+    ) -> Result<ImageRecord> {
         let oci_ref = reference.to_oci();
         let auth = self.settings.auth_for(&reference.registry);
         let (manifest, manifest_digest, config_json) = self
@@ -176,6 +193,13 @@ impl Puller {
                 source,
             })?;
         check_platform(&reference.to_string(), &config)?;
+        stored.push(config_digest.clone());
+        stored.extend(
+            manifest
+                .layers
+                .iter()
+                .filter_map(|layer| layer.digest.parse::<Digest>().ok()),
+        );
         let what = format!("image {reference}: config");
         self.store
             .put_blob(&config_digest, config_json.as_bytes(), &what)?;
@@ -207,27 +231,59 @@ impl Puller {
         layers: &[OciDescriptor],
         progress: &dyn PullProgress,
     ) -> Result<Vec<Digest>> {
+        // The first failure cancels the downloads under way and keeps the
+        // rest from starting, but every layer task runs to its end before
+        // this returns: none is left storing a blob or unpacking a layer
+        // after the pull has failed and its leftovers are discarded.
+        let (cancel, _) = tokio::sync::watch::channel(false);
+        let cancel = &cancel;
         // Owned descriptors: a closure over borrowed ones makes the future
         // not provably `Send` (rustc's higher-ranked lifetime limitation),
         // and the agent pulls inside `Send` tasks.
-        futures_util::stream::iter(layers.to_vec())
-            .map(
-                |layer| async move { self.fetch_layer(reference, oci_ref, &layer, progress).await },
-            )
+        let outcomes: Vec<Result<Option<Digest>>> = futures_util::stream::iter(layers.to_vec())
+            .map(|layer| async move {
+                if *cancel.borrow() {
+                    return Ok(None);
+                }
+                let fetched = self
+                    .fetch_layer(reference, oci_ref, &layer, progress, cancel.subscribe())
+                    .await;
+                if fetched.is_err() {
+                    cancel.send_replace(true);
+                }
+                fetched
+            })
             .buffered(PARALLEL_LAYERS)
-            .try_collect()
-            .await
+            .collect()
+            .await;
+        let mut digests = Vec::with_capacity(outcomes.len());
+        for outcome in outcomes {
+            if let Some(digest) = outcome? {
+                digests.push(digest);
+            }
+        }
+        if digests.len() != layers.len() {
+            // Only a failure cancels, and its error was returned above.
+            return Err(Error::Registry {
+                image: reference.to_string(),
+                registry: reference.registry.clone(),
+                message: "the pull was cancelled".into(),
+            });
+        }
+        Ok(digests)
     }
 
     /// Downloads one layer blob into a temporary file, moves it into the
-    /// store once its digest checks out, and unpacks it.
+    /// store once its digest checks out, and unpacks it. `None` when
+    /// `cancel` turned true (another layer failed) during the download.
     async fn fetch_layer(
         &self,
         reference: &ImageRef,
         oci_ref: &oci_client::Reference,
         layer: &OciDescriptor,
         progress: &dyn PullProgress,
-    ) -> Result<Digest> {
+        mut cancel: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Option<Digest>> {
         let digest = layer.digest.parse::<Digest>()?;
         let cached = self.store.blob_path(&digest).exists();
         progress.layer_started(&digest, u64::try_from(layer.size).unwrap_or(0), cached);
@@ -239,10 +295,13 @@ impl Puller {
                 digest: &digest,
                 progress,
             };
-            self.client
-                .pull_blob(oci_ref, layer, out)
-                .await
-                .map_err(|e| self.layer_error(reference, &digest, e))?;
+            tokio::select! {
+                downloaded = self.client.pull_blob(oci_ref, layer, out) => {
+                    downloaded.map_err(|e| self.layer_error(reference, &digest, e))?;
+                }
+                // The temporary file goes with the dropped download.
+                Ok(_) = cancel.wait_for(|cancelled| *cancelled) => return Ok(None),
+            }
             let store = self.store.clone();
             let (what, expected) = (format!("image {reference}: layer"), digest.clone());
             blocking(move || store.commit_blob(temp, &expected, &what)).await?;
@@ -251,7 +310,26 @@ impl Puller {
         let unpacked = digest.clone();
         blocking(move || store.unpack_layer(&unpacked)).await?;
         progress.layer_done(&digest);
-        Ok(digest)
+        Ok(Some(digest))
+    }
+
+    /// Removes what a failed pull stored and no image references; left to
+    /// garbage collection when another pull holds the store.
+    async fn discard(&self, reference: &ImageRef, stored: Vec<Digest>) {
+        let store = self.store.clone();
+        match blocking(move || store.discard_unreferenced(&stored)).await {
+            Ok(removed) if !removed.is_empty() => {
+                let removed = removed.len();
+                tracing::debug!(image = %reference, removed, "discarded what a failed pull stored");
+            }
+            Ok(_) => {}
+            Err(Error::Busy { .. }) => {
+                tracing::debug!(image = %reference, "a failed pull's blobs are left to gc");
+            }
+            Err(error) => {
+                tracing::warn!(image = %reference, %error, "discarding what a failed pull stored");
+            }
+        }
     }
 
     fn layer_error(
@@ -273,11 +351,85 @@ impl Puller {
     }
 
     fn registry_error(&self, reference: &ImageRef, error: OciDistributionError) -> Error {
+        let mut message = crate::error::error_chain(&error);
+        if let Some(hint) = self.hint(reference, &error) {
+            message = format!("{message} ({hint})");
+        }
         Error::Registry {
             image: reference.to_string(),
             registry: reference.registry.clone(),
-            message: crate::error::error_chain(&error),
+            message,
         }
+    }
+
+    /// What to do about a registry failure, when it is clear.
+    fn hint(&self, reference: &ImageRef, error: &OciDistributionError) -> Option<String> {
+        use oci_client::errors::OciErrorCode as Code;
+        let codes: Vec<&Code> = match error {
+            OciDistributionError::RegistryError { envelope, .. } => {
+                envelope.errors.iter().map(|e| &e.code).collect()
+            }
+            _ => Vec::new(),
+        };
+        let unknown = matches!(error, OciDistributionError::ImageManifestNotFoundError(_))
+            || codes
+                .iter()
+                .any(|code| matches!(code, Code::ManifestUnknown | Code::NameUnknown));
+        let refused = matches!(
+            error,
+            OciDistributionError::UnauthorizedError { .. }
+                | OciDistributionError::AuthenticationFailure(_)
+        ) || codes
+            .iter()
+            .any(|code| matches!(code, Code::Unauthorized | Code::Denied));
+        let what = match (&reference.digest, &reference.tag) {
+            (Some(digest), _) => format!("digest {digest}"),
+            (None, Some(tag)) => format!("tag {tag}"),
+            (None, None) => "such image".to_owned(),
+        };
+        if unknown {
+            return Some(format!(
+                "the registry has no {} with {what}: check the reference, or push the image",
+                reference.repository
+            ));
+        }
+        if refused {
+            let user = self
+                .settings
+                .registries
+                .get(&reference.registry)
+                .filter(|config| config.password.is_some())
+                .and_then(|config| config.username.as_deref());
+            return Some(match user {
+                Some(user) => format!(
+                    "the registry refused the credentials configured for it (user {user}): \
+                     check the username and password"
+                ),
+                None => "the registry refused access: it needs credentials this node does not \
+                         have"
+                    .to_owned(),
+            });
+        }
+        if let OciDistributionError::RequestError(request) = error
+            && (request.is_connect() || request.is_timeout())
+        {
+            let plain_http = self
+                .settings
+                .registries
+                .get(&reference.registry)
+                .is_some_and(|config| config.plain_http);
+            return Some(if plain_http {
+                "is the registry running and reachable from this node?".to_owned()
+            } else {
+                format!(
+                    "is the registry running and reachable from this node? It is spoken to \
+                     over HTTPS: a plain-HTTP registry must be allowed with \
+                     --insecure-registry {}",
+                    reference.registry
+                )
+            });
+        }
+        None
     }
 }
 

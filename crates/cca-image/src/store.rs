@@ -269,17 +269,7 @@ impl ImageStore {
     /// process) holds the store's lock: a pull's blobs are unreferenced
     /// until its record is saved.
     pub fn gc(&self, in_use: &HashSet<Digest>) -> Result<GcReport> {
-        let lock = self.lock_file()?;
-        match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
-            Ok(()) => {}
-            Err(rustix::io::Errno::WOULDBLOCK) => {
-                return Err(Error::Busy {
-                    store: self.root.to_path_buf(),
-                    reason: "a pull is under way; collect garbage once it is done".into(),
-                });
-            }
-            Err(e) => return Err(Error::io("locking", self.lock_path(), e.into())),
-        }
+        let _lock = self.lock_exclusive("collect garbage once it is done")?;
         let _guard = self
             .records
             .lock()
@@ -299,6 +289,58 @@ impl ImageStore {
         report.blobs = self.sweep(&self.root.join("blobs/sha256"), &referenced)?;
         report.layers = self.sweep(&self.root.join("layers/sha256"), &referenced)?;
         Ok(report)
+    }
+
+    /// Removes the blobs and unpacked layers among `digests` that no image
+    /// record references — what a failed pull stored — and returns them.
+    /// Refused with [`Error::Busy`] while a pull (in any process) holds the
+    /// store's lock, since that pull may be about to reference one of them;
+    /// [`ImageStore::gc`] collects them later.
+    pub fn discard_unreferenced(&self, digests: &[Digest]) -> Result<Vec<Digest>> {
+        let _lock = self.lock_exclusive("its leftovers go with the next garbage collection")?;
+        let _guard = self
+            .records
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut referenced = HashSet::new();
+        for image in self.images()? {
+            referenced.insert(image.config_digest);
+            referenced.extend(image.layers);
+        }
+        let mut removed = Vec::new();
+        for digest in digests {
+            if referenced.contains(digest) || removed.contains(digest) {
+                continue;
+            }
+            let (blob, layer) = (self.blob_path(digest), self.layer_path(digest));
+            let mut found = false;
+            if blob.exists() {
+                std::fs::remove_file(&blob).on("removing", &blob)?;
+                found = true;
+            }
+            if layer.exists() {
+                std::fs::remove_dir_all(&layer).on("removing", &layer)?;
+                found = true;
+            }
+            if found {
+                removed.push(digest.clone());
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Takes the store's lock exclusively without waiting; `Busy` (saying
+    /// `then`) while a pull holds it.
+    fn lock_exclusive(&self, then: &str) -> Result<std::fs::File> {
+        let lock = self.lock_file()?;
+        match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+            Ok(()) => Ok(lock),
+            Err(rustix::io::Errno::WOULDBLOCK) => Err(Error::Busy {
+                store: self.root.to_path_buf(),
+                reason: format!("a pull is under way; {then}"),
+            }),
+            Err(e) => Err(Error::io("locking", self.lock_path(), e.into())),
+        }
     }
 
     /// Removes every entry of `dir` whose name is not a referenced digest.
@@ -380,6 +422,53 @@ mod tests {
         drop((pull, second));
         let report = store.gc(&HashSet::new()).expect("gc runs");
         assert_eq!(report.blobs, [orphan]);
+    }
+
+    #[test]
+    fn a_failed_pulls_blobs_and_layers_are_discarded_unless_an_image_uses_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = ImageStore::open(dir.path()).expect("store");
+        let blob = |bytes: &[u8]| {
+            let digest = Digest::of_bytes(bytes);
+            store.put_blob(&digest, bytes, "a blob").expect("blob");
+            digest
+        };
+        let (config, kept, left) = (blob(b"config"), blob(b"kept layer"), blob(b"left layer"));
+        let unpacked = store.layer_path(&left);
+        std::fs::create_dir_all(unpacked.join("bin")).expect("a layer dir");
+        store
+            .save_image(ImageRecord {
+                digest: Digest::of_bytes(b"manifest"),
+                names: BTreeSet::from(["r/a:1".to_owned()]),
+                config_digest: config.clone(),
+                layers: vec![kept.clone()],
+                config: ImageConfig::default(),
+                size_bytes: 0,
+                pulled_at_ms: 0,
+            })
+            .expect("record");
+        let candidates = [config.clone(), kept.clone(), left.clone()];
+
+        let pull = store.lock_for_pull().expect("lock");
+        let error = store
+            .discard_unreferenced(&candidates)
+            .expect_err("a pull holds the store");
+        assert!(matches!(error, Error::Busy { .. }), "{error}");
+        assert!(
+            store.blob_path(&left).exists(),
+            "nothing removed while busy"
+        );
+        drop(pull);
+
+        let removed = store.discard_unreferenced(&candidates).expect("discards");
+        assert_eq!(removed, std::slice::from_ref(&left));
+        assert!(!store.blob_path(&left).exists() && !unpacked.exists());
+        assert!(store.blob_path(&config).exists() && store.blob_path(&kept).exists());
+        assert_eq!(
+            store.discard_unreferenced(&candidates).expect("again"),
+            Vec::<Digest>::new(),
+            "nothing left to discard"
+        );
     }
 
     #[test]

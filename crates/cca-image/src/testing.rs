@@ -1,7 +1,8 @@
 //! Test support (feature `testing`): a `docker-registry` on a free
 //! loopback port with its storage in a temporary directory (killed when
 //! dropped), tar layer building, OCI image layouts written by hand, a
-//! busybox-static image, and `skopeo` to push a layout to the registry.
+//! busybox-static image, `skopeo` to push a layout to the registry, and a
+//! way to make the registry serve a blob that does not match its digest.
 //! Everything here returns `std::io::Result` with a message saying what
 //! failed: it runs in tests only.
 
@@ -90,6 +91,26 @@ impl TestRegistry {
             .join(&hex[..2])
             .join(hex)
             .join("data")
+    }
+
+    /// Tampers with the registry's copy of the blob `digest` (one byte
+    /// flipped in the middle): the registry goes on serving it under its
+    /// digest, with content that no longer matches, as a corrupted disk or
+    /// a broken proxy would.
+    pub fn corrupt_blob(&self, digest: &Digest) -> Result<()> {
+        let data = self.blob_data_path(digest);
+        let mut bytes = std::fs::read(&data)
+            .map_err(|e| Error::new(e.kind(), format!("reading {}: {e}", data.display())))?;
+        let middle = bytes.len() / 2;
+        let byte = bytes.get_mut(middle).ok_or_else(|| {
+            Error::new(
+                ErrorKind::InvalidData,
+                format!("{} is empty", data.display()),
+            )
+        })?;
+        *byte ^= 0xff;
+        std::fs::write(&data, &bytes)
+            .map_err(|e| Error::new(e.kind(), format!("writing {}: {e}", data.display())))
     }
 
     fn wait_ready(&self) -> Result<()> {
@@ -249,6 +270,12 @@ pub fn busybox_layer() -> Result<Vec<u8>> {
         layer = layer.symlink(&format!("bin/{applet}"), "busybox")?;
     }
     layer.finish()
+}
+
+/// The digest a layer tar has in a layout [`write_oci_layout`] writes (its
+/// gzip-compressed blob's), to find it in a registry.
+pub fn layer_blob_digest(tar: &[u8]) -> Result<Digest> {
+    Ok(Digest::of_bytes(&gzip(tar)?))
 }
 
 /// Writes an OCI image layout at `dir` with the given uncompressed layer
