@@ -6,13 +6,17 @@
 //! has it), and the container is created from the image pinned to the
 //! pulled digest, so a tag moving later never changes what an instance
 //! runs and garbage collection knows exactly which images are in use.
-//! After a container is removed, images no instance uses are collected.
+//! After a container is removed, images no instance uses are collected;
+//! after a failed pull, whatever it stored that no image uses goes too.
 //!
 //! With a node network (`Containers::with_network`, `cca agent
 //! --pod-subnet`) a container is attached before it is created — its own
 //! namespace and address, its host ports published to its declared ports —
 //! and detached after it is removed; a spec that already names a network
-//! (an init step joining its instance's namespace) is left as it is.
+//! (an init step joining its instance's namespace) is left as it is. Every
+//! start attaches a container with a namespace of its own again (a no-op
+//! when intact), so one restarted after a host reboot, which took its
+//! namespace and veth, gets them back with its address and ports.
 //! Without one, containers share the host's network.
 //!
 //! A node without a usable container runtime (no runc or crun, crun on
@@ -117,10 +121,14 @@ impl Containers {
                 Ok(record) => Ok(record),
                 Err(cca_image::Error::NotFound { .. }) => {
                     tracing::info!(instance = id, image = %reference, "pulling");
-                    self.puller
-                        .pull(&reference)
-                        .await
-                        .map_err(|e| failed(format!("pulling the image failed: {e}")))
+                    let pulled = self.puller.pull(&reference).await;
+                    if pulled.is_err() {
+                        // The puller discards what it stored unless another
+                        // pull held the store; then the collection below,
+                        // or the one after the last pull under way, does.
+                        self.gc_pending.store(true, Ordering::SeqCst);
+                    }
+                    pulled.map_err(|e| failed(format!("pulling the image failed: {e}")))
                 }
                 Err(error) => Err(failed(error.to_string())),
             }
@@ -340,7 +348,14 @@ impl Runtime for RuntimeSet {
     }
 
     async fn start(&self, id: &str) -> Result<()> {
-        self.route(id).await?.1.start(id).await
+        let (route, runtime) = self.route(id).await?;
+        if route == Route::Container
+            && let Ok(containers) = &self.containers
+            && let Some(net) = &containers.network
+        {
+            reattach(net, runtime, id).await?;
+        }
+        runtime.start(id).await
     }
 
     async fn stop(&self, id: &str, grace: Duration) -> Result<InstanceStatus> {
@@ -403,5 +418,75 @@ impl Runtime for RuntimeSet {
 
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecOutput> {
         self.route(id).await?.1.exec(id, request).await
+    }
+}
+
+/// Attaches container `id` to the node network again before a start when
+/// it has a namespace of its own: after a host reboot its namespace, veth
+/// and nftables rules are gone while its record still names them. Attaching
+/// is idempotent (an intact attachment is left as it is) and keeps the
+/// instance's leased address, so the container comes back at the address
+/// and with the published ports it was created with. An instance that
+/// joins another's namespace (an init step) is left alone.
+async fn reattach(
+    net: &Arc<dyn InstanceNetwork>,
+    runtime: &Arc<dyn Runtime>,
+    id: &str,
+) -> Result<()> {
+    let spec = runtime.inspect(id).await?.spec;
+    let Some(created) = &spec.network else {
+        return Ok(());
+    };
+    if !owns_namespace(id, created) {
+        return Ok(());
+    }
+    let failed = |message: String| Error::Failed {
+        id: id.to_owned(),
+        operation: Operation::Start,
+        message,
+    };
+    let attachment = network::attach(net, &spec).await.map_err(failed)?;
+    if attachment != *created {
+        // The lease was lost (the network's state file went): the
+        // container's environment and reported address name the old one.
+        if let Err(problem) = network::detach(net, id).await {
+            tracing::warn!(instance = %id, %problem, "detaching after a changed address");
+        }
+        return Err(failed(format!(
+            "the node network now gives it {} at {}, it was created with {} at {}: \
+             remove the instance so it is created again",
+            attachment.address,
+            attachment.netns_path.display(),
+            created.address,
+            created.netns_path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// Whether `attachment` is `id`'s own namespace rather than one it joins:
+/// the node network names each instance's namespace `{prefix}{id}`, and an
+/// init step's id (`{id}.init-{step}`) is longer than its instance's.
+fn owns_namespace(id: &str, attachment: &cca_runtime::NetworkAttachment) -> bool {
+    attachment
+        .netns_path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| name.ends_with(id))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_owns_the_namespace_named_after_it_and_its_init_steps_join_it() {
+        let attachment = cca_runtime::NetworkAttachment {
+            netns_path: "/run/netns/cca-web-1".into(),
+            address: std::net::Ipv4Addr::new(10, 88, 0, 2),
+        };
+        assert!(owns_namespace("web-1", &attachment));
+        assert!(!owns_namespace("web-1.init-migrate", &attachment));
+        assert!(!owns_namespace("api-1", &attachment));
     }
 }

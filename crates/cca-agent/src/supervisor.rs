@@ -110,7 +110,9 @@ pub struct Supervisor {
 pub struct Tick {
     /// The observed status of every assigned instance.
     pub statuses: Vec<InstanceStatus>,
-    /// Instances removed as orphans: their observed records should go.
+    /// Instances gone from the node — removed as orphans, or failed before
+    /// the runtime had them and no longer assigned: their observed records
+    /// should go.
     pub removed: Vec<String>,
 }
 
@@ -158,6 +160,22 @@ impl Supervisor {
                 if self.remove_orphan(id).await {
                     tick.removed.push(id.clone());
                 }
+            }
+            // An instance that failed before the runtime had it (a pull, a
+            // create) and is no longer assigned: only its record is left.
+            let never_created: Vec<String> = self
+                .records
+                .keys()
+                .filter(|id| {
+                    !desired.assignments.contains_key(*id)
+                        && !actual.contains_key(*id)
+                        && !self.starting.contains_key(*id)
+                })
+                .cloned()
+                .collect();
+            for id in never_created {
+                self.records.remove(&id);
+                tick.removed.push(id);
             }
         }
         let actual = self.actual().await;

@@ -8,8 +8,11 @@
 //! with one (a throwaway bridge, table and subnet) it has its own address,
 //! listens on its declared port, is reached there and through the host
 //! port published on 127.0.0.1, and leaves no namespace, veth or published
-//! port behind either. Skipped without root or the tools `scripts/test`
-//! installs.
+//! port behind either. An image named by digest runs the same way. After a
+//! host reboot (simulated: the container ended, its namespace and veth
+//! deleted by hand, the agent started again) the restarted container is
+//! attached again, at its old address, with its host port published.
+//! Skipped without root or the tools `scripts/test` installs.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -24,12 +27,12 @@ use cca_api::types::Assignment;
 use cca_image::testing::{
     TestRegistry, busybox_layer, commands_available, free_port, write_oci_layout,
 };
-use cca_image::{ImageStore, RegistrySettings};
+use cca_image::{Digest, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{
     Cpu, Memory, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy, Workload,
 };
-use cca_net::{HostNetwork, IpNft, NetConfig, NodeNetwork};
+use cca_net::{HostNetwork, IpNft, NetConfig, NodeNetwork, Proto};
 use cca_runtime::fake::FakeRuntime;
 use cca_runtime::{OciConfig, OciRuntime, Runtime};
 
@@ -433,13 +436,14 @@ async fn with_a_node_network_a_container_has_its_own_address_and_published_ports
         Some("hello from busybox\n"),
         "the published host port on 127.0.0.1"
     );
+    let published = IpNft::new().list_ports(&net.config.table).expect("ports");
     assert_eq!(
-        IpNft::new()
-            .list_ports(&net.config.table)
-            .expect("ports")
-            .len(),
-        2,
-        "the host port is published for tcp and udp"
+        published
+            .iter()
+            .map(|p| (p.proto, p.host_port, p.container_port))
+            .collect::<Vec<_>>(),
+        [(Proto::Tcp, port, 80)],
+        "the host port is published for its declared protocol only"
     );
 
     let stopping = desired(vec![assignment_of(ID, &image, port, true)]);
@@ -474,4 +478,288 @@ async fn with_a_node_network_a_container_has_its_own_address_and_published_ports
         .filter(|d| d.exists())
         .collect();
     assert!(cgroups.is_empty(), "cgroups left: {cgroups:?}");
+}
+
+/// A loopback registry holding `test/busybox:1`, and its manifest digest.
+struct BusyboxRegistry {
+    registry: TestRegistry,
+    digest: Digest,
+    _layout: tempfile::TempDir,
+}
+
+impl BusyboxRegistry {
+    fn start() -> Self {
+        let layout = tempfile::tempdir().expect("tempdir");
+        let digest = write_oci_layout(
+            layout.path(),
+            "1",
+            &[busybox_layer().expect("layer")],
+            &["sh"],
+        )
+        .expect("layout");
+        let registry = TestRegistry::start().expect("registry");
+        registry
+            .push(layout.path(), "1", "test/busybox")
+            .expect("push");
+        Self {
+            registry,
+            digest,
+            _layout: layout,
+        }
+    }
+}
+
+/// Whether the test can run here; prints why not.
+fn can_run(test: &str, commands: &[&str]) -> bool {
+    if !commands_available(test, commands) {
+        return false;
+    }
+    if !rustix::process::geteuid().is_root() {
+        #[allow(clippy::print_stderr)]
+        {
+            eprintln!("skipping {test}: containers need root");
+        }
+        return false;
+    }
+    true
+}
+
+/// `GET /` at `address` until it answers 200, the body.
+async fn wait_for_httpd(oci: &OciRuntime, id: &str, address: IpAddr, port: u16) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(body) = http_get_at(address, port) {
+            return body;
+        }
+        let log = std::fs::read_to_string(oci.instance_dir(id).join("output.log"));
+        assert!(
+            Instant::now() < deadline,
+            "httpd does not answer at {address}:{port}: {log:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_agent_runs_an_image_named_by_digest() {
+    let test = "agent_pulls_by_digest";
+    if !can_run(test, &["runc", "docker-registry", "skopeo", "busybox"]) {
+        return;
+    }
+    const ID: &str = "web-digest";
+    let fixture = BusyboxRegistry::start();
+    let host = &fixture.registry.host;
+    let image = format!("{host}/test/busybox@{}", fixture.digest);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = ImageStore::open(dir.path().join("images")).expect("store");
+    let oci = Arc::new(
+        OciRuntime::new(OciConfig::new(dir.path().join("oci"), store.clone()))
+            .await
+            .expect("the oci runtime opens"),
+    );
+    let _cleanup = Cleanup {
+        oci: Arc::clone(&oci),
+        id: ID,
+    };
+    let set = Arc::new(RuntimeSet::new(
+        Arc::new(FakeRuntime::new()),
+        Containers::new(
+            Arc::clone(&oci) as Arc<dyn Runtime>,
+            store.clone(),
+            RegistrySettings::insecure(std::slice::from_ref(host)).expect("settings"),
+        ),
+    ));
+    let config = SupervisorConfig {
+        stop_grace: Duration::from_millis(200),
+        ..SupervisorConfig::default()
+    };
+    let mut supervisor = Supervisor::new(
+        "n1",
+        "127.0.0.1",
+        Arc::clone(&set) as Arc<dyn Runtime>,
+        config,
+        BTreeMap::new(),
+    );
+
+    let port = free_port().expect("port");
+    let running = desired(vec![assignment_of(ID, &image, port, false)]);
+    tick_until(&mut supervisor, &running, "running", |t| {
+        state(t) == Some(InstanceState::Running)
+    })
+    .await;
+    let body = wait_for_httpd(&oci, ID, IpAddr::V4(Ipv4Addr::LOCALHOST), port).await;
+    assert_eq!(body, "hello from busybox\n");
+    let images = store.images().expect("images");
+    assert_eq!(images.len(), 1, "one image pulled");
+    assert_eq!(images[0].digest, fixture.digest, "the digest asked for");
+    assert!(images[0].names.contains(&image), "{:?}", images[0].names);
+    assert_eq!(
+        set.inspect(ID)
+            .await
+            .expect("inspect")
+            .spec
+            .image
+            .as_deref(),
+        Some(image.as_str()),
+        "the container runs the image named by its digest"
+    );
+
+    let stopping = desired(vec![assignment_of(ID, &image, port, true)]);
+    tick_until(&mut supervisor, &stopping, "stopped", |t| {
+        state(t) == Some(InstanceState::Stopped)
+    })
+    .await;
+    tick_until(&mut supervisor, &desired(Vec::new()), "removed", |t| {
+        t.removed == [ID]
+    })
+    .await;
+    assert!(!oci.instance_dir(ID).exists(), "the instance is left");
+}
+
+/// An agent over `oci` with the node network of `config`, opened as at
+/// agent start (bridge, table, published ports restored), its orphans
+/// cleaned up; restarts after 20 ms.
+async fn agent_on_network(
+    config: &NetConfig,
+    oci: &Arc<OciRuntime>,
+    store: &ImageStore,
+    registry: &str,
+) -> (Arc<RuntimeSet>, Supervisor) {
+    let network = NodeNetwork::open(config.clone(), IpNft::new()).expect("network opens");
+    let set = Arc::new(RuntimeSet::new(
+        Arc::new(FakeRuntime::new()),
+        Containers::new(
+            Arc::clone(oci) as Arc<dyn Runtime>,
+            store.clone(),
+            RegistrySettings::insecure(&[registry.to_owned()]).expect("settings"),
+        )
+        .with_network(Arc::new(network)),
+    ));
+    let report = set
+        .cleanup_network_orphans()
+        .await
+        .expect("cleanup runs")
+        .expect("there is a node network");
+    assert_eq!(report, cca_net::CleanupReport::default(), "no orphans");
+    let config = SupervisorConfig {
+        stop_grace: Duration::from_millis(200),
+        backoff_base: Duration::from_millis(20),
+        ..SupervisorConfig::default()
+    };
+    let supervisor = Supervisor::new(
+        "n1",
+        "127.0.0.1",
+        Arc::clone(&set) as Arc<dyn Runtime>,
+        config,
+        BTreeMap::new(),
+    );
+    (set, supervisor)
+}
+
+#[tokio::test]
+async fn after_a_host_reboot_a_restarted_container_is_attached_again() {
+    let test = "agent_reattaches_after_reboot";
+    if !can_run(
+        test,
+        &["runc", "docker-registry", "skopeo", "busybox", "ip", "nft"],
+    ) {
+        return;
+    }
+    const ID: &str = "web-boot";
+    let fixture = BusyboxRegistry::start();
+    let host = fixture.registry.host.clone();
+    let image = format!("{host}/test/busybox:1");
+
+    // Declared first so it drops last: the container goes before its
+    // namespace, the namespaces before the bridge.
+    let net = NetGuard::new();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = ImageStore::open(dir.path().join("images")).expect("store");
+    let oci = Arc::new(
+        OciRuntime::new(OciConfig::new(dir.path().join("oci"), store.clone()))
+            .await
+            .expect("the oci runtime opens"),
+    );
+    let _cleanup = Cleanup {
+        oci: Arc::clone(&oci),
+        id: ID,
+    };
+    let (set, mut supervisor) = agent_on_network(&net.config, &oci, &store, &host).await;
+    let port = free_port().expect("port");
+    let running = desired(vec![assignment_of(ID, &image, port, false)]);
+    let tick = tick_until(&mut supervisor, &running, "running", |t| {
+        state(t) == Some(InstanceState::Running)
+    })
+    .await;
+    let address = tick.statuses[0].address.clone().expect("an address");
+    let ip: IpAddr = address.parse().expect("an IP address");
+    wait_for_httpd(&oci, ID, ip, 80).await;
+    let created = set
+        .inspect(ID)
+        .await
+        .expect("inspect")
+        .spec
+        .network
+        .expect("attached");
+
+    // The host reboots: the container ends with it, the agent is gone, and
+    // so are the namespace's mount and the veth.
+    oci.stop(ID, Duration::ZERO)
+        .await
+        .expect("the container ends");
+    drop((set, supervisor));
+    let host_net = IpNft::new();
+    let (netns, veth) = (net.config.netns_name(ID), net.config.veth_name(ID));
+    host_net.delete_link(&veth).expect("the veth is deleted");
+    host_net
+        .delete_netns(&netns)
+        .expect("the namespace is deleted");
+    assert_eq!(net.netns_left(), Vec::<String>::new());
+    assert_eq!(net.veths_left(), Vec::<String>::new());
+    assert!(!created.netns_path.exists());
+    assert!(http_get_at(ip, 80).is_none() && http_get(port).is_none());
+
+    // The agent comes back and restarts the container: attached again,
+    // at the same address, reached there and through its host port.
+    let (set, mut supervisor) = agent_on_network(&net.config, &oci, &store, &host).await;
+    let tick = tick_until(&mut supervisor, &running, "running again", |t| {
+        state(t) == Some(InstanceState::Running)
+    })
+    .await;
+    assert_eq!(tick.statuses[0].restarts, 1, "{:#?}", tick.statuses);
+    assert_eq!(tick.statuses[0].address.as_deref(), Some(address.as_str()));
+    assert_eq!(net.netns_left(), [netns]);
+    assert_eq!(net.veths_left(), [veth]);
+    assert_eq!(
+        set.inspect(ID).await.expect("inspect").spec.network,
+        Some(created.clone())
+    );
+    assert_eq!(
+        wait_for_httpd(&oci, ID, ip, 80).await,
+        "hello from busybox\n"
+    );
+    assert_eq!(
+        http_get(port).as_deref(),
+        Some("hello from busybox\n"),
+        "the published host port on 127.0.0.1"
+    );
+
+    let stopping = desired(vec![assignment_of(ID, &image, port, true)]);
+    tick_until(&mut supervisor, &stopping, "stopped", |t| {
+        state(t) == Some(InstanceState::Stopped)
+    })
+    .await;
+    tick_until(&mut supervisor, &desired(Vec::new()), "removed", |t| {
+        t.removed == [ID]
+    })
+    .await;
+    assert_eq!(net.netns_left(), Vec::<String>::new(), "namespaces left");
+    assert_eq!(net.veths_left(), Vec::<String>::new(), "veths left");
+    assert_eq!(
+        IpNft::new().list_ports(&net.config.table).expect("ports"),
+        Vec::new(),
+        "published ports left"
+    );
+    assert!(!oci.instance_dir(ID).exists(), "the instance is left");
 }
