@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cca_api::Client;
-use cca_api::types::RegisterRequest;
+use cca_api::types::{MAX_REPORT_BATCH, RegisterRequest};
 use cca_model::cluster::{InstanceStatus, Millis};
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::Runtime;
@@ -223,24 +223,14 @@ impl Reporter {
             self.sent.clear();
             self.refreshed = tokio::time::Instant::now();
         }
-        for mut status in tick.statuses {
-            if self.sent.get(&status.id) == Some(&status) {
-                continue;
-            }
-            let unchanged = status.clone();
-            status.updated_at = now_millis();
-            match self.client.report(&self.node, &status).await {
-                Ok(_) => {
-                    self.sent.insert(unchanged.id.clone(), unchanged);
-                }
-                Err(error) if error.status().is_some() => {
-                    tracing::debug!(instance = %status.id, %error, "report refused");
-                    self.sent.insert(unchanged.id.clone(), unchanged);
-                }
-                Err(error) => {
-                    tracing::debug!(%error, "reporting failed; the API is unreachable");
-                    return;
-                }
+        let changed: Vec<InstanceStatus> = tick
+            .statuses
+            .into_iter()
+            .filter(|status| self.sent.get(&status.id) != Some(status))
+            .collect();
+        for batch in changed.chunks(MAX_REPORT_BATCH) {
+            if !self.send(batch).await {
+                return;
             }
         }
         for id in tick.removed {
@@ -249,6 +239,38 @@ impl Reporter {
                 tracing::debug!(instance = %id, %error, "forgetting the observed record failed");
             }
         }
+    }
+
+    /// Sends one batch; false when it did not arrive or was refused as a
+    /// whole (what was not sent goes with the next tick). Reports refused
+    /// one by one (an instance no longer placed here) are not re-sent
+    /// until they change or the refresh.
+    async fn send(&mut self, batch: &[InstanceStatus]) -> bool {
+        let sent_at = now_millis();
+        let statuses = batch
+            .iter()
+            .map(|status| InstanceStatus {
+                updated_at: sent_at,
+                ..status.clone()
+            })
+            .collect();
+        match self.client.report_batch(&self.node, statuses).await {
+            Ok(reply) => {
+                for refused in &reply.refused {
+                    tracing::debug!(instance = %refused.id, status = refused.status, message = %refused.message, "report refused");
+                }
+            }
+            // The whole batch refused (mostly: the node is not registered
+            // yet) or not delivered: sent again next tick.
+            Err(error) => {
+                tracing::debug!(%error, "reporting failed");
+                return false;
+            }
+        }
+        for status in batch {
+            self.sent.insert(status.id.clone(), status.clone());
+        }
+        true
     }
 }
 

@@ -82,6 +82,23 @@ impl Client {
         Self::with_http(reqwest::Client::new(), base)
     }
 
+    /// A client that speaks HTTP/2 without negotiation (h2c prior
+    /// knowledge; the server answers both): every request and stream of
+    /// this client, and of its clones, is multiplexed on one connection
+    /// — two descriptors however many agents share it (`cca benchmark`).
+    /// The server allows 200 concurrent streams per connection; a caller
+    /// holding more long-lived streams should use more clients.
+    pub fn http2(base: &str) -> ClientResult<Self> {
+        let http = reqwest::Client::builder()
+            .http2_prior_knowledge()
+            .build()
+            .map_err(|error| ClientError::Unreachable {
+                url: base.to_owned(),
+                reason: format!("cannot build an HTTP/2 client: {error}"),
+            })?;
+        Ok(Self::with_http(http, base))
+    }
+
     /// A client using a configured `reqwest::Client` (timeouts, later TLS).
     pub fn with_http(http: reqwest::Client, base: &str) -> Self {
         Self {
@@ -279,6 +296,19 @@ impl Client {
             segment(&status.id)
         );
         self.json(self.request(Method::PUT, &path).json(status))
+            .await
+    }
+
+    /// Reports several instances of `node` at once (at most 1,000); the
+    /// reply lists the ones refused.
+    pub async fn report_batch(
+        &self,
+        node: &str,
+        statuses: Vec<InstanceStatus>,
+    ) -> ClientResult<ReportBatchReply> {
+        let path = format!("/v1/agent/nodes/{}/reports", segment(node));
+        let body = ReportBatch { statuses };
+        self.json(self.request(Method::POST, &path).json(&body))
             .await
     }
 

@@ -275,6 +275,35 @@ pub enum AssignmentLine {
     Compacted { compact_revision: Revision },
 }
 
+/// The most reports one [`ReportBatch`] may carry.
+pub const MAX_REPORT_BATCH: usize = 1_000;
+
+/// Body of `POST /v1/agent/nodes/{node}/reports`: observed states of
+/// instances of that node, at most [`MAX_REPORT_BATCH`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportBatch {
+    pub statuses: Vec<InstanceStatus>,
+}
+
+/// Answer of a report batch: the reports not written, each with why;
+/// every other one is written (or was already recorded as sent).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportBatchReply {
+    /// Revision of the last write; `None` when nothing needed writing.
+    pub revision: Option<Revision>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<RefusedReport>,
+}
+
+/// One report of a batch that was not written.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedReport {
+    pub id: String,
+    /// The HTTP status a single report would have been answered with.
+    pub status: u16,
+    pub message: String,
+}
+
 /// Answer of an observed-state report or delete.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteReply {

@@ -83,6 +83,98 @@ async fn next<T: serde::de::DeserializeOwned>(stream: &mut cca_api::LineStream<T
 }
 
 #[tokio::test]
+async fn a_report_batch_writes_what_it_may_refuses_the_rest_one_by_one_and_skips_repeats() {
+    let h = harness().await;
+    let (plain, _stop) = h.serve().await;
+    // Agents sharing a connection speak HTTP/2 without negotiation.
+    let client = cca_api::Client::http2(plain.base_url()).expect("client");
+    client
+        .apply(&program(&[("web", 3)]), false)
+        .await
+        .expect("applies");
+    client.register(&node("n1")).await.expect("registers");
+    client.register(&node("n2")).await.expect("registers");
+    place(h.store.as_ref(), &placed("web-1", "n1")).await;
+    place(h.store.as_ref(), &placed("web-2", "n1")).await;
+    place(h.store.as_ref(), &placed("web-3", "n2")).await;
+
+    let mut foreign = report("web-9", "n2", InstanceState::Running);
+    foreign.service = "web".into();
+    let batch = vec![
+        report("web-1", "n1", InstanceState::Running),
+        report("web-2", "n1", InstanceState::Starting),
+        report("web-3", "n1", InstanceState::Running),
+        foreign,
+    ];
+    let reply = client.report_batch("n1", batch).await.expect("answers");
+    let refused: Vec<(&str, u16)> = reply
+        .refused
+        .iter()
+        .map(|refused| (refused.id.as_str(), refused.status))
+        .collect();
+    assert_eq!(refused, [("web-3", 409), ("web-9", 422)], "{reply:?}");
+    assert!(
+        reply.refused[0].message.contains("not placed on node `n1`"),
+        "{reply:?}"
+    );
+    let written = reply.revision.expect("something was written");
+    let stored = |id: &'static str| {
+        let store = std::sync::Arc::clone(&h.store);
+        async move {
+            store
+                .get(&keys::observed_instance(id))
+                .await
+                .expect("reads")
+                .map(|kv| serde_json::from_slice::<InstanceStatus>(&kv.value).expect("decodes"))
+        }
+    };
+    assert_eq!(
+        stored("web-1").await.map(|s| s.state),
+        Some(InstanceState::Running)
+    );
+    assert_eq!(
+        stored("web-2").await.map(|s| s.state),
+        Some(InstanceState::Starting)
+    );
+    assert_eq!(stored("web-3").await, None);
+    assert_eq!(stored("web-9").await, None);
+
+    // Sent again later, unchanged but for the time: nothing is written.
+    let mut again = report("web-1", "n1", InstanceState::Running);
+    again.updated_at = 99;
+    let reply = client
+        .report_batch("n1", vec![again])
+        .await
+        .expect("answers");
+    assert_eq!(reply.revision, None, "{reply:?}");
+    assert_eq!(h.revision().await, written);
+    // A change is.
+    let reply = client
+        .report_batch("n1", vec![report("web-2", "n1", InstanceState::Running)])
+        .await
+        .expect("answers");
+    assert!(
+        reply.refused.is_empty() && reply.revision > Some(written),
+        "{reply:?}"
+    );
+
+    let before = h.keys().await;
+    let too_many = vec![report("web-1", "n1", InstanceState::Running); 1_001];
+    let error = client
+        .report_batch("n1", too_many)
+        .await
+        .expect_err("over the limit");
+    assert_eq!(error.status(), Some(422));
+    assert!(error.to_string().contains("at most 1000"), "{error}");
+    let error = client
+        .report_batch("n7", vec![report("web-1", "n7", InstanceState::Running)])
+        .await
+        .expect_err("not registered");
+    assert_eq!(error.status(), Some(404));
+    assert_eq!(h.keys().await, before, "refused batches write nothing");
+}
+
+#[tokio::test]
 async fn agent_registers_heartbeats_follows_assignments_and_reports() {
     let h = harness().await;
     let (client, _stop) = h.serve().await;

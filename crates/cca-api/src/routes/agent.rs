@@ -17,7 +17,8 @@ use crate::hub::Subscription;
 use crate::routes::watch::ndjson;
 use crate::state::{ApiState, encode, now_millis};
 use crate::types::{
-    AssignmentLine, HeartbeatReply, HeartbeatRequest, RegisterReply, RegisterRequest, WriteReply,
+    AssignmentLine, HeartbeatReply, HeartbeatRequest, MAX_REPORT_BATCH, RefusedReport,
+    RegisterReply, RegisterRequest, ReportBatch, ReportBatchReply, WriteReply,
 };
 use crate::validate::check_name;
 
@@ -181,7 +182,6 @@ pub(crate) async fn report(
 ) -> ApiResult<Json<WriteReply>> {
     check_name("node", &node)?;
     check_name("instance", &id)?;
-    check_name("service", &status.service)?;
     if status.id != id || status.node != node {
         return Err(ApiError::invalid(format!(
             "the report is about instance `{}` on node `{}`, but was sent for `{id}` on `{node}`",
@@ -189,7 +189,127 @@ pub(crate) async fn report(
         )));
     }
     known_node(&state, &node).await?;
-    let placement_key = keys::derived_instance(&status.service, &id);
+    match prepare_report(&state, &node, &status).await? {
+        ReportWrite::Unchanged { revision } => Ok(Json(WriteReply { revision })),
+        ReportWrite::Put(txn) => commit(&state, txn, &id).await,
+    }
+}
+
+/// Writes the observed state of several instances of the reporting node,
+/// each checked as [`report`] checks one, in as few transactions as the
+/// store allows. A report that is refused, or that conflicts with a
+/// concurrent change, is answered on its own; the others are written.
+pub(crate) async fn report_batch(
+    State(state): State<ApiState>,
+    Path(node): Path<String>,
+    JsonBody(batch): JsonBody<ReportBatch>,
+) -> ApiResult<Json<ReportBatchReply>> {
+    check_name("node", &node)?;
+    if batch.statuses.len() > MAX_REPORT_BATCH {
+        return Err(ApiError::invalid(format!(
+            "a batch carries at most {MAX_REPORT_BATCH} reports, this one {}; split it",
+            batch.statuses.len()
+        )));
+    }
+    known_node(&state, &node).await?;
+    let prepared = futures_util::future::join_all(
+        batch
+            .statuses
+            .iter()
+            .map(|status| prepare_batched(&state, &node, status)),
+    )
+    .await;
+    let mut reply = ReportBatchReply::default();
+    let mut writes = Vec::new();
+    for (status, prepared) in batch.statuses.iter().zip(prepared) {
+        match prepared {
+            Ok(ReportWrite::Unchanged { .. }) => {}
+            Ok(ReportWrite::Put(txn)) => writes.push((status.id.as_str(), txn)),
+            Err(error) => reply.refused.push(refusal(&status.id, &error)),
+        }
+    }
+    // Each report is two compares and one put.
+    let per_txn = (state.store().max_txn_ops() / 2).max(1);
+    for chunk in writes.chunks(per_txn) {
+        commit_chunk(&state, chunk, &mut reply).await?;
+    }
+    Ok(Json(reply))
+}
+
+async fn prepare_batched(
+    state: &ApiState,
+    node: &str,
+    status: &InstanceStatus,
+) -> ApiResult<ReportWrite> {
+    check_name("instance", &status.id)?;
+    if status.node != node {
+        return Err(ApiError::invalid(format!(
+            "the report is about instance `{}` on node `{}`, but was sent by `{node}`",
+            status.id, status.node
+        )));
+    }
+    prepare_report(state, node, status).await
+}
+
+fn refusal(id: &str, error: &ApiError) -> RefusedReport {
+    RefusedReport {
+        id: id.to_owned(),
+        status: error.status.as_u16(),
+        message: error.message.clone(),
+    }
+}
+
+/// Commits one chunk of a batch in one transaction; when a compare fails
+/// (an instance changed meanwhile), each report is committed on its own
+/// so that only the ones that conflict are refused.
+async fn commit_chunk(
+    state: &ApiState,
+    chunk: &[(&str, Txn)],
+    reply: &mut ReportBatchReply,
+) -> ApiResult<()> {
+    let mut merged = Txn::new();
+    for (_, txn) in chunk {
+        merged.compares.extend(txn.compares.iter().cloned());
+        merged.ops.extend(txn.ops.iter().cloned());
+    }
+    match state.store().txn(merged).await? {
+        TxnOutcome::Committed { revision } => {
+            reply.revision = Some(revision);
+            return Ok(());
+        }
+        TxnOutcome::CompareFailed { .. } => {}
+    }
+    for (id, txn) in chunk {
+        match commit(state, txn.clone(), id).await {
+            Ok(Json(written)) => reply.revision = Some(written.revision),
+            Err(error) if error.status.is_client_error() => {
+                reply.refused.push(refusal(id, &error));
+            }
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// What a report needs written.
+enum ReportWrite {
+    /// The record already says exactly this (all but `updated_at`): an
+    /// agent re-sending its reports rewrites nothing.
+    Unchanged { revision: Revision },
+    /// The put, guarded by the placement and the record as checked.
+    Put(Txn),
+}
+
+/// Checks a report of `node` against its placement and the current
+/// record, and prepares the write.
+async fn prepare_report(
+    state: &ApiState,
+    node: &str,
+    status: &InstanceStatus,
+) -> ApiResult<ReportWrite> {
+    let id = status.id.as_str();
+    check_name("service", &status.service)?;
+    let placement_key = keys::derived_instance(&status.service, id);
     let placement = state.store().get(&placement_key).await?;
     let placed_here = placement
         .as_ref()
@@ -201,23 +321,43 @@ pub(crate) async fn report(
             "instance `{id}` is not placed on node `{node}`; only a stopped or failed report is accepted"
         )));
     }
-    let observed_key = keys::observed_instance(&id);
+    let observed_key = keys::observed_instance(id);
     let observed = state.store().get(&observed_key).await?;
-    check_reporter(observed.as_ref(), &node, &id, placed_here)?;
-    let txn = Txn::new()
-        // The placement and the record must still be as checked.
-        .when(Compare::mod_revision(
-            &placement_key,
-            CompareOp::Equal,
-            placement.as_ref().map_or(0, |kv| kv.mod_revision),
-        ))
-        .when(Compare::mod_revision(
-            &observed_key,
-            CompareOp::Equal,
-            observed.as_ref().map_or(0, |kv| kv.mod_revision),
-        ))
-        .then(Op::put(&observed_key, encode(&status)));
-    commit(&state, txn, &id).await
+    check_reporter(observed.as_ref(), node, id, placed_here)?;
+    if let Some(kv) = &observed
+        && same_report(&kv.value, status)
+    {
+        return Ok(ReportWrite::Unchanged {
+            revision: kv.mod_revision,
+        });
+    }
+    Ok(ReportWrite::Put(
+        Txn::new()
+            // The placement and the record must still be as checked.
+            .when(Compare::mod_revision(
+                &placement_key,
+                CompareOp::Equal,
+                placement.as_ref().map_or(0, |kv| kv.mod_revision),
+            ))
+            .when(Compare::mod_revision(
+                &observed_key,
+                CompareOp::Equal,
+                observed.as_ref().map_or(0, |kv| kv.mod_revision),
+            ))
+            .then(Op::put(&observed_key, encode(status))),
+    ))
+}
+
+/// True when the stored record says what `status` says, but for the time
+/// it was sent.
+fn same_report(stored: &[u8], status: &InstanceStatus) -> bool {
+    serde_json::from_slice::<InstanceStatus>(stored).is_ok_and(|stored| {
+        stored
+            == InstanceStatus {
+                updated_at: stored.updated_at,
+                ..status.clone()
+            }
+    })
 }
 
 /// A record written by another node may only be overwritten by the node

@@ -75,6 +75,10 @@ fn agent_routes() -> Router<ApiState> {
             get(agent::assignments),
         )
         .route(
+            "/v1/agent/nodes/{node}/reports",
+            post(agent::report_batch),
+        )
+        .route(
             "/v1/agent/nodes/{node}/instances/{id}",
             put(agent::report).delete(agent::forget),
         )
