@@ -57,17 +57,28 @@ pub(crate) fn base36(mut value: u64) -> String {
 pub(crate) struct IdMinter {
     revision: Revision,
     next: u32,
+    /// Ids this cycle may mint, at most [`MAX_MINTED_PER_CYCLE`].
+    limit: u32,
 }
 
 impl IdMinter {
-    pub(crate) fn new(revision: Revision) -> Self {
-        Self { revision, next: 0 }
+    pub(crate) fn new(revision: Revision, limit: u32) -> Self {
+        Self {
+            revision,
+            next: 0,
+            limit: limit.min(MAX_MINTED_PER_CYCLE),
+        }
+    }
+
+    /// True once this cycle may mint no more ids.
+    pub(crate) fn exhausted(&self) -> bool {
+        self.next >= self.limit
     }
 
     /// The next id for `service` that `taken` does not know, or `None`
     /// once this cycle's ids are used up (the rest waits a cycle).
     pub(crate) fn mint(&mut self, service: &str, taken: impl Fn(&str) -> bool) -> Option<String> {
-        while self.next < MAX_MINTED_PER_CYCLE {
+        while self.next < self.limit {
             let seed = (self.revision.max(0) as u64) << 16 | u64::from(self.next);
             self.next += 1;
             let id = format!("{service}-{}", base36(seed));
@@ -94,12 +105,12 @@ mod tests {
 
     #[test]
     fn ids_are_deterministic_unique_and_skip_taken_ones() {
-        let mut minter = IdMinter::new(7);
+        let mut minter = IdMinter::new(7, MAX_MINTED_PER_CYCLE);
         let first = minter.mint("web", |_| false).expect("mints");
         let third = minter.mint("web", |id| id == "web-9tz5").expect("mints");
         assert_eq!(first, "web-9tz4");
         assert_eq!(third, "web-9tz6", "a taken id is skipped");
-        assert_eq!(IdMinter::new(7).mint("web", |_| false), Some(first));
+        assert_eq!(IdMinter::new(7, MAX_MINTED_PER_CYCLE).mint("web", |_| false), Some(first));
     }
 
     #[test]

@@ -71,6 +71,10 @@ pub struct SchedulerConfig {
     pub pressure_percent: u64,
     /// Rebalancing moves started per pass (2).
     pub max_moves: usize,
+    /// Instances created per pass, at most 65,536 (the ids a pass can
+    /// mint); more demand is placed by the passes that follow at once.
+    /// Bounds one pass's plan.
+    pub max_creates: u32,
 }
 
 impl Default for SchedulerConfig {
@@ -82,6 +86,7 @@ impl Default for SchedulerConfig {
             failure_window: 300_000,
             pressure_percent: 80,
             max_moves: 2,
+            max_creates: ids::MAX_MINTED_PER_CYCLE,
         }
     }
 }
@@ -177,10 +182,10 @@ fn place_service<'v>(
     let mut placer = Placer::new(&mut pass.cluster, name, spec);
     let (mut placed, mut unplaced) = (0, 0);
     for create in wanted {
-        if pass.place(&mut placer, spec, hash, create) {
-            placed += 1;
-        } else {
-            unplaced += 1;
+        match pass.place(&mut placer, spec, hash, create) {
+            pass::Placement::Placed => placed += 1,
+            pass::Placement::NoRoom => unplaced += 1,
+            pass::Placement::Deferred => {}
         }
     }
     pass.sync_unplaced(name, unplaced, Some(&placer));

@@ -19,6 +19,16 @@ use crate::controller::{Context, EventDraft, Plan, Write};
 use crate::controllers::endpoint::port_key;
 use crate::view::View;
 
+/// What became of one instance to create.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Placement {
+    Placed,
+    /// No node can take it now: unplaced demand.
+    NoRoom,
+    /// This pass made all the instances it may; the next one goes on.
+    Deferred,
+}
+
 /// A new instance the pass wants placed.
 #[derive(Clone, Debug)]
 pub(crate) struct Create {
@@ -79,7 +89,7 @@ impl<'v> Pass<'v> {
             guards: BTreeSet::new(),
             events: Vec::new(),
             requeue_at: None,
-            minter: IdMinter::new(view.revision),
+            minter: IdMinter::new(view.revision, config.max_creates),
             instance_writes: 0,
         }
     }
@@ -124,15 +134,21 @@ impl<'v> Pass<'v> {
         self.instance_writes += 1;
     }
 
-    /// Places one instance of `spec`; false when no node can take it.
+    /// Places one instance of `spec`.
     pub(crate) fn place(
         &mut self,
         placer: &mut Placer<'v>,
         spec: &'v ServiceSpec,
         spec_hash: &str,
         create: Create,
-    ) -> bool {
+    ) -> Placement {
         let service = placer.service;
+        if create.ordinal.is_none() && self.minter.exhausted() {
+            // The cycle's ids are used up (65,536 placements): the rest
+            // is not unplaceable, it goes in the next pass.
+            self.requeue_at(self.now());
+            return Placement::Deferred;
+        }
         let chosen = placer.choose(&mut self.cluster, create.request);
         let id = match (chosen, create.ordinal) {
             (None, _) => None,
@@ -149,7 +165,12 @@ impl<'v> Pass<'v> {
                 let id = super::ids::stateful_id(service, ordinal);
                 self.write(Write::delete(keys::derived_instance(service, &id)));
             }
-            return false;
+            return if chosen.is_some() {
+                self.requeue_at(self.now());
+                Placement::Deferred
+            } else {
+                Placement::NoRoom
+            };
         };
         let amount = placer.demand.amount;
         let ports = self
@@ -173,7 +194,7 @@ impl<'v> Pass<'v> {
         let key = keys::derived_instance(service, &instance.id);
         self.write(Write::put_json(key, &instance));
         self.instance_writes += 1;
-        true
+        Placement::Placed
     }
 
     /// Writes, keeps or deletes the service's unplaced-demand fact so it

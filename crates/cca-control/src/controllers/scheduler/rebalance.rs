@@ -15,7 +15,7 @@ use cca_model::spec::ServiceSpec;
 
 use super::cluster::Liveness;
 use super::index::Fit;
-use super::pass::{Create, Pass};
+use super::pass::{Create, Pass, Placement};
 use super::scoring::{Placer, Request};
 use super::service::is_ready;
 use crate::controller::EventDraft;
@@ -100,7 +100,7 @@ fn move_one<'v>(pass: &mut Pass<'v>, services: &Known<'v>, source: u32) -> bool 
         let mut create = Create::new();
         create.replaces = Some(instance.id.clone());
         create.request = request;
-        if pass.place(&mut placer, spec, hash, create) {
+        if pass.place(&mut placer, spec, hash, create) == Placement::Placed {
             pass.guard_service(name);
             pass.events.push(EventDraft::info(
                 format!("instance/{}", instance.id),

@@ -977,3 +977,42 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn demand_beyond_one_pass_goes_in_the_next_pass_not_unplaced() {
+    let config = SchedulerConfig {
+        max_creates: 100,
+        ..SchedulerConfig::default()
+    };
+    let scheduler = SchedulerController { config };
+    let view = ViewBuilder::new()
+        .node("n1", 100_000, 100_000)
+        .node("n2", 100_000, 100_000)
+        .service(with_resources(service("web", 130), 1, 1))
+        .build();
+    let plan = scheduler.reconcile(&view, &context(NOW));
+    assert_eq!(puts(&plan).len(), 100);
+    assert!(
+        plan.requeue_after.is_some_and(|after| after <= 1),
+        "the rest follows at once: {:?}",
+        plan.requeue_after
+    );
+    assert!(
+        !plan
+            .writes
+            .iter()
+            .any(|write| write.key().starts_with(keys::DERIVED_UNPLACED)),
+        "room is not what is missing"
+    );
+    assert!(
+        plan.events.iter().all(|event| !event.message.contains("cannot place")),
+        "{:?}",
+        plan.events
+    );
+    let view = ViewBuilder::from(view).apply(&plan).build();
+    let rest = scheduler.reconcile(&view, &context(NOW + 1));
+    assert_eq!(puts(&rest).len(), 30);
+    let view = ViewBuilder::from(view).apply(&rest).build();
+    assert_eq!(live(&view, "web").len(), 130);
+    assert_eq!(unplaced(&view, "web"), None);
+}
