@@ -10,26 +10,23 @@
 //! allocating past its memory limit is reported failed with its last exit
 //! `oom_killed`. Skipped without root or the tools `scripts/test` installs.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use cca_agent::desired::Desired;
-use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
-use cca_agent::{Containers, RuntimeSet};
+use cca_agent::supervisor::{SupervisorConfig, Tick};
 use cca_api::types::Assignment;
-use cca_image::testing::{
-    LayerBuilder, TestRegistry, busybox_layer, commands_available, free_port, layer_blob_digest,
-    write_oci_layout,
-};
-use cca_image::{ImageStore, RegistrySettings};
+use cca_image::ImageStore;
+use cca_image::testing::{LayerBuilder, free_port, layer_blob_digest, write_oci_layout};
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
-use cca_model::spec::{
-    Cpu, Memory, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy, Workload,
+use cca_model::spec::{Memory, PortSpec, Protocol, Resources, ServiceSpec};
+use cca_net::{HostNetwork, IpNft, NodeNetwork};
+use cca_runtime::Runtime;
+use support::{
+    BusyboxRegistry, NetGuard, Node, can_run, desired, image_service, instance, tick_until_within,
 };
-use cca_net::{HostNetwork, IpNft, NetConfig, NodeNetwork};
-use cca_runtime::fake::FakeRuntime;
-use cca_runtime::{OciConfig, OciRuntime, Runtime};
 
 /// An assignment of `id` running `image` (with `command`, and a memory
 /// limit when given), its one port on `host_port`.
@@ -41,82 +38,24 @@ fn assignment(
     host_port: u16,
 ) -> Assignment {
     let service = ServiceSpec {
-        name: "web".into(),
-        workload: Workload::Image {
-            image: image.into(),
-            command: Some(command.into()),
-        },
-        replicas: 1,
         ports: vec![PortSpec {
             name: Some("http".into()),
             number: 80,
             protocol: Protocol::Tcp,
         }],
-        env: BTreeMap::new(),
         resources: Resources {
             cpu: None,
             memory: memory.map(Memory),
         },
-        health: None,
-        placement: Placement::default(),
-        connections: Vec::new(),
-        volumes: Vec::new(),
-        init: Vec::new(),
-        update: UpdateStrategy::default(),
-        budget: None,
-        autoscale: None,
-        stateful: false,
-        scale_to_zero: None,
+        ..image_service("web", image, command)
     };
     Assignment {
         instance: Instance {
-            id: id.into(),
-            service: "web".into(),
-            node: "n1".into(),
-            ordinal: None,
-            spec_hash: "h".into(),
-            cpu: Cpu(0),
             memory: Memory(memory.unwrap_or(0)),
             host_ports: BTreeMap::from([("http".into(), host_port)]),
-            created_at: 0,
-            stopping: false,
-            replaces: None,
-            failures: Vec::new(),
+            ..instance(id, "web")
         },
         spec: Some(service),
-    }
-}
-
-fn desired(assignments: Vec<Assignment>) -> Desired {
-    Desired {
-        revision: 1,
-        known: true,
-        assignments: assignments
-            .into_iter()
-            .map(|a| (a.instance.id.clone(), a))
-            .collect(),
-    }
-}
-
-async fn tick_until(
-    supervisor: &mut Supervisor,
-    desired: &Desired,
-    what: &str,
-    within: Duration,
-    done: impl Fn(&Tick) -> bool,
-) -> Tick {
-    let deadline = Instant::now() + within;
-    loop {
-        let tick = supervisor.tick(desired).await;
-        if done(&tick) {
-            return tick;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "never reached {what}: {:#?}",
-            tick.statuses
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -125,125 +64,6 @@ fn status<'t>(tick: &'t Tick, id: &str) -> &'t InstanceStatus {
         .iter()
         .find(|status| status.id == id)
         .unwrap_or_else(|| panic!("no status of {id}: {:#?}", tick.statuses))
-}
-
-/// Whether the test can run here; prints why not.
-fn can_run(test: &str, commands: &[&str]) -> bool {
-    if !commands_available(test, commands) {
-        return false;
-    }
-    if !rustix::process::geteuid().is_root() {
-        #[allow(clippy::print_stderr)]
-        {
-            eprintln!("skipping {test}: containers need root");
-        }
-        return false;
-    }
-    true
-}
-
-/// Force-deletes the test's containers, unmounts their rootfs and removes
-/// their cgroups even when an assertion failed.
-struct Cleanup {
-    oci: Arc<OciRuntime>,
-    ids: Vec<&'static str>,
-}
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let binary = self.oci.binary();
-        for id in &self.ids {
-            let _ = std::process::Command::new(&binary.path)
-                .arg("--root")
-                .arg(&binary.state_root)
-                .args(["delete", "--force", id])
-                .output();
-            let _ = rustix::mount::unmount(
-                self.oci.instance_dir(id).join("bundle/rootfs"),
-                rustix::mount::UnmountFlags::DETACH,
-            );
-            for cgroup in self.oci.cgroup_dirs(id) {
-                let _ = std::fs::remove_dir(cgroup);
-            }
-        }
-    }
-}
-
-/// The throwaway node network of one test: random bridge, table, prefixes
-/// and subnet, removed on drop even when an assertion failed.
-struct NetGuard {
-    config: NetConfig,
-    _dir: tempfile::TempDir,
-}
-
-impl NetGuard {
-    fn new() -> Self {
-        let tag = format!("{:04x}", fastrand::u16(..));
-        let dir = tempfile::tempdir().expect("a temporary state dir");
-        let subnet = format!("10.197.{}.0/24", fastrand::u8(1..=254));
-        let mut config = NetConfig::new(subnet.parse().expect("a valid test subnet"), dir.path());
-        config.bridge = format!("ccaf{tag}");
-        config.table = format!("ccaf_{tag}");
-        config.netns_prefix = format!("ccaf{tag}-");
-        config.veth_prefix = format!("vf{tag}");
-        Self { config, _dir: dir }
-    }
-
-    fn netns_left(&self) -> Vec<String> {
-        IpNft::new()
-            .list_netns()
-            .expect("netns list")
-            .into_iter()
-            .filter(|ns| ns.starts_with(&self.config.netns_prefix))
-            .collect()
-    }
-
-    fn veths_left(&self) -> Vec<String> {
-        IpNft::new()
-            .list_links()
-            .expect("link list")
-            .into_iter()
-            .filter(|link| link.starts_with(&self.config.veth_prefix))
-            .collect()
-    }
-}
-
-impl Drop for NetGuard {
-    fn drop(&mut self) {
-        let host = IpNft::new();
-        for netns in self.netns_left() {
-            let _ = host.delete_netns(&netns);
-        }
-        for link in self.veths_left() {
-            let _ = host.delete_link(&link);
-        }
-        let _ = host.delete_nat(&self.config.table);
-        let _ = host.delete_bridge(&self.config.bridge);
-    }
-}
-
-/// Nothing of `id` is left in the runtime: directory, mount, cgroups,
-/// runc state.
-fn assert_no_container(oci: &OciRuntime, id: &str) {
-    let instance_dir = oci.instance_dir(id);
-    assert!(!instance_dir.exists(), "{} is left", instance_dir.display());
-    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
-    assert!(
-        !mountinfo.contains(&instance_dir.display().to_string()),
-        "a mount of {id} is left"
-    );
-    let cgroups: Vec<_> = oci
-        .cgroup_dirs(id)
-        .into_iter()
-        .filter(|d| d.exists())
-        .collect();
-    assert!(cgroups.is_empty(), "cgroups of {id} left: {cgroups:?}");
-    let state_dir = oci.binary().state_root.join(id);
-    assert!(
-        !state_dir.exists(),
-        "runc state {} is left",
-        state_dir.display()
-    );
 }
 
 /// The entries of one of the image store's directories.
@@ -269,19 +89,9 @@ async fn bad_images_fail_their_instances_with_the_reason_and_leave_nothing() {
     ) {
         return;
     }
-    let registry = TestRegistry::start().expect("registry");
+    let fixture = BusyboxRegistry::start();
+    let registry = &fixture.registry;
     let host = registry.host.clone();
-    let busybox = tempfile::tempdir().expect("tempdir");
-    write_oci_layout(
-        busybox.path(),
-        "1",
-        &[busybox_layer().expect("layer")],
-        &["sh"],
-    )
-    .expect("layout");
-    registry
-        .push(busybox.path(), "1", "test/busybox")
-        .expect("push");
     // An image of its own for the corrupt layer: the registry shares blobs
     // between repositories.
     let small = LayerBuilder::new()
@@ -301,14 +111,15 @@ async fn bad_images_fail_their_instances_with_the_reason_and_leave_nothing() {
     let closed = format!("127.0.0.1:{}", free_port().expect("port"));
     let zeros = "0".repeat(64);
 
-    let net = NetGuard::new();
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = ImageStore::open(dir.path().join("images")).expect("store");
-    let oci = Arc::new(
-        OciRuntime::new(OciConfig::new(dir.path().join("oci"), store.clone()))
-            .await
-            .expect("the oci runtime opens"),
-    );
+    let net = NetGuard::new('f', 197);
+    let network =
+        Arc::new(NodeNetwork::open(net.config.clone(), IpNft::new()).expect("network opens"));
+    let node = Node::with(
+        &[host.clone(), closed.clone()],
+        Some(Arc::clone(&network) as Arc<dyn cca_agent::InstanceNetwork>),
+    )
+    .await;
+    let (store, oci) = (&node.store, &node.oci);
     let cases: [(&'static str, String); 5] = [
         ("missing-tag", format!("{host}/test/busybox:2")),
         (
@@ -319,28 +130,8 @@ async fn bad_images_fail_their_instances_with_the_reason_and_leave_nothing() {
         ("unreachable", format!("{closed}/test/busybox:1")),
         ("invalid", format!("{host}/Test/BusyBox:1")),
     ];
-    let _cleanup = Cleanup {
-        oci: Arc::clone(&oci),
-        ids: cases.iter().map(|(id, _)| *id).collect(),
-    };
-    let network =
-        Arc::new(NodeNetwork::open(net.config.clone(), IpNft::new()).expect("network opens"));
-    let set = RuntimeSet::new(
-        Arc::new(FakeRuntime::new()),
-        Containers::new(
-            Arc::clone(&oci) as Arc<dyn Runtime>,
-            store.clone(),
-            RegistrySettings::insecure(&[host.clone(), closed.clone()]).expect("settings"),
-        )
-        .with_network(Arc::clone(&network) as Arc<dyn cca_agent::InstanceNetwork>),
-    );
-    let mut supervisor = Supervisor::new(
-        "n1",
-        "127.0.0.1",
-        Arc::new(set),
-        SupervisorConfig::default(),
-        BTreeMap::new(),
-    );
+    let _cleanup = node.cleanup(&cases.each_ref().map(|(id, _)| *id));
+    let mut supervisor = node.supervisor_with(SupervisorConfig::default());
 
     let bad = desired(
         cases
@@ -348,7 +139,7 @@ async fn bad_images_fail_their_instances_with_the_reason_and_leave_nothing() {
             .map(|(id, image)| assignment(id, image, "sleep 60", None, free_port().expect("port")))
             .collect(),
     );
-    let tick = tick_until(
+    let tick = tick_until_within(
         &mut supervisor,
         &bad,
         "every instance failed",
@@ -420,7 +211,7 @@ async fn bad_images_fail_their_instances_with_the_reason_and_leave_nothing() {
     // Nothing half-created: not in the runtime, not in the network, not in
     // the image store.
     for (id, _) in &cases {
-        assert_no_container(&oci, id);
+        node.assert_container_gone(id);
     }
     assert_eq!(oci.list().await.expect("list").len(), 0, "no container");
     assert_eq!(net.netns_left(), Vec::<String>::new(), "namespaces left");
@@ -437,7 +228,7 @@ async fn bad_images_fail_their_instances_with_the_reason_and_leave_nothing() {
     );
     for dir in ["tmp", "blobs/sha256", "layers/sha256"] {
         assert_eq!(
-            entries(&store, dir),
+            entries(store, dir),
             Vec::<String>::new(),
             "{dir} is not empty"
         );
@@ -454,7 +245,7 @@ async fn bad_images_fail_their_instances_with_the_reason_and_leave_nothing() {
         "{:#?}",
         again.statuses
     );
-    assert!(entries(&store, "blobs/sha256").is_empty());
+    assert!(entries(store, "blobs/sha256").is_empty());
 
     // Replaced by the scheduler (unassigned here): their observed records
     // go too, as for removed instances.
@@ -482,46 +273,16 @@ async fn a_container_over_its_memory_limit_is_reported_failed_oom_killed() {
     }
     const ID: &str = "hog-1";
     const LIMIT: u64 = 32 << 20;
-    let layout = tempfile::tempdir().expect("tempdir");
-    write_oci_layout(
-        layout.path(),
-        "1",
-        &[busybox_layer().expect("layer")],
-        &["sh"],
-    )
-    .expect("layout");
-    let registry = TestRegistry::start().expect("registry");
-    registry
-        .push(layout.path(), "1", "test/busybox")
-        .expect("push");
-    let image = format!("{}/test/busybox:1", registry.host);
-
-    let dir = tempfile::tempdir().expect("tempdir");
-    let store = ImageStore::open(dir.path().join("images")).expect("store");
-    let oci = Arc::new(
-        OciRuntime::new(OciConfig::new(dir.path().join("oci"), store.clone()))
-            .await
-            .expect("the oci runtime opens"),
-    );
-    let _cleanup = Cleanup {
-        oci: Arc::clone(&oci),
-        ids: vec![ID],
-    };
-    let set = RuntimeSet::new(
-        Arc::new(FakeRuntime::new()),
-        Containers::new(
-            Arc::clone(&oci) as Arc<dyn Runtime>,
-            store.clone(),
-            RegistrySettings::insecure(std::slice::from_ref(&registry.host)).expect("settings"),
-        ),
-    );
-    let config = SupervisorConfig {
+    let registry = BusyboxRegistry::start();
+    let image = registry.image.clone();
+    let node = Node::new(&registry).await;
+    let _cleanup = node.cleanup(&[ID]);
+    let mut supervisor = node.supervisor_with(SupervisorConfig {
         restart_threshold: 2,
         backoff_base: Duration::from_millis(20),
         stop_grace: Duration::from_millis(200),
         ..SupervisorConfig::default()
-    };
-    let mut supervisor = Supervisor::new("n1", "127.0.0.1", Arc::new(set), config, BTreeMap::new());
+    });
 
     // busybox tail without -c keeps the last line; /dev/zero has none, so
     // it buffers all 200 MiB and the kernel kills it at 32 MiB.
@@ -532,7 +293,7 @@ async fn a_container_over_its_memory_limit_is_reported_failed_oom_killed() {
         Some(LIMIT),
         free_port().expect("port"),
     )]);
-    let tick = tick_until(
+    let tick = tick_until_within(
         &mut supervisor,
         &hog,
         "failed",
@@ -566,7 +327,7 @@ async fn a_container_over_its_memory_limit_is_reported_failed_oom_killed() {
         )
     );
 
-    tick_until(
+    tick_until_within(
         &mut supervisor,
         &desired(Vec::new()),
         "removed",
@@ -574,5 +335,5 @@ async fn a_container_over_its_memory_limit_is_reported_failed_oom_killed() {
         |t| t.removed == [ID],
     )
     .await;
-    assert_no_container(&oci, ID);
+    node.assert_container_gone(ID);
 }

@@ -11,17 +11,14 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use cca_api::types::Assignment;
 use cca_model::cluster::{Instance, InstanceState};
-use cca_model::spec::{
-    Cpu, Memory, Placement, Resources, ServiceSpec, UpdateStrategy, VolumeSpec, Workload,
-};
+use cca_model::spec::{ServiceSpec, VolumeSpec};
 use cca_runtime::Runtime;
-use support::{BusyboxRegistry, Node, desired, state, tick_until};
+use support::{BusyboxRegistry, Node, desired, image_service, instance, state, tick_until};
 
 const FIRST: &str = "db-first";
 const REPLACEMENT: &str = "db-second";
@@ -36,44 +33,20 @@ fn assignment(
     stopping: bool,
 ) -> Assignment {
     let service = ServiceSpec {
-        name: "db".into(),
-        workload: Workload::Image {
-            image: image.into(),
-            command: Some(command.into()),
-        },
-        replicas: 1,
-        ports: Vec::new(),
-        env: BTreeMap::new(),
-        resources: Resources::default(),
-        health: None,
-        placement: Placement::default(),
-        connections: Vec::new(),
         volumes: vec![VolumeSpec {
             name: "data".into(),
             path: "/data".into(),
             size: None,
         }],
-        init: Vec::new(),
-        update: UpdateStrategy::default(),
-        budget: None,
-        autoscale: None,
         stateful: true,
-        scale_to_zero: None,
+        ..image_service("db", image, command)
     };
     Assignment {
         instance: Instance {
-            id: id.into(),
-            service: "db".into(),
-            node: "n1".into(),
             ordinal: Some(0),
-            spec_hash: "h".into(),
-            cpu: Cpu(0),
-            memory: Memory(0),
-            host_ports: BTreeMap::new(),
-            created_at: 0,
             stopping,
             replaces: replaces.map(str::to_owned),
-            failures: Vec::new(),
+            ..instance(id, "db")
         },
         spec: Some(service),
     }
