@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cca_api::Client;
-use cca_api::types::RegisterRequest;
+use cca_api::types::{AssignmentLine, RegisterRequest};
+use cca_api::{Client, ClientResult, LineStream};
 use tokio::sync::watch;
 
 use crate::desired::{Applied, Desired};
@@ -117,30 +117,65 @@ pub(crate) async fn follow_assignments(
                 line = stream.next() => line,
                 _ = stop.wait_for(|stop| *stop) => return,
             };
-            let line = match line {
-                Some(Ok(line)) => line,
-                Some(Err(error)) => {
-                    tracing::warn!(%error, "assignment stream broke; reconnecting");
-                    break;
-                }
-                None => break,
-            };
-            retry.reset();
             let mut next = Desired::clone(&desired.borrow());
-            match next.apply(line) {
-                Applied::Resnapshot => {
+            let (changed, burst) = apply_burst(line, &mut stream, &mut next);
+            if changed {
+                retry.reset();
+                if let Err(error) = next.save(&dir) {
+                    tracing::error!(%error, "caching the desired state failed");
+                }
+                resume_from = next.revision + 1;
+                desired.send_replace(Arc::new(next));
+            }
+            match burst {
+                Burst::Continues => {}
+                Burst::Reconnect => break,
+                Burst::Resnapshot => {
                     resume_from = 0;
                     break;
-                }
-                Applied::Changed => {
-                    resume_from = next.revision + 1;
-                    if let Err(error) = next.save(&dir) {
-                        tracing::error!(%error, "caching the desired state failed");
-                    }
-                    desired.send_replace(Arc::new(next));
                 }
             }
         }
         retry.wait().await;
+    }
+}
+
+/// How the lines read at once ended.
+enum Burst {
+    /// The stream goes on.
+    Continues,
+    /// The stream broke or ended: resume it.
+    Reconnect,
+    /// The server can no longer resume it: start from a snapshot.
+    Resnapshot,
+}
+
+/// Applies `first` and every line that has already arrived after it to
+/// `next`, so the cache is written once per burst: a deploy sends a node
+/// its assignments one line each, and writing the whole cache per line
+/// was quadratic in the node's assignments. True when `next` changed.
+fn apply_burst(
+    first: Option<ClientResult<AssignmentLine>>,
+    stream: &mut LineStream<AssignmentLine>,
+    next: &mut Desired,
+) -> (bool, Burst) {
+    let mut changed = false;
+    let mut line = first;
+    loop {
+        match line {
+            Some(Ok(assignment)) => match next.apply(assignment) {
+                Applied::Resnapshot => return (changed, Burst::Resnapshot),
+                Applied::Changed => changed = true,
+            },
+            Some(Err(error)) => {
+                tracing::warn!(%error, "assignment stream broke; reconnecting");
+                return (changed, Burst::Reconnect);
+            }
+            None => return (changed, Burst::Reconnect),
+        }
+        line = stream.next_buffered();
+        if line.is_none() {
+            return (changed, Burst::Continues);
+        }
     }
 }

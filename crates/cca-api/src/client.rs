@@ -405,14 +405,8 @@ impl<T: DeserializeOwned> LineStream<T> {
     /// The next line; `None` when the server ended the stream.
     pub async fn next(&mut self) -> Option<ClientResult<T>> {
         loop {
-            if let Some(end) = self.buffer.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = self.buffer.drain(..=end).collect();
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                return Some(
-                    serde_json::from_slice(&line).map_err(|e| ClientError::Decode(e.to_string())),
-                );
+            if let Some(line) = self.next_buffered() {
+                return Some(line);
             }
             match self.response.chunk().await {
                 Ok(Some(chunk)) => self.buffer.extend_from_slice(&chunk),
@@ -424,6 +418,23 @@ impl<T: DeserializeOwned> LineStream<T> {
                     }));
                 }
             }
+        }
+    }
+}
+
+impl<T: DeserializeOwned> LineStream<T> {
+    /// The next line if a whole one has already arrived, without waiting:
+    /// a reader can take every line of a burst and act on them at once.
+    pub fn next_buffered(&mut self) -> Option<ClientResult<T>> {
+        loop {
+            let end = self.buffer.iter().position(|b| *b == b'\n')?;
+            let line: Vec<u8> = self.buffer.drain(..=end).collect();
+            if line.iter().all(u8::is_ascii_whitespace) {
+                continue;
+            }
+            return Some(
+                serde_json::from_slice(&line).map_err(|e| ClientError::Decode(e.to_string())),
+            );
         }
     }
 }
