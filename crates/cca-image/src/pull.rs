@@ -424,7 +424,8 @@ impl Puller {
                 format!(
                     "is the registry running and reachable from this node? It is spoken to \
                      over HTTPS: a plain-HTTP registry must be allowed with \
-                     --insecure-registry {}",
+                     --insecure-registry {0} (or \"insecure\": true for {0} in the \
+                     --registry-config file)",
                     reference.registry
                 )
             });

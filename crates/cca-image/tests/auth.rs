@@ -12,7 +12,9 @@
 //! token, a basic-auth pull; the proxy really refuses what lacks a token or
 //! credentials (so the pulls went through the flow, not around it); a
 //! wrong password and missing credentials fail with an error naming the
-//! registry and what to do, and leave nothing in the store.
+//! registry and what to do, and leave nothing in the store. Settings
+//! loaded from a registry config file (`RegistrySettings::load`: plain
+//! HTTP, a username and a password file) authenticate a pull the same way.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -338,6 +340,25 @@ async fn pull(
     (puller.pull(&reference).await, store, dir)
 }
 
+/// Tokens for [`USER`] with [`PASSWORD`] only.
+fn credentialed_token() -> Auth {
+    Auth::CredentialedToken {
+        user: USER.into(),
+        password: PASSWORD.into(),
+    }
+}
+
+/// The proxy issued a token for the repository to [`USER`].
+fn assert_token_issued_to_user(proxy: &RunningProxy) {
+    let issued = proxy.proxy.seen(|seen| seen.issued.clone());
+    assert!(
+        issued
+            .iter()
+            .any(|(_, scope, user)| scope == "repository:test/busybox:pull" && user == USER),
+        "a token for {USER}: {issued:?}"
+    );
+}
+
 /// The proxy refuses a manifest request without credentials, with the
 /// challenge a client needs to authenticate.
 async fn assert_refused_without_auth(proxy: &RunningProxy, expected_challenge: &str) {
@@ -418,22 +439,12 @@ async fn credentials_are_exchanged_for_a_token_and_a_wrong_password_is_refused()
     let Some((registry, _layout)) = busybox_registry("credentialed_token") else {
         return;
     };
-    let auth = Auth::CredentialedToken {
-        user: USER.into(),
-        password: PASSWORD.into(),
-    };
-    let proxy = start_proxy(&registry, auth).await;
+    let proxy = start_proxy(&registry, credentialed_token()).await;
 
     let (pulled, store, _dir) = pull(&proxy.host, Some((USER, PASSWORD))).await;
     let image = pulled.expect("a pull with the right credentials works");
     assert_eq!(store.layer_dirs(&image).len(), 1);
-    let issued = proxy.proxy.seen(|seen| seen.issued.clone());
-    assert!(
-        issued
-            .iter()
-            .any(|(_, scope, user)| scope == "repository:test/busybox:pull" && user == USER),
-        "a token for {USER}: {issued:?}"
-    );
+    assert_token_issued_to_user(&proxy);
 
     let wrong = "the registry refused the credentials configured for it (user puller): check the \
                  username and password";
@@ -482,4 +493,51 @@ async fn basic_credentials_are_sent_when_the_registry_asks_for_them() {
         &proxy.host,
         "refused the credentials configured for it (user puller)",
     );
+}
+
+#[tokio::test]
+async fn settings_loaded_from_a_registry_config_file_authenticate_a_pull() {
+    let Some((registry, _layout)) = busybox_registry("registry_config_file") else {
+        return;
+    };
+    let proxy = start_proxy(&registry, credentialed_token()).await;
+
+    let config_dir = tempfile::tempdir().expect("tempdir");
+    let config = config_dir.path().join("registries.json");
+    let write = |path: &std::path::Path, text: &str| {
+        std::fs::write(path, text).expect("write");
+        std::fs::set_permissions(path, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .expect("chmod");
+    };
+    write(
+        &config_dir.path().join("password"),
+        &format!("{PASSWORD}\n"),
+    );
+    write(
+        &config,
+        &format!(
+            r#"{{"registries": {{"{}": {{"insecure": true, "username": "{USER}", "password_file": "password"}}}}}}"#,
+            proxy.host
+        ),
+    );
+    let loaded = RegistrySettings::load(&config).expect("the config loads");
+    assert_eq!(
+        loaded.warnings.len(),
+        1,
+        "only the plain-HTTP credentials warning: {:?}",
+        loaded.warnings
+    );
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = ImageStore::open(dir.path()).expect("store opens");
+    let reference = format!("{}/test/busybox:1", proxy.host)
+        .parse()
+        .expect("reference");
+    let image = Puller::new(store.clone(), loaded.settings)
+        .pull(&reference)
+        .await
+        .expect("a pull with the file's credentials works");
+    assert_eq!(store.layer_dirs(&image).len(), 1);
+    assert_token_issued_to_user(&proxy);
+    assert_eq!(proxy.proxy.seen(|seen| seen.token_refusals), 0);
 }
