@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +61,11 @@ pub(crate) struct AgentArgs {
     /// over plain HTTP instead of HTTPS; may repeat. Others: HTTPS only.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
     insecure_registries: Vec<String>,
+    /// A JSON file of per-registry settings: plain HTTP and credentials
+    /// (`username`, `password_file` or `password`), so no password goes on
+    /// the command line. Checked at startup. See docs/agent.md.
+    #[arg(long, value_name = "FILE")]
+    registry_config: Option<PathBuf>,
     /// The OCI runtime binary for containers (default: runc, else crun,
     /// from PATH).
     #[arg(long, value_name = "PATH")]
@@ -89,6 +94,7 @@ impl AgentArgs {
             restart_threshold: 5,
             restart_backoff: "1s".to_owned(),
             insecure_registries: Vec::new(),
+            registry_config: None,
             oci_runtime: None,
             pod_subnet: None,
         }
@@ -111,21 +117,44 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
 }
 
 /// The node's image store: `DATA/images`.
-pub(crate) fn images_dir(data_dir: &std::path::Path) -> PathBuf {
+pub(crate) fn images_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("images")
 }
 
 /// The container runtime's directory: `DATA/oci`.
-pub(crate) fn oci_dir(data_dir: &std::path::Path) -> PathBuf {
+pub(crate) fn oci_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("oci")
+}
+
+/// The registry settings of `--registry-config FILE` (read and checked
+/// now, so a bad file stops the command before it does anything; its
+/// warnings logged) with plain HTTP allowed to the `--insecure-registry`
+/// hosts.
+pub(crate) fn registry_settings(
+    config: Option<&Path>,
+    insecure: &[String],
+) -> Result<RegistrySettings> {
+    let mut settings = match config {
+        Some(path) => {
+            let loaded = RegistrySettings::load(path)?;
+            for warning in &loaded.warnings {
+                tracing::warn!("{warning}");
+            }
+            loaded.settings
+        }
+        None => RegistrySettings::default(),
+    };
+    settings
+        .allow_plain_http(insecure)
+        .context("--insecure-registry")?;
+    Ok(settings)
 }
 
 /// The process runtime and, when this host can run containers, the `oci`
 /// runtime with its image store; otherwise image workloads fail with the
 /// reason (logged once here too).
 pub(crate) async fn node_runtime(args: &AgentArgs) -> Result<Arc<dyn Runtime>> {
-    let registries =
-        RegistrySettings::insecure(&args.insecure_registries).context("--insecure-registry")?;
+    let registries = registry_settings(args.registry_config.as_deref(), &args.insecure_registries)?;
     let process = process_runtime(&args.data_dir).await?;
     let set = match containers(args, registries).await {
         Ok(containers) => match &args.pod_subnet {
@@ -183,7 +212,7 @@ async fn containers(
 
 /// The host-process runtime with its instances under `DIR/runtime`, and
 /// this binary's directory on the instances' PATH (so `cca whoami` runs).
-pub(crate) async fn process_runtime(data_dir: &std::path::Path) -> Result<Arc<dyn Runtime>> {
+pub(crate) async fn process_runtime(data_dir: &Path) -> Result<Arc<dyn Runtime>> {
     let mut config = ProcessConfig::new(data_dir.join("runtime"));
     if let Some(path) = path_with_this_binary(config.base_env.get("PATH").map(String::as_str)) {
         config.base_env.insert("PATH".to_owned(), path);
@@ -203,7 +232,7 @@ fn path_with_this_binary(path: Option<&str>) -> Option<String> {
     })
 }
 
-pub(crate) fn agent_config(args: &AgentArgs, data_dir: &std::path::Path) -> Result<AgentConfig> {
+pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentConfig> {
     let cpu = match &args.cpu {
         Some(text) => Cpu::parse(text).with_context(|| format!("--cpu `{text}`"))?,
         None => Cpu(1000 * std::thread::available_parallelism().map_or(1, |n| n.get() as u64)),

@@ -35,6 +35,10 @@ enum ImageCommand {
         /// A registry (`HOST:PORT`) reached over plain HTTP; may repeat.
         #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
         insecure_registries: Vec<String>,
+        /// Per-registry settings and credentials, as `cca agent
+        /// --registry-config FILE` takes them (to test that file).
+        #[arg(long, value_name = "FILE")]
+        registry_config: Option<PathBuf>,
     },
     /// Import an image from FILE: an OCI image layout (directory or tar)
     /// or a `docker save` archive (tar, gzip-compressed or not).
@@ -56,13 +60,24 @@ enum ImageCommand {
 
 pub(crate) fn run(args: ImageArgs) -> Result<ExitCode> {
     let images_dir = crate::agent_cmd::images_dir(&args.data_dir);
+    // A bad --registry-config stops `pull` before the store is touched.
+    let settings = match &args.command {
+        ImageCommand::Pull {
+            insecure_registries,
+            registry_config,
+            ..
+        } => Some(crate::agent_cmd::registry_settings(
+            registry_config.as_deref(),
+            insecure_registries,
+        )?),
+        _ => None,
+    };
     let store = ImageStore::open(&images_dir)
         .with_context(|| format!("opening the image store {}", images_dir.display()))?;
     match args.command {
-        ImageCommand::Pull {
-            reference,
-            insecure_registries,
-        } => pull(store, &reference, &insecure_registries),
+        ImageCommand::Pull { reference, .. } => {
+            pull(store, &reference, settings.unwrap_or_default())
+        }
         ImageCommand::Import { file, name } => import(&store, &file, name.as_deref()),
         ImageCommand::Ls => {
             list(&store.images()?);
@@ -95,9 +110,8 @@ fn parse(reference: &str) -> Result<ImageRef> {
     Ok(reference.parse::<ImageRef>()?)
 }
 
-fn pull(store: ImageStore, reference: &str, insecure: &[String]) -> Result<ExitCode> {
+fn pull(store: ImageStore, reference: &str, settings: RegistrySettings) -> Result<ExitCode> {
     let reference = parse(reference)?;
-    let settings = RegistrySettings::insecure(insecure).context("--insecure-registry")?;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let bars = LayerBars::default();
     let pulled =
