@@ -31,8 +31,8 @@ pub struct RegistrySettings {
     pub registries: BTreeMap<String, RegistryConfig>,
 }
 
-/// One registry's settings.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+/// One registry's settings. `Debug` never shows the password.
+#[derive(Clone, Default, Serialize, Deserialize)]
 pub struct RegistryConfig {
     /// Speak plain HTTP instead of HTTPS (local or test registries only).
     #[serde(default)]
@@ -41,6 +41,16 @@ pub struct RegistryConfig {
     /// when the registry asks for one.
     pub username: Option<String>,
     pub password: Option<String>,
+}
+
+impl std::fmt::Debug for RegistryConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegistryConfig")
+            .field("plain_http", &self.plain_http)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 impl RegistrySettings {
@@ -504,4 +514,28 @@ pub(crate) fn now_ms() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
     i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debug_output_never_shows_a_password() {
+        let mut settings = RegistrySettings::default();
+        settings.registries.insert(
+            "registry.example:5000".to_owned(),
+            RegistryConfig {
+                plain_http: false,
+                username: Some("deploy".to_owned()),
+                password: Some("hunter2-s3cret".to_owned()),
+            },
+        );
+        let shown = format!("{settings:?} {settings:#?}");
+        assert!(!shown.contains("hunter2-s3cret"), "{shown}");
+        assert!(
+            shown.contains("deploy") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+    }
 }
