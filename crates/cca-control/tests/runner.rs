@@ -286,3 +286,75 @@ async fn two_servers_on_etcd_elect_one_leader_and_fail_over_within_the_ttl() {
     let _ = standby.stop.send(true);
     let _ = standby.task.await;
 }
+
+/// Writes nothing and takes `pass` of real time; records when each pass
+/// started and ended.
+struct SlowIdle {
+    pass: Duration,
+    passes: std::sync::Mutex<Vec<(Instant, Instant)>>,
+}
+
+impl Controller for SlowIdle {
+    fn name(&self) -> &'static str {
+        "endpoint"
+    }
+
+    fn interests(&self) -> &'static [&'static str] {
+        &["observed/"]
+    }
+
+    fn reconcile(&self, _: &View, _: &Context) -> Plan {
+        let started = Instant::now();
+        std::thread::sleep(self.pass);
+        let mut passes = self.passes.lock().unwrap_or_else(|e| e.into_inner());
+        passes.push((started, Instant::now()));
+        Plan::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_pass_that_wrote_nothing_a_change_waits_as_long_as_the_pass_took() {
+    let (store, _dir) = embedded().await;
+    let pass = Duration::from_millis(150);
+    let controller = Arc::new(SlowIdle {
+        pass,
+        passes: std::sync::Mutex::new(Vec::new()),
+    });
+    let server = start(
+        Arc::clone(&store),
+        "a",
+        Arc::clone(&controller) as Arc<dyn Controller>,
+        Duration::from_secs(5),
+    )
+    .await;
+    // Changes the controller is interested in, without pause, for 1.5 s.
+    let until = Instant::now() + Duration::from_millis(1_500);
+    let mut n = 0;
+    while Instant::now() < until {
+        n += 1;
+        let key = format!("observed/instance/i{n}");
+        store
+            .txn(Txn::new().then(Op::put(key, b"{}".to_vec())))
+            .await
+            .expect("put");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    server.stop.send_replace(true);
+    server.task.await.expect("runner ends");
+    let passes = controller
+        .passes
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    assert!(passes.len() >= 3, "passes ran: {passes:?}");
+    // A slow machine only makes the rests longer; pacing makes none shorter.
+    for pair in passes.windows(2) {
+        let ((started, ended), (next, _)) = (pair[0], pair[1]);
+        let took = ended - started;
+        let rested = next.saturating_duration_since(ended);
+        assert!(
+            rested >= took.mul_f64(0.9),
+            "a pass of {took:?} was followed after {rested:?}: {passes:?}"
+        );
+    }
+}
