@@ -110,7 +110,10 @@ mod tests {
         let third = minter.mint("web", |id| id == "web-9tz5").expect("mints");
         assert_eq!(first, "web-9tz4");
         assert_eq!(third, "web-9tz6", "a taken id is skipped");
-        assert_eq!(IdMinter::new(7, MAX_MINTED_PER_CYCLE).mint("web", |_| false), Some(first));
+        assert_eq!(
+            IdMinter::new(7, MAX_MINTED_PER_CYCLE).mint("web", |_| false),
+            Some(first)
+        );
     }
 
     #[test]

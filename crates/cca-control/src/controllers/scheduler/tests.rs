@@ -1005,7 +1005,9 @@ fn demand_beyond_one_pass_goes_in_the_next_pass_not_unplaced() {
         "room is not what is missing"
     );
     assert!(
-        plan.events.iter().all(|event| !event.message.contains("cannot place")),
+        plan.events
+            .iter()
+            .all(|event| !event.message.contains("cannot place")),
         "{:?}",
         plan.events
     );
