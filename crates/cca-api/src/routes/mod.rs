@@ -74,10 +74,7 @@ fn agent_routes() -> Router<ApiState> {
             "/v1/agent/nodes/{node}/assignments",
             get(agent::assignments),
         )
-        .route(
-            "/v1/agent/nodes/{node}/reports",
-            post(agent::report_batch),
-        )
+        .route("/v1/agent/nodes/{node}/reports", post(agent::report_batch))
         .route(
             "/v1/agent/nodes/{node}/instances/{id}",
             put(agent::report).delete(agent::forget),
