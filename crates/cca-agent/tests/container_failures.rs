@@ -56,6 +56,7 @@ fn assignment(
             ..instance(id, "web")
         },
         spec: Some(service),
+        secrets: Vec::new(),
     }
 }
 

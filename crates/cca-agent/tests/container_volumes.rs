@@ -49,6 +49,7 @@ fn assignment(
             ..instance(id, "db")
         },
         spec: Some(service),
+        secrets: Vec::new(),
     }
 }
 

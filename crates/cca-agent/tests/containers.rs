@@ -55,6 +55,7 @@ fn assignment_of(id: &str, image: &str, host_port: u16, stopping: bool) -> Assig
             ..instance(id, "web")
         },
         spec: Some(service),
+        secrets: Vec::new(),
     }
 }
 

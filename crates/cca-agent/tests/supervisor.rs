@@ -70,6 +70,7 @@ fn assignment(id: &str, workload: Workload, stopping: bool) -> Assignment {
             failures: Vec::new(),
         },
         spec: Some(service(workload)),
+        secrets: Vec::new(),
     }
 }
 

@@ -321,6 +321,35 @@ impl Client {
         self.json(self.request(Method::DELETE, &path)).await
     }
 
+    /// Seals and stores the value of secret `name` (UTF-8, at most 64 KiB).
+    pub async fn set_secret(&self, name: &str, value: String) -> ClientResult<SetSecretReply> {
+        let path = format!("/v1/secrets/{}", segment(name));
+        let body = SetSecretRequest { value };
+        self.json(self.request(Method::PUT, &path).json(&body))
+            .await
+    }
+
+    /// Every secret declared, set or granted, without values.
+    pub async fn secrets(&self) -> ClientResult<Vec<SecretInfo>> {
+        self.json(self.request(Method::GET, "/v1/secrets")).await
+    }
+
+    pub async fn delete_secret(&self, name: &str) -> ClientResult<DeleteSecretReply> {
+        let path = format!("/v1/secrets/{}", segment(name));
+        self.json(self.request(Method::DELETE, &path)).await
+    }
+
+    /// The files (connection URLs, secret values) of an instance placed on
+    /// `node`, for its agent to write before creating it.
+    pub async fn instance_files(&self, node: &str, id: &str) -> ClientResult<InstanceFiles> {
+        let path = format!(
+            "/v1/agent/nodes/{}/instances/{}/files",
+            segment(node),
+            segment(id)
+        );
+        self.json(self.request(Method::GET, &path)).await
+    }
+
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
         self.http.request(method, format!("{}{path}", self.base))
     }

@@ -135,6 +135,9 @@ impl AssignmentHub {
 
     /// Lists the placements and starts following them.
     async fn start(self: &Arc<Self>, api: &ApiState) -> cca_store::Result<()> {
+        // Grants first: an assignment built from placements listed after
+        // them names every grant its service had by then.
+        api.grants().start(api).await?;
         let stream = self.relist(api).await?;
         let hub = Arc::clone(self);
         let api = api.clone();
@@ -333,7 +336,8 @@ fn decode_instance(value: &[u8]) -> Option<Instance> {
     serde_json::from_slice(value).ok()
 }
 
-/// An instance with its service's spec, as the agent runs it.
+/// An instance with its service's spec and explicit secret grants, as the
+/// agent runs it.
 fn assignment(api: &ApiState, instance: Instance) -> Assignment {
     let spec = api
         .cache()
@@ -341,5 +345,10 @@ fn assignment(api: &ApiState, instance: Instance) -> Assignment {
         .services
         .get(&instance.service)
         .map(|spec| (*spec.value).clone());
-    Assignment { instance, spec }
+    let secrets = api.grants().explicit(&instance.service);
+    Assignment {
+        instance,
+        spec,
+        secrets,
+    }
 }

@@ -8,10 +8,12 @@
 mod apply;
 pub mod client;
 pub mod error;
+mod grants;
 mod hub;
 mod metrics;
 mod read;
 mod routes;
+pub mod secrets;
 mod state;
 pub mod types;
 mod validate;
@@ -25,6 +27,7 @@ pub use client::{
 };
 pub use error::ApiError;
 pub use routes::app;
+pub use secrets::{SecretKey, SecretKeyError};
 pub use state::{ApiConfig, ApiState, MetricsRenderer, no_extra_metrics};
 
 /// The default listen address (loopback only: no TLS yet).

@@ -1,11 +1,12 @@
 //! What every handler shares: the store (for writes and exact reads), the
 //! watch-fed cache (for fast, consistent reads), limits, the request
 //! metrics, a pluggable renderer for the control plane's own metrics, the
-//! assignment hub feeding every agent's stream, and the shutdown signal
+//! assignment hub feeding every agent's stream (with the index of secret
+//! grants it reads), the cluster's secret key, and the shutdown signal
 //! that ends long-lived streams.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use cca_control::Cache;
@@ -15,8 +16,10 @@ use cca_store::{Op, Store};
 use tokio::sync::{Semaphore, watch};
 
 use crate::error::{ApiError, ApiResult};
+use crate::grants::GrantIndex;
 use crate::hub::AssignmentHub;
 use crate::metrics::RequestMetrics;
+use crate::secrets::SecretKey;
 
 /// Renders extra Prometheus text for `/metrics` (the controller runner's).
 pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
@@ -73,6 +76,8 @@ struct Inner {
     shutdown: watch::Sender<bool>,
     event_seq: AtomicU32,
     assignments: Arc<AssignmentHub>,
+    grants: Arc<GrantIndex>,
+    secret_key: RwLock<Option<Arc<SecretKey>>>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -104,10 +109,43 @@ impl ApiState {
             shutdown,
             event_seq: AtomicU32::new(fastrand::u32(..1_000_000)),
             assignments: Arc::default(),
+            grants: Arc::default(),
+            secret_key: RwLock::new(None),
         };
         Self {
             inner: Arc::new(inner),
         }
+    }
+
+    /// Uses `key` to seal and open secret values (replacing any earlier
+    /// one). Without a key the secret endpoints answer 503.
+    #[must_use]
+    pub fn with_secret_key(self, key: SecretKey) -> Self {
+        *self
+            .inner
+            .secret_key
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(key));
+        self
+    }
+
+    /// The cluster's secret key, or 503 when this server was given none.
+    pub(crate) fn secret_key(&self) -> ApiResult<Arc<SecretKey>> {
+        self.inner
+            .secret_key
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| {
+                ApiError::unavailable(
+                    "this server has no secret key, so it cannot store or read secret values: start `cca server` with --secret-key-file",
+                )
+            })
+    }
+
+    /// Explicit secret grants by service, for assignments.
+    pub(crate) fn grants(&self) -> &Arc<GrantIndex> {
+        &self.inner.grants
     }
 
     pub fn store(&self) -> &dyn Store {

@@ -253,6 +253,11 @@ pub struct Assignment {
     pub instance: Instance,
     /// The service's current spec; `None` while the service is being deleted.
     pub spec: Option<ServiceSpec>,
+    /// Secrets the service is granted explicitly (`secret NAME` in its
+    /// block), each delivered as a file; with `spec.connections`, what
+    /// tells the agent to fetch the instance's files.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<String>,
 }
 
 /// One line of a node's assignment stream.
@@ -334,4 +339,73 @@ pub struct ExecResult {
     pub stderr: String,
     /// It ran past `timeout_ms` and was killed.
     pub timed_out: bool,
+}
+
+/// Body of `PUT /v1/secrets/{name}`. `Debug` hides the value.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetSecretRequest {
+    /// UTF-8 text, at most 64 KiB.
+    pub value: String,
+}
+
+impl std::fmt::Debug for SetSecretRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SetSecretRequest { value: <redacted> }")
+    }
+}
+
+/// Answer of `PUT /v1/secrets/{name}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetSecretReply {
+    pub name: String,
+    /// False when the secret already had a value (now replaced).
+    pub created: bool,
+    pub revision: Revision,
+}
+
+/// One secret of `GET /v1/secrets`: never its value.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecretInfo {
+    pub name: String,
+    /// A program declares it (`secret NAME`).
+    pub declared: bool,
+    /// It has a value.
+    pub set: bool,
+    /// When the value was set (ms since the epoch).
+    pub set_at: Option<Millis>,
+    /// Services granted it, explicitly or through a connection.
+    pub used_by: Vec<String>,
+}
+
+/// Answer of `DELETE /v1/secrets/{name}`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeleteSecretReply {
+    pub name: String,
+    pub revision: Revision,
+}
+
+/// Answer of `GET /v1/agent/nodes/{node}/instances/{id}/files`: what the
+/// agent writes for the instance before creating it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceFiles {
+    pub instance: String,
+    pub files: Vec<InstanceFile>,
+}
+
+/// One file of an instance. `Debug` hides the content.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceFile {
+    /// `connections/{name}` or `secrets/{name}`, relative to the instance's
+    /// files directory (and to `/run/` inside a container).
+    pub path: String,
+    pub content: String,
+}
+
+impl std::fmt::Debug for InstanceFile {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InstanceFile")
+            .field("path", &self.path)
+            .field("content", &"<redacted>")
+            .finish()
+    }
 }

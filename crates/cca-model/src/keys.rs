@@ -44,6 +44,13 @@ pub fn desired_secret_declaration(name: &str) -> String {
     format!("{DESIRED}secret-decl/{name}")
 }
 
+/// `desired/secret/{name}`: a secret's value, encrypted by the API server
+/// under the cluster's secret key. Written only by `cca secret set|rm`,
+/// never by a compile or an apply.
+pub fn desired_secret(name: &str) -> String {
+    format!("{DESIRED_SECRETS}{name}")
+}
+
 /// `desired/network/policy/{name}`: allow/deny rules between services.
 pub fn desired_network_policy(name: &str) -> String {
     format!("{DESIRED}network/policy/{name}")
@@ -78,6 +85,9 @@ pub const EVENTS: &str = "events/";
 /// Prefixes of the collections controllers and the API read.
 pub const DESIRED_SERVICES: &str = "desired/service/";
 pub const DESIRED_NODES: &str = "desired/node/";
+pub const DESIRED_SECRETS: &str = "desired/secret/";
+pub const DESIRED_SECRET_DECLARATIONS: &str = "desired/secret-decl/";
+pub const DESIRED_CONNECTIONS: &str = "desired/connection/";
 pub const DERIVED_INSTANCES: &str = "derived/instance/";
 pub const DERIVED_NODES: &str = "derived/node/";
 pub const DERIVED_UNPLACED: &str = "derived/unplaced/";
@@ -146,6 +156,8 @@ mod tests {
     #[test]
     fn builders_spell_the_layout() {
         assert_eq!(desired_service("web"), "desired/service/web");
+        assert_eq!(desired_secret("db"), "desired/secret/db");
+        assert!(!desired_secret_declaration("db").starts_with(DESIRED_SECRETS));
         assert_eq!(
             derived_instance("web", "web-1"),
             "derived/instance/web/web-1"

@@ -60,6 +60,7 @@ async fn dev(args: DevArgs) -> Result<()> {
     };
     // Compile first: a typo should not cost a cluster start.
     let program = compile_files(&args.files, &options)?;
+    let secret_key = crate::server_cmd::load_secret_key(&args.data_dir.join("secret.key"))?;
     let store = EmbeddedStore::open(StoreConfig::new(args.data_dir.join("store")))
         .await
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
@@ -71,7 +72,7 @@ async fn dev(args: DevArgs) -> Result<()> {
         .context("reading the listen address")?;
     let (stop, stopping) = watch::channel(false);
     let plane = tokio::spawn(run_control_plane(
-        dev_setup(Arc::new(store)),
+        dev_setup(Arc::new(store), secret_key),
         listener,
         stopped(stopping.clone()),
     ));
@@ -105,7 +106,7 @@ async fn stopped(mut stopping: watch::Receiver<bool>) {
 
 /// The usual controllers, but placing at once: a dev cluster has no
 /// agents still arriving, so the startup grace would only make you wait.
-fn dev_setup(store: Arc<dyn Store>) -> ControlPlaneSetup {
+fn dev_setup(store: Arc<dyn Store>, secret_key: cca_api::SecretKey) -> ControlPlaneSetup {
     let controllers = control_loops(SchedulerConfig {
         startup_grace: 0,
         ..SchedulerConfig::default()
@@ -117,6 +118,7 @@ fn dev_setup(store: Arc<dyn Store>) -> ControlPlaneSetup {
         controllers,
         runner,
         api: ApiConfig::default(),
+        secret_key,
     }
 }
 

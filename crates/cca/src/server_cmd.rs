@@ -4,11 +4,12 @@
 //! runner in `cca-control`.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use cca_api::{ApiConfig, ApiState, MetricsRenderer};
+use cca_api::{ApiConfig, ApiState, MetricsRenderer, SecretKey};
 use cca_control::controllers::{
     EndpointController, NodeController, SchedulerConfig, SchedulerController,
 };
@@ -47,9 +48,16 @@ pub(crate) struct ServerArgs {
     /// a (re)starting cluster can report in first.
     #[arg(long, default_value = "10s", value_name = "DURATION")]
     startup_grace: String,
-    /// Instances on a node unreachable this long are replaced elsewhere.
-    #[arg(long, default_value = "30s", value_name = "DURATION")]
+    /// Instances on a node unreachable this long (after its lease
+    /// expired) are replaced elsewhere.
+    #[arg(long, default_value = "5s", value_name = "DURATION")]
     lost_grace: String,
+    /// The cluster's key for secret values: 32 bytes, mode 0600, created
+    /// when absent. Every server of a cluster must use the same file.
+    /// Default: `secret.key` beside an embedded store's directory; required
+    /// with etcd.
+    #[arg(long, env = "CCA_SECRET_KEY_FILE", value_name = "PATH")]
+    secret_key_file: Option<PathBuf>,
 }
 
 /// Parses a duration flag (`500ms`, `10s`, `5m`).
@@ -77,6 +85,8 @@ pub(crate) fn run(args: ServerArgs) -> Result<ExitCode> {
 async fn serve(args: ServerArgs) -> Result<()> {
     let retention = cca_model::spec::Duration::parse(&args.event_retention)
         .with_context(|| format!("--event-retention `{}`", args.event_retention))?;
+    // Before the store: a bad key must not cost a store open.
+    let secret_key = load_secret_key(&secret_key_path(&args)?)?;
     let store = cca_store::open(&args.store)
         .await
         .with_context(|| format!("opening the store {:?}", args.store))?;
@@ -94,6 +104,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
             node_lease_ttl: duration_flag("node-ttl", &args.node_ttl)?,
             ..ApiConfig::default()
         },
+        secret_key,
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -112,6 +123,34 @@ pub(crate) struct ControlPlaneSetup {
     pub(crate) controllers: Vec<Arc<dyn Controller>>,
     pub(crate) runner: RunnerConfig,
     pub(crate) api: ApiConfig,
+    pub(crate) secret_key: SecretKey,
+}
+
+/// `--secret-key-file`, else `secret.key` beside an embedded store's
+/// directory. With etcd there is no default: servers on different hosts
+/// would each create their own key and could not read each other's values.
+fn secret_key_path(args: &ServerArgs) -> Result<PathBuf> {
+    if let Some(path) = &args.secret_key_file {
+        return Ok(path.clone());
+    }
+    match &args.store {
+        cca_store::StoreUrl::Embedded(dir) => {
+            let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
+            Ok(parent.unwrap_or_else(|| Path::new(".")).join("secret.key"))
+        }
+        cca_store::StoreUrl::Etcd(_) => anyhow::bail!(
+            "--secret-key-file is required with an etcd store: every server of the cluster must use the same key file (create it once with `head -c 32 /dev/urandom > secret.key; chmod 600 secret.key` and copy it to each server)"
+        ),
+    }
+}
+
+/// Reads the cluster's secret key, creating it when absent.
+pub(crate) fn load_secret_key(path: &Path) -> Result<SecretKey> {
+    let (key, created) = SecretKey::load_or_create(path)?;
+    if created {
+        tracing::info!(path = %path.display(), key = key.id(), "created a new secret key");
+    }
+    Ok(key)
 }
 
 /// Runs cache, runner and API on `listener` until `shutdown` resolves,
@@ -134,7 +173,8 @@ pub(crate) async fn run_control_plane(
         setup.runner,
         setup.controllers,
     );
-    let state = ApiState::new(setup.store, cache, setup.api, Arc::clone(&control.metrics));
+    let state = ApiState::new(setup.store, cache, setup.api, Arc::clone(&control.metrics))
+        .with_secret_key(setup.secret_key);
     cca_api::serve(listener, state, shutdown)
         .await
         .context("serving the API")?;

@@ -7,6 +7,7 @@ mod events;
 mod instance_io;
 mod ops;
 mod reads;
+mod secrets;
 mod watch;
 
 use std::time::Instant;
@@ -61,6 +62,11 @@ fn user_routes() -> Router<ApiState> {
         .route("/v1/nodes/{name}/drain", post(ops::drain))
         .route("/v1/nodes/{name}/disable", post(ops::disable))
         .route("/v1/nodes/{name}/enable", post(ops::enable))
+        .route("/v1/secrets", get(secrets::list))
+        .route(
+            "/v1/secrets/{name}",
+            put(secrets::set).delete(secrets::delete),
+        )
         .route("/v1/status", get(reads::status))
         .route("/v1/events", get(events::list))
         .route("/v1/watch", get(watch::watch))
@@ -78,6 +84,10 @@ fn agent_routes() -> Router<ApiState> {
         .route(
             "/v1/agent/nodes/{node}/instances/{id}",
             put(agent::report).delete(agent::forget),
+        )
+        .route(
+            "/v1/agent/nodes/{node}/instances/{id}/files",
+            get(secrets::instance_files),
         )
 }
 

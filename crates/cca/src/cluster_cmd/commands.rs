@@ -60,7 +60,9 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Watch(args) => watch(&args).await,
         ClusterCommand::Logs(args) => super::io::logs(&args).await,
         // Answered by `run` (completions) and `dispatch` (exec's exit code).
-        ClusterCommand::Exec(_) | ClusterCommand::Completions(_) => Ok(()),
+        ClusterCommand::Exec(_) | ClusterCommand::Secret(_) | ClusterCommand::Completions(_) => {
+            Ok(())
+        }
     }
 }
 

@@ -1,9 +1,10 @@
 //! Arguments of the cluster commands (`apply`, `diff`, `get`, `describe`,
 //! `status`, `scale`, `delete`, `drain`, `disable-node`, `enable-node`,
-//! `events`, `watch`, `logs`, `exec`, `completions`) and their dispatch.
+//! `events`, `watch`, `logs`, `exec`, `secret`, `completions`) and their
+//! dispatch.
 //! Each command is a call of the typed API client ([`cca_api::Client`]);
 //! [`commands`] holds the calls, [`describe`] the long views, [`io`] logs
-//! and exec, [`output`] the printing.
+//! and exec, [`secret`] secret values, [`output`] the printing.
 //!
 //! Exit codes: 0 success, 1 any error (the server's message is printed),
 //! 2 usage errors (from clap); `exec` exits with the remote command's code.
@@ -12,6 +13,7 @@ pub(crate) mod commands;
 mod describe;
 mod io;
 pub(crate) mod output;
+mod secret;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -72,6 +74,8 @@ pub(crate) enum ClusterCommand {
     Logs(LogsArgs),
     /// Run a command in an instance and exit with its exit code.
     Exec(ExecArgs),
+    /// Set, list and remove secret values.
+    Secret(secret::SecretArgs),
     /// Print a shell completion script.
     Completions(CompletionsArgs),
 }
@@ -295,6 +299,7 @@ pub(crate) fn run(command: ClusterCommand, cli: fn() -> clap::Command) -> Result
 async fn dispatch(command: ClusterCommand) -> Result<ExitCode> {
     match command {
         ClusterCommand::Exec(args) => io::exec(&args).await,
+        ClusterCommand::Secret(args) => secret::run(args).await.map(|()| ExitCode::SUCCESS),
         other => commands::execute(other).await.map(|()| ExitCode::SUCCESS),
     }
 }
