@@ -8,6 +8,7 @@
 
 pub mod desired;
 pub mod error;
+pub mod files;
 pub mod health;
 mod link;
 pub mod network;
@@ -130,7 +131,8 @@ pub async fn run(
         config.supervisor.clone(),
         config.base_env.clone(),
     )
-    .with_volumes_dir(config.data_dir.join("volumes"));
+    .with_volumes_dir(config.data_dir.join("volumes"))
+    .with_files(config.data_dir.join("files"), Arc::new(client.clone()));
     let mut reporter = Reporter::new(client, config.node.clone());
     let mut stop = shutdown;
     loop {

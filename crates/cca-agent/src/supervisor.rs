@@ -12,6 +12,12 @@
 //! same node finds its data. Image workloads get them bind-mounted
 //! read-write at the volume's path; process workloads, which see the host's
 //! filesystem, get the directory as `CCA_VOLUME_{NAME}`.
+//!
+//! An instance whose service references connections or is granted secrets
+//! gets its files (see [`crate::files`]) fetched and written just before it
+//! is created; when they cannot be had (a secret without a value, the API
+//! away) the instance stays `pending` with the reason and is tried again
+//! on the restart backoff. Its files go when it is removed.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -29,6 +35,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::desired::Desired;
+use crate::files::{self, FileSource};
 use crate::health::{self, HealthTracker, ProbeTarget};
 
 /// How hard the supervisor tries.
@@ -72,6 +79,11 @@ struct Record {
     /// The start time of the run whose end was last handled.
     handled_run: Option<i64>,
     health: HealthTracker,
+    /// Why the last attempt to create it stopped short (its files could
+    /// not be had); it is tried again at `next_start_at`.
+    waiting: Option<String>,
+    /// Consecutive such attempts, for the backoff.
+    file_attempts: u32,
 }
 
 impl Record {
@@ -84,6 +96,8 @@ impl Record {
             last_exit: None,
             handled_run: None,
             health: HealthTracker::new(now),
+            waiting: None,
+            file_attempts: 0,
         }
     }
 }
@@ -101,8 +115,26 @@ pub struct Supervisor {
     /// Where volume directories live (`DATA/volumes` for an agent); `None`:
     /// services with volumes fail to start, with that reason.
     volumes_dir: Option<PathBuf>,
+    /// Where instances' secret and connection files are written and where
+    /// they come from; `None`: services using them fail to start, saying so.
+    files: Option<(PathBuf, Arc<dyn FileSource>)>,
     records: HashMap<String, Record>,
-    starting: HashMap<String, JoinHandle<Result<(), String>>>,
+    starting: HashMap<String, JoinHandle<Result<(), StartProblem>>>,
+}
+
+/// Why a start did not get the instance running.
+#[derive(Debug)]
+enum StartProblem {
+    /// For good: the instance is failed (the scheduler replaces it).
+    Failed(String),
+    /// For now: tried again after the restart backoff.
+    Retry(String),
+}
+
+impl From<String> for StartProblem {
+    fn from(problem: String) -> Self {
+        StartProblem::Failed(problem)
+    }
 }
 
 /// The outcome of one tick.
@@ -131,6 +163,7 @@ impl Supervisor {
             config,
             base_env,
             volumes_dir: None,
+            files: None,
             records: HashMap::new(),
             starting: HashMap::new(),
         }
@@ -141,6 +174,23 @@ impl Supervisor {
     pub fn with_volumes_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.volumes_dir = Some(dir.into());
         self
+    }
+
+    /// Writes instances' secret and connection files under `dir` (created
+    /// as needed), fetched from `source`.
+    #[must_use]
+    pub fn with_files(mut self, dir: impl Into<PathBuf>, source: Arc<dyn FileSource>) -> Self {
+        self.files = Some((dir.into(), source));
+        self
+    }
+
+    /// Removes an instance's files, if it has any.
+    fn remove_files(&self, id: &str) {
+        if let Some((root, _)) = &self.files
+            && let Err(error) = files::remove(root, id)
+        {
+            tracing::warn!(instance = %id, %error, "removing the instance's files failed");
+        }
     }
 
     /// One pass: act on every difference, then describe every instance.
@@ -175,6 +225,7 @@ impl Supervisor {
                 .collect();
             for id in never_created {
                 self.records.remove(&id);
+                self.remove_files(&id);
                 tick.removed.push(id);
             }
         }
@@ -202,6 +253,7 @@ impl Supervisor {
             if let Err(error) = self.runtime.remove(&id).await {
                 tracing::warn!(instance = %id, %error, "removing failed");
             }
+            self.remove_files(&id);
         }
     }
 
@@ -229,16 +281,36 @@ impl Supervisor {
             let Some(handle) = self.starting.remove(&id) else {
                 continue;
             };
-            let outcome = handle
-                .await
-                .unwrap_or_else(|err| Err(format!("start task failed: {err}")));
-            if let Err(problem) = outcome {
-                tracing::warn!(instance = %id, %problem, "start failed");
-                let record = self
-                    .records
-                    .entry(id.clone())
-                    .or_insert_with(|| Record::new(Instant::now()));
-                record.failed = Some(problem);
+            let outcome = handle.await.unwrap_or_else(|err| {
+                Err(StartProblem::Failed(format!("start task failed: {err}")))
+            });
+            let now = Instant::now();
+            let (base, max) = (self.config.backoff_base, self.config.backoff_max);
+            let record = self
+                .records
+                .entry(id.clone())
+                .or_insert_with(|| Record::new(now));
+            match outcome {
+                Ok(()) => {
+                    record.waiting = None;
+                    record.file_attempts = 0;
+                }
+                Err(StartProblem::Failed(problem)) => {
+                    tracing::warn!(instance = %id, %problem, "start failed");
+                    record.failed = Some(problem);
+                }
+                Err(StartProblem::Retry(problem)) => {
+                    record.file_attempts += 1;
+                    let backoff = (base
+                        * 2u32.saturating_pow(record.file_attempts.saturating_sub(1).min(16)))
+                    .min(max);
+                    tracing::warn!(instance = %id, %problem, ?backoff, "cannot start yet");
+                    record.waiting = Some(format!(
+                        "cannot start: {problem}; retrying in {}s",
+                        backoff.as_secs_f64().ceil()
+                    ));
+                    record.next_start_at = Some(now + backoff);
+                }
             }
         }
     }
@@ -269,8 +341,14 @@ impl Supervisor {
             return;
         }
         match actual.map(|status| status.state) {
-            None => self.begin_start(id, assignment),
-            Some(RtState::Created) => self.begin_start(id, assignment),
+            None | Some(RtState::Created) => {
+                // Waiting for its files: not before the backoff is over.
+                if record.next_start_at.is_some_and(|at| at > now) {
+                    return;
+                }
+                record.next_start_at = None;
+                self.begin_start(id, assignment);
+            }
             Some(RtState::Running) => {
                 if record.health.healthy == Some(false) {
                     let reason = record.health.last_failure.clone().unwrap_or_default();
@@ -352,8 +430,17 @@ impl Supervisor {
             .as_ref()
             .map(|service| service.init.clone())
             .unwrap_or_default();
+        let fetch = self
+            .files
+            .as_ref()
+            .filter(|_| files::needed(assignment))
+            .map(|(root, source)| FileFetch {
+                root: root.clone(),
+                source: Arc::clone(source),
+                node: self.node.clone(),
+            });
         let runtime = Arc::clone(&self.runtime);
-        let task = tokio::spawn(async move { start_instance(runtime, spec, init).await });
+        let task = tokio::spawn(async move { start_instance(runtime, spec, init, fetch).await });
         self.starting.insert(id.to_owned(), task);
     }
 
@@ -387,6 +474,32 @@ impl Supervisor {
         spec.ports = port_bindings(service, &instance.host_ports)?;
         spec.cpu_millis = service.resources.cpu.map(|cpu| cpu.0);
         spec.memory_bytes = service.resources.memory.map(|memory| memory.0);
+        if files::needed(assignment) {
+            let Some((root, _)) = &self.files else {
+                return Err(format!(
+                    "service `{}` uses connections or secrets, and this agent has no files directory",
+                    instance.service
+                ));
+            };
+            let dir = files::instance_dir(root, &instance.id);
+            for (kind, name) in files::expected(assignment) {
+                let seen_at = if is_image {
+                    format!("/run/{kind}/{name}")
+                } else {
+                    dir.join(kind).join(&name).display().to_string()
+                };
+                spec.env.insert(files::env_name(kind, &name), seen_at);
+            }
+            if is_image {
+                for (kind, _) in files::KINDS {
+                    spec.mounts.push(Mount {
+                        source: dir.join(kind),
+                        target: format!("/run/{kind}"),
+                        read_only: true,
+                    });
+                }
+            }
+        }
         for volume in &service.volumes {
             let dir = self.volume_dir(instance, &volume.name)?;
             if is_image {
@@ -445,6 +558,7 @@ impl Supervisor {
             tracing::warn!(instance = %id, %error, "removing an orphan failed");
             return false;
         }
+        self.remove_files(id);
         tracing::info!(instance = %id, "removed an instance no assignment claims");
         true
     }
@@ -522,6 +636,11 @@ impl Supervisor {
                 )
             } else if self.starting.contains_key(&instance.id) {
                 (InstanceState::Starting, None)
+            } else if let Some(waiting) = record
+                .and_then(|record| record.waiting.clone())
+                .filter(|_| actual.is_none_or(|status| status.state == RtState::Created))
+            {
+                (InstanceState::Pending, Some(waiting))
             } else {
                 match actual.map(|status| status.state) {
                     None => (InstanceState::Pending, None),
@@ -581,15 +700,37 @@ fn is_path_segment(name: &str) -> bool {
     !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 
+/// Where an instance's files come from and go, for its start task.
+struct FileFetch {
+    root: PathBuf,
+    source: Arc<dyn FileSource>,
+    node: String,
+}
+
 async fn start_instance(
     runtime: Arc<dyn Runtime>,
     spec: InstanceSpec,
     init: Vec<cca_model::spec::InitStep>,
-) -> Result<(), String> {
+    fetch: Option<FileFetch>,
+) -> Result<(), StartProblem> {
     let id = spec.id.clone();
     match runtime.inspect(&id).await {
         Ok(_) => {}
         Err(_) => {
+            if let Some(fetch) = fetch {
+                let fetched = fetch
+                    .source
+                    .files(&fetch.node, &id)
+                    .await
+                    .map_err(|problem| {
+                        StartProblem::Retry(format!("fetching its files failed: {problem}"))
+                    })?;
+                let (root, id) = (fetch.root.clone(), id.clone());
+                tokio::task::spawn_blocking(move || files::write(&root, &id, &fetched))
+                    .await
+                    .map_err(|error| format!("writing the files failed: {error}"))?
+                    .map_err(StartProblem::Retry)?;
+            }
             runtime
                 .create(spec.clone())
                 .await
@@ -609,7 +750,10 @@ async fn start_instance(
     for step in init {
         run_init_step(&runtime, &main, &step).await?;
     }
-    runtime.start(&id).await.map_err(|err| err.to_string())
+    runtime
+        .start(&id)
+        .await
+        .map_err(|err| StartProblem::Failed(err.to_string()))
 }
 
 /// Runs one init step as a short-lived instance of its own, with the main
