@@ -113,7 +113,7 @@ impl BenchConfig {
             instances,
             store,
             node_ttl: Duration::from_secs(15),
-            lost_grace: Duration::from_secs(30),
+            lost_grace: Duration::from_secs(5),
             startup_grace: Duration::ZERO,
             start_latency: StartLatency::Uniform {
                 min: Duration::from_millis(5),

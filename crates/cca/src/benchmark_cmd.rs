@@ -41,7 +41,7 @@ pub(crate) struct BenchmarkArgs {
     #[arg(long, default_value = "15s", value_name = "DURATION")]
     node_ttl: String,
     /// How long a node stays unreachable before its instances are replaced.
-    #[arg(long, default_value = "30s", value_name = "DURATION")]
+    #[arg(long, default_value = "5s", value_name = "DURATION")]
     lost_grace: String,
     /// No placement this long after the controllers become leader.
     #[arg(long, default_value = "0s", value_name = "DURATION")]

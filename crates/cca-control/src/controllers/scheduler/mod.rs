@@ -59,8 +59,9 @@ mod ids_api {
 pub struct SchedulerConfig {
     /// Wait after becoming leader before placing anything (10 s).
     pub startup_grace: Millis,
-    /// How long a node stays unreachable before its instances are
-    /// replaced elsewhere (30 s).
+    /// How long a node stays unreachable (its lease expired) before its
+    /// instances are replaced elsewhere (5 s: the lease TTL already
+    /// tolerates a silent agent for 10-15 s).
     pub lost_grace: Millis,
     /// Failed instances replaced per service per `failure_window` (3).
     pub failure_budget: u32,
@@ -81,7 +82,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
             startup_grace: 10_000,
-            lost_grace: 30_000,
+            lost_grace: 5_000,
             failure_budget: 3,
             failure_window: 300_000,
             pressure_percent: 80,

@@ -667,10 +667,10 @@ fn instances_of_a_lost_node_are_replaced_after_the_grace_period() {
         .delete(&keys::observed_heartbeat("n1"))
         .node_status("n1", &gone)
         .build();
-    let waiting = schedule(&view, now + 10_000);
+    let waiting = schedule(&view, now + 2_000);
     assert!(waiting.is_noop());
-    assert_eq!(waiting.requeue_after, Some(20_000));
-    let plan = schedule(&view, now + 30_000);
+    assert_eq!(waiting.requeue_after, Some(3_000));
+    let plan = schedule(&view, now + 5_000);
     assert_eq!(deletes(&plan).len(), 2);
     let mut replaced_on: Vec<String> = puts(&plan).into_iter().map(|i| i.node).collect();
     replaced_on.sort();
