@@ -5,14 +5,20 @@
 //! grants; this index follows the cache's change feed instead (the keys of
 //! every revision), reading the grant keys that changed and relisting
 //! every grant when the feed lags or the cache relists.
+//!
+//! The index says how far it has got ([`GrantIndex::caught_up`]): the hub
+//! follows its own watch of placements, which may run ahead of the cache,
+//! and waits for the index to have applied a placement's revision before
+//! naming the grants in its assignment — a grant committed with (or just
+//! before) a placement is never missing from it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cca_model::keys;
 use cca_model::spec::SecretGrant;
-use cca_store::{RangeRequest, Store};
-use tokio::sync::{OnceCell, broadcast};
+use cca_store::{RangeRequest, Revision, Store};
+use tokio::sync::{OnceCell, broadcast, watch};
 
 use crate::state::ApiState;
 
@@ -20,6 +26,8 @@ use crate::state::ApiState;
 #[derive(Debug, Default)]
 pub(crate) struct GrantIndex {
     explicit: Mutex<HashMap<String, BTreeSet<String>>>,
+    /// Every grant change up to this revision is in `explicit`.
+    applied: watch::Sender<Revision>,
     started: OnceCell<()>,
 }
 
@@ -39,6 +47,17 @@ impl GrantIndex {
             })
             .await
             .map(|_| ())
+    }
+
+    /// Waits until every grant change up to `revision` is applied (at once
+    /// when it already is). Never returns while the index is not started.
+    pub(crate) async fn caught_up(&self, revision: Revision) {
+        if *self.applied.borrow() >= revision {
+            return;
+        }
+        let mut applied = self.applied.subscribe();
+        // The sender lives as long as `self`: the wait cannot fail.
+        let _ = applied.wait_for(|applied| *applied >= revision).await;
     }
 
     /// The secrets `service` is granted explicitly, sorted.
@@ -65,7 +84,10 @@ impl GrantIndex {
                 Ok(change) if change.keys.iter().any(String::is_empty) => {
                     self.relist(api.store()).await
                 }
-                Ok(change) => self.update(api.store(), &change.keys).await,
+                Ok(change) => self
+                    .update(api.store(), &change.keys)
+                    .await
+                    .map(|()| self.advance(change.revision)),
                 Err(broadcast::error::RecvError::Lagged(_)) => self.relist(api.store()).await,
                 Err(broadcast::error::RecvError::Closed) => return,
             };
@@ -98,7 +120,17 @@ impl GrantIndex {
             }
         }
         *self.lock() = explicit;
+        // Read at `page.revision`: every change up to it is in.
+        self.advance(page.revision);
         Ok(())
+    }
+
+    fn advance(&self, revision: Revision) {
+        self.applied.send_if_modified(|applied| {
+            let later = revision > *applied;
+            *applied = (*applied).max(revision);
+            later
+        });
     }
 
     async fn update(&self, store: &dyn Store, keys: &[String]) -> cca_store::Result<()> {

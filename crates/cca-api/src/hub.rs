@@ -13,6 +13,14 @@
 //! subscriber that falls behind, or a hub that must relist (its watch was
 //! compacted or broke), ends the streams concerned: agents reconnect and
 //! resume or resnapshot, so no line is ever silently lost.
+//!
+//! An assignment also carries its service's spec (from the cache's view)
+//! and explicit secret grants (from the [`GrantIndex`](crate::grants)),
+//! both fed by the cache's watch, which may lag behind this one. Before
+//! building the lines of revision R (or a snapshot at R), the hub waits
+//! until both have applied R, so a grant or spec committed with a placement
+//! or before it is in the placement's line. The wait costs nothing when
+//! they are ahead, and no store read.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -164,6 +172,11 @@ impl AssignmentHub {
             .store()
             .watch(keys::DERIVED_INSTANCES, page.revision + 1)
             .await?;
+        // Snapshots built at `page.revision` must name what was granted by
+        // then; a server shutting down meanwhile serves no more streams.
+        if !caught_up(api, page.revision, &mut api.shutdown_signal()).await {
+            return Err(cca_store::StoreError::Closed);
+        }
         let mut state = self.lock();
         state.node_of.clear();
         state.placed.clear();
@@ -201,6 +214,9 @@ impl AssignmentHub {
             };
             match message {
                 Some(Ok(WatchMessage::Events { revision, events })) => {
+                    if !caught_up(&api, revision, &mut shutdown).await {
+                        return;
+                    }
                     self.apply(&api, revision, events);
                     continue;
                 }
@@ -320,6 +336,27 @@ impl HubState {
             self.history_from = self.history_from.max(revision_of(&oldest) + 1);
         }
         self.history.push_back((node, line));
+    }
+}
+
+/// Waits until the grant index and the cache's view have applied
+/// `revision`; false when the server shuts down first.
+async fn caught_up(
+    api: &ApiState,
+    revision: Revision,
+    shutdown: &mut watch::Receiver<bool>,
+) -> bool {
+    let wait = async {
+        api.grants().caught_up(revision).await;
+        // The index follows the cache's change feed, so the view is there
+        // too unless the index relisted from the store ahead of it.
+        if let Err(error) = api.cache().view_at_least(revision).await {
+            tracing::warn!(%error, revision, "the cache is gone; assignments may lack specs");
+        }
+    };
+    tokio::select! {
+        () = wait => true,
+        _ = shutdown.wait_for(|stop| *stop) => false,
     }
 }
 

@@ -1,11 +1,14 @@
 //! Secret values through the API: set, list and remove without a value
 //! ever coming back; values sealed at rest; the agent's files endpoint
 //! answering an instance's connection URLs and granted secrets only to the
-//! node it is placed on, and naming a secret without a value.
+//! node it is placed on, and naming a secret without a value; assignment
+//! lines naming a grant committed with or just before their placement even
+//! when the cache (which feeds the grant index) lags behind the hub.
 
 mod support;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
@@ -293,5 +296,165 @@ async fn the_files_endpoint_answers_the_instance_node_only() {
             assert_eq!(assignments[0].secrets, ["api_token"]);
         }
         other => panic!("expected a snapshot, got {other:?}"),
+    }
+}
+
+/// A store whose whole-keyspace watch (the cache's) opens only when the
+/// gate does: the cache, and the grant index following it, lag behind the
+/// hub's own watch of placements for as long as the test wants.
+struct GatedStore {
+    inner: Arc<dyn cca_store::Store>,
+    gate: tokio::sync::watch::Receiver<bool>,
+}
+
+#[async_trait::async_trait]
+impl cca_store::Store for GatedStore {
+    async fn get(&self, key: &str) -> cca_store::Result<Option<cca_store::KeyValue>> {
+        self.inner.get(key).await
+    }
+    async fn range(
+        &self,
+        request: cca_store::RangeRequest,
+    ) -> cca_store::Result<cca_store::RangePage> {
+        self.inner.range(request).await
+    }
+    async fn txn(&self, txn: cca_store::Txn) -> cca_store::Result<cca_store::TxnOutcome> {
+        self.inner.txn(txn).await
+    }
+    async fn watch(
+        &self,
+        prefix: &str,
+        from_revision: cca_store::Revision,
+    ) -> cca_store::Result<cca_store::WatchStream> {
+        if prefix.is_empty() {
+            let _ = self.gate.clone().wait_for(|open| *open).await;
+        }
+        self.inner.watch(prefix, from_revision).await
+    }
+    async fn grant_lease(&self, ttl: Duration) -> cca_store::Result<cca_store::LeaseId> {
+        self.inner.grant_lease(ttl).await
+    }
+    async fn keep_alive(&self, lease: cca_store::LeaseId) -> cca_store::Result<Duration> {
+        self.inner.keep_alive(lease).await
+    }
+    async fn revoke_lease(&self, lease: cca_store::LeaseId) -> cca_store::Result<()> {
+        self.inner.revoke_lease(lease).await
+    }
+    async fn compact(&self, revision: cca_store::Revision) -> cca_store::Result<()> {
+        self.inner.compact(revision).await
+    }
+    async fn current_revision(&self) -> cca_store::Result<cca_store::Revision> {
+        self.inner.current_revision().await
+    }
+    fn max_txn_ops(&self) -> usize {
+        self.inner.max_txn_ops()
+    }
+}
+
+fn put<T: serde::Serialize>(key: String, value: &T) -> cca_store::Op {
+    cca_store::Op::put(key, serde_json::to_vec(value).expect("encodes"))
+}
+
+#[tokio::test]
+async fn assignments_name_grants_committed_with_or_before_their_placement() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let embedded: Arc<dyn cca_store::Store> = Arc::new(
+        cca_store::embedded::EmbeddedStore::open(cca_store::embedded::Config::new(dir.path()))
+            .await
+            .expect("store opens"),
+    );
+    let (open_gate, gate) = tokio::sync::watch::channel(false);
+    let store: Arc<dyn cca_store::Store> = Arc::new(GatedStore {
+        inner: embedded,
+        gate,
+    });
+    let cache = Arc::new(
+        cca_control::Cache::start(Arc::clone(&store))
+            .await
+            .expect("cache starts"),
+    );
+    let state = cca_api::ApiState::new(
+        Arc::clone(&store),
+        cache,
+        cca_api::ApiConfig::default(),
+        Arc::new(String::new),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let address = listener.local_addr().expect("address");
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(cca_api::serve(listener, state, async {
+        let _ = stopped.await;
+    }));
+    let client = cca_api::Client::new(&format!("http://{address}"));
+
+    let mut stream = client.assignments("n1", 0).await.expect("stream");
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("a line")
+            .expect("not ended")
+            .expect("decodes")
+    };
+    assert!(matches!(
+        next().await,
+        cca_api::types::AssignmentLine::Snapshot { ref assignments, .. } if assignments.is_empty()
+    ));
+
+    // `web`: its grant committed just before its placement; `api`: its
+    // grant and placement in one transaction.
+    store
+        .txn(
+            cca_store::Txn::new()
+                .then(put(
+                    keys::desired_service("web"),
+                    &support::service("web", 1),
+                ))
+                .then(put(
+                    keys::desired_service_secret("web", "api_token"),
+                    &SecretGrant::Explicit,
+                )),
+        )
+        .await
+        .expect("granted");
+    store
+        .txn(cca_store::Txn::new().then(put(
+            keys::derived_instance("web", "web-1"),
+            &instance("web-1", "web", "n1"),
+        )))
+        .await
+        .expect("placed");
+    store
+        .txn(
+            cca_store::Txn::new()
+                .then(put(
+                    keys::desired_service("api"),
+                    &support::service("api", 1),
+                ))
+                .then(put(
+                    keys::desired_service_secret("api", "db_password"),
+                    &SecretGrant::Explicit,
+                ))
+                .then(put(
+                    keys::derived_instance("api", "api-1"),
+                    &instance("api-1", "api", "n1"),
+                )),
+        )
+        .await
+        .expect("granted and placed");
+    // The hub has seen both placements; the cache has seen nothing yet.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    open_gate.send_replace(true);
+
+    for (id, secret) in [("web-1", "api_token"), ("api-1", "db_password")] {
+        match next().await {
+            cca_api::types::AssignmentLine::Put { assignment, .. } => {
+                assert_eq!(assignment.instance.id, id);
+                assert_eq!(assignment.secrets, [secret], "{id}");
+                assert!(assignment.spec.is_some(), "{id} has its spec");
+            }
+            other => panic!("expected {id}'s placement, got {other:?}"),
+        }
     }
 }
