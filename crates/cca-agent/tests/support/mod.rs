@@ -1,5 +1,6 @@
 //! What the agent's real-container tests (`containers.rs`,
-//! `container_failures.rs`, `container_volumes.rs`) share: skipping
+//! `container_failures.rs`, `container_volumes.rs`, `container_files.rs`)
+//! share: skipping
 //! without root or tools, the busybox test image in a loopback registry,
 //! an image service and its instance to build assignments from, a node's
 //! image store and `oci` runtime with a `RuntimeSet` over them (with a
