@@ -496,6 +496,7 @@ impl Supervisor {
                         source: dir.join(kind),
                         target: format!("/run/{kind}"),
                         read_only: true,
+                        owned_by_workload: true,
                     });
                 }
             }
@@ -507,6 +508,7 @@ impl Supervisor {
                     source: dir,
                     target: volume.path.clone(),
                     read_only: false,
+                    owned_by_workload: false,
                 });
             } else {
                 // A host process has no filesystem of its own to mount

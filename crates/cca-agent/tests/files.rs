@@ -258,6 +258,11 @@ async fn an_image_gets_its_files_mounted_read_only_under_run() {
             )
         })
         .collect();
+    assert!(
+        created.mounts.iter().all(|m| m.owned_by_workload),
+        "handed to the image's user: {:?}",
+        created.mounts
+    );
     assert_eq!(
         mounts,
         [

@@ -546,6 +546,7 @@ async fn a_stateful_image_gets_its_ordinal_volume_mounted_and_keeps_it_across_re
         source: dir.clone(),
         target: "/var/lib/data".into(),
         read_only: false,
+        owned_by_workload: false,
     }];
     assert_eq!(creates(&fake)[0].mounts, expected);
     assert!(dir.is_dir(), "created before the instance");

@@ -70,6 +70,15 @@ pub struct Mount {
     /// Mounted `ro`: the workload cannot change it (secrets, connection
     /// files).
     pub read_only: bool,
+    /// Handed to the user the workload runs as before it is created: the
+    /// source and everything in it (symlinks not followed) are chowned to
+    /// the uid:gid the instance runs as (an image's `User`), so files kept
+    /// private on the host — a root-only `0700` dir of `0400` secrets —
+    /// are readable inside by a workload that is not root. Only for
+    /// sources made for this one instance; the process runtime takes no
+    /// mounts.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub owned_by_workload: bool,
 }
 
 impl Mount {
@@ -417,6 +426,7 @@ mod tests {
             source: "/var/lib/cca/volumes/db/data".into(),
             target: target.into(),
             read_only: false,
+            owned_by_workload: false,
         };
         let mut spec = InstanceSpec::new("db-0", "db", "true");
         spec.mounts = vec![mount("/data"), mount("relative")];

@@ -4,12 +4,14 @@
 //! share the host network for now), stop with grace then kill (httpd as
 //! PID 1 ignores SIGTERM), exit codes, logs, exec, restart, adoption by a
 //! second runtime object, removal leaving no mount, cgroup or state, and
-//! bind mounts (a volume outliving its containers, a read-only file).
+//! bind mounts (a volume outliving its containers, a read-only file, a
+//! root-only dir handed to the image's non-root user).
 //! A guard force-deletes the test's containers and unmounts their rootfs,
 //! also when a test fails.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -407,11 +409,13 @@ async fn a_volume_outlives_its_containers_and_a_read_only_mount_cannot_be_writte
             source: volume.clone(),
             target: "/data".into(),
             read_only: false,
+            owned_by_workload: false,
         },
         Mount {
             source: secret.clone(),
             target: "/run/secrets/password".into(),
             read_only: true,
+            owned_by_workload: false,
         },
     ];
 
@@ -502,6 +506,7 @@ async fn invalid_mounts_are_refused_at_create_and_leave_nothing() {
             source: source.clone(),
             target: target.into(),
             read_only: false,
+            owned_by_workload: false,
         }];
         let error = test
             .runtime
@@ -558,4 +563,80 @@ async fn crun_on_hybrid_cgroups_is_refused_with_the_reason_before_anything_is_cr
         !dir.path().join("oci").exists(),
         "nothing is created for a refused binary"
     );
+}
+
+#[tokio::test]
+async fn a_mount_owned_by_the_workload_is_readable_by_the_images_user() {
+    let Some(test) = Fixture::new("owned_by_workload").await else {
+        return;
+    };
+    // The image runs as 1000:1001 (the record's config, as a pulled image
+    // with `User` would have it).
+    let mut record = test
+        .store
+        .images()
+        .expect("images")
+        .pop()
+        .expect("the pulled image");
+    record.config.user = Some("1000:1001".into());
+    test.store.save_image(record).expect("saved");
+    // Two root-only dirs of a 0400 file, as the agent writes secrets.
+    let private = |name: &str| {
+        let dir = test.dir.path().join(name);
+        std::fs::create_dir(&dir).expect("dir");
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).expect("0700");
+        let file = dir.join("token");
+        std::fs::write(&file, "s3cret").expect("file");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o400)).expect("0400");
+        dir
+    };
+    let handed = private("handed");
+    let kept = private("kept");
+    let mut spec = test.spec(
+        "reader",
+        "id -u; id -g; cat /run/secrets/token; echo; \
+         cat /run/kept/token 2>/dev/null || echo kept unreadable",
+    );
+    spec.mounts = vec![
+        Mount {
+            source: handed.clone(),
+            target: "/run/secrets".into(),
+            read_only: true,
+            owned_by_workload: true,
+        },
+        Mount {
+            source: kept.clone(),
+            target: "/run/kept".into(),
+            read_only: true,
+            owned_by_workload: false,
+        },
+    ];
+    test.run(spec).await;
+    let status = test.wait_exited("reader").await;
+    let lines = test
+        .runtime
+        .logs("reader", LogOptions::default())
+        .await
+        .expect("logs")
+        .collect()
+        .await
+        .expect("lines");
+    assert_eq!(status.exit.and_then(|e| e.code), Some(0), "{lines:?}");
+    assert_eq!(lines, ["1000", "1001", "s3cret", "kept unreadable"]);
+    for path in [handed.clone(), handed.join("token")] {
+        let meta = std::fs::metadata(&path).expect("metadata");
+        assert_eq!((meta.uid(), meta.gid()), (1000, 1001), "{}", path.display());
+    }
+    let mode = std::fs::metadata(handed.join("token"))
+        .expect("metadata")
+        .mode();
+    assert_eq!(mode & 0o777, 0o400, "modes are kept");
+    assert_eq!(
+        std::fs::metadata(kept.join("token"))
+            .expect("metadata")
+            .uid(),
+        0
+    );
+    test.runtime.remove("reader").await.expect("remove");
+    test.assert_gone("reader");
 }

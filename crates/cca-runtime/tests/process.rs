@@ -520,6 +520,7 @@ async fn a_spec_with_mounts_is_refused_naming_the_mount() {
         source: test.dir.path().to_path_buf(),
         target: "/data".into(),
         read_only: false,
+        owned_by_workload: false,
     }];
     let error = test
         .runtime

@@ -272,11 +272,13 @@ mod tests {
                 source: "/var/lib/cca/volumes/db/data-0".into(),
                 target: "/data".into(),
                 read_only: false,
+                owned_by_workload: false,
             },
             crate::Mount {
                 source: "/var/lib/cca/secrets/db-0/password".into(),
                 target: "/run/secrets/password".into(),
                 read_only: true,
+                owned_by_workload: false,
             },
         ];
         let spec = runtime_spec("db-0", &plan(), &cgroups, None, &mounts).expect("spec builds");
@@ -293,6 +295,7 @@ mod tests {
             source: "/tmp".into(),
             target: "/../etc".into(),
             read_only: false,
+            owned_by_workload: false,
         }];
         let error = runtime_spec("db-0", &plan(), &cgroups, None, &escaping)
             .expect_err("an escaping target is refused");

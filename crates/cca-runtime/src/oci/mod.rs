@@ -285,6 +285,7 @@ impl Inner {
         check_mount_sources(&spec)?;
         let image = self.resolve_image(&spec)?;
         let process = process_plan(&spec, &image)?;
+        hand_over_mounts(&spec, process.uid, process.gid)?;
         let instance = OciInstance {
             layers: self.config.images.layer_dirs(&image),
             image_digest: image.digest.to_string(),
@@ -757,6 +758,49 @@ fn check_mount_sources(spec: &InstanceSpec) -> Result<()> {
                     mount.target
                 ),
             });
+        }
+    }
+    Ok(())
+}
+
+/// Chowns the sources of the mounts marked `owned_by_workload`, and
+/// everything in them, to the user the container runs as, so a workload
+/// that is not root can read files kept private on the host (secrets:
+/// dirs 0700, files 0400). Symlinks are changed themselves, never
+/// followed. No user namespace: the container's uid is the host's.
+fn hand_over_mounts(spec: &InstanceSpec, uid: u32, gid: u32) -> Result<()> {
+    for mount in spec.mounts.iter().filter(|mount| mount.owned_by_workload) {
+        chown_tree(&mount.source, uid, gid).map_err(|(path, source)| Error::Io {
+            id: spec.id.clone(),
+            operation: Operation::Create,
+            what: format!(
+                "handing {} (mounted at {}) to the workload's user {uid}:{gid} \
+                 (the agent runs as root to do this)",
+                path.display(),
+                mount.target
+            ),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+fn chown_tree(
+    path: &Path,
+    uid: u32,
+    gid: u32,
+) -> std::result::Result<(), (PathBuf, std::io::Error)> {
+    let failed = |path: &Path| {
+        let path = path.to_owned();
+        move |error| (path, error)
+    };
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid)).map_err(failed(path))?;
+    if std::fs::symlink_metadata(path)
+        .map_err(failed(path))?
+        .is_dir()
+    {
+        for entry in std::fs::read_dir(path).map_err(failed(path))? {
+            chown_tree(&entry.map_err(failed(path))?.path(), uid, gid)?;
         }
     }
     Ok(())
