@@ -69,17 +69,7 @@ pub fn env_name(kind: &str, name: &str) -> String {
         .iter()
         .find(|(dir, _)| *dir == kind)
         .map_or("FILE", |(_, label)| label);
-    let suffix: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("CCA_{label}_{suffix}_FILE")
+    format!("CCA_{label}_{}_FILE", cca_runtime::env_name_part(name))
 }
 
 /// `FILES/{id}`.

@@ -683,17 +683,7 @@ impl Supervisor {
 /// `CCA_VOLUME_{NAME}`: the volume name upper-cased, other characters as
 /// `_` (as ports are named).
 pub fn volume_env_name(name: &str) -> String {
-    let suffix: String = name
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_uppercase()
-            } else {
-                '_'
-            }
-        })
-        .collect();
-    format!("CCA_VOLUME_{suffix}")
+    format!("CCA_VOLUME_{}", cca_runtime::env_name_part(name))
 }
 
 /// Whether `name` is one directory name: a `/` or `..` would put the volume

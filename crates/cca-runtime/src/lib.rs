@@ -30,7 +30,7 @@ pub use oci::{OciConfig, OciRuntime};
 pub use process::{ProcessConfig, ProcessRuntime};
 pub use spec::{
     DEFAULT_LOG_LIMIT_BYTES, InstanceSpec, Mount, NetworkAttachment, PortBinding, Protocol,
-    env_name_for_port,
+    env_name_for_port, env_name_part,
 };
 pub use status::{
     ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceState, InstanceStatus, LimitsEnforcement,

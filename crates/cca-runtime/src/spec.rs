@@ -258,8 +258,14 @@ impl InstanceSpec {
 
 /// `CCA_PORT_{NAME}`: the port name upper-cased, other characters as `_`.
 pub fn env_name_for_port(name: &str) -> String {
-    let suffix: String = name
-        .chars()
+    format!("CCA_PORT_{}", env_name_part(name))
+}
+
+/// A name as a part of an environment variable's name: ASCII letters and
+/// digits upper-cased, every other character `_` (ports, volumes, secret
+/// and connection files are named this way).
+pub fn env_name_part(name: &str) -> String {
+    name.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() {
                 c.to_ascii_uppercase()
@@ -267,8 +273,7 @@ pub fn env_name_for_port(name: &str) -> String {
                 '_'
             }
         })
-        .collect();
-    format!("CCA_PORT_{suffix}")
+        .collect()
 }
 
 fn is_valid_id(id: &str) -> bool {
