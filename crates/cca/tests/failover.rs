@@ -24,7 +24,9 @@ impl Drop for Server {
     }
 }
 
-fn start_server(etcd: &EtcdServer, id: &str) -> Server {
+/// Starts `cca server` on `etcd`; every server of a cluster shares the
+/// secret key file `key` (the first one creates it).
+fn start_server(etcd: &EtcdServer, id: &str, key: &std::path::Path) -> Server {
     let store = format!("etcd://{}", etcd.endpoint().trim_start_matches("http://"));
     let mut child = Command::new(CCA)
         .args([
@@ -37,6 +39,8 @@ fn start_server(etcd: &EtcdServer, id: &str) -> Server {
             id,
         ])
         .args(["--leader-ttl", "2s", "--startup-grace", "0s"])
+        .arg("--secret-key-file")
+        .arg(key)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
@@ -82,8 +86,10 @@ async fn wait_for(what: &str, timeout: Duration, mut check: impl AsyncFnMut() ->
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_standby_server_takes_over_within_the_lease_ttl() {
     let etcd = EtcdServer::start();
-    let a = start_server(&etcd, "server-a");
-    let b = start_server(&etcd, "server-b");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let key = dir.path().join("secret.key");
+    let a = start_server(&etcd, "server-a", &key);
+    let b = start_server(&etcd, "server-b", &key);
     wait_for("a leader", Duration::from_secs(10), async || {
         leads(&a).await == Some(true) || leads(&b).await == Some(true)
     })
