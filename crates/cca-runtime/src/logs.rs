@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::Result;
+use crate::{Error, Operation, Result};
 
 /// The current log file of an instance directory.
 pub(crate) const LOG_FILE: &str = "output.log";
@@ -188,6 +188,35 @@ fn split_lines(bytes: &[u8]) -> Vec<String> {
         lines.pop();
     }
     lines
+}
+
+/// The last `options.tail` lines of instance `id`'s log in `dir`, then (with
+/// `options.follow`) what is appended until `is_running` says it ended —
+/// the `logs` of every runtime that keeps `output.log` files.
+pub(crate) async fn stream(
+    id: &str,
+    dir: PathBuf,
+    options: LogOptions,
+    is_running: impl Fn() -> bool + Send + 'static,
+) -> Result<LogStream> {
+    let reading = dir.clone();
+    let (lines, offset) = tokio::task::spawn_blocking(move || read_tail(&reading, options.tail))
+        .await
+        .map_err(std::io::Error::other)
+        .and_then(|read| read)
+        .map_err(|e| Error::io(id, Operation::Logs, "reading output.log", e))?;
+    let (sender, receiver) = mpsc::channel(256);
+    tokio::spawn(async move {
+        for line in lines {
+            if sender.send(Ok(line)).await.is_err() {
+                return;
+            }
+        }
+        if options.follow {
+            follow(dir, offset, is_running, sender).await;
+        }
+    });
+    Ok(LogStream::from_channel(receiver))
 }
 
 /// Streams lines appended to `dir/output.log` from `offset` on, across

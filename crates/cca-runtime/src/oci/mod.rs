@@ -47,7 +47,6 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use cca_image::{ImageRecord, ImageRef, ImageStore};
-use tokio::sync::mpsc;
 
 pub use self::binary::{BinaryError, OciBinary, OciBinaryKind};
 use self::bundle::{CgroupPlan, ProcessPlan};
@@ -937,33 +936,10 @@ fn exit_info(end: RunEnd) -> ExitInfo {
 async fn logs_of(inner: &Arc<Inner>, id: &str, options: LogOptions) -> Result<LogStream> {
     let dir = inner.dir(id);
     inner.status(id, Operation::Logs)?;
-    let path = dir.path.clone();
-    let (lines, offset) = tokio::task::spawn_blocking(move || logs::read_tail(&path, options.tail))
-        .await
-        .map_err(|e| {
-            Error::io(
-                id,
-                Operation::Logs,
-                "reading output.log",
-                std::io::Error::other(e),
-            )
-        })?
-        .map_err(|e| Error::io(id, Operation::Logs, "reading output.log", e))?;
-    let (sender, receiver) = mpsc::channel(256);
     let weak = Arc::downgrade(inner);
-    let id = id.to_owned();
-    tokio::spawn(async move {
-        for line in lines {
-            if sender.send(Ok(line)).await.is_err() {
-                return;
-            }
-        }
-        if options.follow {
-            let is_running = move || weak.upgrade().is_some_and(|inner| inner.is_running(&id));
-            logs::follow(dir.path, offset, is_running, sender).await;
-        }
-    });
-    Ok(LogStream::from_channel(receiver))
+    let owner = id.to_owned();
+    let is_running = move || weak.upgrade().is_some_and(|inner| inner.is_running(&owner));
+    logs::stream(id, dir.path, options, is_running).await
 }
 
 /// Rotates every container's log past its limit (copy, then truncate: the

@@ -26,7 +26,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use self::cgroup::CgroupHost;
 pub(crate) use self::cgroup::oom_kill_counter;
@@ -484,33 +484,10 @@ impl Inner {
 async fn logs_of(inner: &Arc<Inner>, id: &str, options: LogOptions) -> Result<LogStream> {
     let dir = inner.dir(id);
     inner.status(id, Operation::Logs)?;
-    let path = dir.path.clone();
-    let (lines, offset) = tokio::task::spawn_blocking(move || logs::read_tail(&path, options.tail))
-        .await
-        .map_err(|e| {
-            Error::io(
-                id,
-                Operation::Logs,
-                "reading output.log",
-                std::io::Error::other(e),
-            )
-        })?
-        .map_err(|e| Error::io(id, Operation::Logs, "reading output.log", e))?;
-    let (sender, receiver) = mpsc::channel(256);
     let weak = Arc::downgrade(inner);
-    let id = id.to_owned();
-    tokio::spawn(async move {
-        for line in lines {
-            if sender.send(Ok(line)).await.is_err() {
-                return;
-            }
-        }
-        if options.follow {
-            let is_running = move || weak.upgrade().is_some_and(|inner| inner.is_running(&id));
-            logs::follow(dir.path, offset, is_running, sender).await;
-        }
-    });
-    Ok(LogStream::from_channel(receiver))
+    let owner = id.to_owned();
+    let is_running = move || weak.upgrade().is_some_and(|inner| inner.is_running(&owner));
+    logs::stream(id, dir.path, options, is_running).await
 }
 
 /// Rotates every instance's log past its limit, until the runtime is gone.
