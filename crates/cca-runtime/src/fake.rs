@@ -11,9 +11,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::memory::{created_status, end_run, refuse_when_running};
+
 use crate::{
-    Error, ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceSpec, InstanceState,
-    InstanceStatus, LimitsEnforcement, LogOptions, LogStream, Operation, Result, Runtime,
+    Error, ExecOutput, ExecRequest, ExitReason, InstanceSpec, InstanceState, InstanceStatus,
+    LogOptions, LogStream, Operation, Result, Runtime,
 };
 
 /// One recorded call. `Create` holds its spec boxed: a spec is far larger
@@ -135,7 +137,7 @@ impl FakeRuntime {
     pub fn insert_running(&self, spec: InstanceSpec) -> u32 {
         let mut state = self.state();
         let pid = next_pid(&mut state);
-        let mut status = created_status(spec);
+        let mut status = created_status(spec, "fake");
         status.state = InstanceState::Running;
         status.pid = Some(pid);
         status.started_at_ms = Some(crate::now_ms());
@@ -173,7 +175,7 @@ impl FakeRuntime {
         if let Some(status) = state.instances.get_mut(id)
             && status.state == InstanceState::Running
         {
-            end_run(status, code, signal, reason);
+            end_run(status, code, signal, reason, crate::now_ms());
         }
     }
 
@@ -220,7 +222,9 @@ impl Runtime for FakeRuntime {
             return Err(Error::AlreadyExists { id: spec.id });
         }
         let id = spec.id.clone();
-        state.instances.insert(id.clone(), created_status(spec));
+        state
+            .instances
+            .insert(id.clone(), created_status(spec, "fake"));
         Ok(id)
     }
 
@@ -240,7 +244,13 @@ impl Runtime for FakeRuntime {
         status.exit = None;
         status.adopted = false;
         if let Some(code) = exit_code {
-            end_run(status, Some(code), None, ExitReason::Exited);
+            end_run(
+                status,
+                Some(code),
+                None,
+                ExitReason::Exited,
+                crate::now_ms(),
+            );
         }
         Ok(())
     }
@@ -253,7 +263,7 @@ impl Runtime for FakeRuntime {
         let mut state = self.enter(call, Operation::Stop, id)?;
         let status = existing(&mut state, id)?;
         if status.state == InstanceState::Running {
-            end_run(status, None, Some(15), ExitReason::Stopped);
+            end_run(status, None, Some(15), ExitReason::Stopped, crate::now_ms());
         }
         Ok(status.clone())
     }
@@ -311,26 +321,6 @@ impl Runtime for FakeRuntime {
     }
 }
 
-fn created_status(spec: InstanceSpec) -> InstanceStatus {
-    let limits = if spec.cpu_millis.is_some() || spec.memory_bytes.is_some() {
-        LimitsEnforcement::Enforced {
-            by: "fake".to_owned(),
-        }
-    } else {
-        LimitsEnforcement::NotRequested
-    };
-    InstanceStatus {
-        id: spec.id.clone(),
-        spec,
-        state: InstanceState::Created,
-        pid: None,
-        started_at_ms: None,
-        exit: None,
-        limits,
-        adopted: false,
-    }
-}
-
 fn next_pid(state: &mut State) -> u32 {
     state.next_pid = state.next_pid.max(10_000) + 1;
     state.next_pid
@@ -341,32 +331,6 @@ fn existing<'a>(state: &'a mut State, id: &str) -> Result<&'a mut InstanceStatus
         .instances
         .get_mut(id)
         .ok_or_else(|| Error::NotFound { id: id.to_owned() })
-}
-
-fn refuse_when_running(status: &InstanceStatus, operation: Operation) -> Result<()> {
-    if status.state == InstanceState::Running {
-        return Err(Error::InvalidState {
-            id: status.id.clone(),
-            operation,
-            state: status.state,
-        });
-    }
-    Ok(())
-}
-
-fn end_run(
-    status: &mut InstanceStatus,
-    code: Option<i32>,
-    signal: Option<i32>,
-    reason: ExitReason,
-) {
-    status.state = InstanceState::Exited;
-    status.exit = Some(ExitInfo {
-        code,
-        signal,
-        reason,
-        finished_at_ms: crate::now_ms(),
-    });
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ mod error;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;
 mod logs;
+mod memory;
 pub mod oci;
 pub mod process;
 mod records;

@@ -14,9 +14,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use crate::memory::{created_status, end_run, refuse_when_running};
+
 use crate::{
-    Error, ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceSpec, InstanceState,
-    InstanceStatus, LimitsEnforcement, LogOptions, LogStream, Operation, Result, Runtime,
+    Error, ExecOutput, ExecRequest, ExitReason, InstanceSpec, InstanceState, InstanceStatus,
+    LogOptions, LogStream, Operation, Result, Runtime,
 };
 
 /// How long a simulated start takes.
@@ -230,7 +232,9 @@ impl Runtime for SimRuntime {
             return Err(Error::AlreadyExists { id: spec.id });
         }
         let id = spec.id.clone();
-        state.instances.insert(id.clone(), created_status(spec));
+        state
+            .instances
+            .insert(id.clone(), created_status(spec, "sim"));
         Ok(id)
     }
 
@@ -307,26 +311,6 @@ impl Runtime for SimRuntime {
     }
 }
 
-fn created_status(spec: InstanceSpec) -> InstanceStatus {
-    let limits = if spec.cpu_millis.is_some() || spec.memory_bytes.is_some() {
-        LimitsEnforcement::Enforced {
-            by: "sim".to_owned(),
-        }
-    } else {
-        LimitsEnforcement::NotRequested
-    };
-    InstanceStatus {
-        id: spec.id.clone(),
-        spec,
-        state: InstanceState::Created,
-        pid: None,
-        started_at_ms: None,
-        exit: None,
-        limits,
-        adopted: false,
-    }
-}
-
 /// Crashes a running instance whose `crash_after` has passed; the exit is
 /// dated when it was due, not when it was noticed.
 fn apply_crash(status: &mut InstanceStatus, crash_after: Option<Duration>) {
@@ -344,33 +328,6 @@ fn existing<'a>(state: &'a mut State, id: &str) -> Result<&'a mut InstanceStatus
         .instances
         .get_mut(id)
         .ok_or_else(|| Error::NotFound { id: id.to_owned() })
-}
-
-fn refuse_when_running(status: &InstanceStatus, operation: Operation) -> Result<()> {
-    if status.state == InstanceState::Running {
-        return Err(Error::InvalidState {
-            id: status.id.clone(),
-            operation,
-            state: status.state,
-        });
-    }
-    Ok(())
-}
-
-fn end_run(
-    status: &mut InstanceStatus,
-    code: Option<i32>,
-    signal: Option<i32>,
-    reason: ExitReason,
-    at_ms: i64,
-) {
-    status.state = InstanceState::Exited;
-    status.exit = Some(ExitInfo {
-        code,
-        signal,
-        reason,
-        finished_at_ms: at_ms,
-    });
 }
 
 #[cfg(test)]
