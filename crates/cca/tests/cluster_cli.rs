@@ -4,11 +4,12 @@
 //! status, events, delete, exit codes, completions. The server process is
 //! killed when the test ends, pass or fail.
 
-use std::io::{BufRead, BufReader};
-use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+mod support;
 
-const CCA: &str = env!("CARGO_BIN_EXE_cca");
+use std::path::Path;
+use std::process::Command;
+
+use support::{CCA, Server};
 
 const PROGRAM: &str = r#"
 service hello {
@@ -25,77 +26,6 @@ service db {
   replicas = 1
 }
 "#;
-
-/// A running `cca server`; killed on drop.
-struct Server {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = format!("embedded:{}", dir.path().join("store").display());
-        let mut child = Command::new(CCA)
-            .args(["server", "--store", &store, "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cca server starts");
-        let stderr = child.stderr.take().expect("stderr piped");
-        let mut server = Server {
-            child,
-            url: String::new(),
-            _dir: dir,
-        };
-        server.url = listen_url(BufReader::new(stderr));
-        server
-    }
-
-    fn cca(&self, args: &[&str]) -> Output {
-        Command::new(CCA)
-            .args(args)
-            .env("CCA_SERVER", &self.url)
-            .output()
-            .expect("cca runs")
-    }
-
-    /// Runs `cca ARGS` and returns stdout, asserting success.
-    fn ok(&self, args: &[&str]) -> String {
-        let output = self.cca(args);
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "cca {args:?} failed: {}{stdout}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        stdout
-    }
-}
-
-/// Reads the server's stderr until it says where it listens, then keeps
-/// draining it in the background so the server never blocks on a full pipe.
-fn listen_url(mut stderr: BufReader<std::process::ChildStderr>) -> String {
-    let mut line = String::new();
-    loop {
-        line.clear();
-        let read = stderr.read_line(&mut line).expect("reads stderr");
-        assert!(read > 0, "cca server exited before listening");
-        if let Some(url) = line.trim().strip_prefix("cca server listening on ") {
-            let url = url.to_owned();
-            std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-            return url;
-        }
-    }
-}
 
 fn write_program(dir: &Path) -> String {
     let path = dir.join("app.cca");

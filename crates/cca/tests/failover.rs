@@ -3,60 +3,35 @@
 //! takes over within the leader lease TTL and places new work. Both serve
 //! the API throughout. Every process is killed when the test ends.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cca_store::testing::etcd::EtcdServer;
+use support::{CCA, Server};
 
-const CCA: &str = env!("CARGO_BIN_EXE_cca");
 const LEADER_TTL: Duration = Duration::from_secs(2);
-
-struct Server {
-    child: Child,
-    url: String,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Starts `cca server` on `etcd`; every server of a cluster shares the
 /// secret key file `key` (the first one creates it).
 fn start_server(etcd: &EtcdServer, id: &str, key: &std::path::Path) -> Server {
     let store = format!("etcd://{}", etcd.endpoint().trim_start_matches("http://"));
-    let mut child = Command::new(CCA)
-        .args([
-            "server",
-            "--store",
-            &store,
-            "--listen",
-            "127.0.0.1:0",
-            "--server-id",
-            id,
-        ])
-        .args(["--leader-ttl", "2s", "--startup-grace", "0s"])
-        .arg("--secret-key-file")
-        .arg(key)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("cca server starts");
-    let mut lines = BufReader::new(child.stderr.take().expect("stderr")).lines();
-    let url = loop {
-        let line = lines
-            .next()
-            .expect("the server announces itself")
-            .expect("stderr line");
-        if let Some(url) = line.strip_prefix("cca server listening on ") {
-            break url.trim().to_owned();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    Server { child, url }
+    let key = key.display().to_string();
+    Server::start_with([
+        "--store",
+        &store,
+        "--listen",
+        "127.0.0.1:0",
+        "--server-id",
+        id,
+        "--leader-ttl",
+        "2s",
+        "--startup-grace",
+        "0s",
+        "--secret-key-file",
+        &key,
+    ])
 }
 
 /// 1 when the server leads, 0 when it stands by (from its `/metrics`).

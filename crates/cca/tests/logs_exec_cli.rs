@@ -5,8 +5,8 @@
 //! instance on it; the CLI then reads logs and runs commands through the
 //! API, and its output and exit codes are checked.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Output, Stdio};
+mod support;
+
 use std::time::{Duration, Instant};
 
 use axum::Json;
@@ -18,7 +18,7 @@ use cca_api::Client;
 use cca_api::types::{ExecCommand, ExecResult, RegisterRequest};
 use cca_model::spec::{Cpu, Memory};
 
-const CCA: &str = env!("CARGO_BIN_EXE_cca");
+use support::Server;
 
 const PROGRAM: &str = r#"
 service hello {
@@ -29,57 +29,6 @@ service hello {
   }
 }
 "#;
-
-/// A running `cca server`; killed on drop.
-struct Server {
-    child: Child,
-    url: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Server {
-    fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = format!("embedded:{}", dir.path().join("store").display());
-        let mut child = Command::new(CCA)
-            .args(["server", "--store", &store, "--listen", "127.0.0.1:0"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("cca server starts");
-        let mut stderr = BufReader::new(child.stderr.take().expect("stderr piped"));
-        let mut line = String::new();
-        let url = loop {
-            line.clear();
-            let read = stderr.read_line(&mut line).expect("reads stderr");
-            assert!(read > 0, "cca server exited before listening");
-            if let Some(url) = line.trim().strip_prefix("cca server listening on ") {
-                break url.to_owned();
-            }
-        };
-        std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
-        Server {
-            child,
-            url,
-            _dir: dir,
-        }
-    }
-
-    fn cca(&self, args: &[&str]) -> Output {
-        Command::new(CCA)
-            .args(args)
-            .env("CCA_SERVER", &self.url)
-            .output()
-            .expect("cca runs")
-    }
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

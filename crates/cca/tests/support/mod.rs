@@ -1,0 +1,96 @@
+//! What the binary's end-to-end tests share: a `cca server` child process
+//! (an embedded store in a temp dir, or any flags), found by the address it
+//! announces on stderr and killed when dropped, pass or fail; and running
+//! `cca` commands against it.
+
+#![allow(dead_code, reason = "each test file uses a different part")]
+
+use std::ffi::OsStr;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, ChildStderr, Command, Output, Stdio};
+
+pub(crate) const CCA: &str = env!("CARGO_BIN_EXE_cca");
+
+/// A running `cca server`; killed on drop.
+pub(crate) struct Server {
+    pub(crate) child: Child,
+    pub(crate) url: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    /// A server on a loopback port with an embedded store in a temp dir.
+    pub(crate) fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = format!("embedded:{}", dir.path().join("store").display());
+        let mut server = Self::start_with(["--store", &store, "--listen", "127.0.0.1:0"]);
+        server._dir = Some(dir);
+        server
+    }
+
+    /// `cca server ARGS`, once it announces where it listens.
+    pub(crate) fn start_with<I, S>(args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut child = Command::new(CCA)
+            .arg("server")
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("cca server starts");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let url = listen_url(BufReader::new(stderr));
+        Server {
+            child,
+            url,
+            _dir: None,
+        }
+    }
+
+    /// Runs `cca ARGS` against this server.
+    pub(crate) fn cca(&self, args: &[&str]) -> Output {
+        Command::new(CCA)
+            .args(args)
+            .env("CCA_SERVER", &self.url)
+            .output()
+            .expect("cca runs")
+    }
+
+    /// Runs `cca ARGS` and returns stdout, asserting success.
+    pub(crate) fn ok(&self, args: &[&str]) -> String {
+        let output = self.cca(args);
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        assert!(
+            output.status.success(),
+            "cca {args:?} failed: {}{stdout}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        stdout
+    }
+}
+
+/// Reads the server's stderr until it says where it listens, then keeps
+/// draining it in the background so the server never blocks on a full pipe.
+fn listen_url(mut stderr: BufReader<ChildStderr>) -> String {
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = stderr.read_line(&mut line).expect("reads stderr");
+        assert!(read > 0, "cca server exited before listening");
+        if let Some(url) = line.trim().strip_prefix("cca server listening on ") {
+            let url = url.to_owned();
+            std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+            return url;
+        }
+    }
+}
