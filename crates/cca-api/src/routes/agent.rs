@@ -7,9 +7,10 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::response::Response;
+use cca_control::View;
 use cca_model::cluster::{Heartbeat, Instance, InstanceState, InstanceStatus, NodeInfo};
 use cca_model::keys;
-use cca_store::{Compare, CompareOp, KeyValue, Op, Revision, StoreError, Txn, TxnOutcome};
+use cca_store::{Compare, CompareOp, Op, Revision, StoreError, Txn, TxnOutcome};
 use serde::Deserialize;
 
 use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
@@ -197,8 +198,11 @@ pub(crate) async fn report(
 
 /// Writes the observed state of several instances of the reporting node,
 /// each checked as [`report`] checks one, in as few transactions as the
-/// store allows. A report that is refused, or that conflicts with a
-/// concurrent change, is answered on its own; the others are written.
+/// store allows. They are checked against the cache's view, not read from
+/// the store one by one (two reads per report were most of the work on
+/// etcd); the transactions' compares catch a view that lagged, and a chunk
+/// that fails them is retried report by report against the store, so only
+/// a report that really conflicts is refused, on its own.
 pub(crate) async fn report_batch(
     State(state): State<ApiState>,
     Path(node): Path<String>,
@@ -212,35 +216,28 @@ pub(crate) async fn report_batch(
         )));
     }
     known_node(&state, &node).await?;
-    let prepared = futures_util::future::join_all(
-        batch
-            .statuses
-            .iter()
-            .map(|status| prepare_batched(&state, &node, status)),
-    )
-    .await;
+    let view = state.cache().view();
     let mut reply = ReportBatchReply::default();
     let mut writes = Vec::new();
-    for (status, prepared) in batch.statuses.iter().zip(prepared) {
-        match prepared {
+    for status in &batch.statuses {
+        let checked = check_batched(&node, status)
+            .and_then(|()| check_report(&node, status, current_in_view(&view, status)));
+        match checked {
             Ok(ReportWrite::Unchanged { .. }) => {}
-            Ok(ReportWrite::Put(txn)) => writes.push((status.id.as_str(), txn)),
+            Ok(ReportWrite::Put(txn)) => writes.push((status, txn)),
             Err(error) => reply.refused.push(refusal(&status.id, &error)),
         }
     }
     // Each report is two compares and one put.
     let per_txn = (state.store().max_txn_ops() / 2).max(1);
     for chunk in writes.chunks(per_txn) {
-        commit_chunk(&state, chunk, &mut reply).await?;
+        commit_chunk(&state, &node, chunk, &mut reply).await?;
     }
     Ok(Json(reply))
 }
 
-async fn prepare_batched(
-    state: &ApiState,
-    node: &str,
-    status: &InstanceStatus,
-) -> ApiResult<ReportWrite> {
+/// What only a batch needs checking: each report's own names and node.
+fn check_batched(node: &str, status: &InstanceStatus) -> ApiResult<()> {
     check_name("instance", &status.id)?;
     if status.node != node {
         return Err(ApiError::invalid(format!(
@@ -248,7 +245,7 @@ async fn prepare_batched(
             status.id, status.node
         )));
     }
-    prepare_report(state, node, status).await
+    Ok(())
 }
 
 fn refusal(id: &str, error: &ApiError) -> RefusedReport {
@@ -260,11 +257,13 @@ fn refusal(id: &str, error: &ApiError) -> RefusedReport {
 }
 
 /// Commits one chunk of a batch in one transaction; when a compare fails
-/// (an instance changed meanwhile), each report is committed on its own
-/// so that only the ones that conflict are refused.
+/// (the view lagged, or an instance changed meanwhile), each report is
+/// checked again against the store and committed on its own, so that only
+/// the ones that conflict are refused.
 async fn commit_chunk(
     state: &ApiState,
-    chunk: &[(&str, Txn)],
+    node: &str,
+    chunk: &[(&InstanceStatus, Txn)],
     reply: &mut ReportBatchReply,
 ) -> ApiResult<()> {
     let mut merged = Txn::new();
@@ -279,11 +278,16 @@ async fn commit_chunk(
         }
         TxnOutcome::CompareFailed { .. } => {}
     }
-    for (id, txn) in chunk {
-        match commit(state, txn.clone(), id).await {
+    for (status, _) in chunk {
+        let written = match prepare_report(state, node, status).await {
+            Ok(ReportWrite::Unchanged { .. }) => continue,
+            Ok(ReportWrite::Put(txn)) => commit(state, txn, &status.id).await,
+            Err(error) => Err(error),
+        };
+        match written {
             Ok(Json(written)) => reply.revision = Some(written.revision),
             Err(error) if error.status.is_client_error() => {
-                reply.refused.push(refusal(id, &error));
+                reply.refused.push(refusal(&status.id, &error));
             }
             Err(error) => return Err(error),
         }
@@ -300,49 +304,105 @@ enum ReportWrite {
     Put(Txn),
 }
 
+/// What a report is checked against: the instance's placement under the
+/// reported service and its current record, each with its mod revision
+/// (0: absent).
+struct Current {
+    placement: Option<(Instance, Revision)>,
+    observed: Option<(Option<InstanceStatus>, Revision)>,
+}
+
+/// Reads what a report is checked against from the store.
+async fn current_in_store(state: &ApiState, status: &InstanceStatus) -> ApiResult<Current> {
+    let placement_key = keys::derived_instance(&status.service, &status.id);
+    let placement = state.store().get(&placement_key).await?;
+    let observed = state
+        .store()
+        .get(&keys::observed_instance(&status.id))
+        .await?;
+    Ok(Current {
+        placement: placement.and_then(|kv| Some((decode_instance(&kv.value)?, kv.mod_revision))),
+        observed: observed.map(|kv| {
+            let record = serde_json::from_slice::<InstanceStatus>(&kv.value).ok();
+            (record, kv.mod_revision)
+        }),
+    })
+}
+
+/// The same from the cache's view (which may lag: the compares tell).
+fn current_in_view(view: &View, status: &InstanceStatus) -> Current {
+    Current {
+        placement: view
+            .instances
+            .get(&status.id)
+            .filter(|placed| placed.value.service == status.service)
+            .map(|placed| ((*placed.value).clone(), placed.mod_revision)),
+        observed: view
+            .statuses
+            .get(&status.id)
+            .map(|record| (Some((*record.value).clone()), record.mod_revision)),
+    }
+}
+
 /// Checks a report of `node` against its placement and the current
-/// record, and prepares the write.
+/// record as read from the store, and prepares the write.
 async fn prepare_report(
     state: &ApiState,
     node: &str,
     status: &InstanceStatus,
 ) -> ApiResult<ReportWrite> {
+    check_name("service", &status.service)?;
+    let current = current_in_store(state, status).await?;
+    check_report(node, status, current)
+}
+
+/// The rules of a report: an agent reports on instances placed on its node
+/// (or says one stopped or failed after it moved away), and does not
+/// overwrite another node's record of an instance not placed on it.
+fn check_report(node: &str, status: &InstanceStatus, current: Current) -> ApiResult<ReportWrite> {
     let id = status.id.as_str();
     check_name("service", &status.service)?;
-    let placement_key = keys::derived_instance(&status.service, id);
-    let placement = state.store().get(&placement_key).await?;
-    let placed_here = placement
+    let placed_here = current
+        .placement
         .as_ref()
-        .and_then(|kv| decode_instance(&kv.value))
-        .is_some_and(|instance| instance.node == node);
+        .is_some_and(|(instance, _)| instance.node == node);
     let ended = matches!(status.state, InstanceState::Stopped | InstanceState::Failed);
     if !placed_here && !ended {
         return Err(ApiError::conflict(format!(
             "instance `{id}` is not placed on node `{node}`; only a stopped or failed report is accepted"
         )));
     }
-    let observed_key = keys::observed_instance(id);
-    let observed = state.store().get(&observed_key).await?;
-    check_reporter(observed.as_ref(), node, id, placed_here)?;
-    if let Some(kv) = &observed
-        && same_report(&kv.value, status)
+    let record = current
+        .observed
+        .as_ref()
+        .and_then(|(record, _)| record.as_ref());
+    check_reporter(record, node, id, placed_here)?;
+    if let Some((Some(record), revision)) = &current.observed
+        && same_report(record, status)
     {
         return Ok(ReportWrite::Unchanged {
-            revision: kv.mod_revision,
+            revision: *revision,
         });
     }
+    let observed_key = keys::observed_instance(id);
     Ok(ReportWrite::Put(
         Txn::new()
             // The placement and the record must still be as checked.
             .when(Compare::mod_revision(
-                &placement_key,
+                keys::derived_instance(&status.service, id),
                 CompareOp::Equal,
-                placement.as_ref().map_or(0, |kv| kv.mod_revision),
+                current
+                    .placement
+                    .as_ref()
+                    .map_or(0, |(_, revision)| *revision),
             ))
             .when(Compare::mod_revision(
                 &observed_key,
                 CompareOp::Equal,
-                observed.as_ref().map_or(0, |kv| kv.mod_revision),
+                current
+                    .observed
+                    .as_ref()
+                    .map_or(0, |(_, revision)| *revision),
             ))
             .then(Op::put(&observed_key, encode(status))),
     ))
@@ -350,28 +410,23 @@ async fn prepare_report(
 
 /// True when the stored record says what `status` says, but for the time
 /// it was sent.
-fn same_report(stored: &[u8], status: &InstanceStatus) -> bool {
-    serde_json::from_slice::<InstanceStatus>(stored).is_ok_and(|stored| {
-        stored
-            == InstanceStatus {
-                updated_at: stored.updated_at,
-                ..status.clone()
-            }
-    })
+fn same_report(stored: &InstanceStatus, status: &InstanceStatus) -> bool {
+    *stored
+        == InstanceStatus {
+            updated_at: stored.updated_at,
+            ..status.clone()
+        }
 }
 
 /// A record written by another node may only be overwritten by the node
 /// the instance is placed on now.
 fn check_reporter(
-    observed: Option<&KeyValue>,
+    record: Option<&InstanceStatus>,
     node: &str,
     id: &str,
     placed_here: bool,
 ) -> ApiResult<()> {
-    let owner = observed
-        .and_then(|kv| serde_json::from_slice::<InstanceStatus>(&kv.value).ok())
-        .map(|status| status.node);
-    match owner {
+    match record.map(|record| record.node.as_str()) {
         Some(owner) if owner != node && !placed_here => Err(ApiError::conflict(format!(
             "instance `{id}` is reported by node `{owner}`, not `{node}`"
         ))),
