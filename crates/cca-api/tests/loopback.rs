@@ -107,14 +107,28 @@ async fn a_report_batch_writes_what_it_may_refuses_the_rest_one_by_one_and_skips
         foreign,
     ];
     let reply = client.report_batch("n1", batch).await.expect("answers");
-    let refused: Vec<(&str, u16)> = reply
+    let mut refused: Vec<(&str, u16, &str)> = reply
         .refused
         .iter()
-        .map(|refused| (refused.id.as_str(), refused.status))
+        .map(|refused| {
+            (
+                refused.id.as_str(),
+                refused.status,
+                refused.message.as_str(),
+            )
+        })
         .collect();
-    assert_eq!(refused, [("web-3", 409), ("web-9", 422)], "{reply:?}");
+    refused.sort();
+    assert_eq!(
+        refused
+            .iter()
+            .map(|(id, status, _)| (*id, *status))
+            .collect::<Vec<_>>(),
+        [("web-3", 409), ("web-9", 422)],
+        "{reply:?}"
+    );
     assert!(
-        reply.refused[0].message.contains("not placed on node `n1`"),
+        refused[0].2.contains("not placed on node `n1`"),
         "{reply:?}"
     );
     let written = reply.revision.expect("something was written");
@@ -331,4 +345,87 @@ async fn client_errors_carry_the_status_and_message() {
             .starts_with("cannot reach the API server at http://127.0.0.1:1"),
         "{error}"
     );
+}
+
+/// The API's cache frozen at its first listing (its watch never opens):
+/// what a report batch checks against the view may be stale, and the
+/// store must decide instead.
+#[tokio::test]
+async fn a_report_batch_is_not_misled_by_a_view_that_lags() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store: std::sync::Arc<dyn cca_store::Store> = std::sync::Arc::new(
+        cca_store::embedded::EmbeddedStore::open(cca_store::embedded::Config::new(dir.path()))
+            .await
+            .expect("store opens"),
+    );
+    // Known to the view: web-2 placed on n1 and reported running.
+    place(store.as_ref(), &placed("web-2", "n1")).await;
+    let running = report("web-2", "n1", InstanceState::Running);
+    store
+        .txn(Txn::new().then(Op::put(
+            keys::observed_instance("web-2"),
+            serde_json::to_vec(&running).expect("encodes"),
+        )))
+        .await
+        .expect("reported");
+    let (_never_opened, gate) = tokio::sync::watch::channel(false);
+    let gated: std::sync::Arc<dyn cca_store::Store> = std::sync::Arc::new(support::GatedStore {
+        inner: std::sync::Arc::clone(&store),
+        gate,
+    });
+    let cache = std::sync::Arc::new(
+        cca_control::Cache::start(std::sync::Arc::clone(&gated))
+            .await
+            .expect("cache starts"),
+    );
+    let state = cca_api::ApiState::new(
+        gated,
+        cache,
+        cca_api::ApiConfig::default(),
+        std::sync::Arc::new(String::new),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let address = listener.local_addr().expect("address");
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(cca_api::serve(listener, state, async {
+        let _ = stopped.await;
+    }));
+    let client = cca_api::Client::new(&format!("http://{address}"));
+    client.register(&node("n1")).await.expect("registers");
+
+    // Unknown to the view: web-1's placement, and web-2 failing since.
+    place(store.as_ref(), &placed("web-1", "n1")).await;
+    let failed = report("web-2", "n1", InstanceState::Failed);
+    store
+        .txn(Txn::new().then(Op::put(
+            keys::observed_instance("web-2"),
+            serde_json::to_vec(&failed).expect("encodes"),
+        )))
+        .await
+        .expect("reported");
+
+    let batch = vec![
+        report("web-1", "n1", InstanceState::Running),
+        report("web-2", "n1", InstanceState::Running),
+    ];
+    let reply = client.report_batch("n1", batch).await.expect("answers");
+    assert!(
+        reply.refused.is_empty(),
+        "placed on n1 in the store: {reply:?}"
+    );
+    for id in ["web-1", "web-2"] {
+        let kv = store
+            .get(&keys::observed_instance(id))
+            .await
+            .expect("reads")
+            .expect("recorded");
+        let status: InstanceStatus = serde_json::from_slice(&kv.value).expect("decodes");
+        assert_eq!(
+            status.state,
+            InstanceState::Running,
+            "{id}: the view's old record must not pass for the current one"
+        );
+    }
 }

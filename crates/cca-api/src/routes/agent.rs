@@ -191,7 +191,7 @@ pub(crate) async fn report(
     }
     known_node(&state, &node).await?;
     match prepare_report(&state, &node, &status).await? {
-        ReportWrite::Unchanged { revision } => Ok(Json(WriteReply { revision })),
+        ReportWrite::Unchanged { revision, .. } => Ok(Json(WriteReply { revision })),
         ReportWrite::Put(txn) => commit(&state, txn, &id).await,
     }
 }
@@ -219,19 +219,29 @@ pub(crate) async fn report_batch(
     let view = state.cache().view();
     let mut reply = ReportBatchReply::default();
     let mut writes = Vec::new();
+    let mut recheck = Vec::new();
     for status in &batch.statuses {
-        let checked = check_batched(&node, status)
-            .and_then(|()| check_report(&node, status, current_in_view(&view, status)));
-        match checked {
-            Ok(ReportWrite::Unchanged { .. }) => {}
-            Ok(ReportWrite::Put(txn)) => writes.push((status, txn)),
-            Err(error) => reply.refused.push(refusal(&status.id, &error)),
+        if let Err(error) = check_batched(&node, status) {
+            reply.refused.push(refusal(&status.id, &error));
+            continue;
+        }
+        match check_report(&node, status, current_in_view(&view, status)) {
+            // What the view says may be old: the compares of a put, or
+            // of an unchanged record, hold only if it is not.
+            Ok(write) => writes.push((status, write.guarded())),
+            // A lagging view must not refuse: the store decides.
+            Err(_) => recheck.push(status),
         }
     }
     // Each report is two compares and one put.
     let per_txn = (state.store().max_txn_ops() / 2).max(1);
     for chunk in writes.chunks(per_txn) {
-        commit_chunk(&state, &node, chunk, &mut reply).await?;
+        if !commit_chunk(&state, chunk, &mut reply).await? {
+            recheck.extend(chunk.iter().map(|(status, _)| *status));
+        }
+    }
+    for status in recheck {
+        commit_checked_in_store(&state, &node, status, &mut reply).await?;
     }
     Ok(Json(reply))
 }
@@ -256,16 +266,14 @@ fn refusal(id: &str, error: &ApiError) -> RefusedReport {
     }
 }
 
-/// Commits one chunk of a batch in one transaction; when a compare fails
-/// (the view lagged, or an instance changed meanwhile), each report is
-/// checked again against the store and committed on its own, so that only
-/// the ones that conflict are refused.
+/// Commits one chunk of a batch in one transaction; false when a compare
+/// failed (the view lagged, or an instance changed meanwhile) and nothing
+/// was written.
 async fn commit_chunk(
     state: &ApiState,
-    node: &str,
     chunk: &[(&InstanceStatus, Txn)],
     reply: &mut ReportBatchReply,
-) -> ApiResult<()> {
+) -> ApiResult<bool> {
     let mut merged = Txn::new();
     for (_, txn) in chunk {
         merged.compares.extend(txn.compares.iter().cloned());
@@ -273,35 +281,59 @@ async fn commit_chunk(
     }
     match state.store().txn(merged).await? {
         TxnOutcome::Committed { revision } => {
-            reply.revision = Some(revision);
-            return Ok(());
-        }
-        TxnOutcome::CompareFailed { .. } => {}
-    }
-    for (status, _) in chunk {
-        let written = match prepare_report(state, node, status).await {
-            Ok(ReportWrite::Unchanged { .. }) => continue,
-            Ok(ReportWrite::Put(txn)) => commit(state, txn, &status.id).await,
-            Err(error) => Err(error),
-        };
-        match written {
-            Ok(Json(written)) => reply.revision = Some(written.revision),
-            Err(error) if error.status.is_client_error() => {
-                reply.refused.push(refusal(&status.id, &error));
+            if chunk.iter().any(|(_, txn)| !txn.ops.is_empty()) {
+                reply.revision = Some(revision);
             }
-            Err(error) => return Err(error),
+            Ok(true)
         }
+        TxnOutcome::CompareFailed { .. } => Ok(false),
+    }
+}
+
+/// Checks one report against the store and commits it on its own; a
+/// refusal or a conflict is answered for it alone.
+async fn commit_checked_in_store(
+    state: &ApiState,
+    node: &str,
+    status: &InstanceStatus,
+    reply: &mut ReportBatchReply,
+) -> ApiResult<()> {
+    let written = match prepare_report(state, node, status).await {
+        Ok(ReportWrite::Unchanged { .. }) => return Ok(()),
+        Ok(ReportWrite::Put(txn)) => commit(state, txn, &status.id).await,
+        Err(error) => Err(error),
+    };
+    match written {
+        Ok(Json(written)) => reply.revision = Some(written.revision),
+        Err(error) if error.status.is_client_error() => {
+            reply.refused.push(refusal(&status.id, &error));
+        }
+        Err(error) => return Err(error),
     }
     Ok(())
 }
 
 /// What a report needs written.
 enum ReportWrite {
-    /// The record already says exactly this (all but `updated_at`): an
-    /// agent re-sending its reports rewrites nothing.
-    Unchanged { revision: Revision },
+    /// The record at `key` already says exactly this (all but
+    /// `updated_at`): an agent re-sending its reports rewrites nothing.
+    Unchanged { revision: Revision, key: String },
     /// The put, guarded by the placement and the record as checked.
     Put(Txn),
+}
+
+impl ReportWrite {
+    /// The transaction for a check made on the cache's view: an
+    /// unchanged record is still compared, so that a view which lagged
+    /// behind a newer record cannot hide a change.
+    fn guarded(self) -> Txn {
+        match self {
+            ReportWrite::Put(txn) => txn,
+            ReportWrite::Unchanged { revision, key } => {
+                Txn::new().when(Compare::mod_revision(key, CompareOp::Equal, revision))
+            }
+        }
+    }
 }
 
 /// What a report is checked against: the instance's placement under the
@@ -377,14 +409,15 @@ fn check_report(node: &str, status: &InstanceStatus, current: Current) -> ApiRes
         .as_ref()
         .and_then(|(record, _)| record.as_ref());
     check_reporter(record, node, id, placed_here)?;
+    let observed_key = keys::observed_instance(id);
     if let Some((Some(record), revision)) = &current.observed
         && same_report(record, status)
     {
         return Ok(ReportWrite::Unchanged {
             revision: *revision,
+            key: observed_key,
         });
     }
-    let observed_key = keys::observed_instance(id);
     Ok(ReportWrite::Put(
         Txn::new()
             // The placement and the record must still be as checked.

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -178,4 +179,56 @@ pub(crate) fn program(services: &[(&str, u32)]) -> Program {
 
 pub(crate) fn json<T: serde::Serialize>(value: &T) -> Value {
     serde_json::to_value(value).expect("encodes")
+}
+
+/// A store whose whole-keyspace watch (the cache's) opens only when the
+/// gate does: the cache, and the grant index following it, lag behind the
+/// hub's own watch of placements for as long as the test wants.
+pub(crate) struct GatedStore {
+    pub(crate) inner: Arc<dyn cca_store::Store>,
+    pub(crate) gate: tokio::sync::watch::Receiver<bool>,
+}
+
+#[async_trait::async_trait]
+impl cca_store::Store for GatedStore {
+    async fn get(&self, key: &str) -> cca_store::Result<Option<cca_store::KeyValue>> {
+        self.inner.get(key).await
+    }
+    async fn range(
+        &self,
+        request: cca_store::RangeRequest,
+    ) -> cca_store::Result<cca_store::RangePage> {
+        self.inner.range(request).await
+    }
+    async fn txn(&self, txn: cca_store::Txn) -> cca_store::Result<cca_store::TxnOutcome> {
+        self.inner.txn(txn).await
+    }
+    async fn watch(
+        &self,
+        prefix: &str,
+        from_revision: cca_store::Revision,
+    ) -> cca_store::Result<cca_store::WatchStream> {
+        if prefix.is_empty() {
+            let _ = self.gate.clone().wait_for(|open| *open).await;
+        }
+        self.inner.watch(prefix, from_revision).await
+    }
+    async fn grant_lease(&self, ttl: Duration) -> cca_store::Result<cca_store::LeaseId> {
+        self.inner.grant_lease(ttl).await
+    }
+    async fn keep_alive(&self, lease: cca_store::LeaseId) -> cca_store::Result<Duration> {
+        self.inner.keep_alive(lease).await
+    }
+    async fn revoke_lease(&self, lease: cca_store::LeaseId) -> cca_store::Result<()> {
+        self.inner.revoke_lease(lease).await
+    }
+    async fn compact(&self, revision: cca_store::Revision) -> cca_store::Result<()> {
+        self.inner.compact(revision).await
+    }
+    async fn current_revision(&self) -> cca_store::Result<cca_store::Revision> {
+        self.inner.current_revision().await
+    }
+    fn max_txn_ops(&self) -> usize {
+        self.inner.max_txn_ops()
+    }
 }
