@@ -233,7 +233,7 @@ pub(crate) async fn report_batch(
             Err(_) => recheck.push(status),
         }
     }
-    // Each report is two compares and one put.
+    // Each report is at most two compares and one put.
     let per_txn = (state.store().max_txn_ops() / 2).max(1);
     for chunk in writes.chunks(per_txn) {
         if !commit_chunk(&state, chunk, &mut reply).await? {
@@ -418,26 +418,32 @@ fn check_report(node: &str, status: &InstanceStatus, current: Current) -> ApiRes
             key: observed_key,
         });
     }
+    // The placement must still be as checked. While the instance is
+    // placed here no other node may write its record, and this node's
+    // reports come one after another, so the record needs no compare (one
+    // would fail whenever the view has not yet seen this node's previous
+    // report); after a move it must still be as checked.
+    let placement = Compare::mod_revision(
+        keys::derived_instance(&status.service, id),
+        CompareOp::Equal,
+        current
+            .placement
+            .as_ref()
+            .map_or(0, |(_, revision)| *revision),
+    );
+    let mut txn = Txn::new().when(placement);
+    if !placed_here {
+        txn = txn.when(Compare::mod_revision(
+            &observed_key,
+            CompareOp::Equal,
+            current
+                .observed
+                .as_ref()
+                .map_or(0, |(_, revision)| *revision),
+        ));
+    }
     Ok(ReportWrite::Put(
-        Txn::new()
-            // The placement and the record must still be as checked.
-            .when(Compare::mod_revision(
-                keys::derived_instance(&status.service, id),
-                CompareOp::Equal,
-                current
-                    .placement
-                    .as_ref()
-                    .map_or(0, |(_, revision)| *revision),
-            ))
-            .when(Compare::mod_revision(
-                &observed_key,
-                CompareOp::Equal,
-                current
-                    .observed
-                    .as_ref()
-                    .map_or(0, |(_, revision)| *revision),
-            ))
-            .then(Op::put(&observed_key, encode(status))),
+        txn.then(Op::put(&observed_key, encode(status))),
     ))
 }
 
