@@ -5,20 +5,22 @@
 //! environment (host paths for processes, `/run/…` with read-only mounts
 //! for images), and go with the instance.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cca_agent::desired::Desired;
 use cca_agent::files::FileSource;
 use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
 use cca_api::types::{Assignment, InstanceFile};
-use cca_model::cluster::{Instance, InstanceState};
-use cca_model::spec::{Cpu, Memory, Placement, Resources, ServiceSpec, UpdateStrategy, Workload};
+use cca_model::cluster::InstanceState;
+use cca_model::spec::{Placement, Resources, ServiceSpec, UpdateStrategy, Workload};
 use cca_runtime::fake::{Call, FakeRuntime};
 use cca_runtime::{InstanceSpec, Runtime};
+use support::{desired, tick_until};
 
 /// Answers what it holds, or the API's refusal while it holds nothing.
 #[derive(Debug, Default)]
@@ -49,20 +51,7 @@ fn file(path: &str, content: &str) -> InstanceFile {
 
 fn assignment(id: &str, workload: Workload) -> Assignment {
     Assignment {
-        instance: Instance {
-            id: id.into(),
-            service: "web".into(),
-            node: "n1".into(),
-            ordinal: None,
-            spec_hash: "h".into(),
-            cpu: Cpu(0),
-            memory: Memory(0),
-            host_ports: BTreeMap::new(),
-            created_at: 0,
-            stopping: false,
-            replaces: None,
-            failures: Vec::new(),
-        },
+        instance: support::instance(id, "web"),
         spec: Some(ServiceSpec {
             name: "web".into(),
             workload,
@@ -85,17 +74,6 @@ fn assignment(id: &str, workload: Workload) -> Assignment {
     }
 }
 
-fn desired(assignments: Vec<Assignment>) -> Desired {
-    Desired {
-        revision: 1,
-        known: true,
-        assignments: assignments
-            .into_iter()
-            .map(|a| (a.instance.id.clone(), a))
-            .collect(),
-    }
-}
-
 fn supervisor(fake: &Arc<FakeRuntime>, data: &Path, source: &Arc<Source>) -> Supervisor {
     let config = SupervisorConfig {
         restart_threshold: 3,
@@ -110,22 +88,6 @@ fn supervisor(fake: &Arc<FakeRuntime>, data: &Path, source: &Arc<Source>) -> Sup
         data.join("files"),
         Arc::clone(source) as Arc<dyn FileSource>,
     )
-}
-
-async fn tick_until(
-    supervisor: &mut Supervisor,
-    desired: &Desired,
-    what: &str,
-    done: impl Fn(&Tick) -> bool,
-) -> Tick {
-    for _ in 0..300 {
-        let tick = supervisor.tick(desired).await;
-        if done(&tick) {
-            return tick;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never reached: {what}");
 }
 
 fn state(tick: &Tick) -> Option<InstanceState> {

@@ -11,6 +11,8 @@
 //! named in the environment of process workloads, kept when an instance
 //! goes.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,11 +24,12 @@ use cca_api::types::Assignment;
 use cca_image::{Digest, ImageConfig, ImageRecord, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{
-    Cpu, InitStep, Memory, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy,
-    VolumeSpec, Workload,
+    InitStep, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy, VolumeSpec,
+    Workload,
 };
 use cca_runtime::fake::{Call, FakeRuntime};
 use cca_runtime::{InstanceSpec, Mount, Runtime};
+use support::{desired, tick_until};
 
 fn service(workload: Workload) -> ServiceSpec {
     ServiceSpec {
@@ -56,18 +59,9 @@ fn service(workload: Workload) -> ServiceSpec {
 fn assignment(id: &str, workload: Workload, stopping: bool) -> Assignment {
     Assignment {
         instance: Instance {
-            id: id.into(),
-            service: "web".into(),
-            node: "n1".into(),
-            ordinal: None,
-            spec_hash: "h".into(),
-            cpu: Cpu(0),
-            memory: Memory(0),
             host_ports: BTreeMap::from([("http".into(), 20001)]),
-            created_at: 0,
             stopping,
-            replaces: None,
-            failures: Vec::new(),
+            ..support::instance(id, "web")
         },
         spec: Some(service(workload)),
         secrets: Vec::new(),
@@ -77,17 +71,6 @@ fn assignment(id: &str, workload: Workload, stopping: bool) -> Assignment {
 fn run(command: &str) -> Workload {
     Workload::Process {
         run: command.into(),
-    }
-}
-
-fn desired(assignments: Vec<Assignment>) -> Desired {
-    Desired {
-        revision: 1,
-        known: true,
-        assignments: assignments
-            .into_iter()
-            .map(|a| (a.instance.id.clone(), a))
-            .collect(),
     }
 }
 
@@ -102,23 +85,6 @@ fn supervisor(fake: &Arc<FakeRuntime>) -> Supervisor {
     };
     let runtime: Arc<dyn Runtime> = Arc::clone(fake) as Arc<dyn Runtime>;
     Supervisor::new("n1", "127.0.0.1", runtime, config, BTreeMap::new())
-}
-
-/// Ticks until `done` holds for the status of `id` (at most ~3 s).
-async fn tick_until(
-    supervisor: &mut Supervisor,
-    desired: &Desired,
-    id: &str,
-    done: impl Fn(&Tick) -> bool,
-) -> Tick {
-    for _ in 0..300 {
-        let tick = supervisor.tick(desired).await;
-        if done(&tick) {
-            return tick;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("{id} never reached the expected state");
 }
 
 fn state_of(tick: &Tick, id: &str) -> Option<InstanceState> {
