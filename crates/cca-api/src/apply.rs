@@ -13,44 +13,19 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cca_model::cluster::{EventLevel, Millis};
-use cca_model::keys;
 use cca_model::spec::{Fact, Program};
+use cca_model::{Key, keys};
 use cca_store::{Compare, CompareOp, KeyValue, Op, RangeRequest, Txn, TxnOutcome};
-use serde::{Deserialize, Serialize};
 
 use crate::error::{ApiError, ApiResult};
 use crate::state::{ApiState, encode, now_millis};
 use crate::types::ApplyReport;
 use crate::validate::check_program;
 
-/// Prefixes whose facts come from programs (and only from programs).
-pub(crate) const PROGRAM_PREFIXES: &[&str] = &[
-    keys::DESIRED_SERVICES,
-    "desired/gate/",
-    "desired/connection/",
-    "desired/secret-decl/",
-    "desired/network/policy/",
-    "desired/group/",
-];
-
-/// Root of the API's bookkeeping about services (when first applied).
-/// Kept outside `desired/service/` so programs and the cache ignore it.
-pub(crate) const SERVICE_META: &str = "desired/service-meta/";
-
 /// How many times a conflicting apply is re-planned before giving up.
 const ATTEMPTS: usize = 5;
 
-/// `desired/service-meta/{svc}`: when the service was applied.
-pub(crate) fn service_meta_key(service: &str) -> String {
-    format!("{SERVICE_META}{service}")
-}
-
-/// What the API remembers about a service besides its spec.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct ServiceMeta {
-    pub(crate) created_at: Millis,
-    pub(crate) updated_at: Millis,
-}
+pub(crate) use cca_model::cluster::ServiceMeta;
 
 /// A planned apply: the report and the transaction that makes it true.
 #[derive(Debug)]
@@ -150,7 +125,7 @@ fn plan_service_meta(
 ) {
     let written = report.created.iter().chain(&report.changed);
     for service in written.filter_map(|key| service_of_spec_key(key)) {
-        let key = service_meta_key(service);
+        let key = keys::desired_service_meta(&service);
         let existing = current.get(&key);
         let created_at = existing
             .and_then(|kv| serde_json::from_slice::<ServiceMeta>(&kv.value).ok())
@@ -167,7 +142,7 @@ fn plan_service_meta(
         .iter()
         .filter_map(|key| service_of_spec_key(key))
     {
-        let key = service_meta_key(service);
+        let key = keys::desired_service_meta(&service);
         if let Some(kv) = current.get(&key) {
             guard(txn, &key, Some(kv));
             txn.ops.push(Op::delete(key));
@@ -182,23 +157,28 @@ fn guard(txn: &mut Txn, key: &str, read: Option<&KeyValue>) {
         .push(Compare::mod_revision(key, CompareOp::Equal, revision));
 }
 
+/// True for the kinds of fact that programs manage (the fact table's
+/// `applied` column).
 fn is_program_managed(key: &str) -> bool {
-    PROGRAM_PREFIXES
-        .iter()
-        .any(|prefix| key.starts_with(prefix))
+    Key::parse(key).is_some_and(|key| key.kind().info().applied)
 }
 
-/// True for sub-facts (`desired/service/{svc}/…`) of a service the program defines.
+/// True for sub-facts (tags, grants) of a service the program defines.
 fn belongs_to_program(key: &str, program: &Program) -> bool {
-    key.strip_prefix(keys::DESIRED_SERVICES)
-        .and_then(|rest| rest.split_once('/'))
-        .is_some_and(|(service, _)| program.services.contains_key(service))
+    match Key::parse(key) {
+        Some(Key::ServiceTag { service, .. } | Key::ServiceGrant { service, .. }) => {
+            program.services.contains_key(&service)
+        }
+        _ => false,
+    }
 }
 
 /// `desired/service/{svc}` → `svc` (not for sub-facts).
-fn service_of_spec_key(key: &str) -> Option<&str> {
-    key.strip_prefix(keys::DESIRED_SERVICES)
-        .filter(|rest| !rest.contains('/'))
+fn service_of_spec_key(key: &str) -> Option<String> {
+    match Key::parse(key) {
+        Some(Key::Service { service }) => Some(service),
+        _ => None,
+    }
 }
 
 fn summarize(report: &ApplyReport) -> String {

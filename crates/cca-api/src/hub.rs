@@ -1,37 +1,34 @@
-//! The assignment hub: one store watch on `derived/instances/` for the
-//! whole API server, decoded once and routed to the assignment streams of
-//! the nodes concerned. A watch per stream made every placement change cost
-//! O(nodes) — the store cloned each event for every stream, every stream
-//! decoded it and kept its own map of the whole cluster's placements — which
-//! is what kept 100,000 instances on 2,500 nodes from converging. Here a
-//! change costs O(1) plus the lines it produces, and the placement map is
-//! kept once.
+//! The assignment hub: an index over the server's one cache that routes
+//! every placement change to the assignment streams of the nodes concerned.
+//! It keeps each node's placements (built from the cache's view, then kept
+//! current from the cache's decoded changes), so a change costs O(1) plus
+//! the lines it produces, with no store watch or read of its own.
 //!
 //! A bounded history of recent lines lets a reconnecting agent resume
 //! where it left off; older `from` revisions get a `compacted` line (the
 //! agent reconnects for a snapshot), as a compacted store watch would. A
-//! subscriber that falls behind, or a hub that must relist (its watch was
-//! compacted or broke), ends the streams concerned: agents reconnect and
-//! resume or resnapshot, so no line is ever silently lost.
+//! subscriber that falls behind, or a hub that must rebuild (the cache
+//! relisted, or the hub lagged behind its change feed), ends the streams
+//! concerned: agents reconnect and resume or resnapshot, so no line is ever
+//! silently lost.
 //!
-//! An assignment also carries its service's spec (from the cache's view)
-//! and explicit secret grants (from the [`GrantIndex`](crate::grants)),
-//! both fed by the cache's watch, which may lag behind this one. Before
-//! building the lines of revision R (or a snapshot at R), the hub waits
-//! until both have applied R, so a grant or spec committed with a placement
-//! or before it is in the placement's line. The wait costs nothing when
-//! they are ahead, and no store read.
+//! An assignment also carries its service's spec and explicit secret
+//! grants. The cache publishes a revision's view before it broadcasts the
+//! revision's changes, so the view the hub reads while routing revision R
+//! holds everything committed up to R: a grant or spec committed with a
+//! placement, or before it, is in the placement's line without any wait.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
+use cca_control::cache::Change;
+use cca_control::view::View;
 use cca_model::cluster::Instance;
-use cca_model::keys;
-use cca_store::{RangeRequest, Revision, WatchEvent, WatchMessage, WatchStream};
-use tokio::sync::{OnceCell, mpsc, watch};
+use cca_model::spec::SecretGrant;
+use cca_model::{Key, Revision, Value};
+use tokio::sync::{OnceCell, broadcast, mpsc, watch};
 
-use crate::error::{ApiError, ApiResult};
+use crate::error::ApiResult;
 use crate::state::ApiState;
 use crate::types::{Assignment, AssignmentLine};
 
@@ -68,17 +65,13 @@ pub(crate) struct AssignmentHub {
 
 #[derive(Debug, Default)]
 struct HubState {
-    /// False while (re)listing: new streams are refused with 503.
-    ready: bool,
     /// Every event up to this revision is applied.
     revision: Revision,
     /// Every line of a revision ≥ this is in `history`.
     history_from: Revision,
     history: VecDeque<(String, Line)>,
-    /// Placement key → the node it is on.
-    node_of: HashMap<String, String>,
-    /// Node → its placements by key.
-    placed: HashMap<String, BTreeMap<String, Instance>>,
+    /// Node → its placements by instance id.
+    placed: HashMap<String, BTreeMap<String, Arc<Instance>>>,
     subscribers: HashMap<String, Vec<Subscriber>>,
 }
 
@@ -98,23 +91,16 @@ impl AssignmentHub {
         node: &str,
         from: Revision,
     ) -> ApiResult<Subscription> {
-        self.started
-            .get_or_try_init(|| self.start(api))
-            .await
-            .map_err(ApiError::from)?;
+        self.started.get_or_init(|| async { self.start(api) }).await;
         let mut state = self.lock();
-        if !state.ready {
-            return Err(ApiError::unavailable(
-                "the assignment stream is catching up with the store; retry shortly",
-            ));
-        }
         let first = if from == 0 {
+            let view = api.cache().view();
             let assignments = state
                 .placed
                 .get(node)
                 .into_iter()
                 .flat_map(BTreeMap::values)
-                .map(|instance| assignment(api, instance.clone()))
+                .map(|instance| assignment(&view, instance))
                 .collect();
             vec![Arc::new(AssignmentLine::Snapshot {
                 revision: state.revision,
@@ -141,161 +127,103 @@ impl AssignmentHub {
         Ok(Subscription::Live { first, live })
     }
 
-    /// Lists the placements and starts following them.
-    async fn start(self: &Arc<Self>, api: &ApiState) -> cca_store::Result<()> {
-        // Grants first: an assignment built from placements listed after
-        // them names every grant its service had by then.
-        api.grants().start(api).await?;
-        let stream = self.relist(api).await?;
+    /// Indexes the cache's view and starts following its changes.
+    fn start(self: &Arc<Self>, api: &ApiState) {
+        // Subscribe before reading the view: a change between the two is
+        // then both in the feed and skipped as already indexed.
+        let changes = api.cache().subscribe();
+        self.rebuild(&api.cache().view());
         let hub = Arc::clone(self);
         let api = api.clone();
         tokio::spawn(async move {
             let shutdown = api.shutdown_signal();
-            hub.follow(api, stream, shutdown).await;
+            hub.follow(api, changes, shutdown).await;
         });
-        Ok(())
     }
 
-    /// Loads every placement and opens the watch right after it. Streams
-    /// open so far end: they may have missed changes.
-    async fn relist(&self, api: &ApiState) -> cca_store::Result<WatchStream> {
-        {
-            let mut state = self.lock();
-            state.ready = false;
-            state.subscribers.clear();
-        }
-        let page = api
-            .store()
-            .range(RangeRequest::prefix(keys::DERIVED_INSTANCES))
-            .await?;
-        let stream = api
-            .store()
-            .watch(keys::DERIVED_INSTANCES, page.revision + 1)
-            .await?;
-        // Snapshots built at `page.revision` must name what was granted by
-        // then; a server shutting down meanwhile serves no more streams.
-        if !caught_up(api, page.revision, &mut api.shutdown_signal()).await {
-            return Err(cca_store::StoreError::Closed);
-        }
+    /// Indexes every placement of `view`. Streams open so far end: they
+    /// may have missed changes.
+    fn rebuild(&self, view: &View) {
         let mut state = self.lock();
-        state.node_of.clear();
+        state.subscribers.clear();
         state.placed.clear();
         state.history.clear();
-        for kv in page.kvs {
-            if let Some(instance) = decode_instance(&kv.value) {
-                state.node_of.insert(kv.key.clone(), instance.node.clone());
-                state
-                    .placed
-                    .entry(instance.node.clone())
-                    .or_default()
-                    .insert(kv.key, instance);
-            }
+        for (id, instance) in view.instances.iter() {
+            state
+                .placed
+                .entry(instance.node.clone())
+                .or_default()
+                .insert(id.clone(), Arc::clone(&instance.value));
         }
-        state.revision = page.revision;
-        state.history_from = page.revision + 1;
-        state.ready = true;
-        Ok(stream)
+        state.revision = view.revision;
+        state.history_from = view.revision + 1;
     }
 
-    /// Applies the watch until the server shuts down, relisting (with
-    /// backoff while the store is unreachable) when it is compacted or
-    /// breaks.
+    /// Routes the cache's changes until the server shuts down, rebuilding
+    /// from the view when the cache relists or the feed lagged.
     async fn follow(
         &self,
         api: ApiState,
-        mut stream: WatchStream,
+        mut changes: broadcast::Receiver<Arc<Change>>,
         mut shutdown: watch::Receiver<bool>,
     ) {
-        let mut backoff = Duration::from_millis(100);
         loop {
-            let message = tokio::select! {
-                message = stream.next() => message,
+            let change = tokio::select! {
+                change = changes.recv() => change,
                 _ = shutdown.wait_for(|stop| *stop) => return,
             };
-            match message {
-                Some(Ok(WatchMessage::Events { revision, events })) => {
-                    if !caught_up(&api, revision, &mut shutdown).await {
-                        return;
-                    }
-                    self.apply(&api, revision, events);
-                    continue;
+            match change {
+                Ok(change) if change.relisted => self.rebuild(&api.cache().view()),
+                Ok(change) => self.apply(&api.cache().view(), &change),
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    tracing::info!(missed, "assignment hub fell behind the cache; rebuilding");
+                    self.rebuild(&api.cache().view());
                 }
-                Some(Ok(WatchMessage::Compacted { compact_revision })) => {
-                    tracing::info!(compact_revision, "assignment watch compacted; relisting");
-                }
-                Some(Err(error)) => {
-                    tracing::warn!(%error, "assignment watch failed; relisting");
-                }
-                None => tracing::warn!("assignment watch ended; relisting"),
-            }
-            loop {
-                match self.relist(&api).await {
-                    Ok(relisted) => {
-                        stream = relisted;
-                        backoff = Duration::from_millis(100);
-                        break;
-                    }
-                    Err(error) => {
-                        tracing::warn!(%error, "relisting placements failed; retrying");
-                        tokio::select! {
-                            () = tokio::time::sleep(backoff) => {}
-                            _ = shutdown.wait_for(|stop| *stop) => return,
-                        }
-                        backoff = (backoff * 2).min(Duration::from_secs(5));
-                    }
-                }
+                Err(broadcast::error::RecvError::Closed) => return,
             }
         }
     }
 
-    /// Routes one revision's events to the nodes they concern.
-    fn apply(&self, api: &ApiState, revision: Revision, events: Vec<WatchEvent>) {
-        // Decode outside the lock: subscribing streams wait on it.
-        let decoded: Vec<(String, Option<Instance>)> = events
-            .into_iter()
-            .filter_map(|event| match event {
-                WatchEvent::Put(kv) => {
-                    decode_instance(&kv.value).map(|instance| (kv.key, Some(instance)))
-                }
-                WatchEvent::Delete { key, .. } => Some((key, None)),
-            })
-            .collect();
+    /// Routes one revision's placement changes to the nodes they concern.
+    /// `view` is at the change's revision or later.
+    fn apply(&self, view: &View, change: &Change) {
         let mut state = self.lock();
-        for (key, instance) in decoded {
-            let id = key.rsplit('/').next().unwrap_or_default().to_owned();
-            let was = match &instance {
-                Some(instance) => state.node_of.insert(key.clone(), instance.node.clone()),
-                None => state.node_of.remove(&key),
+        if change.revision <= state.revision {
+            return;
+        }
+        let revision = change.revision;
+        for fact in &change.facts {
+            let Key::Instance { id, .. } = &fact.key else {
+                continue;
             };
-            if let Some(was) = was
-                && instance
-                    .as_ref()
-                    .is_none_or(|instance| instance.node != was)
+            let old = instance_of(fact.old.as_ref());
+            let new = instance_of(fact.new.as_ref());
+            if let Some(was) = old
+                && new.is_none_or(|new| new.node != was.node)
             {
-                if let Some(placed) = state.placed.get_mut(&was) {
-                    placed.remove(&key);
+                if let Some(placed) = state.placed.get_mut(&was.node) {
+                    placed.remove(id);
                     if placed.is_empty() {
-                        state.placed.remove(&was);
+                        state.placed.remove(&was.node);
                     }
                 }
                 let line = AssignmentLine::Delete {
                     revision,
                     id: id.clone(),
                 };
-                state.route(was, Arc::new(line));
+                state.route(was.node.clone(), Arc::new(line));
             }
-            if let Some(instance) = instance {
-                let node = instance.node.clone();
+            if let Some(instance) = new {
                 state
                     .placed
-                    .entry(node.clone())
+                    .entry(instance.node.clone())
                     .or_default()
-                    .insert(key, instance.clone());
+                    .insert(id.clone(), Arc::clone(instance));
                 let line = AssignmentLine::Put {
                     revision,
-                    assignment: Box::new(assignment(api, instance)),
+                    assignment: Box::new(assignment(view, instance)),
                 };
-                state.route(node, Arc::new(line));
+                state.route(instance.node.clone(), Arc::new(line));
             }
         }
         state.revision = revision;
@@ -339,27 +267,6 @@ impl HubState {
     }
 }
 
-/// Waits until the grant index and the cache's view have applied
-/// `revision`; false when the server shuts down first.
-async fn caught_up(
-    api: &ApiState,
-    revision: Revision,
-    shutdown: &mut watch::Receiver<bool>,
-) -> bool {
-    let wait = async {
-        api.grants().caught_up(revision).await;
-        // The index follows the cache's change feed, so the view is there
-        // too unless the index relisted from the store ahead of it.
-        if let Err(error) = api.cache().view_at_least(revision).await {
-            tracing::warn!(%error, revision, "the cache is gone; assignments may lack specs");
-        }
-    };
-    tokio::select! {
-        () = wait => true,
-        _ = shutdown.wait_for(|stop| *stop) => false,
-    }
-}
-
 fn revision_of(line: &AssignmentLine) -> Revision {
     match line {
         AssignmentLine::Snapshot { revision, .. }
@@ -369,23 +276,34 @@ fn revision_of(line: &AssignmentLine) -> Revision {
     }
 }
 
-fn decode_instance(value: &[u8]) -> Option<Instance> {
-    serde_json::from_slice(value).ok()
+fn instance_of(value: Option<&Value>) -> Option<&Arc<Instance>> {
+    match value {
+        Some(Value::Instance(instance)) => Some(instance),
+        _ => None,
+    }
 }
 
 /// An instance with its service's spec and explicit secret grants, as the
 /// agent runs it.
-fn assignment(api: &ApiState, instance: Instance) -> Assignment {
-    let spec = api
-        .cache()
-        .view()
+fn assignment(view: &View, instance: &Instance) -> Assignment {
+    let spec = view
         .services
         .get(&instance.service)
         .map(|spec| (*spec.value).clone());
-    let secrets = api.grants().explicit(&instance.service);
     Assignment {
-        instance,
+        instance: instance.clone(),
         spec,
-        secrets,
+        secrets: explicit_grants(view, &instance.service),
     }
+}
+
+/// The secrets `service` is granted explicitly, sorted.
+pub(crate) fn explicit_grants(view: &View, service: &str) -> Vec<String> {
+    view.grants
+        .get(service)
+        .into_iter()
+        .flat_map(|grants| grants.iter())
+        .filter(|(_, grant)| matches!(*grant.value, SecretGrant::Explicit))
+        .map(|(secret, _)| secret.clone())
+        .collect()
 }

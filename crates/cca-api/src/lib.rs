@@ -8,7 +8,6 @@
 mod apply;
 pub mod client;
 pub mod error;
-mod grants;
 mod hub;
 mod metrics;
 mod read;

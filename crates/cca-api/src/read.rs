@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 
 use cca_control::View;
-use cca_model::cluster::{InstanceState, Millis};
+use cca_model::cluster::InstanceState;
 use cca_model::spec::{Cpu, Memory, ServiceSpec, Workload};
 
 use crate::types::{ClusterStatus, InstanceSummary, NodeCounts, NodeSummary, ServiceSummary};
@@ -22,24 +22,15 @@ pub(crate) struct InstanceFilter {
 }
 
 /// One row per service carrying every tag in `tags`.
-pub(crate) fn services(
-    view: &View,
-    tags: &[(String, String)],
-    created: &BTreeMap<String, Millis>,
-) -> Vec<ServiceSummary> {
+pub(crate) fn services(view: &View, tags: &[(String, String)]) -> Vec<ServiceSummary> {
     view.services
         .iter()
         .filter(|(name, _)| has_tags(view, name, tags))
-        .map(|(name, spec)| service_summary(view, name, spec, created.get(name).copied()))
+        .map(|(name, spec)| service_summary(view, name, spec))
         .collect()
 }
 
-pub(crate) fn service_summary(
-    view: &View,
-    name: &str,
-    spec: &ServiceSpec,
-    created_at: Option<Millis>,
-) -> ServiceSummary {
+pub(crate) fn service_summary(view: &View, name: &str, spec: &ServiceSpec) -> ServiceSummary {
     let mine = || view.instances.values().filter(|i| i.service == name);
     let running = mine()
         .filter(|i| state_of(view, &i.id) == Some(InstanceState::Running))
@@ -57,9 +48,13 @@ pub(crate) fn service_summary(
         tags: view
             .tags
             .get(name)
-            .map(|tags| tags.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+            .map(|tags| {
+                tags.iter()
+                    .map(|(k, v)| (k.clone(), (*v.value).clone()))
+                    .collect()
+            })
             .unwrap_or_default(),
-        created_at,
+        created_at: view.service_meta.get(name).map(|meta| meta.created_at),
     }
 }
 
@@ -67,7 +62,7 @@ fn has_tags(view: &View, service: &str, tags: &[(String, String)]) -> bool {
     let held = view.tags.get(service);
     tags.iter().all(|(key, value)| {
         held.and_then(|held| held.get(key))
-            .is_some_and(|held| held == value)
+            .is_some_and(|held| *held.value == *value)
     })
 }
 

@@ -17,7 +17,6 @@ use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKe
 use aws_lc_rs::digest;
 use cca_model::cluster::Millis;
 use cca_model::spec::ConnectionSpec;
-use serde::{Deserialize, Serialize};
 
 /// Length of the cluster's secret key, in bytes.
 pub const KEY_LEN: usize = 32;
@@ -127,17 +126,7 @@ impl SecretValue {
     }
 }
 
-/// The record stored at `desired/secret/{name}`: hex nonce and ciphertext
-/// (the 16-byte tag appended), the key's id and when the value was set.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SealedSecret {
-    pub format: u32,
-    pub algorithm: String,
-    pub key_id: String,
-    pub nonce: String,
-    pub ciphertext: String,
-    pub set_at: Millis,
-}
+pub use cca_model::spec::SealedSecret;
 
 impl SecretKey {
     /// A key from its 32 bytes.

@@ -1,9 +1,9 @@
 //! What every handler shares: the store (for writes and exact reads), the
 //! watch-fed cache (for fast, consistent reads), limits, the request
 //! metrics, a pluggable renderer for the control plane's own metrics, the
-//! assignment hub feeding every agent's stream (with the index of secret
-//! grants it reads), the cluster's secret key, and the shutdown signal
-//! that ends long-lived streams.
+//! assignment hub feeding every agent's stream (an index over the cache),
+//! the cluster's secret key, and the shutdown signal that ends long-lived
+//! streams.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
@@ -16,7 +16,6 @@ use cca_store::{Op, Store};
 use tokio::sync::{Semaphore, watch};
 
 use crate::error::{ApiError, ApiResult};
-use crate::grants::GrantIndex;
 use crate::hub::AssignmentHub;
 use crate::metrics::RequestMetrics;
 use crate::secrets::SecretKey;
@@ -76,7 +75,6 @@ struct Inner {
     shutdown: watch::Sender<bool>,
     event_seq: AtomicU32,
     assignments: Arc<AssignmentHub>,
-    grants: Arc<GrantIndex>,
     secret_key: RwLock<Option<Arc<SecretKey>>>,
 }
 
@@ -109,7 +107,6 @@ impl ApiState {
             shutdown,
             event_seq: AtomicU32::new(fastrand::u32(..1_000_000)),
             assignments: Arc::default(),
-            grants: Arc::default(),
             secret_key: RwLock::new(None),
         };
         Self {
@@ -141,11 +138,6 @@ impl ApiState {
                     "this server has no secret key, so it cannot store or read secret values: start `cca server` with --secret-key-file",
                 )
             })
-    }
-
-    /// Explicit secret grants by service, for assignments.
-    pub(crate) fn grants(&self) -> &Arc<GrantIndex> {
-        &self.inner.grants
     }
 
     pub fn store(&self) -> &dyn Store {

@@ -8,8 +8,8 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use cca_model::Key;
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
-use cca_model::keys;
 use cca_store::{Revision, Store, WatchEvent, WatchMessage};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -154,11 +154,10 @@ fn instance_of(event: &WatchEvent) -> Option<String> {
         WatchEvent::Put(kv) => kv.key.as_str(),
         WatchEvent::Delete { key, .. } => key.as_str(),
     };
-    if let Some(rest) = key.strip_prefix(keys::DERIVED_INSTANCES) {
-        return rest.split_once('/').map(|(_, id)| id.to_owned());
+    match Key::parse(key)? {
+        Key::Instance { id, .. } | Key::InstanceStatus { id } => Some(id),
+        _ => None,
     }
-    key.strip_prefix(keys::OBSERVED_INSTANCES)
-        .map(str::to_owned)
 }
 
 fn lock(seen: &Mutex<Seen>) -> MutexGuard<'_, Seen> {
@@ -211,34 +210,32 @@ impl Seen {
 
     fn change(&mut self, event: WatchEvent, now: Instant) {
         match event {
-            WatchEvent::Put(kv) => {
-                if let Some(rest) = kv.key.strip_prefix(keys::DERIVED_INSTANCES) {
-                    self.placed(rest, &kv.value, kv.create_revision);
-                } else if let Some(id) = kv.key.strip_prefix(keys::OBSERVED_INSTANCES) {
-                    self.reported(id, &kv.value, now);
-                } else if let Some(node) = kv.key.strip_prefix(keys::OBSERVED_HEARTBEATS) {
-                    self.expired.remove(node);
+            WatchEvent::Put(kv) => match Key::parse(&kv.key) {
+                Some(Key::Instance { id, .. }) => self.placed(&id, &kv.value, kv.create_revision),
+                Some(Key::InstanceStatus { id }) => self.reported(&id, &kv.value, now),
+                Some(Key::Heartbeat { node }) => {
+                    self.expired.remove(&node);
                 }
-            }
-            WatchEvent::Delete { key, revision } => {
-                if let Some(rest) = key.strip_prefix(keys::DERIVED_INSTANCES) {
-                    if let Some((_, id)) = rest.split_once('/') {
-                        self.placements.remove(id);
-                    }
-                } else if let Some(id) = key.strip_prefix(keys::OBSERVED_INSTANCES) {
-                    self.running_since.remove(id);
-                } else if let Some(node) = key.strip_prefix(keys::OBSERVED_HEARTBEATS) {
-                    self.expired
-                        .insert(node.to_owned(), Expiry { at: now, revision });
+                _ => {}
+            },
+            WatchEvent::Delete { key, revision } => match Key::parse(&key) {
+                Some(Key::Instance { id, .. }) => {
+                    self.placements.remove(&id);
                 }
-            }
+                Some(Key::InstanceStatus { id }) => {
+                    self.running_since.remove(&id);
+                }
+                Some(Key::Heartbeat { node }) => {
+                    self.expired.insert(node, Expiry { at: now, revision });
+                }
+                _ => {}
+            },
         }
     }
 
-    /// `rest` is `{service}/{id}`.
-    fn placed(&mut self, rest: &str, value: &[u8], created: Revision) {
+    fn placed(&mut self, id: &str, value: &[u8], created: Revision) {
         let Ok(instance) = serde_json::from_slice::<Instance>(value) else {
-            tracing::warn!(key = rest, "an undecodable placement");
+            tracing::warn!(instance = id, "an undecodable placement");
             return;
         };
         self.placements.insert(
@@ -286,7 +283,7 @@ mod tests {
             "spec_hash": "h", "cpu": 100, "memory": 67108864, "host_ports": {},
             "created_at": 0, "stopping": stopping,
         });
-        put(keys::derived_instance("web", id), instance)
+        put(cca_model::keys::derived_instance("web", id), instance)
     }
 
     fn report(id: &str, node: &str, state: &str) -> WatchEvent {
@@ -295,7 +292,7 @@ mod tests {
             "healthy": null, "pid": null, "address": null, "host_ports": {},
             "restarts": 0, "last_exit": null, "message": null, "updated_at": 0,
         });
-        put(keys::observed_instance(id), status)
+        put(cca_model::keys::observed_instance(id), status)
     }
 
     fn delete(key: String) -> WatchEvent {
@@ -330,8 +327,8 @@ mod tests {
             placement("c", "n2", true),
             report("b", "n1", "running"),
             report("b", "n1", "failed"),
-            delete(keys::observed_instance("a")),
-            delete(keys::derived_instance("web", "c")),
+            delete(cca_model::keys::observed_instance("a")),
+            delete(cca_model::keys::derived_instance("web", "c")),
             // Reported before it is seen placed.
             report("d", "n3", "running"),
             placement("d", "n3", false),

@@ -1,8 +1,15 @@
-//! The watch-fed cache: one task lists the store, then follows a watch and
-//! applies every change to a [`View`] (the only writer); readers take O(1)
-//! snapshots. Changed keys are broadcast per revision so controllers wake
-//! only for what concerns them. A compacted watch or a lost stream is
-//! repaired by relisting — never by skipping history.
+//! The watch-fed cache, the one reflector of a server: one task lists the
+//! store, then follows one watch and applies every change to a [`View`]
+//! (the only writer); readers take O(1) snapshots. Each revision's changes
+//! are broadcast decoded ([`Change`]: the key, the value before and after),
+//! so controllers wake only for the kinds that concern them and indexes
+//! (the API's assignment hub) follow the cluster without a watch or a
+//! store read of their own. A compacted watch or a lost stream is repaired
+//! by relisting — never by skipping history.
+//!
+//! Ordering: a revision's view is published before its change is
+//! broadcast, so a subscriber handling the change of revision R always
+//! finds [`Cache::view`] at R or later.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +18,7 @@ use cca_store::{RangeRequest, Revision, Store, StoreError, WatchEvent, WatchMess
 use tokio::sync::{broadcast, watch};
 use tokio::task::JoinHandle;
 
-use crate::view::View;
+use crate::view::{FactChange, View};
 
 /// Keys per page while listing.
 const LIST_PAGE: usize = 5_000;
@@ -21,11 +28,16 @@ const CHANGE_BUFFER: usize = 4_096;
 /// Wait between attempts to relist after a store error.
 const RELIST_BACKOFF: Duration = Duration::from_millis(200);
 
-/// The keys changed at one revision.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// What one revision changed, decoded.
+#[derive(Clone, Debug, PartialEq)]
 pub struct Change {
     pub revision: Revision,
-    pub keys: Vec<String>,
+    /// The facts the revision wrote or deleted (those the view did not
+    /// already hold at that revision are left out).
+    pub facts: Vec<FactChange>,
+    /// The cache relisted the store: anything may have changed, and
+    /// `facts` is empty. Subscribers rebuild from the view.
+    pub relisted: bool,
 }
 
 /// A running cache; dropping it stops the task.
@@ -138,10 +150,13 @@ async fn follow_stream(
     while let Some(message) = stream.next().await {
         match message? {
             WatchMessage::Events { revision, events } => {
-                apply(publish, revision, &events);
-                let keys = events.iter().map(|event| event.key().to_owned()).collect();
+                let facts = apply(publish, revision, &events);
                 // Nobody listening is fine: controllers subscribe later.
-                let _ = changes.send(Arc::new(Change { revision, keys }));
+                let _ = changes.send(Arc::new(Change {
+                    revision,
+                    facts,
+                    relisted: false,
+                }));
             }
             WatchMessage::Compacted { compact_revision } => {
                 tracing::info!(compact_revision, "cache fell behind compaction; relisting");
@@ -152,17 +167,26 @@ async fn follow_stream(
     Ok(())
 }
 
-fn apply(publish: &watch::Sender<Arc<View>>, revision: Revision, events: &[WatchEvent]) {
+/// Applies one revision's events to the view, publishes it and says what
+/// changed.
+fn apply(
+    publish: &watch::Sender<Arc<View>>,
+    revision: Revision,
+    events: &[WatchEvent],
+) -> Vec<FactChange> {
+    let mut facts = Vec::with_capacity(events.len());
     publish.send_modify(|view| {
         let view = Arc::make_mut(view);
         for event in events {
-            match event {
+            let change = match event {
                 WatchEvent::Put(kv) => view.put(&kv.key, &kv.value, kv.mod_revision),
                 WatchEvent::Delete { key, revision } => view.delete(key, *revision),
-            }
+            };
+            facts.extend(change);
         }
         view.revision = view.revision.max(revision);
     });
+    facts
 }
 
 /// Rebuilds the view from a fresh list, retrying until the store answers,
@@ -179,7 +203,8 @@ async fn relist(
                 publish.send_replace(Arc::new(view));
                 let _ = changes.send(Arc::new(Change {
                     revision,
-                    keys: vec![String::new()],
+                    facts: Vec::new(),
+                    relisted: true,
                 }));
                 return;
             }

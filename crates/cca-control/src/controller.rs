@@ -5,8 +5,8 @@
 //! plan in one compare-and-swap transaction guarded by the revisions of the
 //! view — so controllers are deterministic and testable without a store.
 
-use cca_model::Owner;
 use cca_model::cluster::{EventLevel, Millis};
+use cca_model::{Kind, Owner};
 use serde::Serialize;
 
 use crate::view::View;
@@ -21,14 +21,15 @@ pub struct Context {
     pub leader_since: Millis,
 }
 
-/// A controller: a name (its write domain in the ownership table), the key
-/// prefixes whose changes should wake it, and the pure reconcile function.
+/// A controller: a name (its write domain in the ownership table), the
+/// kinds of fact whose changes should wake it, and the pure reconcile
+/// function.
 pub trait Controller: Send + Sync + 'static {
     /// The name under which `cca_model::ownership` lists its prefixes.
     fn name(&self) -> &'static str;
 
-    /// Key prefixes whose changes make this controller reconcile again.
-    fn interests(&self) -> &'static [&'static str];
+    /// Kinds of fact whose changes make this controller reconcile again.
+    fn interests(&self) -> &'static [Kind];
 
     /// Compares what is with what should be and says what to change.
     fn reconcile(&self, view: &View, context: &Context) -> Plan;

@@ -12,15 +12,9 @@ use cca_model::keys;
 use cca_store::{
     Compare, CompareOp, LeaseId, Op, Revision, Store, StoreError, Txn, WatchEvent, WatchMessage,
 };
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-/// The value of `meta/leader`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaderRecord {
-    pub server: String,
-    pub since: Millis,
-}
+pub use cca_model::cluster::LeaderRecord;
 
 /// How this server campaigns.
 #[derive(Clone, Debug)]
@@ -60,7 +54,7 @@ impl Drop for Leadership {
 impl Leadership {
     /// The compare that makes a transaction valid only while we lead.
     pub fn fence(&self) -> Compare {
-        Compare::mod_revision(keys::LEADER, CompareOp::Equal, self.token)
+        Compare::mod_revision(keys::leader(), CompareOp::Equal, self.token)
     }
 
     /// Resolves once leadership is lost (lease gone or unrenewable).
@@ -117,8 +111,8 @@ async fn try_acquire(
     };
     let value = serde_json::to_vec(&record).map_err(|err| StoreError::Backend(err.to_string()))?;
     let txn = Txn::new()
-        .when(Compare::absent(keys::LEADER))
-        .then(Op::put_with_lease(keys::LEADER, value, lease));
+        .when(Compare::absent(keys::leader()))
+        .then(Op::put_with_lease(keys::leader(), value, lease));
     match store.txn(txn).await {
         Ok(outcome) if outcome.is_committed() => {
             let (flag, lost) = watch::channel(false);
@@ -176,16 +170,16 @@ async fn keep_alive(
 /// caller simply campaigns again).
 async fn wait_for_vacancy(store: &dyn Store, ttl: Duration) {
     let watched = async {
-        let Ok(Some(current)) = store.get(keys::LEADER).await else {
+        let Ok(Some(current)) = store.get(&keys::leader()).await else {
             return;
         };
-        let Ok(mut stream) = store.watch(keys::LEADER, current.mod_revision + 1).await else {
+        let Ok(mut stream) = store.watch(&keys::leader(), current.mod_revision + 1).await else {
             return;
         };
         while let Some(Ok(message)) = stream.next().await {
             match message {
                 WatchMessage::Events { events, .. } => {
-                    if events.iter().any(|event| matches!(event, WatchEvent::Delete { key, .. } if key == keys::LEADER)) {
+                    if events.iter().any(|event| matches!(event, WatchEvent::Delete { key, .. } if *key == keys::leader())) {
                         return;
                     }
                 }

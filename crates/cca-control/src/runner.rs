@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use cca_model::cluster::{Event, Millis};
-use cca_model::{keys, ownership};
+use cca_model::{Key, Kind, keys, ownership};
 use cca_store::{Compare, CompareOp, Op, Revision, Store, StoreError, Txn, TxnOutcome};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
@@ -361,7 +361,7 @@ fn count_placements(view: &View, plan: &Plan) -> u64 {
     plan.writes
         .iter()
         .filter(|write| {
-            matches!(write, Write::Put { key, .. } if key.starts_with(keys::DERIVED_INSTANCES) && view.mod_revision(key) == 0)
+            matches!(write, Write::Put { key, .. } if Key::parse(key).is_some_and(|key| key.kind() == Kind::Instance) && view.mod_revision(key) == 0)
         })
         .count() as u64
 }
@@ -451,7 +451,7 @@ async fn rest(until: Option<Instant>, stop: &mut watch::Receiver<bool>) -> bool 
 
 async fn wait_for_interest(
     changes: &mut broadcast::Receiver<Arc<Change>>,
-    interests: &[&str],
+    interests: &[Kind],
 ) -> bool {
     loop {
         let relevant = match changes.recv().await {
@@ -466,9 +466,10 @@ async fn wait_for_interest(
     }
 }
 
-fn touches(change: &Change, interests: &[&str]) -> bool {
-    change
-        .keys
-        .iter()
-        .any(|key| key.is_empty() || interests.iter().any(|prefix| key.starts_with(prefix)))
+fn touches(change: &Change, interests: &[Kind]) -> bool {
+    change.relisted
+        || change
+            .facts
+            .iter()
+            .any(|fact| interests.contains(&fact.kind()))
 }

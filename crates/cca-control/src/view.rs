@@ -1,16 +1,22 @@
-//! [`View`]: an immutable snapshot of the cluster's facts, typed and keyed
-//! for controllers and the API. Built and kept current by the
-//! [`Cache`](crate::cache::Cache); cloning it is O(1) (persistent maps), so
-//! every reconcile and every API request gets its own consistent snapshot.
+//! [`View`]: an immutable snapshot of the cluster's facts, one typed table
+//! per kind of the [fact table](cca_model::facts), at one store revision.
+//! Built and kept current by the [`Cache`](crate::cache::Cache); cloning it
+//! is O(1) (persistent maps), so every reconcile and every API request gets
+//! its own consistent snapshot. Applying a put or a delete says what it
+//! changed ([`FactChange`]: the decoded value before and after), which is
+//! what the cache broadcasts to indexes and controllers.
 
 use std::sync::Arc;
 
 use cca_model::cluster::{
-    Endpoints, Heartbeat, Instance, InstanceStatus, NodeControl, NodeInfo, NodeStatus, Unplaced,
+    Endpoints, Heartbeat, Instance, InstanceStatus, NodeControl, NodeInfo, NodeStatus, ServiceMeta,
+    Unplaced,
 };
-use cca_model::keys;
-use cca_model::spec::ServiceSpec;
-use cca_store::Revision;
+use cca_model::spec::{
+    ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
+    ServiceSpec,
+};
+use cca_model::{Key, Kind, Revision, Value};
 use imbl::OrdMap;
 use serde::de::DeserializeOwned;
 
@@ -38,208 +44,432 @@ impl<T> std::ops::Deref for Versioned<T> {
     }
 }
 
-/// Everything controllers and the API read, at one store revision.
+/// The facts of one kind whose key has one name, by that name.
+pub type Table<T> = OrdMap<String, Versioned<T>>;
+
+/// The facts of one kind whose key has two names, by the first, then the
+/// second (a service's tags, grants and endpoints).
+pub type Grouped<T> = OrdMap<String, Table<T>>;
+
+/// Everything controllers and the API read, at one store revision. Every
+/// kind of fact has its table here except the event log (read by range,
+/// pruned by age) and the leader record (the election's own).
 #[derive(Clone, Debug, Default)]
 pub struct View {
     /// Every change up to and including this revision is reflected.
     pub revision: Revision,
-    /// `desired/service/{svc}`.
-    pub services: OrdMap<String, Versioned<ServiceSpec>>,
-    /// `desired/service/{svc}/tag/{k}`: service → tag → value.
-    pub tags: OrdMap<String, OrdMap<String, String>>,
-    /// `desired/node/{node}`.
-    pub node_controls: OrdMap<String, Versioned<NodeControl>>,
-    /// `observed/node/{node}`.
-    pub nodes: OrdMap<String, Versioned<NodeInfo>>,
-    /// `observed/heartbeat/{node}`: present while the node's lease lives.
-    pub heartbeats: OrdMap<String, Versioned<Heartbeat>>,
-    /// `derived/node/{node}`.
-    pub node_statuses: OrdMap<String, Versioned<NodeStatus>>,
-    /// `derived/instance/{svc}/{id}`, by instance id.
-    pub instances: OrdMap<String, Versioned<Instance>>,
-    /// `observed/instance/{id}`, by instance id.
-    pub statuses: OrdMap<String, Versioned<InstanceStatus>>,
-    /// `derived/unplaced/{svc}`, by service.
-    pub unplaced: OrdMap<String, Versioned<Unplaced>>,
-    /// `derived/endpoint/{svc}/{port}`, by `svc/port`.
-    pub endpoints: OrdMap<String, Versioned<Endpoints>>,
+    pub services: Table<ServiceSpec>,
+    /// Service → tag → value.
+    pub tags: Grouped<String>,
+    /// Service → secret → why the service may read it.
+    pub grants: Grouped<SecretGrant>,
+    pub service_meta: Table<ServiceMeta>,
+    pub gates: Table<GateSpec>,
+    pub connections: Table<ConnectionSpec>,
+    pub secret_declarations: Table<SecretSpec>,
+    /// Sealed values: never opened by the view.
+    pub secrets: Table<SealedSecret>,
+    pub network_policies: Table<NetworkPolicy>,
+    pub groups: Table<GroupSpec>,
+    pub node_controls: Table<NodeControl>,
+    /// Placements by instance id (ids are unique across services).
+    pub instances: Table<Instance>,
+    /// Unplaced demand by service.
+    pub unplaced: Table<Unplaced>,
+    pub node_statuses: Table<NodeStatus>,
+    /// Service → port name → ready backends.
+    pub endpoints: Grouped<Endpoints>,
+    pub nodes: Table<NodeInfo>,
+    /// Present while the node's lease lives.
+    pub heartbeats: Table<Heartbeat>,
+    /// Reported instance states by instance id.
+    pub statuses: Table<InstanceStatus>,
     /// Facts that did not decode, by key, with the reason; shown by the API
     /// so a hand-edited fact is visible instead of silently ignored.
     pub invalid: OrdMap<String, String>,
 }
 
-/// What a store key means to the view.
-enum Slot<'a> {
-    Service(&'a str),
-    Tag(&'a str, &'a str),
-    NodeControl(&'a str),
-    Node(&'a str),
-    Heartbeat(&'a str),
-    NodeStatus(&'a str),
-    Instance(&'a str),
-    Status(&'a str),
-    Unplaced(&'a str),
-    Endpoint(&'a str),
+/// What one put or delete did: the fact's decoded value before and after
+/// (`None` when absent, or when it does not decode).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FactChange {
+    pub key: Key,
+    pub old: Option<Value>,
+    pub new: Option<Value>,
 }
 
-fn slot(key: &str) -> Option<Slot<'_>> {
-    let single = |prefix: &str| key.strip_prefix(prefix).filter(|rest| !rest.contains('/'));
-    if let Some(rest) = key.strip_prefix(keys::DESIRED_SERVICES) {
-        return match rest.split_once('/') {
-            None => Some(Slot::Service(rest)),
-            Some((service, tail)) => tail.strip_prefix("tag/").map(|tag| Slot::Tag(service, tag)),
-        };
+impl FactChange {
+    pub fn kind(&self) -> Kind {
+        self.key.kind()
     }
-    if let Some(rest) = key.strip_prefix(keys::DERIVED_INSTANCES) {
-        return rest.split_once('/').map(|(_, id)| Slot::Instance(id));
-    }
-    if let Some(rest) = key.strip_prefix(keys::DERIVED_ENDPOINTS) {
-        return Some(Slot::Endpoint(rest));
-    }
-    if let Some(name) = single(keys::DESIRED_NODES) {
-        return Some(Slot::NodeControl(name));
-    }
-    if let Some(name) = single(keys::OBSERVED_NODES) {
-        return Some(Slot::Node(name));
-    }
-    if let Some(name) = single(keys::OBSERVED_HEARTBEATS) {
-        return Some(Slot::Heartbeat(name));
-    }
-    if let Some(name) = single(keys::DERIVED_NODES) {
-        return Some(Slot::NodeStatus(name));
-    }
-    if let Some(id) = single(keys::OBSERVED_INSTANCES) {
-        return Some(Slot::Status(id));
-    }
-    single(keys::DERIVED_UNPLACED).map(Slot::Unplaced)
 }
+
+/// One table operation's outcome: the value it replaced or removed and the
+/// value it holds now; `None` when the operation was older than the table.
+type Outcome = Option<(Option<Value>, Option<Value>)>;
 
 impl View {
-    /// Applies one put. Older writes than what the view holds are ignored,
-    /// which makes replaying overlapping history harmless.
-    pub fn put(&mut self, key: &str, value: &[u8], mod_revision: Revision) {
-        let Some(slot) = slot(key) else { return };
-        let result = match slot {
-            Slot::Service(name) => upsert(&mut self.services, name, value, mod_revision),
-            Slot::Tag(service, tag) => match serde_json::from_slice::<String>(value) {
-                Ok(text) => {
-                    self.tags
-                        .entry(service.to_owned())
-                        .or_default()
-                        .insert(tag.to_owned(), text);
-                    Ok(())
-                }
-                Err(err) => Err(err.to_string()),
-            },
-            Slot::NodeControl(name) => upsert(&mut self.node_controls, name, value, mod_revision),
-            Slot::Node(name) => upsert(&mut self.nodes, name, value, mod_revision),
-            Slot::Heartbeat(name) => upsert(&mut self.heartbeats, name, value, mod_revision),
-            Slot::NodeStatus(name) => upsert(&mut self.node_statuses, name, value, mod_revision),
-            Slot::Instance(id) => upsert(&mut self.instances, id, value, mod_revision),
-            Slot::Status(id) => upsert(&mut self.statuses, id, value, mod_revision),
-            Slot::Unplaced(service) => upsert(&mut self.unplaced, service, value, mod_revision),
-            Slot::Endpoint(name) => upsert(&mut self.endpoints, name, value, mod_revision),
-        };
-        match result {
-            Ok(()) => {
+    /// Applies one put and says what changed. Writes older than what the
+    /// view holds are ignored (`None`), which makes replaying overlapping
+    /// history harmless; keys outside the fact table are ignored too.
+    pub fn put(&mut self, key: &str, bytes: &[u8], revision: Revision) -> Option<FactChange> {
+        let parsed = Key::parse(key)?;
+        let outcome = self.put_typed(&parsed, bytes, revision);
+        match &outcome {
+            Ok(_) => {
                 self.invalid.remove(key);
             }
             Err(reason) => {
                 tracing::warn!(key, %reason, "fact does not decode; ignoring it");
-                self.invalid.insert(key.to_owned(), reason);
+                self.invalid.insert(key.to_owned(), reason.clone());
             }
         }
+        let (old, new) = match outcome {
+            Ok(outcome) => outcome?,
+            // The fact is unusable: for typed readers it is gone.
+            Err(_) => (
+                self.remove_typed(&parsed, revision)
+                    .and_then(|(old, _)| old),
+                None,
+            ),
+        };
+        Some(FactChange {
+            key: parsed,
+            old,
+            new,
+        })
     }
 
-    /// Applies one delete at `revision`.
-    pub fn delete(&mut self, key: &str, revision: Revision) {
+    /// Applies one delete at `revision` and says what changed.
+    pub fn delete(&mut self, key: &str, revision: Revision) -> Option<FactChange> {
         self.invalid.remove(key);
-        let Some(slot) = slot(key) else { return };
-        match slot {
-            Slot::Service(name) => remove(&mut self.services, name, revision),
-            Slot::Tag(service, tag) => {
-                if let Some(tags) = self.tags.get_mut(service) {
-                    tags.remove(tag);
-                    if tags.is_empty() {
-                        self.tags.remove(service);
-                    }
-                }
-            }
-            Slot::NodeControl(name) => remove(&mut self.node_controls, name, revision),
-            Slot::Node(name) => remove(&mut self.nodes, name, revision),
-            Slot::Heartbeat(name) => remove(&mut self.heartbeats, name, revision),
-            Slot::NodeStatus(name) => remove(&mut self.node_statuses, name, revision),
-            Slot::Instance(id) => remove(&mut self.instances, id, revision),
-            Slot::Status(id) => remove(&mut self.statuses, id, revision),
-            Slot::Unplaced(service) => remove(&mut self.unplaced, service, revision),
-            Slot::Endpoint(name) => remove(&mut self.endpoints, name, revision),
-        }
+        let parsed = Key::parse(key)?;
+        let (old, new) = self.remove_typed(&parsed, revision)?;
+        Some(FactChange {
+            key: parsed,
+            old,
+            new,
+        })
     }
 
     /// The mod revision the view holds for `key` (0 when absent): what a
     /// compare-and-swap on that key must expect.
     pub fn mod_revision(&self, key: &str) -> Revision {
-        let Some(slot) = slot(key) else { return 0 };
-        let revision = |found: Option<Revision>| found.unwrap_or(0);
-        match slot {
-            Slot::Service(name) => revision(self.services.get(name).map(|v| v.mod_revision)),
-            Slot::Tag(..) => 0,
-            Slot::NodeControl(name) => {
-                revision(self.node_controls.get(name).map(|v| v.mod_revision))
-            }
-            Slot::Node(name) => revision(self.nodes.get(name).map(|v| v.mod_revision)),
-            Slot::Heartbeat(name) => revision(self.heartbeats.get(name).map(|v| v.mod_revision)),
-            Slot::NodeStatus(name) => {
-                revision(self.node_statuses.get(name).map(|v| v.mod_revision))
-            }
-            Slot::Instance(id) => revision(self.instances.get(id).map(|v| v.mod_revision)),
-            Slot::Status(id) => revision(self.statuses.get(id).map(|v| v.mod_revision)),
-            Slot::Unplaced(service) => revision(self.unplaced.get(service).map(|v| v.mod_revision)),
-            Slot::Endpoint(name) => revision(self.endpoints.get(name).map(|v| v.mod_revision)),
-        }
+        let Some(key) = Key::parse(key) else { return 0 };
+        self.held_revision(&key).unwrap_or(0)
     }
 
-    /// True when the view tracks `key` (so [`mod_revision`](Self::mod_revision) is meaningful).
+    /// True when the view holds facts of `key`'s kind (so
+    /// [`mod_revision`](Self::mod_revision) is meaningful).
     pub fn tracks(key: &str) -> bool {
-        slot(key).is_some_and(|slot| !matches!(slot, Slot::Tag(..)))
+        Key::parse(key).is_some_and(|key| cached(key.kind()))
+    }
+
+    fn put_typed(&mut self, key: &Key, bytes: &[u8], rev: Revision) -> Result<Outcome, String> {
+        Ok(match key {
+            Key::Service { service } => {
+                put(&mut self.services, service, bytes, rev, Value::Service)?
+            }
+            Key::ServiceTag { service, tag } => {
+                put_grouped(&mut self.tags, service, tag, bytes, rev, Value::ServiceTag)?
+            }
+            Key::ServiceGrant { service, secret } => put_grouped(
+                &mut self.grants,
+                service,
+                secret,
+                bytes,
+                rev,
+                Value::ServiceGrant,
+            )?,
+            Key::ServiceMeta { service } => put(
+                &mut self.service_meta,
+                service,
+                bytes,
+                rev,
+                Value::ServiceMeta,
+            )?,
+            Key::Gate { gate } => put(&mut self.gates, gate, bytes, rev, Value::Gate)?,
+            Key::Connection { connection } => put(
+                &mut self.connections,
+                connection,
+                bytes,
+                rev,
+                Value::Connection,
+            )?,
+            Key::SecretDeclaration { secret } => put(
+                &mut self.secret_declarations,
+                secret,
+                bytes,
+                rev,
+                Value::SecretDeclaration,
+            )?,
+            Key::Secret { secret } => put(&mut self.secrets, secret, bytes, rev, Value::Secret)?,
+            Key::NetworkPolicy { policy } => put(
+                &mut self.network_policies,
+                policy,
+                bytes,
+                rev,
+                Value::NetworkPolicy,
+            )?,
+            Key::Group { group } => put(&mut self.groups, group, bytes, rev, Value::Group)?,
+            Key::NodeControl { node } => put(
+                &mut self.node_controls,
+                node,
+                bytes,
+                rev,
+                Value::NodeControl,
+            )?,
+            Key::Instance { id, .. } => put(&mut self.instances, id, bytes, rev, Value::Instance)?,
+            Key::Unplaced { service } => {
+                put(&mut self.unplaced, service, bytes, rev, Value::Unplaced)?
+            }
+            Key::NodeStatus { node } => {
+                put(&mut self.node_statuses, node, bytes, rev, Value::NodeStatus)?
+            }
+            Key::Endpoint { service, port } => put_grouped(
+                &mut self.endpoints,
+                service,
+                port,
+                bytes,
+                rev,
+                Value::Endpoint,
+            )?,
+            Key::Node { node } => put(&mut self.nodes, node, bytes, rev, Value::Node)?,
+            Key::Heartbeat { node } => {
+                put(&mut self.heartbeats, node, bytes, rev, Value::Heartbeat)?
+            }
+            Key::InstanceStatus { id } => {
+                put(&mut self.statuses, id, bytes, rev, Value::InstanceStatus)?
+            }
+            Key::Event { .. } | Key::Leader {} => {
+                let value = Value::decode(key.kind(), bytes).map_err(|err| err.to_string())?;
+                Some((None, Some(value)))
+            }
+        })
+    }
+
+    fn remove_typed(&mut self, key: &Key, rev: Revision) -> Outcome {
+        match key {
+            Key::Service { service } => remove(&mut self.services, service, rev, Value::Service),
+            Key::ServiceTag { service, tag } => {
+                remove_grouped(&mut self.tags, service, tag, rev, Value::ServiceTag)
+            }
+            Key::ServiceGrant { service, secret } => {
+                remove_grouped(&mut self.grants, service, secret, rev, Value::ServiceGrant)
+            }
+            Key::ServiceMeta { service } => {
+                remove(&mut self.service_meta, service, rev, Value::ServiceMeta)
+            }
+            Key::Gate { gate } => remove(&mut self.gates, gate, rev, Value::Gate),
+            Key::Connection { connection } => {
+                remove(&mut self.connections, connection, rev, Value::Connection)
+            }
+            Key::SecretDeclaration { secret } => remove(
+                &mut self.secret_declarations,
+                secret,
+                rev,
+                Value::SecretDeclaration,
+            ),
+            Key::Secret { secret } => remove(&mut self.secrets, secret, rev, Value::Secret),
+            Key::NetworkPolicy { policy } => remove(
+                &mut self.network_policies,
+                policy,
+                rev,
+                Value::NetworkPolicy,
+            ),
+            Key::Group { group } => remove(&mut self.groups, group, rev, Value::Group),
+            Key::NodeControl { node } => {
+                remove(&mut self.node_controls, node, rev, Value::NodeControl)
+            }
+            Key::Instance { id, .. } => remove(&mut self.instances, id, rev, Value::Instance),
+            Key::Unplaced { service } => remove(&mut self.unplaced, service, rev, Value::Unplaced),
+            Key::NodeStatus { node } => {
+                remove(&mut self.node_statuses, node, rev, Value::NodeStatus)
+            }
+            Key::Endpoint { service, port } => {
+                remove_grouped(&mut self.endpoints, service, port, rev, Value::Endpoint)
+            }
+            Key::Node { node } => remove(&mut self.nodes, node, rev, Value::Node),
+            Key::Heartbeat { node } => remove(&mut self.heartbeats, node, rev, Value::Heartbeat),
+            Key::InstanceStatus { id } => {
+                remove(&mut self.statuses, id, rev, Value::InstanceStatus)
+            }
+            Key::Event { .. } | Key::Leader {} => Some((None, None)),
+        }
+    }
+
+    fn held_revision(&self, key: &Key) -> Option<Revision> {
+        fn at<T>(table: &Table<T>, name: &str) -> Option<Revision> {
+            table.get(name).map(|held| held.mod_revision)
+        }
+        fn at2<T>(table: &Grouped<T>, group: &str, name: &str) -> Option<Revision> {
+            table.get(group).and_then(|rows| at(rows, name))
+        }
+        match key {
+            Key::Service { service } => at(&self.services, service),
+            Key::ServiceTag { service, tag } => at2(&self.tags, service, tag),
+            Key::ServiceGrant { service, secret } => at2(&self.grants, service, secret),
+            Key::ServiceMeta { service } => at(&self.service_meta, service),
+            Key::Gate { gate } => at(&self.gates, gate),
+            Key::Connection { connection } => at(&self.connections, connection),
+            Key::SecretDeclaration { secret } => at(&self.secret_declarations, secret),
+            Key::Secret { secret } => at(&self.secrets, secret),
+            Key::NetworkPolicy { policy } => at(&self.network_policies, policy),
+            Key::Group { group } => at(&self.groups, group),
+            Key::NodeControl { node } => at(&self.node_controls, node),
+            Key::Instance { id, .. } => at(&self.instances, id),
+            Key::Unplaced { service } => at(&self.unplaced, service),
+            Key::NodeStatus { node } => at(&self.node_statuses, node),
+            Key::Endpoint { service, port } => at2(&self.endpoints, service, port),
+            Key::Node { node } => at(&self.nodes, node),
+            Key::Heartbeat { node } => at(&self.heartbeats, node),
+            Key::InstanceStatus { id } => at(&self.statuses, id),
+            Key::Event { .. } | Key::Leader {} => None,
+        }
     }
 }
 
-fn upsert<T: DeserializeOwned>(
-    map: &mut OrdMap<String, Versioned<T>>,
+/// True for the kinds the view keeps a table of.
+fn cached(kind: Kind) -> bool {
+    !matches!(kind, Kind::Event | Kind::Leader)
+}
+
+fn put<T: DeserializeOwned>(
+    table: &mut Table<T>,
     name: &str,
-    value: &[u8],
-    mod_revision: Revision,
-) -> Result<(), String> {
-    if map
+    bytes: &[u8],
+    revision: Revision,
+    wrap: fn(Arc<T>) -> Value,
+) -> Result<Outcome, String> {
+    if table
         .get(name)
-        .is_some_and(|held| held.mod_revision >= mod_revision)
+        .is_some_and(|held| held.mod_revision >= revision)
     {
-        return Ok(());
+        return Ok(None);
     }
-    match serde_json::from_slice::<T>(value) {
-        Ok(decoded) => {
-            map.insert(
-                name.to_owned(),
-                Versioned {
-                    value: Arc::new(decoded),
-                    mod_revision,
-                },
-            );
-            Ok(())
-        }
-        Err(err) => {
-            map.remove(name);
-            Err(err.to_string())
-        }
-    }
+    let value = Arc::new(serde_json::from_slice::<T>(bytes).map_err(|err| err.to_string())?);
+    let versioned = Versioned {
+        value: Arc::clone(&value),
+        mod_revision: revision,
+    };
+    let old = table.insert(name.to_owned(), versioned);
+    Ok(Some((old.map(|old| wrap(old.value)), Some(wrap(value)))))
 }
 
-fn remove<T>(map: &mut OrdMap<String, Versioned<T>>, name: &str, revision: Revision) {
-    if map
+fn remove<T>(
+    table: &mut Table<T>,
+    name: &str,
+    revision: Revision,
+    wrap: fn(Arc<T>) -> Value,
+) -> Outcome {
+    if table
         .get(name)
-        .is_some_and(|held| held.mod_revision < revision)
+        .is_some_and(|held| held.mod_revision >= revision)
     {
-        map.remove(name);
+        return None;
+    }
+    Some((table.remove(name).map(|old| wrap(old.value)), None))
+}
+
+fn put_grouped<T: DeserializeOwned>(
+    table: &mut Grouped<T>,
+    group: &str,
+    name: &str,
+    bytes: &[u8],
+    revision: Revision,
+    wrap: fn(Arc<T>) -> Value,
+) -> Result<Outcome, String> {
+    let rows = table.entry(group.to_owned()).or_default();
+    let outcome = put(rows, name, bytes, revision, wrap);
+    if rows.is_empty() {
+        table.remove(group);
+    }
+    outcome
+}
+
+fn remove_grouped<T>(
+    table: &mut Grouped<T>,
+    group: &str,
+    name: &str,
+    revision: Revision,
+    wrap: fn(Arc<T>) -> Value,
+) -> Outcome {
+    let rows = table.get_mut(group)?;
+    let outcome = remove(rows, name, revision, wrap);
+    if rows.is_empty() {
+        table.remove(group);
+    }
+    outcome
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status_bytes(since: i64) -> Vec<u8> {
+        format!(r#"{{"condition":"ready","since":{since}}}"#).into_bytes()
+    }
+
+    #[test]
+    fn a_put_says_what_it_replaced() {
+        let mut view = View::default();
+        let first = view
+            .put("derived/node/n1", &status_bytes(1), 5)
+            .expect("a change");
+        assert_eq!(first.kind(), Kind::NodeStatus);
+        assert!(first.old.is_none());
+        assert!(matches!(first.new, Some(Value::NodeStatus(_))));
+        let second = view
+            .put("derived/node/n1", &status_bytes(2), 7)
+            .expect("a change");
+        assert_eq!(second.old, first.new);
+        assert_eq!(view.mod_revision("derived/node/n1"), 7);
+        assert!(
+            view.put("derived/node/n1", &status_bytes(3), 6).is_none(),
+            "an older write changes nothing"
+        );
+        let gone = view.delete("derived/node/n1", 8).expect("a change");
+        assert_eq!(gone.old, second.new);
+        assert!(gone.new.is_none());
+        assert_eq!(view.mod_revision("derived/node/n1"), 0);
+    }
+
+    #[test]
+    fn grouped_tables_drop_empty_groups() {
+        let mut view = View::default();
+        view.put("desired/service/web/tag/team", br#""pay""#, 3);
+        assert_eq!(
+            view.tags
+                .get("web")
+                .and_then(|tags| tags.get("team"))
+                .map(|t| t.as_str()),
+            Some("pay")
+        );
+        assert_eq!(view.mod_revision("desired/service/web/tag/team"), 3);
+        view.delete("desired/service/web/tag/team", 4);
+        assert!(view.tags.is_empty());
+    }
+
+    #[test]
+    fn an_undecodable_fact_is_invalid_and_gone_for_readers() {
+        let mut view = View::default();
+        view.put("derived/node/n1", &status_bytes(1), 5);
+        let change = view
+            .put("derived/node/n1", b"not json", 6)
+            .expect("a change");
+        assert!(change.old.is_some() && change.new.is_none());
+        assert!(view.node_statuses.is_empty());
+        assert!(view.invalid.contains_key("derived/node/n1"));
+        view.put("derived/node/n1", &status_bytes(2), 7);
+        assert!(view.invalid.is_empty());
+    }
+
+    #[test]
+    fn keys_outside_the_table_are_ignored() {
+        let mut view = View::default();
+        assert!(view.put("derived/mystery/x", b"{}", 2).is_none());
+        assert!(!View::tracks("derived/mystery/x"));
+        assert!(!View::tracks("events/1-1"));
+        assert!(View::tracks("desired/service/web"));
     }
 }

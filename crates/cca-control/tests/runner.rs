@@ -11,7 +11,7 @@ use cca_control::leader::LeaderRecord;
 use cca_control::metrics::Metrics;
 use cca_control::runner::{Runner, RunnerConfig};
 use cca_control::{Cache, Context, Controller, Plan, View, Write};
-use cca_model::keys;
+use cca_model::{Kind, keys};
 use cca_store::embedded::{Config, EmbeddedStore};
 use cca_store::etcd::EtcdStore;
 use cca_store::testing::etcd::EtcdServer;
@@ -29,17 +29,13 @@ impl Controller for WriteOnce {
         self.name
     }
 
-    fn interests(&self) -> &'static [&'static str] {
-        &["derived/"]
+    fn interests(&self) -> &'static [Kind] {
+        &[Kind::Endpoint]
     }
 
     fn reconcile(&self, view: &View, _: &Context) -> Plan {
         let mut plan = Plan::default();
-        if view.mod_revision(&self.key) == 0
-            && !view
-                .endpoints
-                .contains_key(self.key.trim_start_matches(keys::DERIVED_ENDPOINTS))
-        {
+        if view.mod_revision(&self.key) == 0 {
             plan.writes.push(Write::put_json(
                 self.key.clone(),
                 &serde_json::json!({"service": "s", "port": "p", "backends": []}),
@@ -141,7 +137,7 @@ async fn a_plan_is_committed_once_and_a_converged_view_costs_no_write() {
     let _ = server.stop.send(true);
     server.task.await.expect("runner stops");
     assert_eq!(
-        store.get(keys::LEADER).await.expect("get"),
+        store.get(&cca_model::keys::leader()).await.expect("get"),
         None,
         "a stopping leader resigns"
     );
@@ -210,7 +206,7 @@ async fn two_servers_on_etcd_elect_one_leader_and_fail_over_within_the_ttl() {
     )
     .await;
     let record = observer
-        .get(keys::LEADER)
+        .get(&cca_model::keys::leader())
         .await
         .expect("get")
         .expect("a leader");
@@ -267,7 +263,11 @@ async fn two_servers_on_etcd_elect_one_leader_and_fail_over_within_the_ttl() {
     .await;
 
     // A late commit fenced with the old leader's token is refused.
-    let stale_fence = Compare::mod_revision(keys::LEADER, CompareOp::Equal, record.mod_revision);
+    let stale_fence = Compare::mod_revision(
+        cca_model::keys::leader(),
+        CompareOp::Equal,
+        record.mod_revision,
+    );
     let late = Txn::new()
         .when(stale_fence)
         .then(Op::put(keys::derived_endpoint("late", "write"), "{}"));
@@ -299,8 +299,8 @@ impl Controller for SlowIdle {
         "endpoint"
     }
 
-    fn interests(&self) -> &'static [&'static str] {
-        &["observed/"]
+    fn interests(&self) -> &'static [Kind] {
+        &[Kind::Node, Kind::Heartbeat, Kind::InstanceStatus]
     }
 
     fn reconcile(&self, _: &View, _: &Context) -> Plan {

@@ -236,6 +236,22 @@ pub enum EventLevel {
     Warning,
 }
 
+/// `meta/leader`: the server that leads the control plane, attached to
+/// its lease.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaderRecord {
+    pub server: String,
+    pub since: Millis,
+}
+
+/// `desired/service-meta/{svc}`: what the API remembers about a service
+/// besides its spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceMeta {
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,130 +1,184 @@
-//! The key layout of the fact store. Facts are grouped by who derives them:
-//! `desired/` is written by users through the API, `derived/` by
-//! controllers, `observed/` by node agents and `meta/` by the server itself.
-//! Builders here are the only place key strings are spelled out.
+//! Key builders and roots of the store's key layout. Facts are grouped by
+//! who derives them: `desired/` is written by users through the API,
+//! `derived/` by controllers, `observed/` by node agents, `meta/` and
+//! `events/` by the server itself. The layout itself is the table in
+//! [`facts`](crate::facts); the builders here are shorthands that print a
+//! typed [`Key`] for the callers that write facts.
 
-/// Root of facts compiled from the user's `.cca` files.
+use crate::facts::Key;
+
+/// Root of facts compiled from the user's `.cca` files or set by operators.
 pub const DESIRED: &str = "desired/";
 /// Root of facts computed by controllers.
 pub const DERIVED: &str = "derived/";
 /// Root of facts reported by node agents.
 pub const OBSERVED: &str = "observed/";
-/// Root of the control plane's own bookkeeping (leader lease, schema).
+/// Root of the control plane's own bookkeeping (leader lease).
 pub const META: &str = "meta/";
 
 /// `desired/service/{svc}`: a service spec.
 pub fn desired_service(service: &str) -> String {
-    format!("{DESIRED}service/{service}")
+    Key::Service {
+        service: service.to_owned(),
+    }
+    .to_string()
 }
 
 /// `desired/service/{svc}/tag/{key}`: one user tag of a service.
-pub fn desired_service_tag(service: &str, key: &str) -> String {
-    format!("{DESIRED}service/{service}/tag/{key}")
+pub fn desired_service_tag(service: &str, tag: &str) -> String {
+    Key::ServiceTag {
+        service: service.to_owned(),
+        tag: tag.to_owned(),
+    }
+    .to_string()
 }
 
 /// `desired/service/{svc}/secret/{secret}`: a service's grant to read a secret.
 pub fn desired_service_secret(service: &str, secret: &str) -> String {
-    format!("{DESIRED}service/{service}/secret/{secret}")
+    Key::ServiceGrant {
+        service: service.to_owned(),
+        secret: secret.to_owned(),
+    }
+    .to_string()
+}
+
+/// `desired/service-meta/{svc}`: when the service was applied.
+pub fn desired_service_meta(service: &str) -> String {
+    Key::ServiceMeta {
+        service: service.to_owned(),
+    }
+    .to_string()
 }
 
 /// `desired/gate/{name}`: external HTTP(S) entry to a service.
-pub fn desired_gate(name: &str) -> String {
-    format!("{DESIRED}gate/{name}")
+pub fn desired_gate(gate: &str) -> String {
+    Key::Gate {
+        gate: gate.to_owned(),
+    }
+    .to_string()
 }
 
 /// `desired/connection/{name}`: the parts of a connection URL.
-pub fn desired_connection(name: &str) -> String {
-    format!("{DESIRED}connection/{name}")
+pub fn desired_connection(connection: &str) -> String {
+    Key::Connection {
+        connection: connection.to_owned(),
+    }
+    .to_string()
 }
 
-/// `desired/secret-decl/{name}`: a secret a program declares. Kept apart
-/// from `desired/secret/{name}` (the encrypted value) so compiling a program
-/// never overwrites a secret's value.
-pub fn desired_secret_declaration(name: &str) -> String {
-    format!("{DESIRED}secret-decl/{name}")
+/// `desired/secret-decl/{name}`: a secret a program declares.
+pub fn desired_secret_declaration(secret: &str) -> String {
+    Key::SecretDeclaration {
+        secret: secret.to_owned(),
+    }
+    .to_string()
 }
 
-/// `desired/secret/{name}`: a secret's value, encrypted by the API server
-/// under the cluster's secret key. Written only by `cca secret set|rm`,
-/// never by a compile or an apply.
-pub fn desired_secret(name: &str) -> String {
-    format!("{DESIRED_SECRETS}{name}")
+/// `desired/secret/{name}`: a secret's sealed value.
+pub fn desired_secret(secret: &str) -> String {
+    Key::Secret {
+        secret: secret.to_owned(),
+    }
+    .to_string()
 }
 
 /// `desired/network/policy/{name}`: allow/deny rules between services.
-pub fn desired_network_policy(name: &str) -> String {
-    format!("{DESIRED}network/policy/{name}")
+pub fn desired_network_policy(policy: &str) -> String {
+    Key::NetworkPolicy {
+        policy: policy.to_owned(),
+    }
+    .to_string()
 }
 
 /// `desired/group/{name}`: services co-scheduled on one node.
-pub fn desired_group(name: &str) -> String {
-    format!("{DESIRED}group/{name}")
+pub fn desired_group(group: &str) -> String {
+    Key::Group {
+        group: group.to_owned(),
+    }
+    .to_string()
 }
-
-/// `derived/instance/{svc}/{id}`: one placed instance.
-pub fn derived_instance(service: &str, instance: &str) -> String {
-    format!("{DERIVED}instance/{service}/{instance}")
-}
-
-/// `observed/node/{node}`: a node's registration, attached to its lease.
-pub fn observed_node(node: &str) -> String {
-    format!("{OBSERVED}node/{node}")
-}
-
-/// `observed/instance/{id}`: an instance's reported state.
-pub fn observed_instance(instance: &str) -> String {
-    format!("{OBSERVED}instance/{instance}")
-}
-
-/// `meta/leader`: the leader lease and fencing token.
-pub const LEADER: &str = "meta/leader";
-
-/// Root of the event log (`events/{at:013}-{seq:06}`).
-pub const EVENTS: &str = "events/";
-
-/// Prefixes of the collections controllers and the API read.
-pub const DESIRED_SERVICES: &str = "desired/service/";
-pub const DESIRED_NODES: &str = "desired/node/";
-pub const DESIRED_SECRETS: &str = "desired/secret/";
-pub const DESIRED_SECRET_DECLARATIONS: &str = "desired/secret-decl/";
-pub const DESIRED_CONNECTIONS: &str = "desired/connection/";
-pub const DERIVED_INSTANCES: &str = "derived/instance/";
-pub const DERIVED_NODES: &str = "derived/node/";
-pub const DERIVED_UNPLACED: &str = "derived/unplaced/";
-pub const DERIVED_ENDPOINTS: &str = "derived/endpoint/";
-pub const OBSERVED_NODES: &str = "observed/node/";
-pub const OBSERVED_HEARTBEATS: &str = "observed/heartbeat/";
-pub const OBSERVED_INSTANCES: &str = "observed/instance/";
 
 /// `desired/node/{node}`: an operator's drain/disable intent.
 pub fn desired_node(node: &str) -> String {
-    format!("{DESIRED_NODES}{node}")
+    Key::NodeControl {
+        node: node.to_owned(),
+    }
+    .to_string()
+}
+
+/// `derived/instance/{svc}/{id}`: one placed instance.
+pub fn derived_instance(service: &str, id: &str) -> String {
+    Key::Instance {
+        service: service.to_owned(),
+        id: id.to_owned(),
+    }
+    .to_string()
 }
 
 /// `derived/node/{node}`: the node's condition, as the node controller sees it.
 pub fn derived_node(node: &str) -> String {
-    format!("{DERIVED_NODES}{node}")
+    Key::NodeStatus {
+        node: node.to_owned(),
+    }
+    .to_string()
 }
 
 /// `derived/unplaced/{svc}`: demand of a service the scheduler could not place.
 pub fn derived_unplaced(service: &str) -> String {
-    format!("{DERIVED_UNPLACED}{service}")
+    Key::Unplaced {
+        service: service.to_owned(),
+    }
+    .to_string()
 }
 
 /// `derived/endpoint/{svc}/{port}`: ready backends of one service port.
 pub fn derived_endpoint(service: &str, port: &str) -> String {
-    format!("{DERIVED_ENDPOINTS}{service}/{port}")
+    Key::Endpoint {
+        service: service.to_owned(),
+        port: port.to_owned(),
+    }
+    .to_string()
+}
+
+/// `observed/node/{node}`: a node's registration.
+pub fn observed_node(node: &str) -> String {
+    Key::Node {
+        node: node.to_owned(),
+    }
+    .to_string()
 }
 
 /// `observed/heartbeat/{node}`: the agent's leased liveness key.
 pub fn observed_heartbeat(node: &str) -> String {
-    format!("{OBSERVED_HEARTBEATS}{node}")
+    Key::Heartbeat {
+        node: node.to_owned(),
+    }
+    .to_string()
+}
+
+/// `observed/instance/{id}`: an instance's reported state.
+pub fn observed_instance(id: &str) -> String {
+    Key::InstanceStatus { id: id.to_owned() }.to_string()
 }
 
 /// `events/{at:013}-{seq:06}`: sorts by time; `seq` tells apart events of
 /// one millisecond.
 pub fn event(at_millis: i64, seq: u32) -> String {
-    format!("{EVENTS}{at_millis:013}-{seq:06}")
+    Key::Event {
+        id: format!("{at_millis:013}-{seq:06}"),
+    }
+    .to_string()
+}
+
+/// `events/{at:013}`: sorts before every event of millisecond `at` and
+/// after every earlier one, for ranges of the log by time.
+pub fn events_from(at_millis: i64) -> String {
+    format!("{}{at_millis:013}", crate::facts::Kind::Event.prefix())
+}
+
+/// `meta/leader`: the leader lease and fencing token.
+pub fn leader() -> String {
+    Key::Leader {}.to_string()
 }
 
 /// The smallest key greater than every key starting with `prefix`, or
@@ -157,7 +211,7 @@ mod tests {
     fn builders_spell_the_layout() {
         assert_eq!(desired_service("web"), "desired/service/web");
         assert_eq!(desired_secret("db"), "desired/secret/db");
-        assert!(!desired_secret_declaration("db").starts_with(DESIRED_SECRETS));
+        assert_eq!(desired_secret_declaration("db"), "desired/secret-decl/db");
         assert_eq!(
             derived_instance("web", "web-1"),
             "derived/instance/web/web-1"
@@ -166,5 +220,8 @@ mod tests {
         assert_eq!(observed_instance("web-1"), "observed/instance/web-1");
         assert_eq!(derived_endpoint("web", "http"), "derived/endpoint/web/http");
         assert_eq!(event(1_700_000_000_000, 7), "events/1700000000000-000007");
+        assert_eq!(leader(), "meta/leader");
+        assert!(events_from(1_700_000_000_000) < event(1_700_000_000_000, 0));
+        assert!(event(1_699_999_999_999, 999_999) < events_from(1_700_000_000_000));
     }
 }

@@ -3,8 +3,19 @@
 //! any store backend; every other crate builds on it.
 
 pub mod cluster;
+pub mod facts;
 pub mod keys;
 pub mod ownership;
 pub mod spec;
 
+pub use facts::{Key, Kind, Value};
 pub use ownership::{Owner, OwnershipError, owner_of};
+
+/// A store-wide logical clock. Every committed change bumps it by one; a
+/// transaction that changes nothing leaves it alone. Starts at 1 on an
+/// empty store, like etcd. Agents and clients see it too (assignment
+/// streams resume from one), which is why it lives here and not in the store.
+pub type Revision = i64;
+
+/// Identifies a store lease. Never 0.
+pub type LeaseId = i64;

@@ -1,8 +1,9 @@
-//! The ownership table: every key prefix has exactly one writer. The control
-//! plane's runner checks each controller's writes against this table before
-//! committing, which is what lets controllers run without locks.
+//! Who writes what: every kind of fact has exactly one writer, given by its
+//! row in the [fact table](crate::facts). The control plane's runner checks
+//! each controller's writes against it before committing, which is what
+//! lets controllers run without locks.
 
-use crate::keys;
+use crate::facts::Key;
 
 /// Who may write a key.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -13,11 +14,11 @@ pub enum Owner {
     Controller(&'static str),
     /// The agent of one node: only keys about that node or its instances.
     Agent,
-    /// The server's own bookkeeping (leader election, schema).
+    /// The server's own bookkeeping (leader election, event log).
     Server,
 }
 
-/// A write that falls outside every owned prefix, or into another owner's.
+/// A write that falls outside the key layout, or into another owner's kind.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum OwnershipError {
     #[error("key `{key}` is outside the key layout: no component owns it")]
@@ -30,26 +31,10 @@ pub enum OwnershipError {
     },
 }
 
-/// Prefix → owner, most specific first.
-const TABLE: &[(&str, Owner)] = &[
-    (keys::DERIVED_INSTANCES, Owner::Controller("scheduler")),
-    (keys::DERIVED_UNPLACED, Owner::Controller("scheduler")),
-    (keys::DERIVED_NODES, Owner::Controller("node")),
-    (keys::DERIVED_ENDPOINTS, Owner::Controller("endpoint")),
-    ("derived/vip/", Owner::Controller("network")),
-    ("derived/subnet/", Owner::Controller("network")),
-    (keys::DESIRED, Owner::Api),
-    (keys::OBSERVED, Owner::Agent),
-    (keys::META, Owner::Server),
-    (keys::EVENTS, Owner::Server),
-];
-
-/// The owner of `key`, or an error when no prefix in the table covers it.
+/// The owner of `key`, or an error when it matches no kind of fact.
 pub fn owner_of(key: &str) -> Result<Owner, OwnershipError> {
-    TABLE
-        .iter()
-        .find(|(prefix, _)| key.starts_with(prefix))
-        .map(|(_, owner)| owner.clone())
+    Key::parse(key)
+        .map(|key| key.owner())
         .ok_or_else(|| OwnershipError::Unowned {
             key: key.to_owned(),
         })
@@ -74,13 +59,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn most_specific_prefix_wins() {
+    fn owners_come_from_the_fact_table() {
         assert_eq!(
             owner_of("derived/instance/web/1"),
             Ok(Owner::Controller("scheduler"))
         );
         assert_eq!(owner_of("desired/service/web"), Ok(Owner::Api));
         assert_eq!(owner_of("observed/node/n1"), Ok(Owner::Agent));
+        assert_eq!(owner_of("meta/leader"), Ok(Owner::Server));
     }
 
     #[test]
@@ -91,10 +77,16 @@ mod tests {
             err.to_string(),
             "key `derived/instance/a/1` belongs to Controller(\"scheduler\"), not Controller(\"endpoint\")"
         );
-        let err = owner_of("derived/mystery/x").expect_err("nobody owns it");
-        assert_eq!(
-            err.to_string(),
-            "key `derived/mystery/x` is outside the key layout: no component owns it"
-        );
+        for stray in [
+            "derived/mystery/x",
+            "desired/service/web/other/x",
+            "desired/",
+        ] {
+            let err = owner_of(stray).expect_err("nobody owns it");
+            assert_eq!(
+                err.to_string(),
+                format!("key `{stray}` is outside the key layout: no component owns it")
+            );
+        }
     }
 }

@@ -4,13 +4,7 @@
 
 use std::time::Duration;
 
-/// A store-wide logical clock. Every committed change bumps it by one; a
-/// transaction that changes nothing leaves it alone. Starts at 1 on an
-/// empty store, like etcd.
-pub type Revision = i64;
-
-/// Identifies a lease. Never 0.
-pub type LeaseId = i64;
+pub use cca_model::{LeaseId, Revision};
 
 /// Largest value a put may carry. Matches etcd's default request limit
 /// (1.5 MiB) minus room for the key and framing, so both backends accept

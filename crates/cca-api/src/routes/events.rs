@@ -6,7 +6,6 @@
 use axum::Json;
 use axum::extract::State;
 use cca_model::cluster::{Event, Millis};
-use cca_model::keys;
 use cca_store::{KeyValue, Op, RangeRequest, Store, Txn};
 use serde::Deserialize;
 
@@ -55,9 +54,9 @@ async fn read_events(
     subject: Option<&str>,
     limit: usize,
 ) -> ApiResult<Vec<EventRecord>> {
-    let mut request = RangeRequest::prefix(keys::EVENTS);
+    let mut request = RangeRequest::prefix(cca_model::Kind::Event.prefix());
     if let Some(since) = since {
-        request = request.after(format!("{}{since:013}", keys::EVENTS));
+        request = request.after(cca_model::keys::events_from(since));
     }
     let page = state.store().range(request).await?;
     let mut records: Vec<EventRecord> = page
@@ -103,9 +102,11 @@ pub(crate) async fn prune_events(
     cutoff: Millis,
     max_events: usize,
 ) -> cca_store::Result<usize> {
-    let page = store.range(RangeRequest::prefix(keys::EVENTS)).await?;
+    let page = store
+        .range(RangeRequest::prefix(cca_model::Kind::Event.prefix()))
+        .await?;
     let excess = page.kvs.len().saturating_sub(max_events);
-    let cutoff_key = format!("{}{cutoff:013}", keys::EVENTS);
+    let cutoff_key = cca_model::keys::events_from(cutoff);
     let doomed: Vec<&str> = page
         .kvs
         .iter()

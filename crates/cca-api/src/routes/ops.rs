@@ -11,7 +11,7 @@ use cca_model::spec::{Program, ServiceSpec};
 use cca_store::{Compare, CompareOp, Op, RangeRequest, Txn, TxnOutcome};
 use serde::Deserialize;
 
-use crate::apply::{apply_program, service_meta_key};
+use crate::apply::apply_program;
 use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
 use crate::state::{ApiState, encode};
 use crate::types::{ApplyReport, DeleteReport, NodeControlReport, ScaleReport, ScaleRequest};
@@ -126,7 +126,7 @@ pub(crate) async fn delete_service(
             ))
             .then(Op::delete(&key))
             .then(Op::delete_prefix(&sub_prefix))
-            .then(Op::delete(service_meta_key(&name)))
+            .then(Op::delete(keys::desired_service_meta(&name)))
             .then(state.event_op(
                 EventLevel::Info,
                 &format!("service/{name}"),

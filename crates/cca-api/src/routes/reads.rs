@@ -3,7 +3,6 @@
 //! reflects at least the store's revision at the time of the request, so a
 //! read after a write sees the write.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,11 +11,8 @@ use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::IntoResponse;
 use cca_control::View;
-use cca_model::cluster::Millis;
-use cca_store::RangeRequest;
 use serde::Deserialize;
 
-use crate::apply::{SERVICE_META, ServiceMeta};
 use crate::error::{ApiError, ApiResult, QueryArgs};
 use crate::read::{self, InstanceFilter};
 use crate::routes::events::recent_about;
@@ -74,8 +70,7 @@ pub(crate) async fn services(
 ) -> ApiResult<Json<Vec<ServiceSummary>>> {
     let tags = tags(query.tag.as_deref())?;
     let view = fresh_view(&state).await?;
-    let created = service_creation_times(&state).await?;
-    Ok(Json(read::services(&view, &tags, &created)))
+    Ok(Json(read::services(&view, &tags)))
 }
 
 pub(crate) async fn service(
@@ -87,43 +82,25 @@ pub(crate) async fn service(
         .services
         .get(&name)
         .ok_or_else(|| ApiError::not_found(format!("service `{name}` not found")))?;
-    let created = service_creation_times(&state).await?;
     let filter = InstanceFilter {
         service: Some(name.clone()),
         all: true,
         ..InstanceFilter::default()
     };
-    let endpoint_prefix = format!("{name}/");
     Ok(Json(ServiceDetail {
-        summary: read::service_summary(&view, &name, spec, created.get(&name).copied()),
+        summary: read::service_summary(&view, &name, spec),
         spec: (*spec.value).clone(),
         instances: read::instances(&view, &filter),
         unplaced: view.unplaced.get(&name).map(|u| (*u.value).clone()),
         endpoints: view
             .endpoints
-            .iter()
-            .filter(|(key, _)| key.starts_with(&endpoint_prefix))
-            .map(|(_, e)| (*e.value).clone())
+            .get(&name)
+            .into_iter()
+            .flat_map(|ports| ports.values())
+            .map(|endpoints| (*endpoints.value).clone())
             .collect(),
         events: recent_about(&state, &format!("service/{name}"), 20).await?,
     }))
-}
-
-/// When each service was first applied, from the API's bookkeeping.
-async fn service_creation_times(state: &ApiState) -> ApiResult<BTreeMap<String, Millis>> {
-    let page = state
-        .store()
-        .range(RangeRequest::prefix(SERVICE_META))
-        .await?;
-    Ok(page
-        .kvs
-        .iter()
-        .filter_map(|kv| {
-            let name = kv.key.strip_prefix(SERVICE_META)?;
-            let meta: ServiceMeta = serde_json::from_slice(&kv.value).ok()?;
-            Some((name.to_owned(), meta.created_at))
-        })
-        .collect())
 }
 
 pub(crate) async fn instances(

@@ -5,17 +5,16 @@
 //! connection URLs and granted secrets of an instance placed on the node,
 //! which the agent writes before creating it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use cca_model::cluster::EventLevel;
 use cca_model::keys;
-use cca_model::spec::{ConnectionSpec, SecretGrant};
-use cca_store::{Compare, CompareOp, Op, RangeRequest, Txn, TxnOutcome};
+use cca_model::spec::ConnectionSpec;
+use cca_store::{Compare, CompareOp, Op, Txn, TxnOutcome};
 
 use crate::error::{ApiError, ApiResult, JsonBody};
-use crate::grants::grant_key;
 use crate::secrets::{MAX_SECRET_BYTES, SealedSecret, SecretKey, SecretValue, connection_url};
 use crate::state::{ApiState, encode, now_millis};
 use crate::types::{
@@ -82,34 +81,19 @@ pub(crate) async fn set(
 
 /// `GET /v1/secrets`: every secret declared, set or granted; never a value.
 pub(crate) async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<SecretInfo>>> {
-    let store = state.store();
-    let declared = store
-        .range(RangeRequest::prefix(keys::DESIRED_SECRET_DECLARATIONS))
-        .await?;
-    let values = store
-        .range(RangeRequest::prefix(keys::DESIRED_SECRETS))
-        .await?;
-    let services = store
-        .range(RangeRequest::prefix(keys::DESIRED_SERVICES))
-        .await?;
+    let view = crate::routes::reads::fresh_view(&state).await?;
     let mut secrets: BTreeMap<String, SecretInfo> = BTreeMap::new();
-    for kv in &declared.kvs {
-        if let Some(name) = kv.key.strip_prefix(keys::DESIRED_SECRET_DECLARATIONS) {
-            entry(&mut secrets, name).declared = true;
-        }
+    for name in view.secret_declarations.keys() {
+        entry(&mut secrets, name).declared = true;
     }
-    for kv in &values.kvs {
-        if let Some(name) = kv.key.strip_prefix(keys::DESIRED_SECRETS) {
-            let info = entry(&mut secrets, name);
-            info.set = true;
-            info.set_at = serde_json::from_slice::<SealedSecret>(&kv.value)
-                .ok()
-                .map(|sealed| sealed.set_at);
-        }
+    for (name, sealed) in view.secrets.iter() {
+        let info = entry(&mut secrets, name);
+        info.set = true;
+        info.set_at = Some(sealed.set_at);
     }
-    for kv in &services.kvs {
-        if let Some((service, secret)) = grant_key(&kv.key) {
-            entry(&mut secrets, secret).used_by.push(service.to_owned());
+    for (service, grants) in view.grants.iter() {
+        for secret in grants.keys() {
+            entry(&mut secrets, secret).used_by.push(service.clone());
         }
     }
     Ok(Json(secrets.into_values().collect()))
@@ -213,26 +197,9 @@ pub(crate) async fn instance_files(
             content: connection_url(&connection, password.as_ref()),
         });
     }
-    let grants = state
-        .store()
-        .range(RangeRequest::prefix(format!(
-            "{}/secret/",
-            keys::desired_service(service)
-        )))
-        .await?;
-    let mut explicit = BTreeSet::new();
-    for kv in &grants.kvs {
-        if let Some((_, secret)) = grant_key(&kv.key)
-            && matches!(
-                serde_json::from_slice::<SecretGrant>(&kv.value),
-                Ok(SecretGrant::Explicit)
-            )
-        {
-            explicit.insert(secret.to_owned());
-        }
-    }
-    for name in explicit {
-        let value = values.get(&name).await?;
+    let explicit = crate::hub::explicit_grants(&view, service);
+    for name in &explicit {
+        let value = values.get(name).await?;
         files.push(InstanceFile {
             path: format!("secrets/{name}"),
             content: value.expose().to_owned(),

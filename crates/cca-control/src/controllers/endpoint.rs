@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cca_model::cluster::{Backend, Endpoints, Instance, InstanceState};
-use cca_model::keys;
 use cca_model::spec::PortSpec;
+use cca_model::{Kind, keys};
 
 use crate::controller::{Context, Controller, Plan, Write};
 use crate::view::View;
@@ -23,12 +23,12 @@ impl Controller for EndpointController {
         "endpoint"
     }
 
-    fn interests(&self) -> &'static [&'static str] {
+    fn interests(&self) -> &'static [Kind] {
         &[
-            keys::DESIRED_SERVICES,
-            keys::DERIVED_INSTANCES,
-            keys::OBSERVED_INSTANCES,
-            keys::DERIVED_ENDPOINTS,
+            Kind::Service,
+            Kind::Instance,
+            Kind::InstanceStatus,
+            Kind::Endpoint,
         ]
     }
 
@@ -47,18 +47,23 @@ impl Controller for EndpointController {
                     port: port_name.clone(),
                     backends: backends(view, instances, &port_name),
                 };
-                let slot = format!("{service}/{port_name}");
-                if view.endpoints.get(&slot).map(|held| &*held.value) != Some(&endpoints) {
+                let held = view
+                    .endpoints
+                    .get(service)
+                    .and_then(|ports| ports.get(&port_name));
+                if held.map(|held| &*held.value) != Some(&endpoints) {
                     let key = keys::derived_endpoint(service, &port_name);
                     plan.writes.push(Write::put_json(key, &endpoints));
                 }
-                wanted.insert(slot);
+                wanted.insert((service.as_str(), port_name));
             }
         }
-        for (slot, held) in view.endpoints.iter() {
-            if !wanted.contains(slot) {
-                let key = keys::derived_endpoint(&held.service, &held.port);
-                plan.writes.push(Write::delete(key));
+        for (service, ports) in view.endpoints.iter() {
+            for port in ports.keys() {
+                if !wanted.contains(&(service.as_str(), port.clone())) {
+                    let key = keys::derived_endpoint(service, port);
+                    plan.writes.push(Write::delete(key));
+                }
             }
         }
         plan

@@ -210,7 +210,7 @@ impl ViewBuilder {
             match write {
                 Write::Put { key, value } => self.view.put(key, value, revision),
                 Write::Delete { key } => self.view.delete(key, revision),
-            }
+            };
         }
         self
     }

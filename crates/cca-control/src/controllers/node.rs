@@ -5,7 +5,7 @@
 //! a grace period, to replace what ran there.
 
 use cca_model::cluster::{NodeCondition, NodeStatus};
-use cca_model::keys;
+use cca_model::{Kind, keys};
 
 use crate::controller::{Context, Controller, EventDraft, Plan, Write};
 use crate::view::View;
@@ -19,12 +19,8 @@ impl Controller for NodeController {
         "node"
     }
 
-    fn interests(&self) -> &'static [&'static str] {
-        &[
-            keys::OBSERVED_NODES,
-            keys::OBSERVED_HEARTBEATS,
-            keys::DERIVED_NODES,
-        ]
+    fn interests(&self) -> &'static [Kind] {
+        &[Kind::Node, Kind::Heartbeat, Kind::NodeStatus]
     }
 
     fn reconcile(&self, view: &View, context: &Context) -> Plan {

@@ -48,6 +48,20 @@ pub enum Tls {
     Secrets { cert: String, key: String },
 }
 
+/// `desired/secret/{name}`: a secret's value, sealed by the API server
+/// (AES-256-GCM under the cluster's secret key): hex nonce and ciphertext
+/// (the 16-byte tag appended), the key's id and when the value was set.
+/// Never written by a compile or an apply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SealedSecret {
+    pub format: u32,
+    pub algorithm: String,
+    pub key_id: String,
+    pub nonce: String,
+    pub ciphertext: String,
+    pub set_at: crate::cluster::Millis,
+}
+
 /// `desired/connection/{name}`: parts of a URL the agent assembles (with
 /// the secret as password, escaped) and mounts into granted instances.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 pub use edges::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, NetworkRule, Peer, RuleAction, SameSite,
-    SecretGrant, SecretSpec, Sticky, Tls,
+    SealedSecret, SecretGrant, SecretSpec, Sticky, Tls,
 };
 pub use quantity::{Cpu, Duration, Memory, Percent, QuantityError};
 pub use service::{

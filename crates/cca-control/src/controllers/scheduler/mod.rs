@@ -34,8 +34,8 @@ mod tests;
 
 use std::collections::BTreeMap;
 
+use cca_model::Kind;
 use cca_model::cluster::{Instance, Millis};
-use cca_model::keys;
 
 use crate::controller::{Context, Controller, EventDraft, Plan};
 use crate::view::View;
@@ -105,14 +105,14 @@ impl Controller for SchedulerController {
 
     /// Everything placement depends on. Its own prefixes are left out:
     /// each pass already sees its previous commit in the next view.
-    fn interests(&self) -> &'static [&'static str] {
+    fn interests(&self) -> &'static [Kind] {
         &[
-            keys::DESIRED_SERVICES,
-            keys::DESIRED_NODES,
-            keys::OBSERVED_NODES,
-            keys::OBSERVED_HEARTBEATS,
-            keys::OBSERVED_INSTANCES,
-            keys::DERIVED_NODES,
+            Kind::Service,
+            Kind::NodeControl,
+            Kind::Node,
+            Kind::Heartbeat,
+            Kind::InstanceStatus,
+            Kind::NodeStatus,
         ]
     }
 

@@ -45,7 +45,7 @@ fn puts(plan: &Plan) -> Vec<Instance> {
     plan.writes
         .iter()
         .filter_map(|write| match write {
-            Write::Put { key, value } if key.starts_with(keys::DERIVED_INSTANCES) => {
+            Write::Put { key, value } if key.starts_with(cca_model::Kind::Instance.prefix()) => {
                 Some(serde_json::from_slice(value).expect("decodes"))
             }
             _ => None,
@@ -1001,7 +1001,7 @@ fn demand_beyond_one_pass_goes_in_the_next_pass_not_unplaced() {
         !plan
             .writes
             .iter()
-            .any(|write| write.key().starts_with(keys::DERIVED_UNPLACED)),
+            .any(|write| write.key().starts_with(cca_model::Kind::Unplaced.prefix())),
         "room is not what is missing"
     );
     assert!(
