@@ -112,6 +112,7 @@ pub mod codes {
     pub const INSECURE_COOKIE: Code = Code("W005");
     pub const REPLICAS_OVERRIDDEN: Code = Code("W006");
     pub const BUDGET_BLOCKS_DRAIN: Code = Code("W007");
+    pub const NOT_ENFORCED: Code = Code("W008");
 }
 
 /// A secondary span with its own message, in the diagnostic's file.

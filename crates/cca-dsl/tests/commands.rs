@@ -95,6 +95,27 @@ fn lint_json_gives_positions_and_codes() {
 }
 
 #[test]
+fn lint_json_warns_about_settings_not_enforced_and_still_succeeds() {
+    let text = "service a {\n  run = \"x\"\n  scale_to_zero = 5m\n}\n";
+    let fs = MemoryFs::new().with("idle.cca", text);
+    let result = run(|io| commands::lint(&fs, &paths(&["idle.cca"]), DiagnosticFormat::Json, io));
+    assert_eq!(result.code, 0);
+    let json: serde_json::Value = serde_json::from_str(&result.out).expect("valid JSON");
+    let diagnostics = json["diagnostics"].as_array().expect("a list");
+    assert_eq!(diagnostics.len(), 1, "{json}");
+    let warning = &diagnostics[0];
+    assert_eq!(warning["code"], "cca::W008");
+    assert_eq!(warning["severity"], "warning");
+    assert_eq!(warning["line"], 3);
+    let message = warning["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("`scale_to_zero` is accepted but not enforced by this version"),
+        "{message}"
+    );
+    assert_eq!(json["errors"], 0);
+}
+
+#[test]
 fn lint_reports_unreadable_files() {
     let result = run(|io| {
         commands::lint(

@@ -6,6 +6,7 @@
 
 mod checks;
 mod edges;
+mod enforced;
 mod read;
 mod service;
 
@@ -153,6 +154,14 @@ impl<'l> Compiler<'l> {
     }
 
     fn top_level(&mut self, entry: Entry<'_>) {
+        if schema::lookup(Context::File, entry.key()).is_some() {
+            // `gate NAME`: the keyword and the name, not the whole block.
+            let at = entry
+                .values()
+                .first()
+                .map_or(entry.key_span(), |name| entry.key_span().cover(name.span()));
+            self.check_enforced(Context::File, entry.key(), at);
+        }
         match entry.key() {
             "service" => self.service(entry),
             "gate" => self.gate(entry),

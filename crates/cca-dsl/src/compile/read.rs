@@ -382,6 +382,13 @@ impl Compiler<'_> {
                 }
                 seen.push((key, entry.key_span()));
             }
+            // A block's whole span would underline every line of it.
+            let at = if spec.block.is_some() {
+                entry.key_span()
+            } else {
+                entry.span()
+            };
+            self.check_enforced(context, key, at);
             known.push(entry);
         }
         known

@@ -248,8 +248,11 @@ impl Compiler<'_> {
                         h.min, h.max
                     ),
                 )
-                .with_label("the autoscaler will override this")
-                .with_help("set replicas within the autoscale bounds, or drop it"),
+                .with_label("an autoscaler would override this")
+                .with_help(
+                    "set replicas within the autoscale bounds, or drop it \
+                     (autoscale is not enforced yet: today `replicas` holds)",
+                ),
             );
         }
     }
@@ -603,8 +606,11 @@ impl Compiler<'_> {
             return;
         }
         let size = match size {
-            Some(size) => match self.quantity(size, "a volume size", Memory::parse) {
-                Some(size) => Some(size),
+            Some(written) => match self.quantity(written, "a volume size", Memory::parse) {
+                Some(size) => {
+                    self.check_enforced(Context::Service, "volume.size", written.span);
+                    Some(size)
+                }
                 None => return,
             },
             None => None,
@@ -705,9 +711,13 @@ impl Compiler<'_> {
                         Diagnostic::warning(
                             codes::BUDGET_BLOCKS_DRAIN,
                             entry.span(),
-                            "`max_unavailable = 0` blocks every drain and rolling update",
+                            "`max_unavailable = 0` blocks every drain of this service",
                         )
-                        .with_help("allow at least 1 unless the service must never be disturbed"),
+                        .with_label("no instance is ever moved off a draining node")
+                        .with_help(
+                            "allow at least 1 unless the service must never be disturbed; \
+                             rolling updates follow `update`, not the budget",
+                        ),
                     );
                 }
                 *budget = Some(DisruptionBudget { max_unavailable });
