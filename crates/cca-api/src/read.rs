@@ -2,7 +2,7 @@
 //! details of `describe`, the cluster `status`. Pure functions of a
 //! snapshot, so every answer is consistent with itself.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use cca_control::View;
 use cca_model::cluster::InstanceState;
@@ -150,6 +150,27 @@ pub(crate) fn node_summary(view: &View, name: &str) -> Option<NodeSummary> {
         addresses: info.addresses.clone(),
         registered_at: info.registered_at,
     })
+}
+
+/// The services a drain of `node` waits for: their budget allows no move
+/// (the scheduler's rule, `ServiceSpec::voluntary_moves`), and they still
+/// have instances on it. Empty when the node is not draining.
+pub(crate) fn drain_held_by(view: &View, node: &str) -> Vec<String> {
+    if !view.node_controls.get(node).is_some_and(|c| c.drain) {
+        return Vec::new();
+    }
+    let held: BTreeSet<&str> = view
+        .instances
+        .values()
+        .filter(|instance| instance.node == node && !instance.stopping)
+        .filter(|instance| {
+            view.services
+                .get(&instance.service)
+                .is_some_and(|spec| spec.voluntary_moves() == 0)
+        })
+        .map(|instance| instance.service.as_str())
+        .collect();
+    held.into_iter().map(str::to_owned).collect()
 }
 
 /// The node controller's verdict when it has one; until then a live

@@ -129,6 +129,10 @@ pub struct NodeDetail {
     pub condition: Option<NodeStatus>,
     pub heartbeat: Option<Heartbeat>,
     pub instances: Vec<InstanceSummary>,
+    /// While the node drains: the services whose disruption budget
+    /// (`max_unavailable = 0`) keeps their instances on it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drain_held_by: Vec<String>,
 }
 
 /// `status`: the cluster at a glance.

@@ -282,6 +282,49 @@ async fn node_controls_need_a_registered_node() {
     assert_eq!(status["nodes"]["ready"], 1);
 }
 
+/// A drain that a zero budget holds says so in the node's detail.
+#[tokio::test]
+async fn a_node_detail_names_the_services_holding_its_drain() {
+    let h = harness().await;
+    let register = json!({"name": "n1", "cpu": 4000, "memory": 8_589_934_592_u64, "arch": "amd64"});
+    h.call("POST", "/v1/agent/register", Some(register)).await;
+    let mut held = program(&[("db", 1), ("web", 1)]);
+    if let Some(db) = held.services.get_mut("db") {
+        db.budget = Some(cca_model::spec::DisruptionBudget { max_unavailable: 0 });
+    }
+    let (status, _) = h.call("POST", "/v1/apply", Some(to_json(&held))).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut txn = cca_store::Txn::new();
+    for service in ["db", "web"] {
+        let instance = cca_model::cluster::Instance {
+            id: format!("{service}-0"),
+            service: service.into(),
+            node: "n1".into(),
+            ordinal: None,
+            spec_hash: String::new(),
+            cpu: cca_model::spec::Cpu(0),
+            memory: cca_model::spec::Memory(0),
+            host_ports: Default::default(),
+            created_at: 0,
+            stopping: false,
+            replaces: None,
+            failures: Vec::new(),
+        };
+        let key = cca_model::keys::derived_instance(service, &instance.id);
+        txn = txn.then(cca_store::Op::put(
+            &key,
+            serde_json::to_vec(&instance).expect("encodes"),
+        ));
+    }
+    h.store.txn(txn).await.expect("writes");
+    let (_, before) = h.call("GET", "/v1/nodes/n1", None).await;
+    assert!(before.get("drain_held_by").is_none(), "{before}");
+    h.call("POST", "/v1/nodes/n1/drain", None).await;
+    let (status, detail) = h.call("GET", "/v1/nodes/n1", None).await;
+    assert_eq!(status, StatusCode::OK, "{detail}");
+    assert_eq!(detail["drain_held_by"], json!(["db"]));
+}
+
 #[tokio::test]
 async fn events_are_listed_filtered_and_pruned() {
     let h = harness().await;

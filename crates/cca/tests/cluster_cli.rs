@@ -1,6 +1,6 @@
 //! End to end: the built `cca` binary runs `cca server` on a loopback port
 //! with an embedded store in a temp dir, and the cluster commands talk to
-//! it — apply, diff, get (tables and `-o json|yaml`), describe, scale,
+//! it — apply (with a compiler warning), diff, get (tables and `-o json|yaml`), describe, scale,
 //! status, events, delete, exit codes, completions. The server process is
 //! killed when the test ends, pass or fail.
 
@@ -27,6 +27,13 @@ service db {
 }
 "#;
 
+const IDLE: &str = r#"
+service idle {
+  run = "sleep 1000"
+  scale_to_zero = 5m
+}
+"#;
+
 fn write_program(dir: &Path) -> String {
     let path = dir.join("app.cca");
     std::fs::write(&path, PROGRAM).expect("writes program");
@@ -46,6 +53,21 @@ fn cluster_commands_against_a_real_server() {
     assert!(applied.contains("applied at revision"), "{applied}");
     let again = server.ok(&["apply", &file]);
     assert!(again.contains("nothing to apply"), "{again}");
+
+    // A setting this version does not enforce warns, and is applied anyway.
+    let idle = dir.path().join("idle.cca");
+    std::fs::write(&idle, IDLE).expect("writes idle.cca");
+    let applied_idle = server.cca(&["apply", &idle.display().to_string()]);
+    assert_eq!(applied_idle.status.code(), Some(0));
+    let warned = String::from_utf8_lossy(&applied_idle.stderr);
+    assert!(warned.contains("cca::W008"), "{warned}");
+    assert!(
+        warned.contains("`scale_to_zero` is accepted but not enforced by this version"),
+        "{warned}"
+    );
+    let stdout = String::from_utf8_lossy(&applied_idle.stdout);
+    assert!(stdout.contains("service/idle created"), "{stdout}");
+    server.ok(&["delete", "service", "idle"]);
 
     let table = server.ok(&["get", "services"]);
     let header = table.lines().next().unwrap_or_default();

@@ -161,6 +161,7 @@ pub(crate) async fn node(
         condition: view.node_statuses.get(&name).map(|s| (*s.value).clone()),
         heartbeat: view.heartbeats.get(&name).map(|h| (*h.value).clone()),
         instances: read::instances(&view, &filter),
+        drain_held_by: read::drain_held_by(&view, &name),
     }))
 }
 

@@ -125,6 +125,7 @@ pub struct InitStep {
     pub image: Option<String>,
     /// A connection to dial (TCP) before the step counts as done: catches
     /// wrong passwords and unreachable databases before the main start.
+    /// Not acted on yet: the compiler warns (`cca::W008`).
     pub probe: Option<String>,
 }
 
@@ -134,6 +135,7 @@ pub struct UpdateStrategy {
     pub max_unavailable: u32,
     pub max_surge: u32,
     /// Roll back automatically after this many new instances fail health.
+    /// Not acted on yet: the compiler warns (`cca::W008`).
     pub rollback_after: u32,
 }
 
@@ -147,10 +149,23 @@ impl Default for UpdateStrategy {
     }
 }
 
-/// Bounds voluntary disruption (drain, rolling update).
+/// Bounds voluntary moves of a service's instances (drain, rebalancing);
+/// rolling updates follow [`UpdateStrategy`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DisruptionBudget {
+    /// Moves in flight at once; 0 allows none, so a drain waits.
     pub max_unavailable: u32,
+}
+
+impl ServiceSpec {
+    /// How many of its instances voluntary moves (drain, rebalancing) may
+    /// take on at once: the budget's `max_unavailable`, 1 without a budget.
+    /// 0 means they never move: a draining node keeps them.
+    pub fn voluntary_moves(&self) -> u32 {
+        self.budget
+            .as_ref()
+            .map_or(1, |budget| budget.max_unavailable)
+    }
 }
 
 /// Automatic scaling: more instances (horizontal), bigger ones (vertical).

@@ -194,6 +194,15 @@ fn node(detail: &NodeDetail) {
         },
     );
     field("Age", &age(Some(summary.registered_at), now_millis()));
+    if !detail.drain_held_by.is_empty() {
+        field(
+            "Drain",
+            &format!(
+                "waiting: the disruption budget (max_unavailable = 0) of {} allows no move",
+                detail.drain_held_by.join(", ")
+            ),
+        );
+    }
     output::line("");
     output::line("Instances:");
     if detail.instances.is_empty() {

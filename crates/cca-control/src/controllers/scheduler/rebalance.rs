@@ -5,7 +5,8 @@
 //! surge: the new instance starts first (`replaces` names the old one) and
 //! the old one stops once the new one runs. Only stateless instances that
 //! run the current spec and are ready move, through the same feasibility
-//! and scoring as any placement, so `restrict` and hints hold.
+//! and scoring as any placement, so `restrict` and hints hold; a service
+//! whose disruption budget is 0 never moves.
 
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
@@ -72,7 +73,9 @@ fn move_one<'v>(pass: &mut Pass<'v>, services: &Known<'v>, source: u32) -> bool 
         .filter(|instance| {
             services
                 .get(instance.service.as_str())
-                .is_some_and(|(spec, hash)| !spec.stateful && instance.spec_hash == *hash)
+                .is_some_and(|(spec, hash)| {
+                    !spec.stateful && spec.voluntary_moves() > 0 && instance.spec_hash == *hash
+                })
         })
         .filter(|instance| is_ready(pass.view, instance))
         .collect();

@@ -397,18 +397,15 @@ fn stateless<'v>(
 }
 
 /// Replacements for instances on draining nodes, started before the old
-/// ones stop, at most `budget.max_unavailable` (default 1) moves at a time.
+/// ones stop, at most `budget.max_unavailable` (default 1) moves at a time;
+/// a budget of 0 moves nothing, and the node keeps draining.
 fn drain_moves(
     spec: &ServiceSpec,
     surge: &[Member<'_>],
     counted: &[Member<'_>],
     inherited: &mut VecDeque<Vec<Millis>>,
 ) -> Vec<Create> {
-    let budget = spec
-        .budget
-        .as_ref()
-        .map_or(1, |budget| budget.max_unavailable)
-        .max(1) as usize;
+    let budget = spec.voluntary_moves() as usize;
     let moving: BTreeSet<&str> = surge
         .iter()
         .filter_map(|member| member.instance.replaces.as_deref())
@@ -451,8 +448,10 @@ fn stateful<'v>(
     let complete = (0..desired).all(present)
         && recreating.is_empty()
         && members.iter().all(|member| member.ready);
+    // A budget of 0 keeps every ordinal on its draining node.
+    let may_move = spec.voluntary_moves() > 0;
     if lingering.is_empty()
-        && let Some(victim) = stateful_victim(members, desired, complete)
+        && let Some(victim) = stateful_victim(members, desired, complete, may_move)
     {
         pass.stop(victim.instance);
         pass.events.push(EventDraft::info(
@@ -480,12 +479,13 @@ fn stateful<'v>(
 
 /// The one instance a stateful service stops next, if any: a stray without
 /// ordinal, else the highest ordinal beyond the replicas, else (when every
-/// ordinal runs) the highest one on a draining node, else the highest one
-/// running an old spec.
+/// ordinal runs) the highest one on a draining node if the budget lets it
+/// move, else the highest one running an old spec.
 fn stateful_victim<'a, 'v>(
     members: &'a [Member<'v>],
     desired: u32,
     complete: bool,
+    may_move: bool,
 ) -> Option<&'a Member<'v>> {
     let highest = |keep: &dyn Fn(&Member<'_>) -> bool| {
         members
@@ -499,7 +499,7 @@ fn stateful_victim<'a, 'v>(
     stray
         .or_else(|| highest(&|member| member.instance.ordinal.is_some_and(|o| o >= desired)))
         .or_else(|| {
-            complete
+            (complete && may_move)
                 .then(|| highest(&|member| member.draining))
                 .flatten()
         })

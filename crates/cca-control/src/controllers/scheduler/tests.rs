@@ -714,6 +714,66 @@ fn drain_starts_replacements_first_within_the_disruption_budget() {
     assert!(running.iter().all(|i| i.node == "n2"));
 }
 
+/// `budget { max_unavailable = 0 }` blocks the drain: nothing moves,
+/// stateless or stateful, however long the node drains (it was once
+/// clamped to one move at a time).
+#[test]
+fn a_zero_budget_keeps_instances_on_a_draining_node() {
+    let mut web = service("web", 2);
+    web.budget = Some(DisruptionBudget { max_unavailable: 0 });
+    let mut db = service("db", 2);
+    db.stateful = true;
+    db.budget = Some(DisruptionBudget { max_unavailable: 0 });
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .service(web)
+        .service(db)
+        .build();
+    let (view, now) = converge(view, NOW);
+    let before = live(&view, "web").len() + live(&view, "db").len();
+    assert_eq!(before, 4);
+    let drained = ViewBuilder::from(view)
+        .node("n2", 4000, 4096)
+        .node_control(
+            "n1",
+            NodeControl {
+                drain: true,
+                disabled: false,
+            },
+        )
+        .build();
+    let plan = schedule(&drained, now);
+    assert!(puts(&plan).is_empty(), "no replacement starts: {plan:?}");
+    assert!(deletes(&plan).is_empty());
+    let (view, _) = converge(drained, now);
+    let stayed: Vec<Instance> = instances(&view);
+    assert_eq!(stayed.len(), 4);
+    assert!(stayed.iter().all(|i| i.node == "n1" && !i.stopping));
+}
+
+/// Rebalancing is a voluntary move too: a zero budget keeps the service
+/// where it is, even on a node above the pressure line.
+#[test]
+fn rebalancing_leaves_a_zero_budget_service_alone() {
+    let mut builder = ViewBuilder::new();
+    let mut spec = with_resources(service("web", 9), 100, 16);
+    spec.budget = Some(DisruptionBudget { max_unavailable: 0 });
+    let hash = spec_hash(&spec);
+    for node in ["n1", "n2"] {
+        builder = builder.node(node, 1000, 4096);
+    }
+    for n in 0..9 {
+        let mut instance =
+            crate::controllers::fixtures::instance(&format!("web-{n:02}"), "web", "n1");
+        instance.spec_hash = hash.clone();
+        instance.memory = Memory(16 * MI);
+        instance.host_ports.insert("http".into(), 20_000 + n as u16);
+        builder = builder.instance(instance);
+    }
+    let view = agents(builder.service(spec), 0).build();
+    assert!(puts(&schedule(&view, NOW)).is_empty());
+}
+
 #[test]
 fn rebalancing_moves_at_most_two_instances_off_pressured_nodes() {
     // Three nodes pushed to 90% by hand, one empty node.
