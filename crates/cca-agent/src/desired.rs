@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use cca_api::types::{Assignment, AssignmentLine};
-use cca_store::Revision;
+use cca_model::Revision;
+use cca_wire::types::{Assignment, AssignmentLine};
 use serde::{Deserialize, Serialize};
 
 use crate::error::AgentError;

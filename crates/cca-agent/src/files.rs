@@ -14,7 +14,7 @@ use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use cca_api::types::{Assignment, InstanceFile};
+use cca_wire::types::{Assignment, InstanceFile};
 
 /// Where the files of an instance come from.
 #[async_trait::async_trait]
@@ -25,7 +25,7 @@ pub trait FileSource: Send + Sync + fmt::Debug {
 }
 
 #[async_trait::async_trait]
-impl FileSource for cca_api::Client {
+impl FileSource for cca_wire::Client {
     async fn files(&self, node: &str, id: &str) -> Result<Vec<InstanceFile>, String> {
         self.instance_files(node, id)
             .await

@@ -22,11 +22,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cca_api::Client;
-use cca_api::types::{MAX_REPORT_BATCH, RegisterRequest};
 use cca_model::cluster::{InstanceStatus, Millis};
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::Runtime;
+use cca_wire::Client;
+use cca_wire::types::{MAX_REPORT_BATCH, RegisterRequest};
 use tokio::sync::watch;
 
 pub use desired::Desired;

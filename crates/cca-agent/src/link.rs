@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cca_api::types::{AssignmentLine, RegisterRequest};
-use cca_api::{Client, ClientResult, LineStream};
+use cca_wire::types::{AssignmentLine, RegisterRequest};
+use cca_wire::{Client, ClientResult, LineStream};
 use tokio::sync::watch;
 
 use crate::desired::{Applied, Desired};

@@ -12,8 +12,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use cca_api::types::{ExecCommand, ExecResult};
 use cca_runtime::{ExecRequest, InstanceState, LogOptions, Runtime};
+use cca_wire::types::{ExecCommand, ExecResult};
 use serde::Deserialize;
 
 /// Longest exec timeout accepted.

@@ -24,13 +24,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cca_api::types::Assignment;
 use cca_model::cluster::{ExitInfo, InstanceState, InstanceStatus};
 use cca_model::spec::{Probe, ServiceSpec, Workload};
 use cca_runtime::{
     ExitReason, InstanceSpec, InstanceState as RtState, InstanceStatus as RtStatus, LogOptions,
     Mount, NetworkAttachment, PortBinding, Runtime,
 };
+use cca_wire::types::Assignment;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 

@@ -17,13 +17,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cca_agent::supervisor::{SupervisorConfig, Tick};
-use cca_api::types::Assignment;
 use cca_image::ImageStore;
 use cca_image::testing::{LayerBuilder, free_port, layer_blob_digest, write_oci_layout};
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
 use cca_model::spec::{Memory, PortSpec, Protocol, Resources, ServiceSpec};
 use cca_net::{HostNetwork, IpNft, NodeNetwork};
 use cca_runtime::Runtime;
+use cca_wire::types::Assignment;
 use support::{
     BusyboxRegistry, NetGuard, Node, can_run, desired, image_service, instance, tick_until_within,
 };

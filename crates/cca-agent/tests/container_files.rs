@@ -17,9 +17,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cca_agent::files::FileSource;
-use cca_api::types::{Assignment, InstanceFile};
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::ServiceSpec;
+use cca_wire::types::{Assignment, InstanceFile};
 use support::{BusyboxRegistry, Node, desired, image_service, instance, state, tick_until};
 
 const ID: &str = "web-files";

@@ -14,10 +14,10 @@ mod support;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use cca_api::types::Assignment;
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{ServiceSpec, VolumeSpec};
 use cca_runtime::Runtime;
+use cca_wire::types::Assignment;
 use support::{BusyboxRegistry, Node, desired, image_service, instance, state, tick_until};
 
 const FIRST: &str = "db-first";

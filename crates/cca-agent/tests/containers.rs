@@ -24,12 +24,12 @@ use std::time::{Duration, Instant};
 
 use cca_agent::RuntimeSet;
 use cca_agent::supervisor::{Supervisor, SupervisorConfig};
-use cca_api::types::Assignment;
 use cca_image::testing::free_port;
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{PortSpec, Protocol, ServiceSpec};
 use cca_net::{HostNetwork, IpNft, NetConfig, NodeNetwork, Proto};
 use cca_runtime::{OciRuntime, Runtime};
+use cca_wire::types::Assignment;
 use support::{
     BusyboxRegistry, NetGuard, Node, can_run, desired, image_service, instance, runtime_set, state,
     tick_until,

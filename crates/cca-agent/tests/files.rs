@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use cca_agent::files::FileSource;
 use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
-use cca_api::types::{Assignment, InstanceFile};
 use cca_model::cluster::InstanceState;
 use cca_model::spec::{Placement, Resources, ServiceSpec, UpdateStrategy, Workload};
 use cca_runtime::fake::{Call, FakeRuntime};
 use cca_runtime::{InstanceSpec, Runtime};
+use cca_wire::types::{Assignment, InstanceFile};
 use support::{desired, tick_until};
 
 /// Answers what it holds, or the API's refusal while it holds nothing.

@@ -20,7 +20,6 @@ use std::time::Duration;
 use cca_agent::desired::Desired;
 use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
 use cca_agent::{Containers, RuntimeSet};
-use cca_api::types::Assignment;
 use cca_image::{Digest, ImageConfig, ImageRecord, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{
@@ -29,6 +28,7 @@ use cca_model::spec::{
 };
 use cca_runtime::fake::{Call, FakeRuntime};
 use cca_runtime::{InstanceSpec, Mount, Runtime};
+use cca_wire::types::Assignment;
 use support::{desired, tick_until};
 
 fn service(workload: Workload) -> ServiceSpec {

@@ -1,12 +1,12 @@
 //! CCattler's HTTP API: the axum [`app`] (every endpoint under `/v1/`, plus
-//! `/metrics`), [`serve`] to run it on a listener with graceful shutdown,
-//! and the typed [`Client`]. Only this crate knows HTTP and the JSON wire
-//! format; it reads through the control plane's cache and writes through
-//! the store, one transaction per request. Endpoints are listed in
+//! `/metrics`) and [`serve`] to run it on a listener with graceful
+//! shutdown. Only this crate serves the cluster's routes; their request and
+//! response shapes and the typed client live in `cca-wire`, which agents and
+//! the CLI use. It reads through the control plane's cache and writes
+//! through the store, one transaction per request. Endpoints are listed in
 //! `docs/api.md`.
 
 mod apply;
-pub mod client;
 pub mod error;
 mod hub;
 mod metrics;
@@ -14,23 +14,18 @@ mod read;
 mod routes;
 pub mod secrets;
 mod state;
-pub mod types;
 mod validate;
 
 use std::future::Future;
 
 use tokio::net::TcpListener;
 
-pub use client::{
-    Client, ClientError, ClientResult, EventQuery, InstanceQuery, LineStream, LogLines,
-};
+/// The wire types are the API's contract; the server uses them as its own.
+pub use cca_wire::{DEFAULT_LISTEN, types};
 pub use error::ApiError;
 pub use routes::app;
 pub use secrets::{SecretKey, SecretKeyError};
 pub use state::{ApiConfig, ApiState, MetricsRenderer, no_extra_metrics};
-
-/// The default listen address (loopback only: no TLS yet).
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9770";
 
 /// Serves the API on `listener` until `shutdown` resolves, then stops
 /// accepting, ends open streams, and waits for requests in flight. Also

@@ -8,11 +8,11 @@ mod support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use cca_api::types::{AssignmentLine, RegisterRequest, WatchLine};
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
 use cca_model::keys;
 use cca_model::spec::{Cpu, Memory};
 use cca_store::{Op, Txn};
+use cca_wire::types::{AssignmentLine, RegisterRequest, WatchLine};
 use support::{harness, program};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -74,7 +74,7 @@ async fn place(store: &dyn cca_store::Store, instance: &Instance) -> i64 {
         .revision()
 }
 
-async fn next<T: serde::de::DeserializeOwned>(stream: &mut cca_api::LineStream<T>) -> T {
+async fn next<T: serde::de::DeserializeOwned>(stream: &mut cca_wire::LineStream<T>) -> T {
     tokio::time::timeout(WAIT, stream.next())
         .await
         .expect("a line in time")
@@ -87,7 +87,7 @@ async fn a_report_batch_writes_what_it_may_refuses_the_rest_one_by_one_and_skips
     let h = harness().await;
     let (plain, _stop) = h.serve().await;
     // Agents sharing a connection speak HTTP/2 without negotiation.
-    let client = cca_api::Client::http2(plain.base_url()).expect("client");
+    let client = cca_wire::Client::http2(plain.base_url()).expect("client");
     client
         .apply(&program(&[("web", 3)]), false)
         .await
@@ -274,7 +274,7 @@ async fn agent_registers_heartbeats_follows_assignments_and_reports() {
         .expect("forgets");
 
     let rows = client
-        .instances(&cca_api::InstanceQuery {
+        .instances(&cca_wire::InstanceQuery {
             node: Some("n1".into()),
             ..Default::default()
         })
@@ -337,7 +337,7 @@ async fn client_errors_carry_the_status_and_message() {
     let error = client.service("ghost").await.expect_err("no such service");
     assert_eq!(error.status(), Some(404));
     assert_eq!(error.to_string(), "service `ghost` not found (HTTP 404)");
-    let nowhere = cca_api::Client::new("http://127.0.0.1:1");
+    let nowhere = cca_wire::Client::new("http://127.0.0.1:1");
     let error = nowhere.status().await.expect_err("nothing listens");
     assert!(
         error
@@ -392,7 +392,7 @@ async fn a_report_batch_is_not_misled_by_a_view_that_lags() {
     tokio::spawn(cca_api::serve(listener, state, async {
         let _ = stopped.await;
     }));
-    let client = cca_api::Client::new(&format!("http://{address}"));
+    let client = cca_wire::Client::new(&format!("http://{address}"));
     client.register(&node("n1")).await.expect("registers");
 
     // Unknown to the view: web-1's placement, and web-2 failing since.

@@ -291,7 +291,7 @@ async fn the_files_endpoint_answers_the_instance_node_only() {
         .expect("not ended")
         .expect("decodes");
     match line {
-        cca_api::types::AssignmentLine::Snapshot { assignments, .. } => {
+        cca_wire::types::AssignmentLine::Snapshot { assignments, .. } => {
             assert_eq!(assignments.len(), 1);
             assert_eq!(assignments[0].secrets, ["api_token"]);
         }
@@ -335,7 +335,7 @@ async fn assignments_name_grants_committed_with_or_before_their_placement() {
     tokio::spawn(cca_api::serve(listener, state, async {
         let _ = stopped.await;
     }));
-    let client = cca_api::Client::new(&format!("http://{address}"));
+    let client = cca_wire::Client::new(&format!("http://{address}"));
 
     let mut stream = client.assignments("n1", 0).await.expect("stream");
     let mut next = async || {
@@ -347,7 +347,7 @@ async fn assignments_name_grants_committed_with_or_before_their_placement() {
     };
     assert!(matches!(
         next().await,
-        cca_api::types::AssignmentLine::Snapshot { ref assignments, .. } if assignments.is_empty()
+        cca_wire::types::AssignmentLine::Snapshot { ref assignments, .. } if assignments.is_empty()
     ));
 
     // `web`: its grant committed just before its placement; `api`: its
@@ -397,7 +397,7 @@ async fn assignments_name_grants_committed_with_or_before_their_placement() {
 
     for (id, secret) in [("web-1", "api_token"), ("api-1", "db_password")] {
         match next().await {
-            cca_api::types::AssignmentLine::Put { assignment, .. } => {
+            cca_wire::types::AssignmentLine::Put { assignment, .. } => {
                 assert_eq!(assignment.instance.id, id);
                 assert_eq!(assignment.secrets, [secret], "{id}");
                 assert!(assignment.spec.is_some(), "{id} has its spec");

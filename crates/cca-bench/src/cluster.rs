@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cca_agent::{AgentConfig, AgentError, LinkOptions, SupervisorConfig};
-use cca_api::{ApiConfig, ApiState, Client};
+use cca_api::{ApiConfig, ApiState};
 use cca_control::controllers::{
     EndpointController, NodeController, SchedulerConfig, SchedulerController,
 };
@@ -26,6 +26,7 @@ use cca_control::{Cache, Controller};
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::sim::{SimConfig, SimRuntime};
 use cca_store::Store;
+use cca_wire::Client;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;

@@ -10,7 +10,7 @@ pub enum BenchError {
     Store(#[from] cca_store::StoreError),
 
     #[error("API: {0}")]
-    Api(#[from] cca_api::ClientError),
+    Api(#[from] cca_wire::ClientError),
 
     #[error("I/O: {what}: {source}")]
     Io {

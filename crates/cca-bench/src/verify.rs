@@ -6,8 +6,8 @@
 
 use std::collections::HashMap;
 
-use cca_api::types::NodeSummary;
-use cca_api::{Client, InstanceQuery};
+use cca_wire::types::NodeSummary;
+use cca_wire::{Client, InstanceQuery};
 
 use crate::BenchError;
 use crate::workload::{GOLD_LABEL, INSTANCE_CPU_MILLIS, INSTANCE_MEMORY_MIB, Workload};

@@ -13,13 +13,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use cca_api::client::InstanceQuery;
-use cca_api::{ApiConfig, Client};
+use cca_api::ApiConfig;
 use cca_control::controllers::SchedulerConfig;
 use cca_control::runner::RunnerConfig;
 use cca_dsl::commands::ValueOptions;
 use cca_store::Store;
 use cca_store::embedded::{Config as StoreConfig, EmbeddedStore};
+use cca_wire::Client;
+use cca_wire::client::InstanceQuery;
 use clap::Args;
 use tokio::sync::watch;
 
@@ -33,7 +34,7 @@ pub(crate) struct DevArgs {
     #[arg(long, default_value = ".cca-dev")]
     data_dir: PathBuf,
     /// Where the API listens (the CLI's default server address).
-    #[arg(long, default_value = cca_api::DEFAULT_LISTEN)]
+    #[arg(long, default_value = cca_wire::DEFAULT_LISTEN)]
     listen: SocketAddr,
     /// A `.ccv` values file; may repeat, later files win.
     #[arg(long = "values", value_name = "FILE")]

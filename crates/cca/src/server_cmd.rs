@@ -29,7 +29,7 @@ pub(crate) struct ServerArgs {
     store: StoreUrl,
     /// Address the API listens on (port 0 picks a free port; the address
     /// is printed on stderr).
-    #[arg(long, env = "CCA_LISTEN", default_value = cca_api::DEFAULT_LISTEN)]
+    #[arg(long, env = "CCA_LISTEN", default_value = cca_wire::DEFAULT_LISTEN)]
     listen: SocketAddr,
     /// How long events are kept (`30m`, `1h`, `1d`).
     #[arg(long, default_value = "1h", value_name = "DURATION")]

@@ -18,9 +18,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use cca_api::Client;
-use cca_api::client::InstanceQuery;
-use cca_api::types::InstanceSummary;
+use cca_wire::Client;
+use cca_wire::client::InstanceQuery;
+use cca_wire::types::InstanceSummary;
 
 const CCA: &str = env!("CARGO_BIN_EXE_cca");
 

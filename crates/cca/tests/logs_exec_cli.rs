@@ -14,9 +14,9 @@ use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use cca_api::Client;
-use cca_api::types::{ExecCommand, ExecResult, RegisterRequest};
 use cca_model::spec::{Cpu, Memory};
+use cca_wire::Client;
+use cca_wire::types::{ExecCommand, ExecResult, RegisterRequest};
 
 use support::Server;
 

@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 use cca_agent::desired::Desired;
 use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
 use cca_agent::{Containers, InstanceNetwork, RuntimeSet};
-use cca_api::types::Assignment;
 use cca_image::testing::{TestRegistry, busybox_layer, commands_available, write_oci_layout};
 use cca_image::{Digest, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
@@ -27,6 +26,7 @@ use cca_model::spec::{Cpu, Memory, Placement, Resources, ServiceSpec, UpdateStra
 use cca_net::{HostNetwork, IpNft, NetConfig};
 use cca_runtime::fake::FakeRuntime;
 use cca_runtime::{OciConfig, OciRuntime, Runtime};
+use cca_wire::types::Assignment;
 
 /// Whether the test can run: root and `tools` on `PATH`; says why not.
 pub(crate) fn can_run(test: &str, tools: &[&str]) -> bool {

@@ -22,12 +22,12 @@ use futures_util::future::join_all;
 use serde::Deserialize;
 use tokio::sync::{OwnedSemaphorePermit, mpsc, watch};
 
-use crate::client::segment;
 use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
 use crate::read::{self, InstanceFilter};
 use crate::routes::reads::fresh_view;
 use crate::state::ApiState;
 use crate::types::{ErrorBody, ExecCommand, ExecResult};
+use cca_wire::client::segment;
 
 /// How long connecting to an agent may take before it counts as down.
 const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

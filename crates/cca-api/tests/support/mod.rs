@@ -11,13 +11,14 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use cca_api::{ApiConfig, ApiState, Client};
+use cca_api::{ApiConfig, ApiState};
 use cca_control::Cache;
 use cca_model::spec::{
     Placement, PortSpec, Program, Protocol, Resources, ServiceSpec, UpdateStrategy, Workload,
 };
 use cca_store::embedded::{Config, EmbeddedStore};
 use cca_store::{RangeRequest, Store};
+use cca_wire::Client;
 use http_body_util::BodyExt;
 use serde_json::Value;
 use tokio::sync::oneshot;

@@ -2,14 +2,14 @@
 //! API through the typed client, print through [`output`](super::output).
 
 use anyhow::{Context, Result, bail};
-use cca_api::types::{
-    ApplyReport, EventRecord, InstanceSummary, NodeSummary, ServiceSummary, WatchLine,
-};
-use cca_api::{Client, EventQuery, InstanceQuery};
 use cca_dsl::commands::{Style, ValueOptions, gather_values};
 use cca_dsl::compile::compile_file;
 use cca_dsl::source::RealFs;
 use cca_model::spec::Program;
+use cca_wire::types::{
+    ApplyReport, EventRecord, InstanceSummary, NodeSummary, ServiceSummary, WatchLine,
+};
+use cca_wire::{Client, EventQuery, InstanceQuery};
 
 use super::output::{self, Format, age, now_millis, or_dash};
 use super::{

@@ -3,9 +3,9 @@
 //! instance` (status, last exit, log tail), `describe node`, and `status`.
 
 use anyhow::Result;
-use cca_api::Client;
-use cca_api::types::{ClusterStatus, InstanceDetail, NodeDetail, ServiceDetail};
 use cca_model::spec::Workload;
+use cca_wire::Client;
+use cca_wire::types::{ClusterStatus, InstanceDetail, NodeDetail, ServiceDetail};
 
 use super::commands::{event_table, instance_table, node_state};
 use super::output::{self, Format, age, field, now_millis, or_dash};

@@ -7,8 +7,8 @@
 use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
-use cca_api::types::{ExecCommand, ExecResult};
-use cca_api::{Client, LogLines};
+use cca_wire::types::{ExecCommand, ExecResult};
+use cca_wire::{Client, LogLines};
 use tokio::task::JoinSet;
 
 use super::commands::client;

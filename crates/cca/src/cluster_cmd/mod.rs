@@ -2,7 +2,7 @@
 //! `status`, `scale`, `delete`, `drain`, `disable-node`, `enable-node`,
 //! `events`, `watch`, `logs`, `exec`, `secret`, `completions`) and their
 //! dispatch.
-//! Each command is a call of the typed API client ([`cca_api::Client`]);
+//! Each command is a call of the typed API client ([`cca_wire::Client`]);
 //! [`commands`] holds the calls, [`describe`] the long views, [`io`] logs
 //! and exec, [`secret`] secret values, [`output`] the printing.
 //!

@@ -9,7 +9,7 @@ use cca_model::cluster::{
     NodeStatus, Unplaced,
 };
 use cca_model::spec::{Cpu, Memory, ServiceSpec};
-use cca_store::{LeaseId, Revision};
+use cca_model::{LeaseId, Revision};
 use serde::{Deserialize, Serialize};
 
 /// The body of every error response.

@@ -8,7 +8,7 @@ use std::marker::PhantomData;
 
 use cca_model::cluster::{InstanceStatus, Millis};
 use cca_model::spec::Program;
-use cca_store::{LeaseId, Revision};
+use cca_model::{LeaseId, Revision};
 use reqwest::{Method, RequestBuilder, Response};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -409,8 +409,8 @@ impl Client {
     }
 }
 
-/// Escapes a name for one path segment.
-pub(crate) fn segment(name: &str) -> String {
+/// Escapes a name for one path segment (the server relays agent URLs with it too).
+pub fn segment(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     for byte in name.bytes() {
         if byte.is_ascii_alphanumeric() || b"-._~".contains(&byte) {
