@@ -1,9 +1,22 @@
 //! The contract between controllers and the runner. A controller is a pure
 //! function from a [`View`] and a [`Context`] (the time, how long this
 //! server has led) to a [`Plan`]: plain data saying which facts to write or
-//! delete and which events to log. The runner does all IO — it commits the
-//! plan in one compare-and-swap transaction guarded by the revisions of the
-//! view — so controllers are deterministic and testable without a store.
+//! delete and which events to log. The runner does all IO, so controllers
+//! are deterministic and testable without a store.
+//!
+//! **Atomicity contract (the one place it is stated).** The runner commits
+//! a plan's writes in order, in parts of at most the store's
+//! `max_txn_ops` operations (etcd allows 128). Every part is one
+//! compare-and-swap transaction carrying the leader's fencing compare, the
+//! plan's guards and a compare per written key against the view the plan
+//! was made on; a part commits entirely or not at all. Parts are not atomic
+//! together: a conflict, a lost leadership or a crash between two parts
+//! leaves the earlier parts committed. So controllers are level-based: each
+//! write is right on its own given the view, and a reconcile from any
+//! prefix of a plan (the next pass, or the next leader's) converges to the
+//! same end. A controller that needs A to land before B puts A earlier in
+//! its plan. Tested by `tests/runner.rs`, which cuts a scheduler plan at
+//! every point.
 
 use cca_model::cluster::{EventLevel, Millis};
 use cca_model::{Kind, Owner};
@@ -95,7 +108,8 @@ impl EventDraft {
     }
 }
 
-/// What a reconcile decided. An empty plan costs no write.
+/// What a reconcile decided. An empty plan costs no write. Committed in
+/// order, possibly in several transactions: see the module documentation.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Plan {
     /// Changes, each guarded by the mod revision the view holds for its key.
