@@ -1,7 +1,8 @@
 //! `apply` and `diff`: compare a program's facts with the desired facts in
-//! the store and write the difference in ONE transaction guarded by the
-//! mod revision of every key it touches (retried on conflict, never half
-//! applied).
+//! the store and write the difference all or nothing (one transaction when
+//! it fits, else a staged commit: see [`crate::staged`]), guarded by the
+//! generation of the program facts it was planned on (re-planned on
+//! conflict, never half applied).
 //!
 //! Semantics: every object of the program is upserted; sub-facts (tags,
 //! secret grants) of the program's services that the program no longer
@@ -15,15 +16,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use cca_model::cluster::{EventLevel, Millis};
 use cca_model::spec::{Fact, Program};
 use cca_model::{Key, keys};
-use cca_store::{Compare, CompareOp, KeyValue, Op, RangeRequest, Txn, TxnOutcome};
+use cca_store::{Compare, CompareOp, KeyValue, Op, RangeRequest, Store, Txn};
 
 use crate::error::{ApiError, ApiResult};
+use crate::staged::{self, Committed, Generation};
 use crate::state::{ApiState, encode, now_millis};
 use crate::types::ApplyReport;
 use crate::validate::check_program;
 
 /// How many times a conflicting apply is re-planned before giving up.
 const ATTEMPTS: usize = 5;
+
+/// Desired facts per page while reading them.
+const READ_PAGE: usize = 2_000;
 
 pub(crate) use cca_model::cluster::ServiceMeta;
 
@@ -45,36 +50,46 @@ pub(crate) async fn apply_program(
     let facts = program
         .facts()
         .map_err(|error| ApiError::invalid(error.to_string()))?;
+    let store = state.store();
+    if !dry_run {
+        staged::settle(store).await?;
+    }
     for _ in 0..ATTEMPTS {
-        let page = state
-            .store()
-            .range(RangeRequest::prefix(keys::DESIRED))
-            .await?;
-        let current: BTreeMap<String, KeyValue> = page
-            .kvs
-            .into_iter()
-            .map(|kv| (kv.key.clone(), kv))
-            .collect();
+        let generation = Generation::read(store).await?;
+        let current = read_desired(store).await?;
         let mut plan = plan(&facts, program, &current, prune, now_millis());
         plan.report.dry_run = dry_run;
         if dry_run || plan.report.is_empty() {
             return Ok(plan.report);
         }
-        let summary = summarize(&plan.report);
-        plan.txn
-            .ops
-            .push(state.event_op(EventLevel::Info, "apply", summary));
-        match state.store().txn(plan.txn).await? {
-            TxnOutcome::Committed { revision } => {
+        let event = state.event_op(EventLevel::Info, "apply", summarize(&plan.report));
+        let Txn { compares, ops } = plan.txn;
+        match staged::commit(store, &generation, compares, ops, vec![event]).await? {
+            Committed::At(revision) => {
                 plan.report.revision = Some(revision);
                 return Ok(plan.report);
             }
-            TxnOutcome::CompareFailed { .. } => continue,
+            Committed::Conflict => continue,
         }
     }
     Err(ApiError::conflict(
         "desired facts kept changing while applying; nothing was written, retry",
     ))
+}
+
+/// Every desired fact, read in pages (a program of 10,000 services is
+/// more than one etcd response may carry).
+async fn read_desired(store: &dyn Store) -> ApiResult<BTreeMap<String, KeyValue>> {
+    let mut current = BTreeMap::new();
+    let mut request = RangeRequest::prefix(keys::DESIRED).limit(READ_PAGE);
+    loop {
+        let page = store.range(request.clone()).await?;
+        current.extend(page.kvs.into_iter().map(|kv| (kv.key.clone(), kv)));
+        match page.continuation {
+            Some(last) => request = request.after(last),
+            None => return Ok(current),
+        }
+    }
 }
 
 /// Compares `facts` with `current` and plans the writes. Pure.

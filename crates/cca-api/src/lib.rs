@@ -13,6 +13,7 @@ mod metrics;
 mod read;
 mod routes;
 pub mod secrets;
+mod staged;
 mod state;
 mod validate;
 
@@ -29,13 +30,15 @@ pub use state::{ApiConfig, ApiState, MetricsRenderer, no_extra_metrics};
 
 /// Serves the API on `listener` until `shutdown` resolves, then stops
 /// accepting, ends open streams, and waits for requests in flight. Also
-/// runs the event-retention task for as long as it serves.
+/// runs the event-retention task for as long as it serves, and first
+/// finishes a staged apply a previous server left half copied.
 pub async fn serve(
     listener: TcpListener,
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let retention = tokio::spawn(routes::retention_task(state.clone()));
+    let settling = tokio::spawn(staged::settle_in_background(state.clone()));
     let stopping = state.clone();
     let result = axum::serve(listener, app(state))
         .with_graceful_shutdown(async move {
@@ -44,6 +47,7 @@ pub async fn serve(
         })
         .await;
     retention.abort();
+    settling.abort();
     result
 }
 

@@ -9,8 +9,8 @@
 use std::sync::Arc;
 
 use cca_model::cluster::{
-    Endpoints, Heartbeat, Instance, InstanceStatus, NodeControl, NodeInfo, NodeStatus, ServiceMeta,
-    Unplaced,
+    ApplyChunk, ApplyCommit, DesiredGeneration, Endpoints, Heartbeat, Instance, InstanceStatus,
+    NodeControl, NodeInfo, NodeStatus, ServiceMeta, StagedWrite, Unplaced,
 };
 use cca_model::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
@@ -84,6 +84,14 @@ pub struct View {
     pub heartbeats: Table<Heartbeat>,
     /// Reported instance states by instance id.
     pub statuses: Table<InstanceStatus>,
+    pub desired_generation: Option<Versioned<DesiredGeneration>>,
+    /// Staged applies' chunks, by apply, then chunk: invisible until
+    /// `applying` names their apply.
+    pub staged: Grouped<ApplyChunk>,
+    /// The committed staged apply still being copied into place: its
+    /// chunks are overlaid on the desired facts at its revision, so the
+    /// view shows the whole new program from its commit on.
+    pub applying: Option<Versioned<ApplyCommit>>,
     /// Facts that did not decode, by key, with the reason; shown by the API
     /// so a hand-edited fact is visible instead of silently ignored.
     pub invalid: OrdMap<String, String>,
@@ -110,10 +118,34 @@ type Outcome = Option<(Option<Value>, Option<Value>)>;
 
 impl View {
     /// Applies one put and says what changed. Writes older than what the
-    /// view holds are ignored (`None`), which makes replaying overlapping
-    /// history harmless; keys outside the fact table are ignored too.
-    pub fn put(&mut self, key: &str, bytes: &[u8], revision: Revision) -> Option<FactChange> {
-        let parsed = Key::parse(key)?;
+    /// view holds are ignored (nothing changed), which makes replaying
+    /// overlapping history harmless; keys outside the fact table are
+    /// ignored too. A staged apply's commit record changes every fact the
+    /// apply writes, at once.
+    pub fn put(&mut self, key: &str, bytes: &[u8], revision: Revision) -> Vec<FactChange> {
+        let mut changes = Vec::new();
+        self.put_into(key, bytes, revision, &mut changes);
+        changes
+    }
+
+    /// Applies one delete at `revision` and says what changed.
+    pub fn delete(&mut self, key: &str, revision: Revision) -> Vec<FactChange> {
+        let mut changes = Vec::new();
+        self.delete_into(key, revision, &mut changes);
+        changes
+    }
+
+    /// [`put`](Self::put), adding the changes to `changes`.
+    pub fn put_into(
+        &mut self,
+        key: &str,
+        bytes: &[u8],
+        revision: Revision,
+        changes: &mut Vec<FactChange>,
+    ) {
+        let Some(parsed) = Key::parse(key) else {
+            return;
+        };
         let outcome = self.put_typed(&parsed, bytes, revision);
         match &outcome {
             Ok(_) => {
@@ -125,31 +157,76 @@ impl View {
             }
         }
         let (old, new) = match outcome {
-            Ok(outcome) => outcome?,
+            Ok(Some(outcome)) => outcome,
+            Ok(None) => return,
             // The fact is unusable: for typed readers it is gone.
-            Err(_) => (
-                self.remove_typed(&parsed, revision)
-                    .and_then(|(old, _)| old),
-                None,
-            ),
+            Err(_) => match self.remove_typed(&parsed, revision) {
+                Some((old, _)) => (old, None),
+                None => return,
+            },
         };
-        Some(FactChange {
-            key: parsed,
-            old,
-            new,
-        })
+        let staged = match &parsed {
+            Key::ApplyCommit {} => self.applying.as_ref().map(|held| held.apply.clone()),
+            Key::ApplyChunk { apply, chunk } if self.is_applying(apply) => {
+                self.overlay_chunk(apply, chunk, revision, changes);
+                None
+            }
+            _ => None,
+        };
+        push_change(changes, parsed, old, new);
+        if let Some(apply) = staged {
+            self.overlay(&apply, revision, changes);
+        }
     }
 
-    /// Applies one delete at `revision` and says what changed.
-    pub fn delete(&mut self, key: &str, revision: Revision) -> Option<FactChange> {
+    /// [`delete`](Self::delete), adding the changes to `changes`.
+    pub fn delete_into(&mut self, key: &str, revision: Revision, changes: &mut Vec<FactChange>) {
         self.invalid.remove(key);
-        let parsed = Key::parse(key)?;
-        let (old, new) = self.remove_typed(&parsed, revision)?;
-        Some(FactChange {
-            key: parsed,
-            old,
-            new,
-        })
+        let Some(parsed) = Key::parse(key) else {
+            return;
+        };
+        if let Some((old, new)) = self.remove_typed(&parsed, revision) {
+            push_change(changes, parsed, old, new);
+        }
+    }
+
+    fn is_applying(&self, apply: &str) -> bool {
+        self.applying
+            .as_ref()
+            .is_some_and(|held| held.apply == apply)
+    }
+
+    /// Applies every staged chunk of `apply` (in chunk order) at `revision`.
+    fn overlay(&mut self, apply: &str, revision: Revision, changes: &mut Vec<FactChange>) {
+        let chunks: Vec<String> = self
+            .staged
+            .get(apply)
+            .map(|chunks| chunks.keys().cloned().collect())
+            .unwrap_or_default();
+        for chunk in chunks {
+            self.overlay_chunk(apply, &chunk, revision, changes);
+        }
+    }
+
+    fn overlay_chunk(
+        &mut self,
+        apply: &str,
+        chunk: &str,
+        revision: Revision,
+        changes: &mut Vec<FactChange>,
+    ) {
+        let Some(held) = self.staged.get(apply).and_then(|chunks| chunks.get(chunk)) else {
+            return;
+        };
+        let writes = Arc::clone(&held.value);
+        for write in &writes.writes {
+            match write {
+                StagedWrite::Put { key, value } => {
+                    self.put_into(key, value.as_bytes(), revision, changes);
+                }
+                StagedWrite::Delete { key } => self.delete_into(key, revision, changes),
+            }
+        }
     }
 
     /// The mod revision the view holds for `key` (0 when absent): what a
@@ -241,6 +318,21 @@ impl View {
             Key::InstanceStatus { id } => {
                 put(&mut self.statuses, id, bytes, rev, Value::InstanceStatus)?
             }
+            Key::DesiredGeneration {} => put_single(
+                &mut self.desired_generation,
+                bytes,
+                rev,
+                Value::DesiredGeneration,
+            )?,
+            Key::ApplyChunk { apply, chunk } => put_grouped(
+                &mut self.staged,
+                apply,
+                chunk,
+                bytes,
+                rev,
+                Value::ApplyChunk,
+            )?,
+            Key::ApplyCommit {} => put_single(&mut self.applying, bytes, rev, Value::ApplyCommit)?,
             Key::Event { .. } | Key::Leader {} => {
                 let value = Value::decode(key.kind(), bytes).map_err(|err| err.to_string())?;
                 Some((None, Some(value)))
@@ -294,7 +386,14 @@ impl View {
             Key::InstanceStatus { id } => {
                 remove(&mut self.statuses, id, rev, Value::InstanceStatus)
             }
-            Key::Event { .. } | Key::Leader {} => Some((None, None)),
+            Key::DesiredGeneration {} => {
+                remove_single(&mut self.desired_generation, rev, Value::DesiredGeneration)
+            }
+            Key::ApplyChunk { apply, chunk } => {
+                remove_grouped(&mut self.staged, apply, chunk, rev, Value::ApplyChunk)
+            }
+            Key::ApplyCommit {} => remove_single(&mut self.applying, rev, Value::ApplyCommit),
+            Key::Event { .. } | Key::Leader {} => None,
         }
     }
 
@@ -324,6 +423,9 @@ impl View {
             Key::Node { node } => at(&self.nodes, node),
             Key::Heartbeat { node } => at(&self.heartbeats, node),
             Key::InstanceStatus { id } => at(&self.statuses, id),
+            Key::DesiredGeneration {} => self.desired_generation.as_ref().map(|v| v.mod_revision),
+            Key::ApplyChunk { apply, chunk } => at2(&self.staged, apply, chunk),
+            Key::ApplyCommit {} => self.applying.as_ref().map(|held| held.mod_revision),
             Key::Event { .. } | Key::Leader {} => None,
         }
     }
@@ -332,6 +434,47 @@ impl View {
 /// True for the kinds the view keeps a table of.
 fn cached(kind: Kind) -> bool {
     !matches!(kind, Kind::Event | Kind::Leader)
+}
+
+/// Records a change unless nothing was there before or after.
+fn push_change(changes: &mut Vec<FactChange>, key: Key, old: Option<Value>, new: Option<Value>) {
+    if old.is_some() || new.is_some() {
+        changes.push(FactChange { key, old, new });
+    }
+}
+
+fn put_single<T: DeserializeOwned>(
+    slot: &mut Option<Versioned<T>>,
+    bytes: &[u8],
+    revision: Revision,
+    wrap: fn(Arc<T>) -> Value,
+) -> Result<Outcome, String> {
+    if slot
+        .as_ref()
+        .is_some_and(|held| held.mod_revision >= revision)
+    {
+        return Ok(None);
+    }
+    let value = Arc::new(serde_json::from_slice::<T>(bytes).map_err(|err| err.to_string())?);
+    let old = slot.replace(Versioned {
+        value: Arc::clone(&value),
+        mod_revision: revision,
+    });
+    Ok(Some((old.map(|old| wrap(old.value)), Some(wrap(value)))))
+}
+
+fn remove_single<T>(
+    slot: &mut Option<Versioned<T>>,
+    revision: Revision,
+    wrap: fn(Arc<T>) -> Value,
+) -> Outcome {
+    if slot
+        .as_ref()
+        .is_some_and(|held| held.mod_revision >= revision)
+    {
+        return None;
+    }
+    Some((slot.take().map(|old| wrap(old.value)), None))
 }
 
 fn put<T: DeserializeOwned>(
@@ -406,6 +549,11 @@ fn remove_grouped<T>(
 mod tests {
     use super::*;
 
+    fn one(mut changes: Vec<FactChange>) -> FactChange {
+        assert_eq!(changes.len(), 1, "{changes:?}");
+        changes.remove(0)
+    }
+
     fn status_bytes(since: i64) -> Vec<u8> {
         format!(r#"{{"condition":"ready","since":{since}}}"#).into_bytes()
     }
@@ -413,22 +561,18 @@ mod tests {
     #[test]
     fn a_put_says_what_it_replaced() {
         let mut view = View::default();
-        let first = view
-            .put("derived/node/n1", &status_bytes(1), 5)
-            .expect("a change");
+        let first = one(view.put("derived/node/n1", &status_bytes(1), 5));
         assert_eq!(first.kind(), Kind::NodeStatus);
         assert!(first.old.is_none());
         assert!(matches!(first.new, Some(Value::NodeStatus(_))));
-        let second = view
-            .put("derived/node/n1", &status_bytes(2), 7)
-            .expect("a change");
+        let second = one(view.put("derived/node/n1", &status_bytes(2), 7));
         assert_eq!(second.old, first.new);
         assert_eq!(view.mod_revision("derived/node/n1"), 7);
         assert!(
-            view.put("derived/node/n1", &status_bytes(3), 6).is_none(),
+            view.put("derived/node/n1", &status_bytes(3), 6).is_empty(),
             "an older write changes nothing"
         );
-        let gone = view.delete("derived/node/n1", 8).expect("a change");
+        let gone = one(view.delete("derived/node/n1", 8));
         assert_eq!(gone.old, second.new);
         assert!(gone.new.is_none());
         assert_eq!(view.mod_revision("derived/node/n1"), 0);
@@ -454,9 +598,7 @@ mod tests {
     fn an_undecodable_fact_is_invalid_and_gone_for_readers() {
         let mut view = View::default();
         view.put("derived/node/n1", &status_bytes(1), 5);
-        let change = view
-            .put("derived/node/n1", b"not json", 6)
-            .expect("a change");
+        let change = one(view.put("derived/node/n1", b"not json", 6));
         assert!(change.old.is_some() && change.new.is_none());
         assert!(view.node_statuses.is_empty());
         assert!(view.invalid.contains_key("derived/node/n1"));
@@ -467,9 +609,115 @@ mod tests {
     #[test]
     fn keys_outside_the_table_are_ignored() {
         let mut view = View::default();
-        assert!(view.put("derived/mystery/x", b"{}", 2).is_none());
+        assert!(view.put("derived/mystery/x", b"{}", 2).is_empty());
         assert!(!View::tracks("derived/mystery/x"));
         assert!(!View::tracks("events/1-1"));
         assert!(View::tracks("desired/service/web"));
+    }
+
+    fn spec(name: &str, replicas: u32) -> String {
+        serde_json::json!({
+            "name": name, "workload": {"kind": "process", "run": "sleep 1"},
+            "replicas": replicas, "ports": [], "env": {}, "resources": {},
+            "health": null, "placement": {"colocate": [], "separate": [], "restrict": {}, "spread": []},
+            "connections": [], "volumes": [], "init": [],
+            "update": {"max_unavailable": 1, "max_surge": 1, "rollback_after": 3},
+            "budget": null, "autoscale": null, "stateful": false, "scale_to_zero": null
+        })
+        .to_string()
+    }
+
+    fn chunk(writes: serde_json::Value) -> Vec<u8> {
+        serde_json::json!({ "writes": writes })
+            .to_string()
+            .into_bytes()
+    }
+
+    fn services(view: &View) -> Vec<(String, u32)> {
+        view.services
+            .iter()
+            .map(|(name, spec)| (name.clone(), spec.replicas))
+            .collect()
+    }
+
+    /// The staged apply's chunks, then its commit record at revision 10.
+    fn staged_apply(view: &mut View) -> Vec<FactChange> {
+        let first = chunk(serde_json::json!([
+            {"op": "put", "key": "desired/service/web", "value": spec("web", 2)},
+            {"op": "put", "key": "desired/service/db", "value": spec("db", 1)},
+        ]));
+        let second = chunk(serde_json::json!([
+            {"op": "delete", "key": "desired/service/old"},
+        ]));
+        view.put("meta/apply/a1/chunk/000000", &first, 7);
+        view.put("meta/apply/a1/chunk/000001", &second, 8);
+        assert_eq!(
+            services(view),
+            [("old".into(), 1), ("web".into(), 1)],
+            "staged chunks are invisible"
+        );
+        view.put("meta/applying", br#"{"apply":"a1","chunks":2,"at":0}"#, 10)
+    }
+
+    #[test]
+    fn a_staged_apply_becomes_visible_at_once_at_its_commit() {
+        let mut view = View::default();
+        view.put("desired/service/web", spec("web", 1).as_bytes(), 2);
+        view.put("desired/service/old", spec("old", 1).as_bytes(), 3);
+        let changes = staged_apply(&mut view);
+        assert_eq!(services(&view), [("db".into(), 1), ("web".into(), 2)]);
+        let kinds: Vec<Kind> = changes.iter().map(FactChange::kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                Kind::ApplyCommit,
+                Kind::Service,
+                Kind::Service,
+                Kind::Service
+            ],
+            "one revision carries the whole program"
+        );
+        assert_eq!(view.mod_revision("desired/service/db"), 10);
+        // Copying into place changes nothing a reader sees.
+        view.put("desired/service/web", spec("web", 2).as_bytes(), 11);
+        view.delete("meta/apply/a1/chunk/000000", 11);
+        view.put("desired/service/db", spec("db", 1).as_bytes(), 12);
+        view.delete("desired/service/old", 12);
+        view.delete("meta/apply/a1/chunk/000001", 12);
+        view.delete("meta/applying", 13);
+        assert_eq!(services(&view), [("db".into(), 1), ("web".into(), 2)]);
+        assert!(view.staged.is_empty() && view.applying.is_none());
+    }
+
+    #[test]
+    fn a_relisted_view_shows_a_half_copied_apply_whole() {
+        // What a list returns midway through the copy: `web` copied (and
+        // its chunk gone), `db` and the delete of `old` still staged.
+        let mut view = View::default();
+        view.put("desired/service/old", spec("old", 1).as_bytes(), 3);
+        view.put("desired/service/web", spec("web", 2).as_bytes(), 11);
+        let rest = chunk(serde_json::json!([
+            {"op": "put", "key": "desired/service/db", "value": spec("db", 1)},
+            {"op": "delete", "key": "desired/service/old"},
+        ]));
+        view.put("meta/apply/a1/chunk/000001", &rest, 8);
+        view.put("meta/applying", br#"{"apply":"a1","chunks":2,"at":0}"#, 10);
+        assert_eq!(services(&view), [("db".into(), 1), ("web".into(), 2)]);
+        // Replaying older history changes nothing.
+        view.put("desired/service/web", spec("web", 1).as_bytes(), 2);
+        assert_eq!(services(&view), [("db".into(), 1), ("web".into(), 2)]);
+    }
+
+    #[test]
+    fn chunks_of_an_uncommitted_apply_are_never_overlaid() {
+        let mut view = View::default();
+        view.put("desired/service/web", spec("web", 1).as_bytes(), 2);
+        view.put("desired/service/old", spec("old", 1).as_bytes(), 3);
+        let orphan = chunk(serde_json::json!([
+            {"op": "put", "key": "desired/service/web", "value": spec("web", 9)},
+        ]));
+        view.put("meta/apply/orphan/chunk/000000", &orphan, 4);
+        staged_apply(&mut view);
+        assert_eq!(services(&view), [("db".into(), 1), ("web".into(), 2)]);
     }
 }

@@ -344,9 +344,9 @@ async fn after_a_pass_that_wrote_nothing_a_change_waits_as_long_as_the_pass_took
     let mut n = 0;
     while Instant::now() < until {
         n += 1;
-        let key = format!("observed/instance/i{n}");
+        let beat = br#"{"lease_ttl_secs":15,"started_at":0}"#.to_vec();
         store
-            .txn(Txn::new().then(Op::put(key, b"{}".to_vec())))
+            .txn(Txn::new().then(Op::put(keys::observed_heartbeat(&format!("n{n}")), beat)))
             .await
             .expect("put");
         tokio::time::sleep(Duration::from_millis(5)).await;

@@ -252,6 +252,44 @@ pub struct ServiceMeta {
     pub updated_at: Millis,
 }
 
+/// `meta/desired-generation`: counts writes of program-managed facts.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredGeneration {
+    pub generation: u64,
+}
+
+/// `meta/apply/{apply}/chunk/{n}`: some of a staged apply's writes, in order.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyChunk {
+    pub writes: Vec<StagedWrite>,
+}
+
+/// One write of a staged apply. `value` is the fact's JSON text.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum StagedWrite {
+    Put { key: String, value: String },
+    Delete { key: String },
+}
+
+impl StagedWrite {
+    pub fn key(&self) -> &str {
+        match self {
+            StagedWrite::Put { key, .. } | StagedWrite::Delete { key } => key,
+        }
+    }
+}
+
+/// `meta/applying`: the staged apply that is committed and being copied
+/// into place.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyCommit {
+    pub apply: String,
+    /// How many chunks the apply staged (`0..chunks`).
+    pub chunks: u32,
+    pub at: Millis,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,8 +14,8 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::cluster::{
-    Endpoints, Event, Heartbeat, Instance, InstanceStatus, LeaderRecord, NodeControl, NodeInfo,
-    NodeStatus, ServiceMeta, Unplaced,
+    ApplyChunk, ApplyCommit, DesiredGeneration, Endpoints, Event, Heartbeat, Instance,
+    InstanceStatus, LeaderRecord, NodeControl, NodeInfo, NodeStatus, ServiceMeta, Unplaced,
 };
 use crate::ownership::Owner;
 use crate::spec::{
@@ -196,6 +196,19 @@ fact_kinds! {
     /// The leader lease; its mod revision is the fencing token.
     Leader {} = "meta/leader",
         LeaderRecord, Owner::Server, applied: false;
+    /// Bumped by every write of program-managed facts: an apply too large
+    /// for one transaction guards its commit on this one key.
+    DesiredGeneration {} = "meta/desired-generation",
+        DesiredGeneration, Owner::Api, applied: false;
+    /// Part of a staged apply: desired-fact writes, invisible until the
+    /// apply's commit record names them.
+    ApplyChunk { apply, chunk } = "meta/apply/{}/chunk/{}",
+        ApplyChunk, Owner::Api, applied: false;
+    /// The commit point of a staged apply: from this record on, readers see
+    /// the whole program (the desired facts overlaid with the apply's
+    /// remaining chunks); it goes once every chunk is copied into place.
+    ApplyCommit {} = "meta/applying",
+        ApplyCommit, Owner::Api, applied: false;
 }
 
 impl Kind {

@@ -176,6 +176,31 @@ pub fn events_from(at_millis: i64) -> String {
     format!("{}{at_millis:013}", crate::facts::Kind::Event.prefix())
 }
 
+/// `meta/desired-generation`: bumped by every program-fact write.
+pub fn desired_generation() -> String {
+    Key::DesiredGeneration {}.to_string()
+}
+
+/// `meta/applying`: the committed staged apply being copied into place.
+pub fn applying() -> String {
+    Key::ApplyCommit {}.to_string()
+}
+
+/// `meta/apply/{apply}/chunk/{index:06}`: one chunk of a staged apply
+/// (zero-padded so that key order is chunk order).
+pub fn apply_chunk(apply: &str, index: usize) -> String {
+    Key::ApplyChunk {
+        apply: apply.to_owned(),
+        chunk: format!("{index:06}"),
+    }
+    .to_string()
+}
+
+/// `meta/apply/{apply}/`: every chunk of a staged apply.
+pub fn apply_chunks(apply: &str) -> String {
+    format!("{}{apply}/", crate::facts::Kind::ApplyChunk.prefix())
+}
+
 /// `meta/leader`: the leader lease and fencing token.
 pub fn leader() -> String {
     Key::Leader {}.to_string()
@@ -221,6 +246,8 @@ mod tests {
         assert_eq!(derived_endpoint("web", "http"), "derived/endpoint/web/http");
         assert_eq!(event(1_700_000_000_000, 7), "events/1700000000000-000007");
         assert_eq!(leader(), "meta/leader");
+        assert_eq!(apply_chunk("a1", 7), "meta/apply/a1/chunk/000007");
+        assert!(apply_chunk("a1", 7).starts_with(&apply_chunks("a1")));
         assert!(events_from(1_700_000_000_000) < event(1_700_000_000_000, 0));
         assert!(event(1_699_999_999_999, 999_999) < events_from(1_700_000_000_000));
     }

@@ -174,27 +174,25 @@ pub(crate) async fn instance_files(
     };
     let mut files = Vec::new();
     for name in &spec.value.connections {
-        let kv = state
-            .store()
-            .get(&keys::desired_connection(name))
-            .await?
-            .ok_or_else(|| {
-                ApiError::conflict(format!(
-                    "connection `{name}` used by service `{service}` is not defined: apply the program that declares it"
-                ))
-            })?;
-        let connection: ConnectionSpec = serde_json::from_slice(&kv.value).map_err(|error| {
-            ApiError::internal(format!(
-                "stored connection `{name}` does not decode: {error}"
+        // From the view, like the spec: a program being applied is seen
+        // whole there (the store may hold half of a staged apply).
+        let connection = view.connections.get(name).ok_or_else(|| {
+            let problem = match view.invalid.get(&keys::desired_connection(name)) {
+                Some(reason) => format!("does not decode: {reason}"),
+                None => "is not defined: apply the program that declares it".to_owned(),
+            };
+            ApiError::conflict(format!(
+                "connection `{name}` used by service `{service}` {problem}"
             ))
         })?;
+        let connection: &ConnectionSpec = &connection.value;
         let password = match &connection.secret {
             Some(secret) => Some(values.get(secret).await?),
             None => None,
         };
         files.push(InstanceFile {
             path: format!("connections/{name}"),
-            content: connection_url(&connection, password.as_ref()),
+            content: connection_url(connection, password.as_ref()),
         });
     }
     let explicit = crate::hub::explicit_grants(&view, service);

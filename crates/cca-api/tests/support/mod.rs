@@ -81,24 +81,7 @@ impl Harness {
         body: Option<Vec<u8>>,
         content_type: &str,
     ) -> (StatusCode, Value) {
-        let mut request = Request::builder().method(method).uri(uri);
-        if body.is_some() {
-            request = request.header("content-type", content_type);
-        }
-        let request = request
-            .body(body.map_or_else(Body::empty, Body::from))
-            .expect("request builds");
-        let response = self.app.clone().oneshot(request).await.expect("answers");
-        let status = response.status();
-        let bytes = response
-            .into_body()
-            .collect()
-            .await
-            .expect("body reads")
-            .to_bytes();
-        let json = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
-        (status, json)
+        raw(&self.app, method, uri, body, content_type).await
     }
 
     /// Every key in the store, to prove a failed request wrote nothing.
@@ -132,6 +115,54 @@ impl Harness {
         });
         (Client::new(&format!("http://{address}")), stop)
     }
+}
+
+/// Sends a request through `app`; returns the status and JSON body.
+pub(crate) async fn call(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
+    let body = body.map(|b| serde_json::to_vec(&b).expect("encodes"));
+    raw(app, method, uri, body, "application/json").await
+}
+
+pub(crate) async fn raw(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    body: Option<Vec<u8>>,
+    content_type: &str,
+) -> (StatusCode, Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    if body.is_some() {
+        request = request.header("content-type", content_type);
+    }
+    let request = request
+        .body(body.map_or_else(Body::empty, Body::from))
+        .expect("request builds");
+    let response = app.clone().oneshot(request).await.expect("answers");
+    let status = response.status();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body reads")
+        .to_bytes();
+    let json = serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+    (status, json)
+}
+
+/// The state's view once it reflects everything the store held when asked.
+pub(crate) async fn fresh(state: &ApiState) -> Arc<cca_control::View> {
+    let revision = state.store().current_revision().await.expect("revision");
+    state
+        .cache()
+        .view_at_least(revision)
+        .await
+        .expect("the cache catches up")
 }
 
 /// A process service with `replicas` replicas.
