@@ -6,10 +6,16 @@
 
 mod support;
 
-use axum::http::StatusCode;
+use std::io::Write as _;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
 use cca_model::keys;
+use http_body_util::BodyExt;
 use serde_json::{Value, json};
-use support::{harness, json as to_json, program};
+use support::{harness, harness_with_metrics, json as to_json, program};
+use tower::ServiceExt;
 
 #[tokio::test]
 async fn apply_reports_created_changed_and_deleted_in_one_revision() {
@@ -367,4 +373,93 @@ async fn metrics_count_requests_and_include_the_plugged_in_renderer() {
         "{text}"
     );
     assert!(text.contains("runner_cycles_total 7"), "{text}");
+}
+
+/// `/metrics` with the control plane's real metrics is what Prometheus
+/// scrapes: its content type names the text format 0.0.4 and `promtool
+/// check metrics` (Prometheus' own linter) finds nothing to report.
+#[tokio::test]
+async fn metrics_pass_promtool_check_metrics() {
+    let Some(promtool) = promtool() else {
+        return;
+    };
+    let control = Arc::new(cca_control::metrics::Metrics::new());
+    let label = cca_control::metrics::Metrics::label("scheduler");
+    control.cycles.get_or_create(&label).inc();
+    control.cycle_seconds.get_or_create(&label).observe(0.002);
+    control.placements.inc();
+    control.store_txn_seconds.observe(0.001);
+    let render = Arc::clone(&control);
+    let h = harness_with_metrics(
+        cca_api::ApiConfig::default(),
+        Arc::new(move || render.render()),
+    )
+    .await;
+    h.call("GET", "/v1/status", None).await;
+
+    let response = h
+        .app
+        .clone()
+        .oneshot(
+            Request::get("/metrics")
+                .body(Body::empty())
+                .expect("request builds"),
+        )
+        .await
+        .expect("answers");
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "text/plain; version=0.0.4; charset=utf-8"
+    );
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .expect("body reads")
+        .to_bytes();
+    let text = String::from_utf8(body.to_vec()).expect("utf-8");
+    assert!(text.contains("reconciliation_cycle_total"), "{text}");
+
+    let mut child = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool starts");
+    child
+        .stdin
+        .take()
+        .expect("stdin piped")
+        .write_all(text.as_bytes())
+        .expect("promtool reads the text");
+    let output = child.wait_with_output().expect("promtool ends");
+    assert!(
+        output.status.success() && output.stdout.is_empty() && output.stderr.is_empty(),
+        "promtool check metrics: {}\n{}{}\non:\n{text}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+}
+
+/// `promtool` on the PATH. scripts/test installs it as root, so only a
+/// non-root run may go without (and says so).
+fn promtool() -> Option<&'static str> {
+    let found = std::process::Command::new("promtool")
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if found {
+        return Some("promtool");
+    }
+    assert!(
+        !rustix::process::geteuid().is_root(),
+        "promtool is missing: scripts/test installs it (Debian package prometheus)"
+    );
+    #[allow(clippy::print_stderr, reason = "a skipped test says why")]
+    {
+        eprintln!("skipped: promtool is missing and not root (scripts/test installs it as root)");
+    }
+    None
 }

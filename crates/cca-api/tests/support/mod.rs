@@ -36,6 +36,14 @@ pub(crate) async fn harness() -> Harness {
 }
 
 pub(crate) async fn harness_with(config: ApiConfig) -> Harness {
+    harness_with_metrics(config, Arc::new(|| "runner_cycles_total 7\n".to_owned())).await
+}
+
+/// A harness whose `/metrics` appends what `metrics` renders.
+pub(crate) async fn harness_with_metrics(
+    config: ApiConfig,
+    metrics: cca_api::MetricsRenderer,
+) -> Harness {
     let dir = tempfile::tempdir().expect("temp dir");
     let store: Arc<dyn Store> = Arc::new(
         EmbeddedStore::open(Config::new(dir.path()))
@@ -47,12 +55,7 @@ pub(crate) async fn harness_with(config: ApiConfig) -> Harness {
             .await
             .expect("cache starts"),
     );
-    let state = ApiState::new(
-        Arc::clone(&store),
-        cache,
-        config,
-        Arc::new(|| "runner_cycles_total 7\n".to_owned()),
-    );
+    let state = ApiState::new(Arc::clone(&store), cache, config, metrics);
     let app = cca_api::app(state.clone());
     Harness {
         dir,
