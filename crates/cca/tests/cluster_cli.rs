@@ -106,6 +106,40 @@ fn cluster_commands_against_a_real_server() {
     assert_eq!(unknown_node.status.code(), Some(1));
 }
 
+/// A node registered with what `/proc/meminfo` reports for a 23.5 GiB
+/// machine (24683652 kB) shows it in binary units with one decimal, in the
+/// table and the description alike.
+#[test]
+fn node_memory_reads_in_binary_units() {
+    let server = Server::start();
+    let register = Command::new("curl")
+        .args([
+            "-sS",
+            "--fail-with-body",
+            "-H",
+            "content-type: application/json",
+        ])
+        .args([
+            "--data",
+            &format!(
+                r#"{{"name":"n1","cpu":4000,"memory":{},"arch":"x86_64"}}"#,
+                24_683_652u64 << 10
+            ),
+        ])
+        .arg(format!("{}/v1/agent/register", server.url))
+        .output()
+        .expect("curl runs");
+    assert!(
+        register.status.success(),
+        "{}",
+        String::from_utf8_lossy(&register.stdout)
+    );
+    let table = server.ok(&["get", "nodes"]);
+    assert!(table.contains("   0B/23.5Gi   "), "{table}");
+    let described = server.ok(&["describe", "node", "n1"]);
+    assert!(described.contains("0B of 23.5Gi allocated"), "{described}");
+}
+
 #[test]
 fn usage_errors_exit_2_and_an_absent_server_exits_1() {
     let usage = Command::new(CCA)

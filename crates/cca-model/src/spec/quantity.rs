@@ -60,6 +60,39 @@ impl Cpu {
 }
 
 impl Memory {
+    /// For people, not for parsing back: the largest binary unit the
+    /// amount reaches, with one decimal when it is not whole (`384Mi`,
+    /// `23.5Gi`), and `B` below a KiB (`100B`). Every table, description
+    /// and message that shows memory uses this one form.
+    pub fn human(self) -> String {
+        const UNITS: [(&str, u64); 4] = [
+            ("Ti", 1 << 40),
+            ("Gi", 1 << 30),
+            ("Mi", 1 << 20),
+            ("Ki", 1 << 10),
+        ];
+        let bytes = u128::from(self.0);
+        let Some(index) = UNITS
+            .iter()
+            .position(|(_, size)| bytes >= u128::from(*size))
+        else {
+            return format!("{bytes}B");
+        };
+        let (mut unit, size) = UNITS[index];
+        let size = u128::from(size);
+        // Rounded to tenths; 1023.96Mi rounds up to the next unit, 1Gi.
+        let mut tenths = (bytes * 10 + size / 2) / size;
+        if tenths >= 10 * 1024 && index > 0 {
+            unit = UNITS[index - 1].0;
+            tenths /= 1024;
+        }
+        if tenths % 10 == 0 {
+            format!("{}{unit}", tenths / 10)
+        } else {
+            format!("{}.{}{unit}", tenths / 10, tenths % 10)
+        }
+    }
+
     /// Reads a byte count with an optional binary (`Ki`..`Ti`) or decimal
     /// (`K`..`T`) suffix.
     pub fn parse(text: &str) -> Result<Self, QuantityError> {
@@ -184,6 +217,24 @@ mod tests {
             Cpu::parse("2Gi"),
             Err(QuantityError::UnknownUnit { .. })
         ));
+    }
+
+    #[test]
+    fn memory_reads_for_people_in_binary_units_with_one_decimal() {
+        let human = |bytes: u64| Memory(bytes).human();
+        assert_eq!(human(384 << 20), "384Mi");
+        // 24683652Ki, as /proc/meminfo reports a 23.5 GiB machine.
+        assert_eq!(human(24_683_652 << 10), "23.5Gi");
+        assert_eq!(human(1536 << 20), "1.5Gi");
+        assert_eq!(human(3 << 30), "3Gi");
+        assert_eq!(human((1 << 30) - 1), "1Gi");
+        assert_eq!(human((1 << 20) + (1 << 10)), "1Mi");
+        assert_eq!(human(5 << 40), "5Ti");
+        assert_eq!(human(2048 << 40), "2048Ti");
+        assert_eq!(human(1 << 10), "1Ki");
+        assert_eq!(human(100), "100B");
+        assert_eq!(human(0), "0B");
+        assert_eq!(human(u64::MAX), "16777216Ti");
     }
 
     #[test]

@@ -287,11 +287,7 @@ fn node_table(rows: &[NodeSummary]) {
                 n.name.clone(),
                 node_state(n),
                 format!("{}/{}", output::cpu(n.cpu_allocated), output::cpu(n.cpu)),
-                format!(
-                    "{}/{}",
-                    output::memory(n.memory_allocated),
-                    output::memory(n.memory)
-                ),
+                format!("{}/{}", n.memory_allocated.human(), n.memory.human()),
                 n.instances.to_string(),
                 n.arch.clone(),
                 or_dash(n.zone.clone()),

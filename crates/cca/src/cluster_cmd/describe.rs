@@ -3,7 +3,7 @@
 //! instance` (status, last exit, log tail), `describe node`, and `status`.
 
 use anyhow::Result;
-use cca_model::spec::Workload;
+use cca_model::spec::{Memory, Workload};
 use cca_wire::Client;
 use cca_wire::types::{ClusterStatus, InstanceDetail, NodeDetail, ServiceDetail};
 
@@ -68,7 +68,7 @@ fn service(detail: &ServiceDetail) {
     let resources = format!(
         "cpu {}, memory {}",
         spec.resources.cpu.map_or("-".into(), output::cpu),
-        spec.resources.memory.map_or("-".into(), output::memory)
+        spec.resources.memory.map_or("-".into(), Memory::human)
     );
     field("Resources", &resources);
     let tags: Vec<String> = summary
@@ -181,8 +181,8 @@ fn node(detail: &NodeDetail) {
         "Memory",
         &format!(
             "{} of {} allocated",
-            output::memory(summary.memory_allocated),
-            output::memory(summary.memory)
+            summary.memory_allocated.human(),
+            summary.memory.human()
         ),
     );
     field(

@@ -1,6 +1,6 @@
 //! How cluster commands print: kubectl-style aligned tables (upper-case
 //! headers, no borders, an AGE column), JSON or YAML of the API's types for
-//! `-o json|yaml`, and human formats for quantities and ages. The only
+//! `-o json|yaml`, and human formats for CPU and ages (memory's is `Memory::human`). The only
 //! module of the cluster commands that writes to stdout.
 
 #![allow(clippy::print_stdout, reason = "this module is the commands' output")]
@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result};
 use cca_model::cluster::Millis;
-use cca_model::spec::{Cpu, Memory};
+use cca_model::spec::Cpu;
 use clap::ValueEnum;
 use comfy_table::{ColumnConstraint, Table, presets};
 use serde::Serialize;
@@ -112,28 +112,6 @@ pub(crate) fn cpu(cpu: Cpu) -> String {
     }
 }
 
-/// Binary units: `512Mi`, `2Gi`, bytes when not a whole KiB.
-pub(crate) fn memory(memory: Memory) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("Ti", 1 << 40),
-        ("Gi", 1 << 30),
-        ("Mi", 1 << 20),
-        ("Ki", 1 << 10),
-    ];
-    let bytes = memory.0;
-    for (unit, size) in UNITS {
-        if bytes >= size && bytes.is_multiple_of(size) {
-            return format!("{}{unit}", bytes / size);
-        }
-    }
-    for (unit, size) in UNITS {
-        if bytes >= size {
-            return format!("{:.1}{unit}", bytes as f64 / size as f64);
-        }
-    }
-    bytes.to_string()
-}
-
 /// `-` for nothing, like kubectl's `<none>` but narrower.
 pub(crate) fn or_dash(value: Option<String>) -> String {
     value
@@ -160,9 +138,5 @@ mod tests {
         assert_eq!(cpu(Cpu(500)), "500m");
         assert_eq!(cpu(Cpu(2000)), "2");
         assert_eq!(cpu(Cpu(1500)), "1.5");
-        assert_eq!(memory(Memory(512 << 20)), "512Mi");
-        assert_eq!(memory(Memory(3 << 30)), "3Gi");
-        assert_eq!(memory(Memory(1536 << 20)), "1536Mi");
-        assert_eq!(memory(Memory(100)), "100");
     }
 }

@@ -128,14 +128,9 @@ impl Misfit {
     }
 }
 
-/// Memory as people write it: whole MiB when it is, bytes otherwise.
+/// Memory as the CLI's tables show it.
 fn bytes(value: u64) -> String {
-    const MI: u64 = 1 << 20;
-    if value.is_multiple_of(MI) {
-        format!("{}Mi", value / MI)
-    } else {
-        format!("{value}B")
-    }
+    cca_model::spec::Memory(value).human()
 }
 
 /// The constraints a node fails whatever its state and load.
