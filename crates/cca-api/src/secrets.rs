@@ -31,20 +31,20 @@ const FORMAT: u32 = 1;
 #[derive(Debug, thiserror::Error)]
 pub enum SecretKeyError {
     #[error(
-        "secret key file {}: cannot read it: {source} (check the path and that the server's user may read it)",
+        "secret key file {}: cannot read it: {error} (check the path and that the server's user may read it)",
         path.display()
     )]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(
-        "secret key file {}: cannot create it: {source} (check that its directory exists or can be created and is writable, or pass --secret-key-file)",
+        "secret key file {}: cannot create it: {error} (check that its directory exists or can be created and is writable, or pass --secret-key-file)",
         path.display()
     )]
     Create {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(
         "secret key file {} holds {len} bytes, not {KEY_LEN}: it is not a cluster secret key (restore the cluster's key file; every server of a cluster uses the same one)",
@@ -152,7 +152,7 @@ impl SecretKey {
             Err(error) if error.kind() == ErrorKind::NotFound => match Self::create(path) {
                 Ok(key) => Ok((key, true)),
                 // Another server sharing the directory created it first.
-                Err(SecretKeyError::Create { source, .. })
+                Err(SecretKeyError::Create { error: source, .. })
                     if source.kind() == ErrorKind::AlreadyExists =>
                 {
                     Self::load(path).map(|key| (key, false))
@@ -161,7 +161,7 @@ impl SecretKey {
             },
             Err(source) => Err(SecretKeyError::Read {
                 path: path.to_owned(),
-                source,
+                error: source,
             }),
         }
     }
@@ -170,7 +170,7 @@ impl SecretKey {
     pub fn load(path: &Path) -> Result<Self, SecretKeyError> {
         let read_error = |source| SecretKeyError::Read {
             path: path.to_owned(),
-            source,
+            error: source,
         };
         let mut file = std::fs::File::open(path).map_err(read_error)?;
         let mode = file.metadata().map_err(read_error)?.permissions().mode() & 0o777;
@@ -200,7 +200,7 @@ impl SecretKey {
     fn create(path: &Path) -> Result<Self, SecretKeyError> {
         let create_error = |source| SecretKeyError::Create {
             path: path.to_owned(),
-            source,
+            error: source,
         };
         let mut bytes = [0u8; KEY_LEN];
         aws_lc_rs::rand::fill(&mut bytes).map_err(|_| SecretKeyError::Random)?;

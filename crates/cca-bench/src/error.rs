@@ -6,18 +6,17 @@ use std::time::Duration;
 /// Why a benchmark run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
+    // Not `#[from]`: that would make the cause a `source` as well, and a
+    // printed chain would repeat it (ARCHITECTURE.md, "An error says its
+    // cause once").
     #[error("store: {0}")]
-    Store(#[from] cca_store::StoreError),
+    Store(cca_store::StoreError),
 
     #[error("API: {0}")]
-    Api(#[from] cca_wire::ClientError),
+    Api(cca_wire::ClientError),
 
-    #[error("I/O: {what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("I/O: {what}: {error}")]
+    Io { what: String, error: std::io::Error },
 
     #[error("the generated workload does not compile: {0}")]
     Workload(String),
@@ -29,9 +28,21 @@ pub enum BenchError {
     Task { what: String, problem: String },
 }
 
+impl From<cca_store::StoreError> for BenchError {
+    fn from(error: cca_store::StoreError) -> Self {
+        Self::Store(error)
+    }
+}
+
+impl From<cca_wire::ClientError> for BenchError {
+    fn from(error: cca_wire::ClientError) -> Self {
+        Self::Api(error)
+    }
+}
+
 impl BenchError {
     pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
         let what = what.into();
-        move |source| BenchError::Io { what, source }
+        move |error| BenchError::Io { what, error }
     }
 }

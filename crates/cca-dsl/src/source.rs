@@ -163,11 +163,10 @@ impl SourceMap {
 
 /// A root file that could not be read at all.
 #[derive(Debug, thiserror::Error)]
-#[error("cannot read {}: {source}", path.display())]
+#[error("cannot read {}: {error}", path.display())]
 pub struct LoadError {
     pub path: PathBuf,
-    #[source]
-    pub source: io::Error,
+    pub error: io::Error,
 }
 
 /// A program's files, with the contents of value-position `from` files.
@@ -183,7 +182,7 @@ pub struct Loaded {
 pub fn load(fs: &dyn FileSystem, root: &Path) -> Result<Loaded, LoadError> {
     let bytes = fs.read(root).map_err(|source| LoadError {
         path: root.to_path_buf(),
-        source,
+        error: source,
     })?;
     let mut loader = Loader {
         fs,

@@ -44,12 +44,11 @@ pub enum Error {
     #[error("layer {digest}: {reason}")]
     Unpack { digest: String, reason: String },
 
-    #[error("image {image}: config {digest} is not a valid image config: {source}")]
+    #[error("image {image}: config {digest} is not a valid image config: {error}")]
     Config {
         image: String,
         digest: String,
-        #[source]
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
 
     #[error("image {image}: {reason}")]
@@ -63,23 +62,21 @@ pub enum Error {
     #[error("image {image}: not in the store")]
     NotFound { image: String },
 
-    #[error("image store: {what} {path}: {source}")]
+    #[error("image store: {what} {path}: {error}")]
     Io {
         /// What was being done, e.g. `writing`.
         what: &'static str,
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     #[error("image store {}: busy: {reason}", store.display())]
     Busy { store: PathBuf, reason: String },
 
-    #[error("image store: {path} is not a valid image record: {source}")]
+    #[error("image store: {path} is not a valid image record: {error}")]
     CorruptRecord {
         path: PathBuf,
-        #[source]
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
 }
 
@@ -88,7 +85,7 @@ impl Error {
         Self::Io {
             what,
             path: path.into(),
-            source,
+            error: source,
         }
     }
 }

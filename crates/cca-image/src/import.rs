@@ -310,7 +310,7 @@ impl Importer<'_> {
             ImageConfig::from_json(&parsed.config_json).map_err(|source| Error::Config {
                 image: label.clone(),
                 digest: parsed.config_digest.to_string(),
-                source,
+                error: source,
             })?;
         crate::pull::check_platform(&label, &config)?;
         self.store.put_blob(

@@ -200,7 +200,7 @@ impl Puller {
             ImageConfig::from_json(config_json.as_bytes()).map_err(|source| Error::Config {
                 image: reference.to_string(),
                 digest: config_digest.to_string(),
-                source,
+                error: source,
             })?;
         check_platform(&reference.to_string(), &config)?;
         stored.push(config_digest.clone());

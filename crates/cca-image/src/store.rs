@@ -383,7 +383,7 @@ impl ImageStore {
         let bytes = std::fs::read(path).on("reading", path)?;
         serde_json::from_slice(&bytes).map_err(|source| Error::CorruptRecord {
             path: path.to_owned(),
-            source,
+            error: source,
         })
     }
 
@@ -391,7 +391,7 @@ impl ImageStore {
         let mut file = self.temp_file()?;
         let json = serde_json::to_vec_pretty(image).map_err(|source| Error::CorruptRecord {
             path: file.path().to_owned(),
-            source,
+            error: source,
         })?;
         file.write_all(&json).on("writing", file.path())?;
         let path = self.record_path(&image.digest);

@@ -22,37 +22,30 @@ pub enum Error {
         stderr: String,
     },
     /// A host command could not be started (binary missing, no permission).
-    #[error("could not run `{command}`: {source}")]
-    Spawn {
-        command: String,
-        #[source]
-        source: io::Error,
-    },
+    #[error("could not run `{command}`: {error}")]
+    Spawn { command: String, error: io::Error },
     /// A host command printed something we could not parse.
     #[error("could not parse the output of `{command}`: {reason}")]
     Output { command: String, reason: String },
     /// Writing a kernel setting under /proc/sys failed.
-    #[error("could not set {path} to {value}: {source}")]
+    #[error("could not set {path} to {value}: {error}")]
     Sysctl {
         path: PathBuf,
         value: String,
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     /// Reading or writing the persisted network state failed.
-    #[error("could not {action} network state {path}: {source}")]
+    #[error("could not {action} network state {path}: {error}")]
     StateIo {
         action: &'static str,
         path: PathBuf,
-        #[source]
-        source: io::Error,
+        error: io::Error,
     },
     /// The persisted network state is not valid JSON of the expected shape.
-    #[error("network state {path} is not valid: {source}")]
+    #[error("network state {path} is not valid: {error}")]
     StateParse {
         path: PathBuf,
-        #[source]
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
     /// The persisted leases are for another subnet than the node was given.
     #[error(

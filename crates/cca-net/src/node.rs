@@ -199,7 +199,7 @@ impl<H: HostNetwork> NodeNetwork<H> {
                 let state: NodeState =
                     serde_json::from_slice(&bytes).map_err(|source| Error::StateParse {
                         path: path.clone(),
-                        source,
+                        error: source,
                     })?;
                 if state.ipam.subnet() != config.subnet {
                     return Err(Error::SubnetChanged {
@@ -219,7 +219,7 @@ impl<H: HostNetwork> NodeNetwork<H> {
                 return Err(Error::StateIo {
                     action: "read",
                     path,
-                    source,
+                    error: source,
                 });
             }
         };
@@ -263,7 +263,7 @@ impl<H: HostNetwork> NodeNetwork<H> {
         let io_error = |action, source| Error::StateIo {
             action,
             path: self.path.clone(),
-            source,
+            error: source,
         };
         fs::create_dir_all(&self.config.state_dir).map_err(|e| io_error("create the dir of", e))?;
         let json = serde_json::to_vec_pretty(state)
@@ -520,7 +520,7 @@ impl<H: HostNetwork> NodeNetwork<H> {
             Err(source) => Err(Error::StateIo {
                 action: "remove",
                 path: self.path.clone(),
-                source,
+                error: source,
             }),
         }
     }

@@ -56,18 +56,18 @@ fn run(program: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
         .spawn()
         .map_err(|source| Error::Spawn {
             command: command.clone(),
-            source,
+            error: source,
         })?;
     if let (Some(text), Some(mut pipe)) = (stdin, child.stdin.take()) {
         pipe.write_all(text.as_bytes())
             .map_err(|source| Error::Spawn {
                 command: command.clone(),
-                source,
+                error: source,
             })?;
     }
     let output = child.wait_with_output().map_err(|source| Error::Spawn {
         command: command.clone(),
-        source,
+        error: source,
     })?;
     if output.status.success() {
         return Ok(String::from_utf8_lossy(&output.stdout).into_owned());
@@ -104,7 +104,7 @@ fn write_sysctl(path: &Path, value: &str) -> Result<()> {
     fs::write(path, value).map_err(|source| Error::Sysctl {
         path: path.to_owned(),
         value: value.into(),
-        source,
+        error: source,
     })
 }
 
@@ -163,7 +163,7 @@ impl HostNetwork for IpNft {
             Err(source) => {
                 return Err(Error::Spawn {
                     command: format!("read_dir {NETNS_DIR}"),
-                    source,
+                    error: source,
                 });
             }
         };
@@ -171,7 +171,7 @@ impl HostNetwork for IpNft {
         for entry in entries {
             let entry = entry.map_err(|source| Error::Spawn {
                 command: format!("read_dir {NETNS_DIR}"),
-                source,
+                error: source,
             })?;
             if let Some(name) = entry.file_name().to_str() {
                 names.push(name.to_owned());

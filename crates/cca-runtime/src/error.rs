@@ -60,23 +60,21 @@ pub enum Error {
         state: InstanceState,
     },
 
-    #[error("instance {id}: {operation}: {what}: {source}")]
+    #[error("instance {id}: {operation}: {what}: {error}")]
     Io {
         id: String,
         operation: Operation,
         /// What was being done, e.g. `writing /run/cca/instances/a/run.json`.
         what: String,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
-    #[error("instance {id}: {operation}: {path} is not valid: {source}")]
+    #[error("instance {id}: {operation}: {path} is not valid: {error}")]
     Corrupt {
         id: String,
         operation: Operation,
         path: PathBuf,
-        #[source]
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
 
     /// A failure without an underlying IO error: an injected one in the fake,
@@ -88,11 +86,10 @@ pub enum Error {
         message: String,
     },
 
-    #[error("runtime directory {path}: {source}")]
+    #[error("runtime directory {path}: {error}")]
     RuntimeDir {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
 
     /// No usable OCI runtime binary on this host (the message says why and
@@ -127,7 +124,7 @@ impl Error {
             id: id.to_owned(),
             operation,
             what: what.into(),
-            source,
+            error: source,
         }
     }
 }

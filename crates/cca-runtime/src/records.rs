@@ -37,7 +37,7 @@ pub(crate) fn read_json<T: DeserializeOwned>(
             id: id.to_owned(),
             operation,
             path,
-            source,
+            error: source,
         })
 }
 
@@ -56,7 +56,7 @@ pub(crate) fn write_json<T: Serialize>(
         id: id.to_owned(),
         operation,
         path: path.clone(),
-        source,
+        error: source,
     })?;
     let io_error = |what: &str, at: &Path, error| {
         Error::io(id, operation, format!("{what} {}", at.display()), error)
@@ -74,7 +74,7 @@ pub(crate) fn list_instances(
 ) -> Result<Vec<InstanceStatus>> {
     let entries = std::fs::read_dir(instances_dir).map_err(|source| Error::RuntimeDir {
         path: instances_dir.to_path_buf(),
-        source,
+        error: source,
     })?;
     let mut ids: Vec<String> = entries
         .filter_map(|entry| entry.ok()?.file_name().into_string().ok())

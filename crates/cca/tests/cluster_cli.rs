@@ -156,6 +156,31 @@ fn usage_errors_exit_2_and_an_absent_server_exits_1() {
     assert!(stderr.contains("cannot reach the API server"), "{stderr}");
 }
 
+/// A missing file is named once with the OS's reason once, whichever
+/// command reads it (the error's message carries its cause and is not also
+/// its `source`, so the printed chain does not repeat it).
+#[test]
+fn a_missing_file_is_reported_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let missing = dir.path().join("x.cca");
+    let missing = missing.to_str().expect("UTF-8 path");
+    for command in ["apply", "diff", "lint", "fmt", "render"] {
+        let output = Command::new(CCA)
+            .args([command, missing])
+            .env("CCA_SERVER", "http://127.0.0.1:1")
+            .output()
+            .expect("runs");
+        assert!(!output.status.success(), "{command}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(
+            stderr.matches("No such file or directory").count(),
+            1,
+            "{command}: {stderr}"
+        );
+        assert_eq!(stderr.matches(missing).count(), 1, "{command}: {stderr}");
+    }
+}
+
 #[test]
 fn completions_are_generated_for_each_shell() {
     for shell in ["bash", "zsh", "fish"] {

@@ -50,11 +50,10 @@ pub struct Fact {
 /// A fact value that could not be encoded (never expected for these types,
 /// but encoding is fallible in serde's contract).
 #[derive(Debug, thiserror::Error)]
-#[error("cannot encode desired fact `{key}`: {source}")]
+#[error("cannot encode desired fact `{key}`: {error}")]
 pub struct EncodeError {
     pub key: String,
-    #[source]
-    pub source: serde_json::Error,
+    pub error: serde_json::Error,
 }
 
 impl Program {
@@ -147,7 +146,7 @@ fn push<T: Serialize>(facts: &mut Vec<Fact>, key: String, value: &T) -> Result<(
             facts.push(Fact { key, value });
             Ok(())
         }
-        Err(source) => Err(EncodeError { key, source }),
+        Err(error) => Err(EncodeError { key, error }),
     }
 }
 

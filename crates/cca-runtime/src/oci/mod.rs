@@ -135,7 +135,7 @@ impl OciRuntime {
         let instances_dir = config.dir.join("instances");
         std::fs::create_dir_all(&instances_dir).map_err(|source| Error::RuntimeDir {
             path: instances_dir.clone(),
-            source,
+            error: source,
         })?;
         tracing::debug!(binary = %binary.path.display(), "oci runtime binary");
         let inner = Arc::new(Inner {
@@ -179,7 +179,7 @@ pub fn images_in_use(dir: &Path) -> Result<HashSet<cca_image::Digest>> {
         Err(source) => {
             return Err(Error::RuntimeDir {
                 path: instances,
-                source,
+                error: source,
             });
         }
     };
@@ -187,7 +187,7 @@ pub fn images_in_use(dir: &Path) -> Result<HashSet<cca_image::Digest>> {
     for entry in entries {
         let entry = entry.map_err(|source| Error::RuntimeDir {
             path: instances.clone(),
-            source,
+            error: source,
         })?;
         let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
             continue;
@@ -778,7 +778,7 @@ fn hand_over_mounts(spec: &InstanceSpec, uid: u32, gid: u32) -> Result<()> {
                 path.display(),
                 mount.target
             ),
-            source,
+            error: source,
         })?;
     }
     Ok(())

@@ -112,7 +112,7 @@ impl ProcessRuntime {
         let instances_dir = config.dir.join("instances");
         std::fs::create_dir_all(&instances_dir).map_err(|source| Error::RuntimeDir {
             path: instances_dir.clone(),
-            source,
+            error: source,
         })?;
         let cgroups = CgroupHost::detect(&config.cgroup_root);
         tracing::debug!(?cgroups, "process runtime cgroup support");

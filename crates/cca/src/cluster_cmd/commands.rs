@@ -92,8 +92,8 @@ pub(crate) fn compile_files(
     for path in files {
         let values = gather_values(&RealFs, path, options, &env)
             .map_err(|message| anyhow::anyhow!(message))?;
-        let compilation = compile_file(&RealFs, path, &values)
-            .with_context(|| format!("reading {}", path.display()))?;
+        // The load error names the file and the OS's reason already.
+        let compilation = compile_file(&RealFs, path, &values)?;
         if !compilation.diagnostics.is_empty() {
             report_diagnostics(&compilation);
         }
