@@ -534,9 +534,18 @@ async fn open_store(
             let mut builder = tempfile::Builder::new();
             builder.prefix(&prefix);
             let dir = match parent {
-                Some(parent) => builder.tempdir_in(parent),
+                Some(parent) => {
+                    // `embedded:a/b` with no `a` yet: made like the store
+                    // makes its own directory.
+                    std::fs::create_dir_all(parent).map_err(BenchError::io(format!(
+                        "creating the store's parent directory {}",
+                        parent.display()
+                    )))?;
+                    builder.tempdir_in(parent)
+                }
                 None => builder.tempdir(),
             }
+            // tempfile's error names the path itself.
             .map_err(BenchError::io("creating the store directory"))?;
             let url = cca_store::StoreUrl::Embedded(dir.path().to_owned());
             Ok((cca_store::open(&url).await?, Some(dir)))
@@ -584,6 +593,38 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_embedded_store_under_a_missing_directory_creates_it() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let parent = root.path().join("a").join("b");
+        let target = StoreTarget::Embedded(Some(parent.clone()));
+        let (store, dir) = open_store(&target, Scenario::Deploy)
+            .await
+            .expect("opens under a missing parent");
+        let dir = dir.expect("an embedded store keeps its directory");
+        assert_eq!(dir.path().parent(), Some(parent.as_path()));
+        assert_eq!(store.current_revision().await.expect("revision"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_parent_that_cannot_be_made_is_named_once() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let file = root.path().join("file");
+        std::fs::write(&file, b"").expect("writes");
+        let parent = file.join("b");
+        let target = StoreTarget::Embedded(Some(parent.clone()));
+        let Err(error) = open_store(&target, Scenario::Deploy).await else {
+            panic!("a file as a directory cannot hold a store");
+        };
+        let text = error.to_string();
+        assert_eq!(
+            text.matches(&*parent.to_string_lossy()).count(),
+            1,
+            "{text}"
+        );
+        assert!(text.contains("Not a directory"), "{text}");
+    }
 
     #[test]
     fn scenarios_are_found_by_name_and_victims_spread() {
