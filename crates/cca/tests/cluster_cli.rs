@@ -154,6 +154,14 @@ fn usage_errors_exit_2_and_an_absent_server_exits_1() {
     assert_eq!(absent.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&absent.stderr);
     assert!(stderr.contains("cannot reach the API server"), "{stderr}");
+    for hint in [
+        "`cca dev FILE`",
+        "`cca server`",
+        "--server URL",
+        "CCA_SERVER=URL",
+    ] {
+        assert!(stderr.contains(hint), "{hint} missing in {stderr}");
+    }
 }
 
 /// A missing file is named once with the OS's reason once, whichever

@@ -291,7 +291,29 @@ pub(crate) fn run(command: ClusterCommand, cli: fn() -> clap::Command) -> Result
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    runtime.block_on(dispatch(command))
+    runtime
+        .block_on(dispatch(command))
+        .map_err(hint_when_unreachable)
+}
+
+/// A new user's first command usually finds no server: say how to start
+/// one and how to point the CLI elsewhere. Here, not in the client's
+/// error, because agents share that error and start no servers.
+fn hint_when_unreachable(error: anyhow::Error) -> anyhow::Error {
+    let unreachable = error.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<cca_api::ClientError>(),
+            Some(cca_api::ClientError::Unreachable { .. })
+        )
+    });
+    if !unreachable {
+        return error;
+    }
+    anyhow::anyhow!(
+        "{error:#}\nhint: start a server with `cca dev FILE` (a whole cluster in one process) \
+         or `cca server`, or point the CLI at a running one with --server URL or \
+         CCA_SERVER=URL (default {DEFAULT_SERVER})"
+    )
 }
 
 /// `exec` ends with the remote command's code; every other command
