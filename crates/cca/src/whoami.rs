@@ -3,16 +3,20 @@
 //! `CCA_INSTANCE`, `CCA_SERVICE`, `CCA_NODE`, its port) and the request path,
 //! as plain text or, with `Accept: application/json`, as JSON. It listens on
 //! `--bind` (default `$CCA_ADDRESS`, else 0.0.0.0), on `--port`, else `$PORT`, else 8080, and exits cleanly on
-//! SIGTERM or Ctrl-C.
+//! SIGTERM or Ctrl-C. It logs to stdout, where a workload's log goes (what
+//! `cca logs` shows): one line when it listens, one per request (method,
+//! path, status, peer).
 
 use std::future::Future;
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use axum::Router;
-use axum::extract::State;
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use clap::Args;
 use serde::Serialize;
@@ -56,11 +60,9 @@ pub(crate) fn run(args: WhoamiArgs) -> Result<ExitCode> {
         let listener = TcpListener::bind((args.bind, args.port))
             .await
             .with_context(|| format!("listening on {}:{}", args.bind, args.port))?;
-        let port = listener
-            .local_addr()
-            .context("reading the bound address")?
-            .port();
-        tracing::info!(port, "whoami listening");
+        let address = listener.local_addr().context("reading the bound address")?;
+        log(&format!("whoami listening on {address}"));
+        let port = address.port();
         serve(listener, Identity::from_env(port), termination())
             .await
             .context("serving HTTP")?;
@@ -92,10 +94,37 @@ async fn serve(
 ) -> std::io::Result<()> {
     let app = Router::new()
         .fallback(answer)
-        .with_state(Arc::new(identity));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+        .with_state(Arc::new(identity))
+        .layer(axum::middleware::from_fn(log_request));
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}
+
+/// One line per answered request: `GET /path 200 from 10.0.0.5:41234`.
+async fn log_request(
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    let response = next.run(request).await;
+    log(&format!(
+        "{method} {path} {} from {peer}",
+        response.status().as_u16()
+    ));
+    response
+}
+
+/// A workload's log is its stdout (line-buffered, so each line reaches
+/// the runtime's log file as it is written).
+#[allow(clippy::print_stdout, reason = "a workload logs to stdout")]
+fn log(line: &str) {
+    println!("{line}");
 }
 
 async fn answer(
