@@ -79,9 +79,16 @@ fn cluster_commands_against_a_real_server() {
         serde_json::from_str(&server.ok(&["get", "services", "--tag", "team=web", "-o", "json"]))
             .expect("JSON");
     assert_eq!(json[0]["name"], "hello");
+    // Times read as RFC 3339 in UTC (the API itself answers epoch millis).
+    let created = json[0]["created_at"].as_str().unwrap_or_default();
+    assert!(
+        created.len() == 24 && created.as_bytes()[10] == b'T' && created.ends_with('Z'),
+        "{json}"
+    );
     assert_eq!(json.as_array().map(Vec::len), Some(1));
     let yaml = server.ok(&["get", "services", "-o", "yaml"]);
     assert!(yaml.contains("name: hello"), "{yaml}");
+    assert!(yaml.contains(&format!("created_at: {created}")), "{yaml}");
     let instances: serde_json::Value =
         serde_json::from_str(&server.ok(&["get", "instances", "--all", "-o", "json"]))
             .expect("JSON");

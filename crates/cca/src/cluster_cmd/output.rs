@@ -1,7 +1,8 @@
 //! How cluster commands print: kubectl-style aligned tables (upper-case
 //! headers, no borders, an AGE column), JSON or YAML of the API's types for
-//! `-o json|yaml`, and human formats for CPU and ages (memory's is `Memory::human`). The only
-//! module of the cluster commands that writes to stdout.
+//! `-o json|yaml` (with times as RFC 3339, see [`TIME_FIELDS`]), and human
+//! formats for CPU and ages (memory's is `Memory::human`). The only module
+//! of the cluster commands that writes to stdout.
 
 #![allow(clippy::print_stdout, reason = "this module is the commands' output")]
 
@@ -27,25 +28,77 @@ pub(crate) enum Format {
 /// Prints `value` as JSON or YAML; returns false for `Format::Table`,
 /// which the caller renders itself.
 pub(crate) fn structured<T: Serialize>(format: Format, value: &T) -> Result<bool> {
+    if format == Format::Table {
+        return Ok(false);
+    }
+    let mut value = serde_json::to_value(value).context("encoding the answer")?;
+    times_as_rfc3339(&mut value);
     match format {
         Format::Table => Ok(false),
         Format::Json => {
-            let text = serde_json::to_string_pretty(value).context("encoding JSON")?;
+            let text = serde_json::to_string_pretty(&value).context("encoding JSON")?;
             println!("{text}");
             Ok(true)
         }
         Format::Yaml => {
-            let text = serde_norway::to_string(value).context("encoding YAML")?;
+            let text = serde_norway::to_string(&value).context("encoding YAML")?;
             print!("{text}");
             Ok(true)
         }
     }
 }
 
-/// Prints `value` as one line of compact JSON (for streams).
+/// Prints `value` as one line of compact JSON (for streams), times as
+/// RFC 3339.
 pub(crate) fn json_line<T: Serialize>(value: &T) -> Result<()> {
-    println!("{}", serde_json::to_string(value).context("encoding JSON")?);
+    let mut value = serde_json::to_value(value).context("encoding the answer")?;
+    times_as_rfc3339(&mut value);
+    println!(
+        "{}",
+        serde_json::to_string(&value).context("encoding JSON")?
+    );
     Ok(())
+}
+
+/// The fields of the API's types that hold a time, as epoch milliseconds
+/// on the wire (agents and the API keep millis). People and scripts
+/// reading `-o json|yaml` get RFC 3339 instead, in UTC with milliseconds
+/// (`2026-12-01T14:05:03.120Z`). A new time field of the API's types is
+/// added here (checked against every `Millis` field of `cca_api::types`
+/// and `cca_model::cluster`).
+const TIME_FIELDS: [&str; 7] = [
+    "at",
+    "since",
+    "created_at",
+    "registered_at",
+    "started_at",
+    "updated_at",
+    "set_at",
+];
+
+/// Rewrites every [`TIME_FIELDS`] member holding an integer, at any depth.
+fn times_as_rfc3339(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(fields) => {
+            for (name, field) in fields.iter_mut() {
+                if TIME_FIELDS.contains(&name.as_str())
+                    && let Some(millis) = field.as_i64()
+                {
+                    *field = serde_json::Value::String(rfc3339(millis));
+                } else {
+                    times_as_rfc3339(field);
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(times_as_rfc3339),
+        _ => {}
+    }
+}
+
+/// Epoch milliseconds as RFC 3339 in UTC (before 1970 clamps to the epoch).
+fn rfc3339(millis: Millis) -> String {
+    let since = std::time::Duration::from_millis(u64::try_from(millis).unwrap_or(0));
+    humantime::format_rfc3339_millis(UNIX_EPOCH + since).to_string()
 }
 
 /// Prints rows under upper-case headers, columns three spaces apart.
@@ -131,6 +184,31 @@ mod tests {
         assert_eq!(age(Some(0), 3 * 86_400_000), "3d");
         assert_eq!(age(None, 0), "<unknown>");
         assert_eq!(age(Some(10), 0), "0s");
+    }
+
+    #[test]
+    fn times_print_as_rfc3339_at_any_depth_and_nothing_else_changes() {
+        let mut value = serde_json::json!({
+            "name": "n1",
+            "registered_at": 1_796_133_903_120_i64,
+            "instances": [{"status": {"since": 0, "started_at": 1_000}, "restarts": 3}],
+            "events": [{"at": 1_796_133_903_120_i64, "revision": 7}],
+            "created_at": null,
+        });
+        times_as_rfc3339(&mut value);
+        assert_eq!(
+            value,
+            serde_json::json!({
+                "name": "n1",
+                "registered_at": "2026-12-01T14:05:03.120Z",
+                "instances": [{
+                    "status": {"since": "1970-01-01T00:00:00.000Z", "started_at": "1970-01-01T00:00:01.000Z"},
+                    "restarts": 3
+                }],
+                "events": [{"at": "2026-12-01T14:05:03.120Z", "revision": 7}],
+                "created_at": null,
+            })
+        );
     }
 
     #[test]
