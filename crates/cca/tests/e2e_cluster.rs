@@ -291,6 +291,14 @@ async fn pid_and_url(client: &Client, id: &str) -> (u32, String) {
         .unwrap_or_else(|| panic!("{id} has no running process"))
 }
 
+/// The port of `http://ADDRESS:PORT/`.
+fn url_port(url: &str) -> &str {
+    url.trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .unwrap_or_default()
+}
+
 async fn answers(url: &str, id: &str) -> bool {
     let body = reqwest::get(url).await.ok().map(|response| response.text());
     match body {
@@ -343,6 +351,13 @@ async fn a_cluster_of_processes_survives_crashes_restarts_and_node_loss() {
     let nodes: std::collections::BTreeSet<&str> = web.iter().map(|i| i.node.as_str()).collect();
     assert_eq!(nodes.len(), 3, "replicas spread over the nodes: {web:?}");
     assert_all_answer(&client, &web).await;
+    let (_, url) = pid_and_url(&client, &web[0].id).await;
+    let described = cluster.cca(&["describe", "instance", &web[0].id]);
+    assert!(
+        described.contains(&format!("8080/tcp, host port {}", url_port(&url)))
+            && described.contains(url.trim_end_matches('/')),
+        "describe instance shows the port, host port and URL {url}:\n{described}"
+    );
 
     // A command that fails fast is reported failed with its exit code and
     // output. The scheduler replaces failed instances (within the restart

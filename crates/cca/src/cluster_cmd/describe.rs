@@ -2,8 +2,10 @@
 //! unplaced demand that says why instances are pending), `describe
 //! instance` (status, last exit, log tail), `describe node`, and `status`.
 
+use std::collections::BTreeMap;
+
 use anyhow::Result;
-use cca_model::spec::{Memory, Workload};
+use cca_model::spec::{Memory, PortSpec, Protocol, Workload};
 use cca_wire::Client;
 use cca_wire::types::{ClusterStatus, InstanceDetail, NodeDetail, ServiceDetail};
 
@@ -23,7 +25,14 @@ pub(super) async fn describe(client: &Client, args: &DescribeArgs) -> Result<()>
         DescribeKind::Instance => {
             let detail = client.instance(&args.name).await?;
             if !output::structured(format, &detail)? {
-                instance(&detail);
+                // The port numbers are the service's; without it (deleted
+                // meanwhile) the ports still show by name.
+                let ports = client
+                    .service(&detail.summary.service)
+                    .await
+                    .map(|service| service.spec.ports)
+                    .unwrap_or_default();
+                instance(&detail, &ports);
             }
         }
         DescribeKind::Node => {
@@ -113,7 +122,7 @@ fn pending(detail: &ServiceDetail) {
     output::line("");
 }
 
-fn instance(detail: &InstanceDetail) {
+fn instance(detail: &InstanceDetail, ports: &[PortSpec]) {
     let summary = &detail.summary;
     field("Id", &summary.id);
     field("Service", &summary.service);
@@ -129,6 +138,22 @@ fn instance(detail: &InstanceDetail) {
     field("Restarts", &summary.restarts.to_string());
     field("Address", &or_dash(summary.address.clone()));
     field("Age", &age(summary.created_at, now_millis()));
+    let host_ports = detail
+        .status
+        .as_ref()
+        .map(|status| &status.host_ports)
+        .filter(|reported| !reported.is_empty())
+        .or(detail
+            .placement
+            .as_ref()
+            .map(|placement| &placement.host_ports));
+    let lines = port_lines(ports, host_ports, summary.address.as_deref());
+    if !lines.is_empty() {
+        output::line("Ports:");
+        for (name, text) in lines {
+            field(&format!("  {name}"), &text);
+        }
+    }
     let Some(status) = &detail.status else {
         output::line("");
         output::line("No report from the node's agent yet.");
@@ -154,6 +179,43 @@ fn instance(detail: &InstanceDetail) {
             output::line(&format!("    {line}"));
         }
     }
+}
+
+/// One line per port of the service: `8080/tcp, host port 20000:
+/// http://10.0.0.5:20000` — the URL where the instance answers, as `cca dev`
+/// prints at start (TCP ports with a host port and a reported address).
+/// Host ports without a port of the service (renamed since) show too.
+fn port_lines(
+    ports: &[PortSpec],
+    host_ports: Option<&BTreeMap<String, u16>>,
+    address: Option<&str>,
+) -> Vec<(String, String)> {
+    let empty = BTreeMap::new();
+    let host_ports = host_ports.unwrap_or(&empty);
+    let mut lines: Vec<(String, String)> = ports
+        .iter()
+        .map(|port| {
+            let name = port.name.clone().unwrap_or_else(|| port.number.to_string());
+            let protocol = match port.protocol {
+                Protocol::Tcp => "tcp",
+                Protocol::Udp => "udp",
+            };
+            let mut text = format!("{}/{protocol}", port.number);
+            if let Some(host_port) = host_ports.get(&name) {
+                text.push_str(&format!(", host port {host_port}"));
+                if let (Some(address), Protocol::Tcp) = (address, port.protocol) {
+                    text.push_str(&format!(": http://{address}:{host_port}"));
+                }
+            }
+            (name, text)
+        })
+        .collect();
+    for (name, host_port) in host_ports {
+        if !lines.iter().any(|(known, _)| known == name) {
+            lines.push((name.clone(), format!("host port {host_port}")));
+        }
+    }
+    lines
 }
 
 fn node(detail: &NodeDetail) {
@@ -268,5 +330,50 @@ fn print_status(status: &ClusterStatus) {
         for (key, reason) in &status.invalid_facts {
             output::line(&format!("  {key}: {reason}"));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn port(name: Option<&str>, number: u16, protocol: Protocol) -> PortSpec {
+        PortSpec {
+            name: name.map(str::to_owned),
+            number,
+            protocol,
+        }
+    }
+
+    #[test]
+    fn ports_show_the_host_port_and_the_url_where_the_instance_answers() {
+        let ports = [
+            port(Some("http"), 8080, Protocol::Tcp),
+            port(None, 53, Protocol::Udp),
+            port(Some("admin"), 9000, Protocol::Tcp),
+        ];
+        let host_ports = BTreeMap::from([
+            ("http".to_owned(), 20000),
+            ("53".to_owned(), 20001),
+            ("old".to_owned(), 20002),
+        ]);
+        assert_eq!(
+            port_lines(&ports, Some(&host_ports), Some("127.0.0.2")),
+            vec![
+                (
+                    "http".to_owned(),
+                    "8080/tcp, host port 20000: http://127.0.0.2:20000".to_owned()
+                ),
+                ("53".to_owned(), "53/udp, host port 20001".to_owned()),
+                ("admin".to_owned(), "9000/tcp".to_owned()),
+                ("old".to_owned(), "host port 20002".to_owned()),
+            ]
+        );
+        // Not placed or not reported yet: the ports alone, no URL.
+        assert_eq!(
+            port_lines(&ports[..1], None, None),
+            vec![("http".to_owned(), "8080/tcp".to_owned())]
+        );
+        assert!(port_lines(&[], None, Some("10.0.0.5")).is_empty());
     }
 }
