@@ -209,6 +209,10 @@ impl Compiler<'_> {
     /// A whole number without a unit.
     pub(crate) fn count_of(&mut self, value: &Spanned) -> Option<u32> {
         match &value.value {
+            Scalar::Number(text) if text.starts_with('-') => {
+                self.report(negative(value.span, format!("`{text}` is negative")));
+                None
+            }
             Scalar::Number(text) => match text.parse::<u32>() {
                 Ok(count) => Some(count),
                 Err(_) => {
@@ -314,6 +318,16 @@ impl Compiler<'_> {
 
     pub(crate) fn setting_count(&mut self, entry: Entry<'_>) -> Option<u32> {
         let value = self.single(entry)?;
+        if let Scalar::Number(text) = &value.value
+            && text.starts_with('-')
+        {
+            let message = format!(
+                "`{}` must be a non-negative whole number, not `{text}`",
+                entry.key()
+            );
+            self.report(negative(value.span, message));
+            return None;
+        }
         self.count_of(&value)
     }
 
@@ -566,4 +580,11 @@ pub(crate) fn is_service_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
         && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
         && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// A negative number where a count is expected.
+fn negative(span: Span, message: String) -> Diagnostic {
+    Diagnostic::error(codes::WRONG_TYPE, span, message)
+        .with_label("a count is never negative")
+        .with_help("write a whole number from 0 up, without a sign")
 }

@@ -77,6 +77,12 @@ impl Lexer<'_> {
                 self.pos += 2;
                 TokenKind::Arrow
             }
+            // A negative number is a number (so the setting that reads it
+            // says it must not be negative, at its span), not an unknown `-`.
+            b'-' if self.peek(1).is_ascii_digit() => {
+                self.pos += 1;
+                self.number()
+            }
             _ => self.unknown(),
         };
         self.push(kind, start);
