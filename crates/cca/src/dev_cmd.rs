@@ -1,7 +1,8 @@
 //! `cca dev [FILES…]`: a whole cluster in one process for development —
 //! embedded store, controllers, API and one agent running instances as
 //! host processes (and containers, when run as root with runc or crun),
-//! data under `--data-dir`. Applies the files, prints the
+//! data under `--data-dir`. Applies the files once its agent's node is
+//! ready (so the scheduler has somewhere to place them), prints the
 //! instances and the URL of every running service port, keeps the status
 //! live until Ctrl-C, then stops its instances cleanly. Wiring only.
 
@@ -79,6 +80,10 @@ async fn dev(args: DevArgs) -> Result<()> {
     ));
     let agent = start_agent(&args, address, stopping).await?;
     let client = Client::new(&format!("http://{address}"));
+    // Apply once the agent's node is ready: the scheduler places at once
+    // (no startup grace here), and would otherwise warn that no nodes are
+    // registered about a node that is a moment away.
+    wait_for_a_ready_node(&client, NODE_WAIT).await;
     let report = client
         .apply(&program, false)
         .await
@@ -99,6 +104,25 @@ async fn dev(args: DevArgs) -> Result<()> {
     plane.await.context("the control plane task")??;
     say("cca dev: stopped");
     Ok(())
+}
+
+/// How long `cca dev` waits for its own agent's node before applying
+/// anyway (the scheduler's warning then says something true).
+const NODE_WAIT: Duration = Duration::from_secs(10);
+
+/// Returns once the API lists a ready node, or after `patience`.
+async fn wait_for_a_ready_node(client: &Client, patience: Duration) {
+    let deadline = tokio::time::Instant::now() + patience;
+    while tokio::time::Instant::now() < deadline {
+        let ready = client
+            .nodes()
+            .await
+            .is_ok_and(|nodes| nodes.iter().any(|node| node.status == "ready"));
+        if ready {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn stopped(mut stopping: watch::Receiver<bool>) {
