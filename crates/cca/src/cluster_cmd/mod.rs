@@ -302,8 +302,8 @@ pub(crate) fn run(command: ClusterCommand, cli: fn() -> clap::Command) -> Result
 fn hint_when_unreachable(error: anyhow::Error) -> anyhow::Error {
     let unreachable = error.chain().any(|cause| {
         matches!(
-            cause.downcast_ref::<cca_api::ClientError>(),
-            Some(cca_api::ClientError::Unreachable { .. })
+            cause.downcast_ref::<cca_wire::ClientError>(),
+            Some(cca_wire::ClientError::Unreachable { .. })
         )
     });
     if !unreachable {

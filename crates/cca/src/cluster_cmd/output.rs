@@ -64,7 +64,7 @@ pub(crate) fn json_line<T: Serialize>(value: &T) -> Result<()> {
 /// on the wire (agents and the API keep millis). People and scripts
 /// reading `-o json|yaml` get RFC 3339 instead, in UTC with milliseconds
 /// (`2026-12-01T14:05:03.120Z`). A new time field of the API's types is
-/// added here (checked against every `Millis` field of `cca_api::types`
+/// added here (checked against every `Millis` field of `cca_wire::types`
 /// and `cca_model::cluster`).
 const TIME_FIELDS: [&str; 7] = [
     "at",
