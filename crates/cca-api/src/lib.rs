@@ -15,6 +15,7 @@ mod routes;
 pub mod secrets;
 mod staged;
 mod state;
+mod update;
 mod validate;
 
 use std::future::Future;

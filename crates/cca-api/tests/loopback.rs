@@ -1,7 +1,7 @@
 //! The API over a loopback socket with the typed client: the agent cycle
 //! (register, heartbeat, assignment stream, reports, re-register after a
-//! lost lease), the resumable watch stream, and errors carrying the
-//! server's status and message.
+//! lost lease), the resumable watch stream, concurrent updates of one
+//! service, and errors carrying the server's status and message.
 
 mod support;
 
@@ -428,4 +428,46 @@ async fn a_report_batch_is_not_misled_by_a_view_that_lags() {
             "{id}: the view's old record must not pass for the current one"
         );
     }
+}
+
+/// 32 clients scaling one service at once all succeed: each conflict is
+/// re-read and re-applied. The committed updates form one chain (each
+/// one's `previous` is the replicas of the one committed before it) and
+/// the service ends with the last one's value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_scales_of_one_service_all_land() {
+    let h = harness().await;
+    let (client, _stop) = h.serve().await;
+    client
+        .apply(&program(&[("web", 1)]), false)
+        .await
+        .expect("applies");
+    let tasks: Vec<_> = (2..34_u32)
+        .map(|replicas| {
+            let client = client.clone();
+            tokio::spawn(async move { client.scale("web", replicas).await })
+        })
+        .collect();
+    let mut reports = Vec::new();
+    for task in tasks {
+        reports.push(task.await.expect("task").expect("every scale lands"));
+    }
+    reports.sort_by_key(|report| report.revision);
+    let mut expected_previous = 1;
+    for report in &reports {
+        assert_eq!(report.previous, expected_previous, "{reports:?}");
+        expected_previous = report.replicas;
+    }
+    let mut requested: Vec<u32> = reports.iter().map(|report| report.replicas).collect();
+    requested.sort_unstable();
+    assert_eq!(requested, (2..34).collect::<Vec<_>>());
+    let stored = h
+        .store
+        .get(&keys::desired_service("web"))
+        .await
+        .expect("get")
+        .expect("the service is there");
+    let spec: cca_model::spec::ServiceSpec =
+        serde_json::from_slice(&stored.value).expect("decodes");
+    assert_eq!(spec.replicas, expected_previous);
 }

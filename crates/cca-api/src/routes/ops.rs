@@ -1,24 +1,23 @@
 //! Write endpoints of users: apply, diff, scale, delete, and the operator
 //! intents drain / disable / enable of a node. Each write is one store
 //! transaction with compare-and-swap on what it read, and logs an event in
-//! that same transaction.
+//! that same transaction; the updates go through the one
+//! [`read_modify_write`] loop, which re-reads and re-applies on a conflict.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use cca_model::cluster::{EventLevel, NodeControl};
 use cca_model::keys;
 use cca_model::spec::{Program, ServiceSpec};
-use cca_store::{Compare, CompareOp, Op, RangeRequest, Txn, TxnOutcome};
+use cca_store::{Compare, CompareOp, Op, RangeRequest, Txn};
 use serde::Deserialize;
 
 use crate::apply::apply_program;
 use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
 use crate::state::{ApiState, encode};
 use crate::types::{ApplyReport, DeleteReport, NodeControlReport, ScaleReport, ScaleRequest};
+use crate::update::read_modify_write;
 use crate::validate::{MAX_REPLICAS, check_name};
-
-/// Attempts of a read-modify-write before answering 409.
-const ATTEMPTS: usize = 3;
 
 /// Query of apply and diff.
 #[derive(Debug, Default, Deserialize)]
@@ -64,7 +63,8 @@ pub(crate) async fn scale(
         )));
     }
     let key = keys::desired_service(&name);
-    for _ in 0..ATTEMPTS {
+    let replicas = request.replicas;
+    let (previous, revision) = read_modify_write(&state, &format!("service `{name}`"), || async {
         let kv = state
             .store()
             .get(&key)
@@ -74,8 +74,8 @@ pub(crate) async fn scale(
             ApiError::internal(format!("stored spec of `{name}` does not decode: {error}"))
         })?;
         let previous = spec.replicas;
-        spec.replicas = request.replicas;
-        let message = format!("scaled from {previous} to {} replicas", request.replicas);
+        spec.replicas = replicas;
+        let message = format!("scaled from {previous} to {replicas} replicas");
         let txn = Txn::new()
             .when(Compare::mod_revision(
                 &key,
@@ -84,18 +84,15 @@ pub(crate) async fn scale(
             ))
             .then(Op::put(&key, encode(&spec)))
             .then(state.event_op(EventLevel::Info, &format!("service/{name}"), message));
-        if let TxnOutcome::Committed { revision } = state.store().txn(txn).await? {
-            return Ok(Json(ScaleReport {
-                service: name,
-                previous,
-                replicas: request.replicas,
-                revision,
-            }));
-        }
-    }
-    Err(ApiError::conflict(format!(
-        "service `{name}` kept changing while scaling; retry"
-    )))
+        Ok((txn, previous))
+    })
+    .await?;
+    Ok(Json(ScaleReport {
+        service: name,
+        previous,
+        replicas,
+        revision,
+    }))
 }
 
 /// Deletes a service's spec, its sub-facts (tags, grants) and bookkeeping.
@@ -106,7 +103,7 @@ pub(crate) async fn delete_service(
     check_name("service", &name)?;
     let key = keys::desired_service(&name);
     let sub_prefix = format!("{key}/");
-    for _ in 0..ATTEMPTS {
+    let (deleted, revision) = read_modify_write(&state, &format!("service `{name}`"), || async {
         let spec = state
             .store()
             .get(&key)
@@ -132,17 +129,14 @@ pub(crate) async fn delete_service(
                 &format!("service/{name}"),
                 "deleted".into(),
             ));
-        if let TxnOutcome::Committed { revision } = state.store().txn(txn).await? {
-            return Ok(Json(DeleteReport {
-                service: name,
-                deleted,
-                revision,
-            }));
-        }
-    }
-    Err(ApiError::conflict(format!(
-        "service `{name}` kept changing while deleting; retry"
-    )))
+        Ok((txn, deleted))
+    })
+    .await?;
+    Ok(Json(DeleteReport {
+        service: name,
+        deleted,
+        revision,
+    }))
 }
 
 pub(crate) async fn drain(
@@ -193,7 +187,7 @@ async fn change_node(
         return Err(ApiError::not_found(format!("node `{name}` not found")));
     }
     let key = keys::desired_node(name);
-    for _ in 0..ATTEMPTS {
+    let (control, revision) = read_modify_write(state, &format!("node `{name}`"), || async {
         let current = state.store().get(&key).await?;
         let mut control: NodeControl = match &current {
             Some(kv) => serde_json::from_slice(&kv.value).unwrap_or_default(),
@@ -205,15 +199,12 @@ async fn change_node(
             .when(Compare::mod_revision(&key, CompareOp::Equal, read_revision))
             .then(Op::put(&key, encode(&control)))
             .then(state.event_op(EventLevel::Info, &format!("node/{name}"), message.into()));
-        if let TxnOutcome::Committed { revision } = state.store().txn(txn).await? {
-            return Ok(Json(NodeControlReport {
-                node: name.to_owned(),
-                control,
-                revision,
-            }));
-        }
-    }
-    Err(ApiError::conflict(format!(
-        "node `{name}` kept changing; retry"
-    )))
+        Ok((txn, control))
+    })
+    .await?;
+    Ok(Json(NodeControlReport {
+        node: name.to_owned(),
+        control,
+        revision,
+    }))
 }

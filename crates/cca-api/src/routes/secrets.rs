@@ -12,7 +12,7 @@ use axum::extract::{Path, State};
 use cca_model::cluster::EventLevel;
 use cca_model::keys;
 use cca_model::spec::ConnectionSpec;
-use cca_store::{Compare, CompareOp, Op, Txn, TxnOutcome};
+use cca_store::{Compare, CompareOp, Op, Txn};
 
 use crate::error::{ApiError, ApiResult, JsonBody};
 use crate::secrets::{MAX_SECRET_BYTES, SealedSecret, SecretKey, SecretValue, connection_url};
@@ -20,9 +20,7 @@ use crate::state::{ApiState, encode, now_millis};
 use crate::types::{
     DeleteSecretReply, InstanceFile, InstanceFiles, SecretInfo, SetSecretReply, SetSecretRequest,
 };
-
-/// Attempts of a read-modify-write before answering 409.
-const ATTEMPTS: usize = 3;
+use crate::update::read_modify_write;
 
 /// `PUT /v1/secrets/{name}`: seals and stores a value.
 pub(crate) async fn set(
@@ -47,7 +45,7 @@ pub(crate) async fn set(
         .seal(&name, &SecretValue::new(request.value), now_millis())
         .map_err(|error| ApiError::internal(error.to_string()))?;
     let key = keys::desired_secret(&name);
-    for _ in 0..ATTEMPTS {
+    let (created, revision) = read_modify_write(&state, &format!("secret `{name}`"), || async {
         let existing = state.store().get(&key).await?;
         let guard = match &existing {
             Some(kv) => Compare::mod_revision(&key, CompareOp::Equal, kv.mod_revision),
@@ -66,17 +64,14 @@ pub(crate) async fn set(
                 &format!("secret/{name}"),
                 format!("value {verb}"),
             ));
-        if let TxnOutcome::Committed { revision } = state.store().txn(txn).await? {
-            return Ok(Json(SetSecretReply {
-                name,
-                created: existing.is_none(),
-                revision,
-            }));
-        }
-    }
-    Err(ApiError::conflict(format!(
-        "secret `{name}` kept changing while being set; retry"
-    )))
+        Ok((txn, existing.is_none()))
+    })
+    .await?;
+    Ok(Json(SetSecretReply {
+        name,
+        created,
+        revision,
+    }))
 }
 
 /// `GET /v1/secrets`: every secret declared, set or granted; never a value.
@@ -118,7 +113,7 @@ pub(crate) async fn delete(
 ) -> ApiResult<Json<DeleteSecretReply>> {
     check_secret_name(&name)?;
     let key = keys::desired_secret(&name);
-    for _ in 0..ATTEMPTS {
+    let ((), revision) = read_modify_write(&state, &format!("secret `{name}`"), || async {
         let kv = state.store().get(&key).await?.ok_or_else(|| {
             ApiError::not_found(format!("secret `{name}` has no value to remove"))
         })?;
@@ -134,13 +129,10 @@ pub(crate) async fn delete(
                 &format!("secret/{name}"),
                 "value removed".to_owned(),
             ));
-        if let TxnOutcome::Committed { revision } = state.store().txn(txn).await? {
-            return Ok(Json(DeleteSecretReply { name, revision }));
-        }
-    }
-    Err(ApiError::conflict(format!(
-        "secret `{name}` kept changing while being removed; retry"
-    )))
+        Ok((txn, ()))
+    })
+    .await?;
+    Ok(Json(DeleteSecretReply { name, revision }))
 }
 
 /// `GET /v1/agent/nodes/{node}/instances/{id}/files`: one file per
