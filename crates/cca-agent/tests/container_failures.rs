@@ -20,7 +20,7 @@ use cca_agent::supervisor::{SupervisorConfig, Tick};
 use cca_image::ImageStore;
 use cca_image::testing::{LayerBuilder, free_port, layer_blob_digest, write_oci_layout};
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
-use cca_model::spec::{Memory, PortSpec, Protocol, Resources, ServiceSpec};
+use cca_model::spec::{Memory, PortSpec, Resources, ServiceSpec};
 use cca_net::{HostNetwork, IpNft, NodeNetwork};
 use cca_runtime::Runtime;
 use cca_wire::types::Assignment;
@@ -38,11 +38,7 @@ fn assignment(
     host_port: u16,
 ) -> Assignment {
     let service = ServiceSpec {
-        ports: vec![PortSpec {
-            name: Some("http".into()),
-            number: 80,
-            protocol: Protocol::Tcp,
-        }],
+        ports: vec![PortSpec::tcp("http", 80)],
         resources: Resources {
             cpu: None,
             memory: memory.map(Memory),

@@ -26,7 +26,7 @@ use cca_agent::RuntimeSet;
 use cca_agent::supervisor::{Supervisor, SupervisorConfig};
 use cca_image::testing::free_port;
 use cca_model::cluster::{Instance, InstanceState};
-use cca_model::spec::{PortSpec, Protocol, ServiceSpec};
+use cca_model::spec::{PortSpec, ServiceSpec};
 use cca_net::{HostNetwork, IpNft, NetConfig, NodeNetwork, Proto};
 use cca_runtime::{OciRuntime, Runtime};
 use cca_wire::types::Assignment;
@@ -41,11 +41,7 @@ fn assignment(image: &str, host_port: u16, stopping: bool) -> Assignment {
 
 fn assignment_of(id: &str, image: &str, host_port: u16, stopping: bool) -> Assignment {
     let service = ServiceSpec {
-        ports: vec![PortSpec {
-            name: Some("http".into()),
-            number: 80,
-            protocol: Protocol::Tcp,
-        }],
+        ports: vec![PortSpec::tcp("http", 80)],
         ..image_service("web", image, "busybox httpd -f -p $PORT -h /www")
     };
     Assignment {

@@ -16,7 +16,7 @@ use std::time::Duration;
 use cca_agent::files::FileSource;
 use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
 use cca_model::cluster::InstanceState;
-use cca_model::spec::{Placement, Resources, ServiceSpec, UpdateStrategy, Workload};
+use cca_model::spec::{ServiceSpec, Workload};
 use cca_runtime::fake::{Call, FakeRuntime};
 use cca_runtime::{InstanceSpec, Runtime};
 use cca_wire::types::{Assignment, InstanceFile};
@@ -53,22 +53,8 @@ fn assignment(id: &str, workload: Workload) -> Assignment {
     Assignment {
         instance: support::instance(id, "web"),
         spec: Some(ServiceSpec {
-            name: "web".into(),
-            workload,
-            replicas: 1,
-            ports: Vec::new(),
-            env: BTreeMap::new(),
-            resources: Resources::default(),
-            health: None,
-            placement: Placement::default(),
             connections: vec!["app_db".into()],
-            volumes: Vec::new(),
-            init: Vec::new(),
-            update: UpdateStrategy::default(),
-            budget: None,
-            autoscale: None,
-            stateful: false,
-            scale_to_zero: None,
+            ..ServiceSpec::new("web", workload)
         }),
         secrets: vec!["api_token".into()],
     }

@@ -22,10 +22,7 @@ use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
 use cca_agent::{Containers, RuntimeSet};
 use cca_image::{Digest, ImageConfig, ImageRecord, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
-use cca_model::spec::{
-    InitStep, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy, VolumeSpec,
-    Workload,
-};
+use cca_model::spec::{InitStep, PortSpec, ServiceSpec, VolumeSpec, Workload};
 use cca_runtime::fake::{Call, FakeRuntime};
 use cca_runtime::{InstanceSpec, Mount, Runtime};
 use cca_wire::types::Assignment;
@@ -33,26 +30,9 @@ use support::{desired, tick_until};
 
 fn service(workload: Workload) -> ServiceSpec {
     ServiceSpec {
-        name: "web".into(),
-        workload,
-        replicas: 1,
-        ports: vec![PortSpec {
-            name: Some("http".into()),
-            number: 8080,
-            protocol: Protocol::Tcp,
-        }],
+        ports: vec![PortSpec::tcp("http", 8080)],
         env: BTreeMap::from([("GREETING".into(), "hi".into())]),
-        resources: Resources::default(),
-        health: None,
-        placement: Placement::default(),
-        connections: Vec::new(),
-        volumes: Vec::new(),
-        init: Vec::new(),
-        update: UpdateStrategy::default(),
-        budget: None,
-        autoscale: None,
-        stateful: false,
-        scale_to_zero: None,
+        ..ServiceSpec::new("web", workload)
     }
 }
 

@@ -15,9 +15,7 @@ use cca_control::controllers::scheduler::PlacementProbe;
 use cca_control::{Context, Controller, View};
 use cca_model::cluster::{Heartbeat, NodeCondition, NodeInfo, NodeStatus};
 use cca_model::keys;
-use cca_model::spec::{
-    Cpu, Memory, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy, Workload,
-};
+use cca_model::spec::{Cpu, Memory, PortSpec, Resources, ServiceSpec, Workload};
 use criterion::{Criterion, criterion_group, criterion_main};
 use serde::Serialize;
 
@@ -65,32 +63,13 @@ fn cluster(count: usize) -> View {
 
 fn service(name: &str, replicas: u32) -> ServiceSpec {
     ServiceSpec {
-        name: name.to_owned(),
-        workload: Workload::Image {
-            image: format!("registry.local/{name}:1"),
-            command: None,
-        },
         replicas,
-        ports: vec![PortSpec {
-            name: Some("http".into()),
-            number: 8080,
-            protocol: Protocol::Tcp,
-        }],
-        env: BTreeMap::new(),
+        ports: vec![PortSpec::tcp("http", 8080)],
         resources: Resources {
             cpu: Some(Cpu(250)),
             memory: Some(Memory(256 << 20)),
         },
-        health: None,
-        placement: Placement::default(),
-        connections: vec![],
-        volumes: vec![],
-        init: vec![],
-        update: UpdateStrategy::default(),
-        budget: None,
-        autoscale: None,
-        stateful: false,
-        scale_to_zero: None,
+        ..ServiceSpec::new(name, Workload::image(format!("registry.local/{name}:1")))
     }
 }
 

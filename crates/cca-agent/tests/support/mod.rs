@@ -22,7 +22,7 @@ use cca_agent::{Containers, InstanceNetwork, RuntimeSet};
 use cca_image::testing::{TestRegistry, busybox_layer, commands_available, write_oci_layout};
 use cca_image::{Digest, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
-use cca_model::spec::{Cpu, Memory, Placement, Resources, ServiceSpec, UpdateStrategy, Workload};
+use cca_model::spec::{Cpu, Memory, ServiceSpec, Workload};
 use cca_net::{HostNetwork, IpNft, NetConfig};
 use cca_runtime::fake::FakeRuntime;
 use cca_runtime::{OciConfig, OciRuntime, Runtime};
@@ -78,27 +78,13 @@ impl BusyboxRegistry {
 /// Service `name` running `command` in `image`, one replica, nothing else:
 /// tests set what they need with `ServiceSpec { …, ..image_service(…) }`.
 pub(crate) fn image_service(name: &str, image: &str, command: &str) -> ServiceSpec {
-    ServiceSpec {
-        name: name.into(),
-        workload: Workload::Image {
+    ServiceSpec::new(
+        name,
+        Workload::Image {
             image: image.into(),
             command: Some(command.into()),
         },
-        replicas: 1,
-        ports: Vec::new(),
-        env: BTreeMap::new(),
-        resources: Resources::default(),
-        health: None,
-        placement: Placement::default(),
-        connections: Vec::new(),
-        volumes: Vec::new(),
-        init: Vec::new(),
-        update: UpdateStrategy::default(),
-        budget: None,
-        autoscale: None,
-        stateful: false,
-        scale_to_zero: None,
-    }
+    )
 }
 
 /// Instance `id` of `service` on node `n1`, running, no resources or host

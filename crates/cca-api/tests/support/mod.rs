@@ -4,7 +4,6 @@
 
 #![allow(dead_code, reason = "each test file uses a different part")]
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,9 +12,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use cca_api::{ApiConfig, ApiState};
 use cca_control::Cache;
-use cca_model::spec::{
-    Placement, PortSpec, Program, Protocol, Resources, ServiceSpec, UpdateStrategy, Workload,
-};
+use cca_model::spec::{PortSpec, Program, ServiceSpec, Workload};
 use cca_store::embedded::{Config, EmbeddedStore};
 use cca_store::{RangeRequest, Store};
 use cca_wire::Client;
@@ -171,28 +168,9 @@ pub(crate) async fn fresh(state: &ApiState) -> Arc<cca_control::View> {
 /// A process service with `replicas` replicas.
 pub(crate) fn service(name: &str, replicas: u32) -> ServiceSpec {
     ServiceSpec {
-        name: name.to_owned(),
-        workload: Workload::Process {
-            run: "sleep 1000".to_owned(),
-        },
         replicas,
-        ports: vec![PortSpec {
-            name: Some("http".to_owned()),
-            number: 8080,
-            protocol: Protocol::Tcp,
-        }],
-        env: BTreeMap::new(),
-        resources: Resources::default(),
-        health: None,
-        placement: Placement::default(),
-        connections: Vec::new(),
-        volumes: Vec::new(),
-        init: Vec::new(),
-        update: UpdateStrategy::default(),
-        budget: None,
-        autoscale: None,
-        stateful: false,
-        scale_to_zero: None,
+        ports: vec![PortSpec::tcp("http", 8080)],
+        ..ServiceSpec::new(name, Workload::process("sleep 1000"))
     }
 }
 

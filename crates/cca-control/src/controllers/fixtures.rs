@@ -10,9 +10,7 @@ use cca_model::cluster::{
     NodeStatus,
 };
 use cca_model::keys;
-use cca_model::spec::{
-    Cpu, Memory, Placement, PortSpec, Protocol, Resources, ServiceSpec, UpdateStrategy, Workload,
-};
+use cca_model::spec::{Cpu, Memory, PortSpec, Resources, ServiceSpec, Workload};
 use cca_store::Revision;
 use serde::Serialize;
 
@@ -47,31 +45,13 @@ pub(crate) fn node_info(name: &str, cpu: u64, memory_mi: u64) -> NodeInfo {
 /// A process service asking 100m and 64Mi per instance, with one port `http`.
 pub(crate) fn service(name: &str, replicas: u32) -> ServiceSpec {
     ServiceSpec {
-        name: name.to_owned(),
-        workload: Workload::Process {
-            run: "sleep 1000".into(),
-        },
         replicas,
-        ports: vec![PortSpec {
-            name: Some("http".into()),
-            number: 8080,
-            protocol: Protocol::Tcp,
-        }],
-        env: BTreeMap::new(),
+        ports: vec![PortSpec::tcp("http", 8080)],
         resources: Resources {
             cpu: Some(Cpu(100)),
             memory: Some(Memory(64 * MI)),
         },
-        health: None,
-        placement: Placement::default(),
-        connections: vec![],
-        volumes: vec![],
-        init: vec![],
-        update: UpdateStrategy::default(),
-        budget: None,
-        autoscale: None,
-        stateful: false,
-        scale_to_zero: None,
+        ..ServiceSpec::new(name, Workload::process("sleep 1000"))
     }
 }
 

@@ -849,3 +849,26 @@ impl Compiler<'_> {
         Some(vertical)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use cca_model::spec::{ServiceSpec, Workload};
+
+    use crate::compile::compile_str;
+    use crate::template::Values;
+
+    /// `ServiceSpec::new` is what tests build on: it must be what a
+    /// service block that sets only its workload compiles to.
+    #[test]
+    fn a_bare_service_compiles_to_the_models_defaults() {
+        let compiled = compile_str(
+            "service web {\n  run = \"sleep 1\"\n}\n",
+            &Values::default(),
+        );
+        assert!(!compiled.has_errors(), "{:?}", compiled.diagnostics);
+        assert_eq!(
+            compiled.program.services.get("web"),
+            Some(&ServiceSpec::new("web", Workload::process("sleep 1")))
+        );
+    }
+}

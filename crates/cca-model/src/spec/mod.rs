@@ -156,28 +156,9 @@ mod tests {
 
     fn service(name: &str) -> ServiceSpec {
         ServiceSpec {
-            name: name.to_owned(),
-            workload: Workload::Process {
-                run: "cca whoami --port $PORT".to_owned(),
-            },
             replicas: 2,
-            ports: vec![PortSpec {
-                name: Some("http".to_owned()),
-                number: 8080,
-                protocol: Protocol::Tcp,
-            }],
-            env: BTreeMap::new(),
-            resources: Resources::default(),
-            health: None,
-            placement: Placement::default(),
-            connections: Vec::new(),
-            volumes: Vec::new(),
-            init: Vec::new(),
-            update: UpdateStrategy::default(),
-            budget: None,
-            autoscale: None,
-            stateful: false,
-            scale_to_zero: None,
+            ports: vec![PortSpec::tcp("http", 8080)],
+            ..ServiceSpec::new(name, Workload::process("cca whoami --port $PORT"))
         }
     }
 

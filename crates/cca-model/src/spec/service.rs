@@ -33,6 +33,34 @@ pub struct ServiceSpec {
     pub scale_to_zero: Option<Duration>,
 }
 
+impl ServiceSpec {
+    /// Service `name` running `workload` with what `service NAME { run … }`
+    /// compiles to when nothing else is set: one replica, no ports,
+    /// environment, resources, health check, placement rules, connections,
+    /// volumes or init steps, the default update strategy. Set the rest
+    /// with `ServiceSpec { replicas: 3, ..ServiceSpec::new(…) }`.
+    pub fn new(name: impl Into<String>, workload: Workload) -> Self {
+        Self {
+            name: name.into(),
+            workload,
+            replicas: 1,
+            ports: Vec::new(),
+            env: BTreeMap::new(),
+            resources: Resources::default(),
+            health: None,
+            placement: Placement::default(),
+            connections: Vec::new(),
+            volumes: Vec::new(),
+            init: Vec::new(),
+            update: UpdateStrategy::default(),
+            budget: None,
+            autoscale: None,
+            stateful: false,
+            scale_to_zero: None,
+        }
+    }
+}
+
 /// What an instance runs.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -45,6 +73,21 @@ pub enum Workload {
     },
     /// A host process, run as `sh -c RUN`.
     Process { run: String },
+}
+
+impl Workload {
+    /// A host process running `sh -c RUN`.
+    pub fn process(run: impl Into<String>) -> Self {
+        Self::Process { run: run.into() }
+    }
+
+    /// `image` with its own command.
+    pub fn image(image: impl Into<String>) -> Self {
+        Self::Image {
+            image: image.into(),
+            command: None,
+        }
+    }
 }
 
 /// Transport protocol of a port.
@@ -63,6 +106,17 @@ pub struct PortSpec {
     pub name: Option<String>,
     pub number: u16,
     pub protocol: Protocol,
+}
+
+impl PortSpec {
+    /// TCP port `number` named `name` (`port name number`).
+    pub fn tcp(name: impl Into<String>, number: u16) -> Self {
+        Self {
+            name: Some(name.into()),
+            number,
+            protocol: Protocol::Tcp,
+        }
+    }
 }
 
 /// Per-instance resource requests, also used as limits.
