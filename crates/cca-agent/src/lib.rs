@@ -22,7 +22,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cca_model::cluster::{InstanceStatus, Millis};
+use cca_model::cluster::InstanceStatus;
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::Runtime;
 use cca_wire::Client;
@@ -248,7 +248,7 @@ impl Reporter {
     /// one by one (an instance no longer placed here) are not re-sent
     /// until they change or the refresh.
     async fn send(&mut self, batch: &[InstanceStatus]) -> bool {
-        let sent_at = now_millis();
+        let sent_at = cca_model::clock::now_millis();
         let statuses = batch
             .iter()
             .map(|status| InstanceStatus {
@@ -274,12 +274,4 @@ impl Reporter {
         }
         true
     }
-}
-
-fn now_millis() -> Millis {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
-        })
 }

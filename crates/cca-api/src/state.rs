@@ -10,7 +10,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use cca_control::Cache;
-use cca_model::cluster::{Event, EventLevel, Millis};
+use cca_model::cluster::{Event, EventLevel};
 use cca_model::keys;
 use cca_store::{Op, Store};
 use tokio::sync::{Semaphore, watch};
@@ -208,13 +208,7 @@ pub fn no_extra_metrics() -> MetricsRenderer {
     Arc::new(String::new)
 }
 
-/// Wall-clock time in milliseconds since the epoch.
-pub(crate) fn now_millis() -> Millis {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    Millis::try_from(since_epoch.as_millis()).unwrap_or(Millis::MAX)
-}
+pub(crate) use cca_model::clock::now_millis;
 
 /// JSON bytes of a fact. Fact types are plain data with string keys, so
 /// encoding cannot fail; an empty value would be refused by decoders.

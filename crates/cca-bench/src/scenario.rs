@@ -552,10 +552,7 @@ async fn open_store(
         }
         StoreTarget::Etcd(endpoints) => {
             let mut etcd = cca_store::etcd::Config::new(endpoints.clone());
-            let stamp = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_millis();
+            let stamp = cca_model::clock::now_millis();
             etcd.namespace = format!("cca-bench/{stamp}-{}/", scenario.name());
             let store = cca_store::etcd::EtcdStore::connect(etcd).await?;
             Ok((Arc::new(store), None))

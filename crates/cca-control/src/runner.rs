@@ -7,7 +7,9 @@
 //! write. Losing the lease stops every controller until leadership returns.
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
+
+use cca_model::clock::now_millis;
 
 use cca_model::cluster::{Event, Millis};
 use cca_model::{Key, Kind, keys, ownership};
@@ -55,15 +57,6 @@ impl std::fmt::Debug for Runner {
             .field("controllers", &names)
             .finish_non_exhaustive()
     }
-}
-
-/// The wall clock in milliseconds; the only clock controllers ever see.
-pub fn now_millis() -> Millis {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
-        })
 }
 
 /// How one reconcile-and-commit cycle ended.

@@ -343,7 +343,7 @@ impl Importer<'_> {
             layers: parsed.layers.into_iter().map(|(d, _)| d).collect(),
             config,
             size_bytes,
-            pulled_at_ms: crate::pull::now_ms(),
+            pulled_at_ms: cca_model::clock::now_millis(),
         };
         tracing::info!(file = %self.path.display(), digest = %record.digest, "imported image");
         self.store.save_image(record)

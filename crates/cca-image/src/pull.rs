@@ -228,7 +228,7 @@ impl Puller {
                 .iter()
                 .map(|l| u64::try_from(l.size).unwrap_or(0))
                 .sum(),
-            pulled_at_ms: now_ms(),
+            pulled_at_ms: cca_model::clock::now_millis(),
         };
         tracing::info!(image = %reference, digest = %record.digest, "pulled image");
         self.store.save_image(record)
@@ -507,13 +507,6 @@ async fn blocking<T: Send + 'static>(
     tokio::task::spawn_blocking(work)
         .await
         .unwrap_or_else(|join_error| std::panic::resume_unwind(join_error.into_panic()))
-}
-
-pub(crate) fn now_ms() -> i64 {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -1,7 +1,9 @@
 //! The vocabulary of CCattler: where every fact lives in the store and who
 //! may write it. This crate does no IO and knows nothing of tokio, HTTP or
-//! any store backend; every other crate builds on it.
+//! any store backend; every other crate builds on it. It reads the wall
+//! clock in one place, [`clock::now_millis`], for everyone.
 
+pub mod clock;
 pub mod cluster;
 pub mod facts;
 pub mod keys;

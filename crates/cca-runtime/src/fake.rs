@@ -140,7 +140,7 @@ impl FakeRuntime {
         let mut status = created_status(spec, "fake");
         status.state = InstanceState::Running;
         status.pid = Some(pid);
-        status.started_at_ms = Some(crate::now_ms());
+        status.started_at_ms = Some(cca_model::clock::now_millis());
         status.adopted = true;
         state.instances.insert(status.id.clone(), status);
         pid
@@ -175,7 +175,7 @@ impl FakeRuntime {
         if let Some(status) = state.instances.get_mut(id)
             && status.state == InstanceState::Running
         {
-            end_run(status, code, signal, reason, crate::now_ms());
+            end_run(status, code, signal, reason, cca_model::clock::now_millis());
         }
     }
 
@@ -240,7 +240,7 @@ impl Runtime for FakeRuntime {
         refuse_when_running(status, Operation::Start)?;
         status.state = InstanceState::Running;
         status.pid = Some(pid);
-        status.started_at_ms = Some(crate::now_ms());
+        status.started_at_ms = Some(cca_model::clock::now_millis());
         status.exit = None;
         status.adopted = false;
         if let Some(code) = exit_code {
@@ -249,7 +249,7 @@ impl Runtime for FakeRuntime {
                 Some(code),
                 None,
                 ExitReason::Exited,
-                crate::now_ms(),
+                cca_model::clock::now_millis(),
             );
         }
         Ok(())
@@ -263,7 +263,13 @@ impl Runtime for FakeRuntime {
         let mut state = self.enter(call, Operation::Stop, id)?;
         let status = existing(&mut state, id)?;
         if status.state == InstanceState::Running {
-            end_run(status, None, Some(15), ExitReason::Stopped, crate::now_ms());
+            end_run(
+                status,
+                None,
+                Some(15),
+                ExitReason::Stopped,
+                cca_model::clock::now_millis(),
+            );
         }
         Ok(status.clone())
     }

@@ -82,11 +82,3 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// environment, working directory and cgroups) and collects its output.
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecOutput>;
 }
-
-/// Milliseconds since the Unix epoch, the time unit of every status.
-pub(crate) fn now_ms() -> i64 {
-    let since_epoch = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(since_epoch.as_millis()).unwrap_or(i64::MAX)
-}

@@ -120,7 +120,7 @@ impl SimRuntime {
     pub fn kill_node(&self) {
         let mut state = self.state();
         state.dead = true;
-        let now = crate::now_ms();
+        let now = cca_model::clock::now_millis();
         for status in state.instances.values_mut() {
             if status.state == InstanceState::Running {
                 end_run(
@@ -189,7 +189,7 @@ impl SimRuntime {
         let status = existing(&mut state, id)?;
         apply_crash(status, crash_after);
         refuse_when_running(status, Operation::Start)?;
-        let now = crate::now_ms();
+        let now = cca_model::clock::now_millis();
         status.state = InstanceState::Running;
         status.pid = Some(pid);
         status.started_at_ms = Some(now);
@@ -254,7 +254,13 @@ impl Runtime for SimRuntime {
         apply_crash(status, crash_after);
         if status.state == InstanceState::Running {
             // A simulated workload honours SIGTERM at once.
-            end_run(status, None, Some(15), ExitReason::Stopped, crate::now_ms());
+            end_run(
+                status,
+                None,
+                Some(15),
+                ExitReason::Stopped,
+                cca_model::clock::now_millis(),
+            );
         }
         Ok(status.clone())
     }
@@ -318,7 +324,7 @@ fn apply_crash(status: &mut InstanceStatus, crash_after: Option<Duration>) {
         return;
     };
     let due = started.saturating_add(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
-    if status.state == InstanceState::Running && crate::now_ms() >= due {
+    if status.state == InstanceState::Running && cca_model::clock::now_millis() >= due {
         end_run(status, Some(CRASH_EXIT_CODE), None, ExitReason::Exited, due);
     }
 }

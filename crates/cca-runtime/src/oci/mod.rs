@@ -290,7 +290,7 @@ impl Inner {
             image_digest: image.digest.to_string(),
             process,
             spec,
-            created_at_ms: crate::now_ms(),
+            created_at_ms: cca_model::clock::now_millis(),
         };
         let written = self.write_bundle(&dir, &instance);
         if written.is_err() {
@@ -396,7 +396,7 @@ impl Inner {
             container_pid: None,
             monitor_start_time: procfs::stat(monitor_pid).map_or(0, |stat| stat.start_time),
             boot_id: self.boot_id.clone(),
-            started_at_ms: crate::now_ms(),
+            started_at_ms: cca_model::clock::now_millis(),
             limits: self.limits(&instance.spec),
         };
         dir.write_run(&run, Operation::Start)?;
@@ -909,7 +909,7 @@ fn exit_info(end: RunEnd) -> ExitInfo {
             code: None,
             signal: None,
             reason: ExitReason::AgentAway,
-            finished_at_ms: crate::now_ms(),
+            finished_at_ms: cca_model::clock::now_millis(),
         };
     };
     let (code, signal) = if (129..=128 + 64).contains(&code) {

@@ -195,7 +195,7 @@ pub(crate) fn describe_exit(watch: &ExitWatch, status: Option<ExitStatus>) -> Ex
         code: status.and_then(|s| s.code()),
         signal: status.and_then(|s| s.signal()),
         reason,
-        finished_at_ms: crate::now_ms(),
+        finished_at_ms: cca_model::clock::now_millis(),
     }
 }
 

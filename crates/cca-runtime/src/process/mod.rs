@@ -256,7 +256,7 @@ impl Inner {
             spec,
             env,
             working_dir,
-            created_at_ms: crate::now_ms(),
+            created_at_ms: cca_model::clock::now_millis(),
         };
         dir.write_instance(&record, Operation::Create)?;
         Ok(dir.id)
@@ -308,7 +308,7 @@ impl Inner {
             pid,
             start_time: procfs::stat(pid).map_or(0, |stat| stat.start_time),
             boot_id: self.boot_id.clone(),
-            started_at_ms: crate::now_ms(),
+            started_at_ms: cca_model::clock::now_millis(),
             oom_kills_before: cgroups
                 .as_ref()
                 .map_or(0, cgroup::InstanceCgroups::oom_kills),

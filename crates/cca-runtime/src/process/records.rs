@@ -119,7 +119,7 @@ impl InstanceDir {
 
     pub(crate) fn mark_stop_requested(&self, operation: Operation) -> Result<()> {
         let path = self.path.join(STOP_MARKER);
-        std::fs::write(&path, crate::now_ms().to_string()).map_err(|e| {
+        std::fs::write(&path, cca_model::clock::now_millis().to_string()).map_err(|e| {
             Error::io(
                 &self.id,
                 operation,

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -134,7 +134,7 @@ impl Writer {
     }
 
     fn evaluate(&self, state: &State, batch: Vec<Request>) -> (Staged, Vec<Answer>) {
-        let now = now_ms();
+        let now = cca_model::clock::now_millis();
         let mut staged = Staged::new(state);
         let answers = batch
             .into_iter()
@@ -178,12 +178,4 @@ impl Writer {
             staged.compact_to = Some(retained_from);
         }
     }
-}
-
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |elapsed| {
-            i64::try_from(elapsed.as_millis()).unwrap_or(i64::MAX)
-        })
 }

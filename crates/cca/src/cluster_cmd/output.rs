@@ -6,8 +6,6 @@
 
 #![allow(clippy::print_stdout, reason = "this module is the commands' output")]
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use anyhow::{Context, Result};
 use cca_model::cluster::Millis;
 use cca_model::spec::Cpu;
@@ -134,13 +132,7 @@ pub(crate) fn field(label: &str, value: &str) {
     println!("{:<14}{value}", format!("{label}:"));
 }
 
-/// Now, in milliseconds since the epoch.
-pub(crate) fn now_millis() -> Millis {
-    let since = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default();
-    Millis::try_from(since.as_millis()).unwrap_or(Millis::MAX)
-}
+pub(crate) use cca_model::clock::now_millis;
 
 /// kubectl-style age: `42s`, `7m`, `5h`, `3d`; `<unknown>` without a time.
 pub(crate) fn age(since: Option<Millis>, now: Millis) -> String {

@@ -1,0 +1,38 @@
+//! The wall clock, read in one place: [`now_millis`] is the instant every
+//! fact, status and event carries ([`Millis`], milliseconds since the Unix
+//! epoch). It lives in the vocabulary crate because every crate that
+//! stamps a time already depends on it (or, for the runtime and image
+//! crates, depends on nothing else of ours) and reading the clock is not
+//! IO; it is still a side input, so controllers never call it: they get
+//! `now` from their `Context` and stay pure (cca-control's tests check
+//! that). `clippy.toml` disallows `SystemTime::now` everywhere else.
+
+use crate::cluster::Millis;
+
+/// Milliseconds since the Unix epoch now; 0 for a clock set before 1970,
+/// `Millis::MAX` past the year 292 million.
+#[must_use]
+#[allow(
+    clippy::disallowed_methods,
+    reason = "the one place that reads the wall clock"
+)]
+pub fn now_millis() -> Millis {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| {
+            Millis::try_from(elapsed.as_millis()).unwrap_or(Millis::MAX)
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn now_is_after_2024_and_does_not_go_back() {
+        let first = now_millis();
+        // 2024-01-01T00:00:00Z.
+        assert!(first > 1_704_067_200_000, "{first}");
+        assert!(now_millis() >= first);
+    }
+}
