@@ -26,9 +26,11 @@ use clap::Args;
 use tokio::sync::watch;
 
 use crate::cluster_cmd::{commands::compile_files, output};
-use crate::server_cmd::{ControlPlaneSetup, control_loops, run_control_plane, shutdown_signal};
+use crate::server_cmd::{
+    ControlPlaneSetup, check_listen, control_loops, run_control_plane, shutdown_signal,
+};
 
-/// `cca dev [--data-dir DIR] [--listen ADDR] [FILES…]`
+/// `cca dev [--data-dir DIR] [--listen ADDR [--insecure]] [FILES…]`
 #[derive(Debug, Args)]
 pub(crate) struct DevArgs {
     /// Where the store and the instances live.
@@ -37,6 +39,11 @@ pub(crate) struct DevArgs {
     /// Where the API listens (the CLI's default server address).
     #[arg(long, default_value = cca_wire::DEFAULT_LISTEN)]
     listen: SocketAddr,
+    /// Listen on an address other than loopback although the API has no
+    /// TLS or authentication yet: anyone who reaches it controls the
+    /// cluster.
+    #[arg(long)]
+    insecure: bool,
     /// A `.ccv` values file; may repeat, later files win.
     #[arg(long = "values", value_name = "FILE")]
     values: Vec<PathBuf>,
@@ -55,6 +62,7 @@ pub(crate) fn run(args: DevArgs) -> Result<ExitCode> {
 }
 
 async fn dev(args: DevArgs) -> Result<()> {
+    check_listen(args.listen, args.insecure)?;
     let options = ValueOptions {
         files: args.values.clone(),
         set: args.set.clone(),

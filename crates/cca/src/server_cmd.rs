@@ -21,7 +21,7 @@ use clap::Args;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-/// `cca server [--store URL] [--listen ADDR]`
+/// `cca server [--store URL] [--listen ADDR [--insecure]]`
 #[derive(Debug, Args)]
 pub(crate) struct ServerArgs {
     /// The store: `embedded:DIR` (one server) or `etcd://host:port[,host:port...]` (HA).
@@ -31,6 +31,11 @@ pub(crate) struct ServerArgs {
     /// is printed on stderr).
     #[arg(long, env = "CCA_LISTEN", default_value = cca_wire::DEFAULT_LISTEN)]
     listen: SocketAddr,
+    /// Listen on an address other than loopback although the API has no
+    /// TLS or authentication yet: anyone who reaches it controls the
+    /// cluster.
+    #[arg(long)]
+    insecure: bool,
     /// How long events are kept (`30m`, `1h`, `1d`).
     #[arg(long, default_value = "1h", value_name = "DURATION")]
     event_retention: String,
@@ -67,6 +72,37 @@ pub(crate) fn duration_flag(flag: &str, text: &str) -> Result<std::time::Duratio
     Ok(std::time::Duration::from_millis(parsed.0))
 }
 
+/// Refuses an API address other than loopback unless `insecure` says the
+/// operator accepts the risk: the API has no TLS or authentication yet, so
+/// whoever reaches it can run commands on every node. With `insecure`, it
+/// says so on stderr and allows it.
+pub(crate) fn check_listen(address: SocketAddr, insecure: bool) -> Result<()> {
+    if address.ip().to_canonical().is_loopback() {
+        return Ok(());
+    }
+    if !insecure {
+        anyhow::bail!(
+            "refusing to listen on {address}: the API has no TLS or authentication yet, so anyone \
+             who can reach that address could run commands on this cluster's nodes; listen on \
+             loopback (--listen 127.0.0.1:{port} or [::1]:{port}) and reach it through an SSH \
+             tunnel, or pass --insecure to serve on {address} anyway",
+            port = address.port()
+        );
+    }
+    warn_insecure(address);
+    Ok(())
+}
+
+#[allow(
+    clippy::print_stderr,
+    reason = "the operator must see this whatever RUST_LOG says"
+)]
+fn warn_insecure(address: SocketAddr) {
+    eprintln!(
+        "warning: --insecure: the API listens on {address} without TLS or authentication; anyone who can reach it controls the cluster"
+    );
+}
+
 /// The controllers of a control plane, with the scheduler's settings.
 pub(crate) fn control_loops(scheduler: SchedulerConfig) -> Vec<Arc<dyn Controller>> {
     vec![
@@ -83,6 +119,7 @@ pub(crate) fn run(args: ServerArgs) -> Result<ExitCode> {
 }
 
 async fn serve(args: ServerArgs) -> Result<()> {
+    check_listen(args.listen, args.insecure)?;
     let retention = cca_model::spec::Duration::parse(&args.event_retention)
         .with_context(|| format!("--event-retention `{}`", args.event_retention))?;
     // Before the store: a bad key must not cost a store open.
@@ -269,4 +306,45 @@ pub(crate) async fn shutdown_signal() {
         () = terminate => {}
     }
     tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_addresses_are_allowed_without_insecure() {
+        for address in [
+            "127.0.0.1:9770",
+            "127.0.0.2:0",
+            "[::1]:9770",
+            "[::ffff:127.0.0.1]:1",
+        ] {
+            let address: SocketAddr = address.parse().expect("an address");
+            check_listen(address, false).unwrap_or_else(|e| panic!("{address}: {e}"));
+        }
+    }
+
+    #[test]
+    fn other_addresses_need_insecure() {
+        for address in [
+            "0.0.0.0:9770",
+            "10.0.0.5:9770",
+            "[::]:9770",
+            "[2001:db8::1]:80",
+        ] {
+            let address: SocketAddr = address.parse().expect("an address");
+            let error = check_listen(address, false)
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                error.starts_with(&format!(
+                    "refusing to listen on {address}: the API has no TLS"
+                )),
+                "{error}"
+            );
+            assert!(error.contains("pass --insecure"), "{error}");
+            check_listen(address, true).unwrap_or_else(|e| panic!("{address}: {e}"));
+        }
+    }
 }

@@ -208,3 +208,46 @@ fn completions_are_generated_for_each_shell() {
         assert!(script.contains("describe"), "{shell}: {script}");
     }
 }
+
+/// The API has no TLS yet: `cca server` and `cca dev` refuse an address
+/// other than loopback (before opening any store) unless `--insecure`.
+#[test]
+fn listening_beyond_loopback_needs_insecure() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = dir.path().join("store");
+    let store_url = format!("embedded:{}", store.display());
+    let refused = Command::new(CCA)
+        .args(["server", "--store", &store_url, "--listen", "0.0.0.0:0"])
+        .output()
+        .expect("cca runs");
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.starts_with("error: refusing to listen on 0.0.0.0:0: the API has no TLS"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("pass --insecure"), "{stderr}");
+    assert!(!store.exists(), "nothing may be opened before the check");
+
+    let data_dir = dir.path().join("dev");
+    let refused = Command::new(CCA)
+        .args(["dev", "--listen", "0.0.0.0:0", "--data-dir"])
+        .arg(&data_dir)
+        .output()
+        .expect("cca runs");
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("refusing to listen on 0.0.0.0:0"),
+        "{stderr}"
+    );
+    assert!(
+        !data_dir.exists(),
+        "nothing may be created before the check"
+    );
+
+    let server = Server::start_with(["--store", &store_url, "--listen", "0.0.0.0:0", "--insecure"]);
+    assert!(server.url.starts_with("http://0.0.0.0:"), "{}", server.url);
+    let status = server.ok(&["status"]);
+    assert!(!status.is_empty());
+}
