@@ -14,7 +14,20 @@ use std::time::{Duration, Instant};
 
 use crate::Digest;
 
-/// Whether every command is on `PATH`; prints the skip reason when not.
+/// Whether the tests run as root (the effective uid): how `scripts/test`
+/// runs them, after installing every tool they use.
+pub fn is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Whether every command is on `PATH`. When one is missing, a test run as
+/// root fails here, naming it (`scripts/test` installs them, so a missing
+/// tool is a broken setup, never a reason to pass); otherwise it prints
+/// why `test` skips and answers false.
+///
+/// # Panics
+///
+/// As root, when a command is missing.
 pub fn commands_available(test: &str, commands: &[&str]) -> bool {
     let missing: Vec<&str> = commands
         .iter()
@@ -24,14 +37,34 @@ pub fn commands_available(test: &str, commands: &[&str]) -> bool {
     if missing.is_empty() {
         return true;
     }
-    #[allow(clippy::print_stderr)]
-    {
-        eprintln!(
-            "skipping {test}: {} not installed (scripts/test installs them)",
-            missing.join(", ")
-        );
-    }
+    assert!(
+        !is_root(),
+        "{test} runs as root, so it must run, but {} is not on PATH: install it (scripts/test does)",
+        missing.join(", ")
+    );
+    skip(test, &format!("{} not installed", missing.join(", ")));
     false
+}
+
+/// Whether a root-only test can run: as root it needs every command
+/// (see [`commands_available`]: a missing one fails the test); otherwise
+/// it prints why `test` skips (`needs_root` says what needs root) and
+/// answers false.
+///
+/// # Panics
+///
+/// As root, when a command is missing.
+pub fn root_test(test: &str, needs_root: &str, commands: &[&str]) -> bool {
+    if !is_root() {
+        skip(test, &format!("{needs_root} need root"));
+        return false;
+    }
+    commands_available(test, commands)
+}
+
+#[allow(clippy::print_stderr, reason = "a skipped test says why")]
+fn skip(test: &str, reason: &str) {
+    eprintln!("skipping {test}: {reason} (scripts/test runs as root with every tool)");
 }
 
 /// The first `name` on `PATH`.

@@ -4,19 +4,11 @@
 //! pointing out — are refused with nothing left in the store. Needs root
 //! (whiteouts are device nodes, overlay mounts).
 
-use cca_image::testing::LayerBuilder;
+use cca_image::testing::{LayerBuilder, root_test};
 use cca_image::{Digest, ImageStore};
 
-fn is_root() -> bool {
-    let root = rustix::process::geteuid().is_root();
-    if !root {
-        #[allow(clippy::print_stderr)]
-        {
-            eprintln!("skipping: unpacking whiteouts needs root (mknod, overlay mounts)");
-        }
-    }
-    root
-}
+/// Whiteouts are device nodes and the check mounts an overlay.
+const NEEDS_ROOT: &str = "mknod and overlay mounts";
 
 fn store_layer(store: &ImageStore, tar: &[u8]) -> Digest {
     let digest = Digest::of_bytes(tar);
@@ -36,7 +28,11 @@ fn assert_no_leftovers(store: &ImageStore, layer: &Digest) {
 
 #[test]
 fn whiteouts_and_opaque_dirs_hide_lower_files_in_an_overlay() {
-    if !is_root() {
+    if !root_test(
+        "whiteouts_and_opaque_dirs_hide_lower_files_in_an_overlay",
+        NEEDS_ROOT,
+        &[],
+    ) {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");
@@ -113,7 +109,11 @@ fn parent_dir_entries_are_refused_and_nothing_is_kept() {
 
 #[test]
 fn writes_through_a_symlink_out_of_the_layer_are_refused() {
-    if !is_root() {
+    if !root_test(
+        "writes_through_a_symlink_out_of_the_layer_are_refused",
+        NEEDS_ROOT,
+        &[],
+    ) {
         return;
     }
     let dir = tempfile::tempdir().expect("tempdir");

@@ -4,7 +4,8 @@
 //! port, and nothing of ours left after detach; a published port carries
 //! only its own protocol (TCP or UDP). Every name carries a random
 //! suffix and a guard removes bridge, table and namespaces even when an
-//! assertion fails. Without root the tests skip (and say so).
+//! assertion fails. Without root the tests skip (and say so); as root
+//! (how `scripts/test` runs them) a missing `ip` or `nft` fails them.
 
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
@@ -18,9 +19,24 @@ use std::time::{Duration, Instant};
 
 use cca_net::{HostNetwork, IpNft, NetConfig, NodeNetwork, Proto};
 
-fn is_root() -> bool {
+/// Whether `test` can run: skipped (saying why) when not root; as root,
+/// `ip` and `nft` must be installed or the test fails.
+#[allow(clippy::print_stderr, reason = "a skipped test says why")]
+fn root_test(test: &str) -> bool {
     // /proc/self belongs to the effective uid.
-    fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+    if !fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
+        eprintln!("skipping {test}: the node network needs root (scripts/test runs as root)");
+        return false;
+    }
+    for tool in ["ip", "nft"] {
+        let found = std::env::var_os("PATH")
+            .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()));
+        assert!(
+            found,
+            "{test} runs as root, so it must run, but `{tool}` is not on PATH: install it (scripts/test does)"
+        );
+    }
+    true
 }
 
 /// Throwaway names and the processes started in them; dropping removes all.
@@ -114,8 +130,7 @@ fn links() -> Vec<String> {
 
 #[test]
 fn two_instances_talk_publish_and_leave_nothing_behind() {
-    if !is_root() {
-        eprintln!("skipping: the node network tests need root");
+    if !root_test("two_instances_talk_publish_and_leave_nothing_behind") {
         return;
     }
     let mut guard = Guard::new();
@@ -214,8 +229,7 @@ fn two_instances_talk_publish_and_leave_nothing_behind() {
 
 #[test]
 fn restart_keeps_addresses_and_cleanup_removes_orphans() {
-    if !is_root() {
-        eprintln!("skipping: the node network tests need root");
+    if !root_test("restart_keeps_addresses_and_cleanup_removes_orphans") {
         return;
     }
     let guard = Guard::new();
@@ -328,8 +342,7 @@ fn udp_reaches(host_port: u16, socket: &UdpSocket, tries: u32) -> Option<Vec<u8>
 
 #[test]
 fn a_published_port_carries_only_its_protocol() {
-    if !is_root() {
-        eprintln!("skipping: the node network tests need root");
+    if !root_test("a_published_port_carries_only_its_protocol") {
         return;
     }
     let guard = Guard::new();

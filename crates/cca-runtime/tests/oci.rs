@@ -17,7 +17,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cca_image::testing::{
-    TestRegistry, busybox_layer, commands_available, free_port, write_oci_layout,
+    TestRegistry, busybox_layer, commands_available, free_port, root_test, write_oci_layout,
 };
 use cca_image::{ImageStore, Puller, RegistrySettings};
 use cca_runtime::{
@@ -37,14 +37,11 @@ struct Fixture {
 
 impl Fixture {
     async fn new(test: &str) -> Option<Self> {
-        if !commands_available(test, &["runc", "docker-registry", "skopeo", "busybox"]) {
-            return None;
-        }
-        if !rustix::process::geteuid().is_root() {
-            #[allow(clippy::print_stderr)]
-            {
-                eprintln!("skipping {test}: containers need root");
-            }
+        if !root_test(
+            test,
+            "containers",
+            &["runc", "docker-registry", "skopeo", "busybox"],
+        ) {
             return None;
         }
         let layout = tempfile::tempdir().expect("tempdir");

@@ -1,7 +1,6 @@
 //! What the agent's real-container tests (`containers.rs`,
 //! `container_failures.rs`, `container_volumes.rs`, `container_files.rs`)
-//! share: skipping
-//! without root or tools, the busybox test image in a loopback registry,
+//! share: skipping without root (as root, a missing tool fails), the busybox test image in a loopback registry,
 //! an image service and its instance to build assignments from, a node's
 //! image store and `oci` runtime with a `RuntimeSet` over them (with a
 //! node network or without), a supervisor over it, ticking until a
@@ -19,7 +18,7 @@ use std::time::{Duration, Instant};
 use cca_agent::desired::Desired;
 use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
 use cca_agent::{Containers, InstanceNetwork, RuntimeSet};
-use cca_image::testing::{TestRegistry, busybox_layer, commands_available, write_oci_layout};
+use cca_image::testing::{TestRegistry, busybox_layer, root_test, write_oci_layout};
 use cca_image::{Digest, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{Cpu, Memory, ServiceSpec, Workload};
@@ -28,19 +27,10 @@ use cca_runtime::fake::FakeRuntime;
 use cca_runtime::{OciConfig, OciRuntime, Runtime};
 use cca_wire::types::Assignment;
 
-/// Whether the test can run: root and `tools` on `PATH`; says why not.
+/// Whether the test can run: skipped (saying why) when not root; as root
+/// every one of `tools` must be on `PATH`, or the test fails.
 pub(crate) fn can_run(test: &str, tools: &[&str]) -> bool {
-    if !commands_available(test, tools) {
-        return false;
-    }
-    if !rustix::process::geteuid().is_root() {
-        #[allow(clippy::print_stderr)]
-        {
-            eprintln!("skipping {test}: containers need root");
-        }
-        return false;
-    }
-    true
+    root_test(test, "containers", tools)
 }
 
 /// A loopback registry holding `test/busybox:1` (busybox-static, `sh`).
