@@ -292,8 +292,8 @@ async fn join_agent(node: &mut SimNode) {
 /// The production controllers with the cluster's timings.
 fn controllers(config: &ClusterConfig) -> Vec<Arc<dyn Controller>> {
     let scheduler = SchedulerConfig {
-        startup_grace: millis(config.startup_grace),
-        lost_grace: millis(config.lost_grace),
+        startup_grace: config.startup_grace,
+        lost_grace: config.lost_grace,
         ..SchedulerConfig::default()
     };
     vec![
@@ -371,8 +371,4 @@ fn agent_dirs() -> Result<tempfile::TempDir, BenchError> {
     builder
         .tempdir()
         .map_err(BenchError::io("creating the agents' directory"))
-}
-
-fn millis(duration: Duration) -> cca_model::cluster::Millis {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

@@ -10,7 +10,7 @@ const FORBIDDEN: &[&str] = &[
     "now_millis",
     "SystemTime",
     "Instant::now",
-    "cca_model::clock",
+    "clock::now",
     "fastrand",
     "tokio::",
     "dyn Store",

@@ -409,7 +409,7 @@ async fn seed_cluster(store: &dyn Store) {
 
 fn control_plane() -> Vec<Arc<dyn Controller>> {
     let mut scheduler = SchedulerController::default();
-    scheduler.config.startup_grace = 0;
+    scheduler.config.startup_grace = Duration::ZERO;
     vec![Arc::new(NodeController), Arc::new(scheduler)]
 }
 

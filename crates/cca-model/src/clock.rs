@@ -6,6 +6,8 @@
 //! IO; it is still a side input, so controllers never call it: they get
 //! `now` from their `Context` and stay pure (cca-control's tests check
 //! that). `clippy.toml` disallows `SystemTime::now` everywhere else.
+//! Spans are `std::time::Duration`; [`span_millis`] turns one into
+//! milliseconds for arithmetic on instants.
 
 use crate::cluster::Millis;
 
@@ -24,9 +26,23 @@ pub fn now_millis() -> Millis {
         })
 }
 
+/// `span` in whole milliseconds, to add to or subtract from a [`Millis`]
+/// instant (spans are `std::time::Duration` everywhere else); saturates.
+#[must_use]
+pub fn span_millis(span: std::time::Duration) -> Millis {
+    Millis::try_from(span.as_millis()).unwrap_or(Millis::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_convert_to_whole_milliseconds_and_saturate() {
+        assert_eq!(span_millis(std::time::Duration::from_micros(1_999)), 1);
+        assert_eq!(span_millis(std::time::Duration::from_secs(5)), 5_000);
+        assert_eq!(span_millis(std::time::Duration::MAX), Millis::MAX);
+    }
 
     #[test]
     fn now_is_after_2024_and_does_not_go_back() {

@@ -323,7 +323,7 @@ fn apply_crash(status: &mut InstanceStatus, crash_after: Option<Duration>) {
     let (Some(after), Some(started)) = (crash_after, status.started_at_ms) else {
         return;
     };
-    let due = started.saturating_add(i64::try_from(after.as_millis()).unwrap_or(i64::MAX));
+    let due = started.saturating_add(cca_model::clock::span_millis(after));
     if status.state == InstanceState::Running && cca_model::clock::now_millis() >= due {
         end_run(status, Some(CRASH_EXIT_CODE), None, ExitReason::Exited, due);
     }

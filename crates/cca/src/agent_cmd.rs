@@ -55,8 +55,8 @@ pub(crate) struct AgentArgs {
     #[arg(long, default_value_t = 5)]
     restart_threshold: u32,
     /// First restart delay after a crash; doubles per crash, up to 30 s.
-    #[arg(long, default_value = "1s", value_name = "DURATION")]
-    restart_backoff: String,
+    #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = crate::flags::duration)]
+    restart_backoff: Duration,
     /// A registry (`HOST:PORT`, as written in image references) reached
     /// over plain HTTP instead of HTTPS; may repeat. Others: HTTPS only.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
@@ -92,7 +92,7 @@ impl AgentArgs {
             address: "127.0.0.1".to_owned(),
             listen: None,
             restart_threshold: 5,
-            restart_backoff: "1s".to_owned(),
+            restart_backoff: Duration::from_secs(1),
             insecure_registries: Vec::new(),
             registry_config: None,
             oci_runtime: None,
@@ -270,10 +270,7 @@ pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentCon
         listen,
         supervisor: SupervisorConfig {
             restart_threshold: args.restart_threshold.max(1),
-            backoff_base: crate::server_cmd::duration_flag(
-                "restart-backoff",
-                &args.restart_backoff,
-            )?,
+            backoff_base: args.restart_backoff,
             ..SupervisorConfig::default()
         },
         tick: Duration::from_millis(500),

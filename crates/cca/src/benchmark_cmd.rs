@@ -14,7 +14,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::cluster_cmd::output;
-use crate::server_cmd::duration_flag;
+use crate::flags;
 
 /// `cca benchmark --nodes N --instances M --store S --scenario NAME [--json]`
 #[derive(Debug, Args)]
@@ -38,20 +38,20 @@ pub(crate) struct BenchmarkArgs {
     #[arg(long)]
     json: bool,
     /// The agents' heartbeat lease TTL.
-    #[arg(long, default_value = "15s", value_name = "DURATION")]
-    node_ttl: String,
+    #[arg(long, default_value = "15s", value_name = "DURATION", value_parser = flags::duration)]
+    node_ttl: Duration,
     /// How long a node stays unreachable before its instances are replaced.
-    #[arg(long, default_value = "5s", value_name = "DURATION")]
-    lost_grace: String,
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = flags::duration)]
+    lost_grace: Duration,
     /// No placement this long after the controllers become leader.
-    #[arg(long, default_value = "0s", value_name = "DURATION")]
-    startup_grace: String,
+    #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = flags::duration)]
+    startup_grace: Duration,
     /// Simulated start time: `50ms`, `uniform:10ms..100ms`, `normal:50ms,20ms`.
-    #[arg(long, default_value = "uniform:5ms..50ms")]
-    start_latency: String,
+    #[arg(long, default_value = "uniform:5ms..50ms", value_parser = flags::start_latency)]
+    start_latency: StartLatency,
     /// Delay added to every store operation in `store-latency`.
-    #[arg(long, default_value = "5ms", value_name = "DURATION")]
-    store_latency: String,
+    #[arg(long, default_value = "5ms", value_name = "DURATION", value_parser = flags::duration)]
+    store_latency: Duration,
     /// Nodes killed in `node-failure` (default: 10%, at least one).
     #[arg(long)]
     kill: Option<usize>,
@@ -59,8 +59,8 @@ pub(crate) struct BenchmarkArgs {
     #[arg(long, default_value_t = 1.5)]
     scale_factor: f64,
     /// Longest wait for one convergence.
-    #[arg(long, default_value = "10m", value_name = "DURATION")]
-    timeout: String,
+    #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = flags::duration)]
+    timeout: Duration,
     /// Seed of the simulated start latencies.
     #[arg(long, default_value_t = 1)]
     seed: u64,
@@ -95,13 +95,13 @@ fn bench_config(args: &BenchmarkArgs) -> Result<BenchConfig> {
         bail!("--nodes and --instances must be at least 1");
     }
     let mut config = BenchConfig::new(args.nodes, args.instances, store_target(&args.store)?);
-    config.node_ttl = duration_flag("node-ttl", &args.node_ttl)?;
-    config.lost_grace = duration_flag("lost-grace", &args.lost_grace)?;
-    config.startup_grace = duration_flag("startup-grace", &args.startup_grace)?;
-    config.start_latency = start_latency(&args.start_latency)?;
-    config.store_latency = duration_flag("store-latency", &args.store_latency)?;
+    config.node_ttl = args.node_ttl;
+    config.lost_grace = args.lost_grace;
+    config.startup_grace = args.startup_grace;
+    config.start_latency = args.start_latency;
+    config.store_latency = args.store_latency;
     config.scale_factor = args.scale_factor;
-    config.timeout = duration_flag("timeout", &args.timeout)?;
+    config.timeout = args.timeout;
     config.seed = args.seed;
     if let Some(kill) = args.kill {
         config.killed_nodes = kill;
@@ -118,29 +118,6 @@ fn store_target(text: &str) -> Result<StoreTarget> {
         Ok(cca_store::StoreUrl::Etcd(endpoints)) => Ok(StoreTarget::Etcd(endpoints)),
         Err(error) => bail!("--store `{text}`: {error}"),
     }
-}
-
-fn start_latency(text: &str) -> Result<StartLatency> {
-    let duration = |part: &str| duration_flag("start-latency", part.trim());
-    if let Some(range) = text.strip_prefix("uniform:") {
-        let (min, max) = range
-            .split_once("..")
-            .context("--start-latency uniform:MIN..MAX")?;
-        return Ok(StartLatency::Uniform {
-            min: duration(min)?,
-            max: duration(max)?,
-        });
-    }
-    if let Some(shape) = text.strip_prefix("normal:") {
-        let (mean, std_dev) = shape
-            .split_once(',')
-            .context("--start-latency normal:MEAN,STDDEV")?;
-        return Ok(StartLatency::Normal {
-            mean: duration(mean)?,
-            std_dev: duration(std_dev)?,
-        });
-    }
-    Ok(StartLatency::Fixed(duration(text)?))
 }
 
 fn scenarios(name: &str) -> Result<Vec<Scenario>> {

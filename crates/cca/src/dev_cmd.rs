@@ -141,7 +141,7 @@ async fn stopped(mut stopping: watch::Receiver<bool>) {
 /// agents still arriving, so the startup grace would only make you wait.
 fn dev_setup(store: Arc<dyn Store>, secret_key: cca_api::SecretKey) -> ControlPlaneSetup {
     let controllers = control_loops(SchedulerConfig {
-        startup_grace: 0,
+        startup_grace: Duration::ZERO,
         ..SchedulerConfig::default()
     });
     let mut runner = RunnerConfig::new("cca-dev");

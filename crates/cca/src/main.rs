@@ -7,6 +7,7 @@ mod benchmark_cmd;
 mod cluster_cmd;
 mod dev_cmd;
 mod dsl_cmd;
+mod flags;
 mod image_cmd;
 mod server_cmd;
 mod store_cmd;

@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cca_api::{ApiConfig, ApiState, MetricsRenderer, SecretKey};
@@ -20,6 +21,8 @@ use cca_store::{Store, StoreUrl};
 use clap::Args;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+use crate::flags;
 
 /// `cca server [--store URL] [--listen ADDR [--insecure]]`
 #[derive(Debug, Args)]
@@ -37,39 +40,32 @@ pub(crate) struct ServerArgs {
     #[arg(long)]
     insecure: bool,
     /// How long events are kept (`30m`, `1h`, `1d`).
-    #[arg(long, default_value = "1h", value_name = "DURATION")]
-    event_retention: String,
+    #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = flags::duration)]
+    event_retention: Duration,
     /// This server's name in the leader record (default: hostname-pid).
     #[arg(long)]
     server_id: Option<String>,
     /// Leadership lapses this long after the leader stops renewing it;
     /// a standby server takes over then.
-    #[arg(long, default_value = "15s", value_name = "DURATION")]
-    leader_ttl: String,
+    #[arg(long, default_value = "15s", value_name = "DURATION", value_parser = flags::duration)]
+    leader_ttl: Duration,
     /// A node whose agent stops heartbeating is unreachable after this long.
-    #[arg(long, default_value = "15s", value_name = "DURATION")]
-    node_ttl: String,
+    #[arg(long, default_value = "15s", value_name = "DURATION", value_parser = flags::duration)]
+    node_ttl: Duration,
     /// Nothing is placed for this long after becoming leader, so agents of
     /// a (re)starting cluster can report in first.
-    #[arg(long, default_value = "10s", value_name = "DURATION")]
-    startup_grace: String,
+    #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = flags::duration)]
+    startup_grace: Duration,
     /// Instances on a node unreachable this long (after its lease
     /// expired) are replaced elsewhere.
-    #[arg(long, default_value = "5s", value_name = "DURATION")]
-    lost_grace: String,
+    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = flags::duration)]
+    lost_grace: Duration,
     /// The cluster's key for secret values: 32 bytes, mode 0600, created
     /// when absent. Every server of a cluster must use the same file.
     /// Default: `secret.key` beside an embedded store's directory; required
     /// with etcd.
     #[arg(long, env = "CCA_SECRET_KEY_FILE", value_name = "PATH")]
     secret_key_file: Option<PathBuf>,
-}
-
-/// Parses a duration flag (`500ms`, `10s`, `5m`).
-pub(crate) fn duration_flag(flag: &str, text: &str) -> Result<std::time::Duration> {
-    let parsed =
-        cca_model::spec::Duration::parse(text).with_context(|| format!("--{flag} `{text}`"))?;
-    Ok(std::time::Duration::from_millis(parsed.0))
 }
 
 /// Refuses an API address other than loopback unless `insecure` says the
@@ -120,25 +116,23 @@ pub(crate) fn run(args: ServerArgs) -> Result<ExitCode> {
 
 async fn serve(args: ServerArgs) -> Result<()> {
     check_listen(args.listen, args.insecure)?;
-    let retention = cca_model::spec::Duration::parse(&args.event_retention)
-        .with_context(|| format!("--event-retention `{}`", args.event_retention))?;
     // Before the store: a bad key must not cost a store open.
     let secret_key = load_secret_key(&secret_key_path(&args)?)?;
     let store = cca_store::open(&args.store)
         .await
         .with_context(|| format!("opening the store {:?}", args.store))?;
     let scheduler = SchedulerConfig {
-        startup_grace: millis(duration_flag("startup-grace", &args.startup_grace)?),
-        lost_grace: millis(duration_flag("lost-grace", &args.lost_grace)?),
+        startup_grace: args.startup_grace,
+        lost_grace: args.lost_grace,
         ..SchedulerConfig::default()
     };
     let setup = ControlPlaneSetup {
         store,
         controllers: control_loops(scheduler),
-        runner: runner_config(&args)?,
+        runner: runner_config(&args),
         api: ApiConfig {
-            event_retention: std::time::Duration::from_millis(retention.0),
-            node_lease_ttl: duration_flag("node-ttl", &args.node_ttl)?,
+            event_retention: args.event_retention,
+            node_lease_ttl: args.node_ttl,
             ..ApiConfig::default()
         },
         secret_key,
@@ -264,19 +258,15 @@ fn start_control_plane(
     }
 }
 
-fn millis(duration: std::time::Duration) -> cca_model::cluster::Millis {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
 /// This server's name in the leader record: the given id, else host-pid.
-fn runner_config(args: &ServerArgs) -> Result<RunnerConfig> {
+fn runner_config(args: &ServerArgs) -> RunnerConfig {
     let id = match &args.server_id {
         Some(id) => id.clone(),
         None => format!("{}-{}", hostname(), std::process::id()),
     };
     let mut config = RunnerConfig::new(id);
-    config.leader.ttl = duration_flag("leader-ttl", &args.leader_ttl)?;
-    Ok(config)
+    config.leader.ttl = args.leader_ttl;
+    config
 }
 
 pub(crate) fn hostname() -> String {

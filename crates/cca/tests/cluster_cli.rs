@@ -196,6 +196,33 @@ fn a_missing_file_is_reported_once() {
     }
 }
 
+/// Every duration flag is parsed by clap: a bad value is a usage error
+/// (exit 2) naming the flag and the accepted forms, before anything runs.
+#[test]
+fn a_bad_duration_is_a_usage_error_naming_the_flag() {
+    for (args, flag) in [
+        (&["server", "--node-ttl", "5"][..], "--node-ttl <DURATION>"),
+        (&["events", "--since", "10x"][..], "--since <DURATION>"),
+        (
+            &["agent", "--restart-backoff", "soon"][..],
+            "--restart-backoff <DURATION>",
+        ),
+        (
+            &["benchmark", "--start-latency", "uniform:5ms"][..],
+            "--start-latency <START_LATENCY>",
+        ),
+    ] {
+        let output = Command::new(CCA).args(args).output().expect("runs");
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains(&format!("for '{flag}'")),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains("500ms"), "{args:?}: {stderr}");
+    }
+}
+
 #[test]
 fn completions_are_generated_for_each_shell() {
     for shell in ["bash", "zsh", "fish"] {

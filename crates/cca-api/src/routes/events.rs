@@ -86,8 +86,7 @@ pub(crate) async fn retention_task(state: ApiState) {
             _ = tokio::time::sleep(state.config().retention_interval) => {}
             _ = shutdown.wait_for(|stop| *stop) => return,
         }
-        let retention =
-            i64::try_from(state.config().event_retention.as_millis()).unwrap_or(i64::MAX);
+        let retention = cca_model::clock::span_millis(state.config().event_retention);
         let cutoff = now_millis().saturating_sub(retention);
         if let Err(error) = prune_events(state.store(), cutoff, state.config().max_events).await {
             tracing::warn!(%error, "event retention failed; retrying next interval");

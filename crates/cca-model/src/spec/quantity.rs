@@ -113,6 +113,20 @@ impl Memory {
     }
 }
 
+impl std::str::FromStr for Duration {
+    type Err = QuantityError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Self::parse(text)
+    }
+}
+
+impl From<Duration> for std::time::Duration {
+    fn from(span: Duration) -> Self {
+        std::time::Duration::from_millis(span.0)
+    }
+}
+
 impl Duration {
     /// Reads `500ms`, `10s`, `5m`, `1h` or `1d`; a unit is required so that
     /// `timeout 5` is never silently five milliseconds.

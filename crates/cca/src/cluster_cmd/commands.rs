@@ -311,15 +311,9 @@ fn node_table(rows: &[NodeSummary]) {
 }
 
 async fn events(args: &EventsArgs) -> Result<()> {
-    let since = match &args.since {
-        Some(text) => {
-            let span = cca_model::spec::Duration::parse(text)
-                .with_context(|| format!("--since `{text}`"))?;
-            let millis = i64::try_from(span.0).unwrap_or(i64::MAX);
-            Some(now_millis().saturating_sub(millis))
-        }
-        None => None,
-    };
+    let since = args
+        .since
+        .map(|span| now_millis().saturating_sub(cca_model::clock::span_millis(span)));
     let query = EventQuery {
         since,
         subject: args.subject.clone(),

@@ -94,11 +94,9 @@ async fn print_lines(mut lines: LogLines) -> Result<()> {
 
 /// `cca exec INSTANCE [--timeout D] -- CMD ARGS…`
 pub(super) async fn exec(args: &ExecArgs) -> Result<ExitCode> {
-    let timeout = cca_model::spec::Duration::parse(&args.timeout)
-        .with_context(|| format!("--timeout `{}`", args.timeout))?;
     let command = ExecCommand {
         argv: args.command.clone(),
-        timeout_ms: timeout.0,
+        timeout_ms: u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
     };
     let result = client(&args.addr)
         .exec(&args.instance, &command)
@@ -114,7 +112,7 @@ pub(super) async fn exec(args: &ExecArgs) -> Result<ExitCode> {
     print_stderr(&result.stderr);
     if result.timed_out {
         print_stderr(&format!(
-            "cca exec: the command ran past {} and was killed\n",
+            "cca exec: the command ran past {:?} and was killed\n",
             args.timeout
         ));
     }

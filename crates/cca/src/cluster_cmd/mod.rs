@@ -212,8 +212,8 @@ pub(crate) struct EventsArgs {
     #[arg(long)]
     pub(crate) subject: Option<String>,
     /// Only events of the last DURATION (`30s`, `10m`, `2h`, `1d`).
-    #[arg(long, value_name = "DURATION")]
-    pub(crate) since: Option<String>,
+    #[arg(long, value_name = "DURATION", value_parser = crate::flags::duration)]
+    pub(crate) since: Option<std::time::Duration>,
     /// At most this many, the newest.
     #[arg(long, default_value_t = 100)]
     pub(crate) limit: usize,
@@ -266,8 +266,8 @@ pub(crate) struct ExecArgs {
     /// The instance id (see `cca get instances`).
     pub(crate) instance: String,
     /// Kill the command after this long (`500ms`, `30s`, `5m`; at most 10m).
-    #[arg(long, default_value = "30s", value_name = "DURATION")]
-    pub(crate) timeout: String,
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::flags::duration)]
+    pub(crate) timeout: std::time::Duration,
     /// The program and its arguments, after `--` (run directly, no shell).
     #[arg(last = true, required = true, value_name = "CMD")]
     pub(crate) command: Vec<String>,

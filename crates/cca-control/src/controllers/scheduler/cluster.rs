@@ -17,6 +17,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use cca_model::clock::span_millis;
 use cca_model::cluster::{Instance, Millis, NodeCondition, NodeInfo};
 
 use super::SchedulerConfig;
@@ -425,7 +426,7 @@ fn liveness(view: &View, name: &str, context: &Context, config: &SchedulerConfig
         Some((NodeCondition::Unreachable, since)) if !beating => {
             // Count from our own leadership too: a new leader has not yet
             // watched the node long enough to call it lost.
-            let lost_at = since.max(context.leader_since) + config.lost_grace;
+            let lost_at = since.max(context.leader_since) + span_millis(config.lost_grace);
             if context.now >= lost_at {
                 Liveness::Lost
             } else {

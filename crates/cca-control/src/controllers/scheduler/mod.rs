@@ -33,9 +33,11 @@ mod service;
 mod tests;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use cca_model::Kind;
-use cca_model::cluster::{Instance, Millis};
+use cca_model::clock::span_millis;
+use cca_model::cluster::Instance;
 
 use crate::controller::{Context, Controller, EventDraft, Plan};
 use crate::view::View;
@@ -58,15 +60,15 @@ mod ids_api {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SchedulerConfig {
     /// Wait after becoming leader before placing anything (10 s).
-    pub startup_grace: Millis,
+    pub startup_grace: Duration,
     /// How long a node stays unreachable (its lease expired) before its
     /// instances are replaced elsewhere (5 s: the lease TTL already
     /// tolerates a silent agent for 10-15 s).
-    pub lost_grace: Millis,
+    pub lost_grace: Duration,
     /// Failed instances replaced per service per `failure_window` (3).
     pub failure_budget: u32,
     /// The window of the restart budget (5 min).
-    pub failure_window: Millis,
+    pub failure_window: Duration,
     /// Allocation (percent of cpu or memory) above which a node is under
     /// pressure: a WARNING, a rebalancing source, avoided by bin-packing (80).
     pub pressure_percent: u64,
@@ -81,10 +83,10 @@ pub struct SchedulerConfig {
 impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
-            startup_grace: 10_000,
-            lost_grace: 5_000,
+            startup_grace: Duration::from_secs(10),
+            lost_grace: Duration::from_secs(5),
             failure_budget: 3,
-            failure_window: 300_000,
+            failure_window: Duration::from_secs(300),
             pressure_percent: 80,
             max_moves: 2,
             max_creates: ids::MAX_MINTED_PER_CYCLE,
@@ -117,7 +119,7 @@ impl Controller for SchedulerController {
     }
 
     fn reconcile(&self, view: &View, context: &Context) -> Plan {
-        let grace_ends = context.leader_since + self.config.startup_grace;
+        let grace_ends = context.leader_since + span_millis(self.config.startup_grace);
         if context.now < grace_ends {
             let mut plan = Plan::default();
             plan.requeue(grace_ends - context.now);

@@ -16,6 +16,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
+use cca_model::clock::span_millis;
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus, Millis};
 use cca_model::spec::ServiceSpec;
 
@@ -164,7 +165,7 @@ fn replace_failures<'v>(
     members: &mut Vec<Member<'v>>,
 ) -> (VecDeque<Vec<Millis>>, Vec<Create>) {
     let now = pass.now();
-    let window = pass.config.failure_window;
+    let window = span_millis(pass.config.failure_window);
     let recent = |failures: &[Millis]| -> Vec<Millis> {
         failures
             .iter()

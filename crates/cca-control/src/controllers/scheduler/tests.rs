@@ -638,7 +638,7 @@ fn failed_instances_are_replaced_within_the_restart_budget() {
             .iter()
             .any(|e| e.message.starts_with("restart budget exhausted"))
     );
-    let window = SchedulerConfig::default().failure_window;
+    let window = cca_model::clock::span_millis(SchedulerConfig::default().failure_window);
     assert_eq!(plan.requeue_after, Some(window));
     // The fourth waits for the window, then goes.
     let view = ViewBuilder::from(view).apply(&plan).build();

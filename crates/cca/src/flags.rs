@@ -1,0 +1,86 @@
+//! clap value parsers for the flags that are not plain strings: every
+//! duration flag is parsed here, once, into a `std::time::Duration` (the
+//! one type for spans), so a bad value is a usage error (exit 2) naming
+//! the flag and the accepted forms before anything runs.
+
+use std::time::Duration;
+
+use cca_runtime::sim::StartLatency;
+
+/// The forms a duration flag accepts, for error messages.
+const DURATION_FORMS: &str = "a duration is a number with a unit: 500ms, 1.5s, 5m, 1h, 1d";
+
+/// A span: `500ms`, `10s`, `5m`, `1h`, `1d` (the `.cca` files' syntax).
+pub(crate) fn duration(text: &str) -> Result<Duration, String> {
+    text.parse::<cca_model::spec::Duration>()
+        .map(Duration::from)
+        .map_err(|error| format!("{error} ({DURATION_FORMS})"))
+}
+
+/// `--start-latency`: `50ms`, `uniform:MIN..MAX` or `normal:MEAN,STDDEV`.
+pub(crate) fn start_latency(text: &str) -> Result<StartLatency, String> {
+    let forms = "expected DURATION, uniform:MIN..MAX or normal:MEAN,STDDEV \
+                 (e.g. uniform:5ms..50ms; a duration is 500ms, 1.5s, 5m, 1h, 1d)";
+    let span = |part: &str| duration(part.trim());
+    if let Some(range) = text.strip_prefix("uniform:") {
+        let (min, max) = range
+            .split_once("..")
+            .ok_or_else(|| format!("`{text}` has no `..`; {forms}"))?;
+        return Ok(StartLatency::Uniform {
+            min: span(min)?,
+            max: span(max)?,
+        });
+    }
+    if let Some(shape) = text.strip_prefix("normal:") {
+        let (mean, std_dev) = shape
+            .split_once(',')
+            .ok_or_else(|| format!("`{text}` has no `,`; {forms}"))?;
+        return Ok(StartLatency::Normal {
+            mean: span(mean)?,
+            std_dev: span(std_dev)?,
+        });
+    }
+    span(text).map(StartLatency::Fixed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_need_a_known_unit() {
+        assert_eq!(duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(
+            duration("5"),
+            Err(
+                "unknown unit `(none)`; expected one of: ms, s, m, h, d (a duration is a \
+                 number with a unit: 500ms, 1.5s, 5m, 1h, 1d)"
+                    .to_owned()
+            )
+        );
+    }
+
+    #[test]
+    fn start_latencies_have_three_shapes() {
+        assert_eq!(
+            start_latency("50ms"),
+            Ok(StartLatency::Fixed(Duration::from_millis(50)))
+        );
+        assert_eq!(
+            start_latency("uniform:5ms..50ms"),
+            Ok(StartLatency::Uniform {
+                min: Duration::from_millis(5),
+                max: Duration::from_millis(50)
+            })
+        );
+        assert_eq!(
+            start_latency("normal:50ms, 20ms"),
+            Ok(StartLatency::Normal {
+                mean: Duration::from_millis(50),
+                std_dev: Duration::from_millis(20)
+            })
+        );
+        assert!(start_latency("uniform:5ms").is_err_and(|e| e.contains("no `..`")));
+    }
+}
