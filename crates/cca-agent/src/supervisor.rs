@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use crate::desired::Desired;
 use crate::files::{self, FileSource};
 use crate::health::{self, HealthTracker, ProbeTarget};
+use crate::restart::{self, AfterExit};
 
 /// How hard the supervisor tries.
 #[derive(Clone, Debug)]
@@ -285,7 +286,7 @@ impl Supervisor {
                 Err(StartProblem::Failed(format!("start task failed: {err}")))
             });
             let now = Instant::now();
-            let (base, max) = (self.config.backoff_base, self.config.backoff_max);
+            let config = &self.config;
             let record = self
                 .records
                 .entry(id.clone())
@@ -301,9 +302,7 @@ impl Supervisor {
                 }
                 Err(StartProblem::Retry(problem)) => {
                     record.file_attempts += 1;
-                    let backoff = (base
-                        * 2u32.saturating_pow(record.file_attempts.saturating_sub(1).min(16)))
-                    .min(max);
+                    let backoff = restart::backoff(config, record.file_attempts);
                     tracing::warn!(instance = %id, %problem, ?backoff, "cannot start yet");
                     record.waiting = Some(format!(
                         "cannot start: {problem}; retrying in {}s",
@@ -343,7 +342,7 @@ impl Supervisor {
         match actual.map(|status| status.state) {
             None | Some(RtState::Created) => {
                 // Waiting for its files: not before the backoff is over.
-                if record.next_start_at.is_some_and(|at| at > now) {
+                if !restart::start_due(record.next_start_at, now) {
                     return;
                 }
                 record.next_start_at = None;
@@ -384,28 +383,26 @@ impl Supervisor {
                 }
                 _ => Duration::ZERO,
             };
-            record.crash_streak = if ran_for >= config.stable_after {
-                1
-            } else {
-                record.crash_streak + 1
-            };
-            if record.crash_streak >= config.restart_threshold {
-                let exit = status
-                    .exit
-                    .as_ref()
-                    .map_or_else(|| "exited".to_owned(), ToString::to_string);
-                record.failed = Some(format!(
-                    "{exit}; gave up after {} consecutive crashes",
-                    record.crash_streak
-                ));
-                return;
+            match restart::after_exit(&config, record.crash_streak, ran_for, now) {
+                AfterExit::GiveUp { streak } => {
+                    record.crash_streak = streak;
+                    let exit = status
+                        .exit
+                        .as_ref()
+                        .map_or_else(|| "exited".to_owned(), ToString::to_string);
+                    record.failed = Some(format!(
+                        "{exit}; gave up after {streak} consecutive crashes"
+                    ));
+                    return;
+                }
+                AfterExit::RestartAt { streak, at } => {
+                    record.crash_streak = streak;
+                    record.next_start_at = Some(at);
+                    record.health = HealthTracker::new(now);
+                }
             }
-            let backoff =
-                config.backoff_base * 2u32.saturating_pow(record.crash_streak.saturating_sub(1));
-            record.next_start_at = Some(now + backoff.min(config.backoff_max));
-            record.health = HealthTracker::new(now);
         }
-        if record.next_start_at.is_some_and(|at| at <= now) {
+        if restart::restart_due(record.next_start_at, now) {
             record.next_start_at = None;
             record.restarts += 1;
             if let Err(error) = self.runtime.start(id).await {

@@ -210,10 +210,16 @@ impl Backoff {
     }
 
     pub(crate) fn next(&mut self) -> Duration {
+        self.next_with(fastrand::f64())
+    }
+
+    /// The next wait with `draw` (in `[0, 1)`) as the jitter: what
+    /// [`Backoff::next`] does with a random draw, for callers that inject it.
+    pub(crate) fn next_with(&mut self, draw: f64) -> Duration {
         let step = self.step;
         self.step = (self.step * 2).min(Self::MAX);
         let half = step / 2;
-        half + half.mul_f64(fastrand::f64())
+        half + half.mul_f64(draw.clamp(0.0, 1.0))
     }
 }
 

@@ -19,8 +19,9 @@ use tokio::time::Instant;
 
 use crate::cache::{Cache, Change};
 use crate::controller::{Context, Controller, Plan, Write};
-use crate::leader::{self, Backoff, LeaderConfig, Leadership};
+use crate::leader::{self, LeaderConfig, Leadership};
 use crate::metrics::Metrics;
+use crate::pacing::{Cycle, Decision, Pacing};
 use crate::view::View;
 
 /// How the runner behaves.
@@ -57,24 +58,6 @@ impl std::fmt::Debug for Runner {
             .field("controllers", &names)
             .finish_non_exhaustive()
     }
-}
-
-/// How one reconcile-and-commit cycle ended.
-#[derive(Debug, PartialEq, Eq)]
-enum Cycle {
-    /// Nothing to do; reconcile again after `requeue` ms if set.
-    Idle { requeue: Option<Millis> },
-    /// The plan is in the store at `revision`.
-    Committed {
-        revision: Revision,
-        requeue: Option<Millis>,
-    },
-    /// A fact changed under the plan; retry on a view at least this new.
-    Conflict { revision: Revision },
-    /// The store failed or refused; retry after a backoff.
-    Failed,
-    /// The fencing token no longer holds: another server leads.
-    Deposed,
 }
 
 impl Runner {
@@ -151,42 +134,22 @@ struct Driver {
 impl Driver {
     async fn drive(self, mut stop: watch::Receiver<bool>) {
         let mut changes = self.runner.cache.subscribe();
-        let mut backoff = Backoff::new();
-        let mut min_revision: Revision = 0;
-        let mut wake_at: Option<Instant> = None;
+        let mut pacing = Pacing::new();
         let mut next_resync = Instant::now() + self.runner.config.resync;
         loop {
             let started = Instant::now();
-            let cycle = self.cycle(min_revision).await;
-            // After a pass that changed nothing, the next one triggered by
-            // changes waits as long as this one took: changes arriving
-            // meanwhile fold into one pass, and a controller whose pass
-            // is long (100,000 instances) takes at most half a core from
-            // the API and the agents instead of all of it.
-            let mut rest_until = None;
-            match cycle {
-                Cycle::Idle { requeue } => {
-                    backoff.reset();
-                    wake_at = requeue.map(after_millis);
-                    rest_until = Some(Instant::now() + started.elapsed().min(MAX_REST));
-                }
-                Cycle::Committed { revision, requeue } => {
-                    backoff.reset();
-                    min_revision = revision;
-                    // Look again once the view shows our own writes: work
-                    // that takes several steps continues at once.
-                    continue_after(requeue, &mut wake_at, Some(Instant::now()));
-                }
-                Cycle::Conflict { revision } => {
-                    min_revision = min_revision.max(revision);
-                    wake_at = Some(Instant::now() + backoff.next());
-                }
-                Cycle::Failed => wake_at = Some(Instant::now() + backoff.next()),
-                Cycle::Deposed => {
-                    let _ = self.deposed.send(true);
-                    return;
-                }
-            }
+            let cycle = self.cycle(pacing.min_revision).await;
+            let (wake_at, rest_until) =
+                match pacing.after(&cycle, started, Instant::now(), fastrand::f64()) {
+                    Decision::Wait {
+                        wake_at,
+                        rest_until,
+                    } => (wake_at, rest_until),
+                    Decision::Stop => {
+                        let _ = self.deposed.send(true);
+                        return;
+                    }
+                };
             let (woken, by_change) = tokio::select! {
                 woken = wait_for_interest(&mut changes, self.controller.interests()) => (woken, true),
                 _ = sleep_until_opt(wake_at) => (true, false),
@@ -410,16 +373,6 @@ fn split_ops(ops: Vec<Op>, max_ops: usize) -> Vec<Vec<Op>> {
     ops.chunks(max_ops.max(1)).map(<[Op]>::to_vec).collect()
 }
 
-fn after_millis(millis: Millis) -> Instant {
-    Instant::now() + Duration::from_millis(u64::try_from(millis.max(1)).unwrap_or(1))
-}
-
-/// Keeps the earliest of the requested wake-ups.
-fn continue_after(requeue: Option<Millis>, wake_at: &mut Option<Instant>, now: Option<Instant>) {
-    let requested = requeue.map(after_millis);
-    *wake_at = [requested, now].into_iter().flatten().min();
-}
-
 async fn sleep_until_opt(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -430,9 +383,6 @@ async fn sleep_until_opt(at: Option<Instant>) {
 /// Waits for a change under one of `interests`, then drains every other
 /// pending notification (coalescing a burst into one reconcile). A lagged
 /// receiver counts as a change: anything may have happened.
-/// The longest a controller rests between passes (see [`Driver::drive`]).
-const MAX_REST: Duration = Duration::from_secs(1);
-
 /// Sleeps until `until`; false when told to stop meanwhile.
 async fn rest(until: Option<Instant>, stop: &mut watch::Receiver<bool>) -> bool {
     let Some(until) = until else { return true };
