@@ -1,7 +1,7 @@
 //! The cluster commands themselves: compile locally where needed, call the
 //! API through the typed client, print through [`output`](super::output).
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use cca_dsl::commands::{Style, ValueOptions, gather_values};
 use cca_dsl::compile::compile_file;
 use cca_dsl::source::RealFs;

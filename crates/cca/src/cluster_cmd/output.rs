@@ -12,6 +12,7 @@ use cca_model::spec::Cpu;
 use clap::ValueEnum;
 use comfy_table::{ColumnConstraint, Table, presets};
 use serde::Serialize;
+use std::time::UNIX_EPOCH;
 
 /// `-o`: how a read command prints.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, ValueEnum)]
