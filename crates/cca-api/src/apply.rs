@@ -52,7 +52,7 @@ pub(crate) async fn apply_program(
         .map_err(|error| ApiError::invalid(error.to_string()))?;
     let store = state.store();
     if !dry_run {
-        staged::settle(store).await?;
+        staged::settle_and_tidy(store).await?;
     }
     for _ in 0..ATTEMPTS {
         let generation = Generation::read(store).await?;

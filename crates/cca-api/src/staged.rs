@@ -19,12 +19,12 @@
 //!    (readers see no difference), then the commit record goes.
 //!
 //! Killed before step 2, the old program stays visible and the chunks are
-//! orphans, deleted by a later [`settle`] once older than
+//! orphans, deleted by a later [`settle_and_tidy`] once older than
 //! [`STAGING_TIMEOUT`] (an apply that stages longer gives up before its
 //! commit, whose compare on its first chunk also fails if it was deleted).
 //! Killed after step 2, the new program is visible and any server finishes
-//! step 3: [`settle`] runs before every program write and when the server
-//! starts.
+//! step 3: [`settle`] runs before every program write (apply, scale, a
+//! service's deletion) and when the server starts.
 
 use std::time::{Duration, Instant};
 
@@ -221,11 +221,23 @@ fn op_bytes(op: &Op) -> usize {
     }
 }
 
-/// Finishes a committed staged apply (copies its remaining chunks into
-/// place, then removes its record) and deletes chunks of applies that never
-/// committed and are older than [`STAGING_TIMEOUT`]. Idempotent: several
-/// servers may settle at once.
+/// Finishes a committed staged apply, if there is one (copies its
+/// remaining chunks into place, then removes its record). Idempotent:
+/// several servers may settle at once. Costs one read when there is none.
 pub(crate) async fn settle(store: &dyn Store) -> ApiResult<()> {
+    settle_commit(store).await.map(|_| ())
+}
+
+/// [`settle`], then deletes the chunks of applies that never committed and
+/// are older than [`STAGING_TIMEOUT`] (an apply, and a starting server,
+/// tidy up; other writers only settle).
+pub(crate) async fn settle_and_tidy(store: &dyn Store) -> ApiResult<()> {
+    let pending = settle_commit(store).await?;
+    delete_orphans(store, pending.as_deref()).await
+}
+
+/// Returns the apply it finished, if any.
+async fn settle_commit(store: &dyn Store) -> ApiResult<Option<String>> {
     let pending = store.get(&keys::applying()).await?;
     let committed =
         match &pending {
@@ -245,11 +257,7 @@ pub(crate) async fn settle(store: &dyn Store) -> ApiResult<()> {
             .then(Op::delete(keys::applying()));
         store.txn(done).await?;
     }
-    delete_orphans(
-        store,
-        committed.as_ref().map(|record| record.apply.as_str()),
-    )
-    .await
+    Ok(committed.map(|record| record.apply))
 }
 
 async fn copy_into_place(store: &dyn Store, record: &ApplyCommit) -> ApiResult<()> {
@@ -283,7 +291,7 @@ pub(crate) async fn settle_in_background(state: crate::state::ApiState) {
     let mut shutdown = state.shutdown_signal();
     let mut backoff = Duration::from_millis(200);
     loop {
-        match settle(state.store()).await {
+        match settle_and_tidy(state.store()).await {
             Ok(()) => return,
             Err(error) => tracing::warn!(%error, "finishing a staged apply failed; retrying"),
         }

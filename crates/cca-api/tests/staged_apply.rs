@@ -267,3 +267,46 @@ async fn an_apply_killed_at_any_point_shows_one_program_on_etcd() {
     })
     .await;
 }
+
+/// A scale while a killed server's staged apply is committed but not yet
+/// copied into place finishes the copy first, then lands on the new
+/// program (it would otherwise write the old spec the store still holds,
+/// and the copy would undo it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scale_after_a_half_copied_apply_lands_on_the_new_program() {
+    let old_program = program(0..12, 1);
+    let new_program = program(4..20, 2);
+    for commits in 1.. {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = embedded_store(dir.path()).await;
+        let before = state_over(Arc::clone(&store)).await;
+        assert_eq!(apply(&before, &old_program, false).await.0, StatusCode::OK);
+        let crashing: Arc<dyn Store> = Arc::new(CrashAfter::new(Arc::clone(&store), commits, 8));
+        let (status, _) = apply(&state_over(crashing).await, &new_program, true).await;
+        assert_ne!(
+            status,
+            StatusCode::OK,
+            "the apply ended before its copy was cut"
+        );
+        let (applying, chunks) = staged_keys(store.as_ref()).await;
+        if !(applying && chunks > 1) {
+            continue;
+        }
+        // Committed, some chunks still staged: scale a service the new
+        // program changed and one it created.
+        let after = state_over(Arc::clone(&store)).await;
+        let app = cca_api::app(after.clone());
+        for (service, replicas) in [("s00004", 5), ("s00019", 7)] {
+            let uri = format!("/v1/services/{service}/scale");
+            let body = serde_json::json!({ "replicas": replicas });
+            let (status, reply) = support::call(&app, "POST", &uri, Some(body)).await;
+            assert_eq!(status, StatusCode::OK, "{reply}");
+        }
+        assert!(!staged_keys(store.as_ref()).await.0, "settled first");
+        let mut wanted = shape(&new_program);
+        wanted.insert("s00004".into(), 5);
+        wanted.insert("s00019".into(), 7);
+        assert_eq!(stored_shape(store.as_ref()).await, wanted);
+        return;
+    }
+}

@@ -14,6 +14,7 @@ use serde::Deserialize;
 
 use crate::apply::apply_program;
 use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
+use crate::staged::{self, Generation, guard_desired};
 use crate::state::{ApiState, encode};
 use crate::types::{ApplyReport, DeleteReport, NodeControlReport, ScaleReport, ScaleRequest};
 use crate::update::read_modify_write;
@@ -65,6 +66,7 @@ pub(crate) async fn scale(
     let key = keys::desired_service(&name);
     let replicas = request.replicas;
     let (previous, revision) = read_modify_write(&state, &format!("service `{name}`"), || async {
+        let generation = program_write(&state).await?;
         let kv = state
             .store()
             .get(&key)
@@ -76,7 +78,7 @@ pub(crate) async fn scale(
         let previous = spec.replicas;
         spec.replicas = replicas;
         let message = format!("scaled from {previous} to {replicas} replicas");
-        let txn = Txn::new()
+        let txn = guard_desired(Txn::new(), &generation)
             .when(Compare::mod_revision(
                 &key,
                 CompareOp::Equal,
@@ -104,6 +106,7 @@ pub(crate) async fn delete_service(
     let key = keys::desired_service(&name);
     let sub_prefix = format!("{key}/");
     let (deleted, revision) = read_modify_write(&state, &format!("service `{name}`"), || async {
+        let generation = program_write(&state).await?;
         let spec = state
             .store()
             .get(&key)
@@ -115,7 +118,7 @@ pub(crate) async fn delete_service(
             .await?;
         let mut deleted = vec![key.clone()];
         deleted.extend(subs.kvs.iter().map(|kv| kv.key.clone()));
-        let txn = Txn::new()
+        let txn = guard_desired(Txn::new(), &generation)
             .when(Compare::mod_revision(
                 &key,
                 CompareOp::Equal,
@@ -137,6 +140,14 @@ pub(crate) async fn delete_service(
         deleted,
         revision,
     }))
+}
+
+/// What a write of program-managed facts does before reading them: finish
+/// a staged apply another server left half copied (its guard would fail
+/// until then), and read the generation its transaction is guarded by.
+async fn program_write(state: &ApiState) -> ApiResult<Generation> {
+    staged::settle(state.store()).await?;
+    Generation::read(state.store()).await
 }
 
 pub(crate) async fn drain(
