@@ -12,6 +12,7 @@ pub mod files;
 pub mod health;
 mod link;
 pub mod network;
+pub mod node;
 mod restart;
 pub mod runtimes;
 pub mod serve;

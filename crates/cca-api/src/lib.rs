@@ -7,6 +7,7 @@
 //! `docs/api.md`.
 
 mod apply;
+pub mod control_plane;
 pub mod error;
 mod hub;
 mod metrics;
@@ -24,6 +25,7 @@ use tokio::net::TcpListener;
 
 /// The wire types are the API's contract; the server uses them as its own.
 pub use cca_wire::{DEFAULT_LISTEN, types};
+pub use control_plane::{ControlPlane, ControlPlaneConfig};
 pub use error::ApiError;
 pub use routes::app;
 pub use secrets::{SecretKey, SecretKeyError};

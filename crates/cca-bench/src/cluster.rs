@@ -16,13 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cca_agent::{AgentConfig, AgentError, LinkOptions, SupervisorConfig};
-use cca_api::{ApiConfig, ApiState};
-use cca_control::controllers::{
-    EndpointController, NodeController, SchedulerConfig, SchedulerController,
-};
-use cca_control::metrics::Metrics;
-use cca_control::runner::{Runner, RunnerConfig};
-use cca_control::{Cache, Controller};
+use cca_api::{ApiConfig, ControlPlane, ControlPlaneConfig};
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::sim::{SimConfig, SimRuntime};
 use cca_store::Store;
@@ -68,24 +62,13 @@ struct SimNode {
     task: Option<JoinHandle<Result<(), AgentError>>>,
 }
 
-/// The control plane's runner task.
-#[derive(Debug)]
-struct RunningRunner {
-    stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
-}
-
 /// A control plane and its simulated nodes, all in this process.
 pub struct Cluster {
-    store: Arc<dyn Store>,
-    cache: Arc<Cache>,
+    plane: ControlPlane,
     config: ClusterConfig,
     client: Client,
     api_stop: watch::Sender<bool>,
     api_task: JoinHandle<std::io::Result<()>>,
-    runner: Option<RunningRunner>,
-    /// Counts runner starts, naming each one in the leader record.
-    runner_generation: u32,
     nodes: Vec<SimNode>,
     dead: HashSet<String>,
     /// Agents' desired-state caches (on tmpfs when there is one).
@@ -107,40 +90,29 @@ impl Cluster {
     /// the API listens (agents register in the background: see
     /// [`Cluster::wait_ready`]).
     pub async fn start(store: Arc<dyn Store>, config: ClusterConfig) -> Result<Self, BenchError> {
-        let cache = Arc::new(Cache::start(Arc::clone(&store)).await?);
+        let plane = ControlPlane::start(store, control_plane_config(&config)).await?;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(BenchError::io("binding the API listener"))?;
         let address = listener
             .local_addr()
             .map_err(BenchError::io("reading the API address"))?;
-        let metrics = Arc::new(Metrics::new());
-        let render = Arc::clone(&metrics);
-        let state = ApiState::new(
-            Arc::clone(&store),
-            Arc::clone(&cache),
-            api_config(&config),
-            Arc::new(move || render.render()),
-        );
         let (api_stop, mut api_stopping) = watch::channel(false);
+        let state = plane.state().clone();
         let api_task = tokio::spawn(cca_api::serve(listener, state, async move {
             let _ = api_stopping.wait_for(|stop| *stop).await;
         }));
         let agent_dirs = agent_dirs()?;
         let mut cluster = Self {
-            store,
-            cache,
+            plane,
             config,
             client: Client::new(&format!("http://{address}")),
             api_stop,
             api_task,
-            runner: None,
-            runner_generation: 0,
             nodes: Vec::new(),
             dead: HashSet::new(),
             _agent_dirs: agent_dirs,
         };
-        cluster.start_controllers();
         cluster.start_agents(address)?;
         Ok(cluster)
     }
@@ -204,27 +176,12 @@ impl Cluster {
 
     /// Starts a runner (leader election, then the controllers).
     pub fn start_controllers(&mut self) {
-        let (stop, stopping) = watch::channel(false);
-        let mut identity = RunnerConfig::new(format!("bench-{}", self.runner_generation));
-        identity.leader.ttl = Duration::from_secs(15);
-        self.runner_generation += 1;
-        let runner = Runner::new(
-            Arc::clone(&self.store),
-            Arc::clone(&self.cache),
-            controllers(&self.config),
-            Arc::new(Metrics::new()),
-            identity,
-        );
-        let task = tokio::spawn(runner.run(stopping));
-        self.runner = Some(RunningRunner { stop, task });
+        self.plane.start_controllers();
     }
 
     /// Stops the runner; it resigns leadership on the way out.
     pub async fn stop_controllers(&mut self) {
-        if let Some(runner) = self.runner.take() {
-            runner.stop.send_replace(true);
-            let _ = runner.task.await;
-        }
+        self.plane.stop_controllers().await;
     }
 
     /// Stops every agent (leaving instances as they are), the runner and
@@ -289,18 +246,14 @@ async fn join_agent(node: &mut SimNode) {
     }
 }
 
-/// The production controllers with the cluster's timings.
-fn controllers(config: &ClusterConfig) -> Vec<Arc<dyn Controller>> {
-    let scheduler = SchedulerConfig {
-        startup_grace: config.startup_grace,
-        lost_grace: config.lost_grace,
-        ..SchedulerConfig::default()
-    };
-    vec![
-        Arc::new(NodeController),
-        Arc::new(SchedulerController { config: scheduler }),
-        Arc::new(EndpointController),
-    ]
+/// The production control plane with the cluster's timings.
+fn control_plane_config(config: &ClusterConfig) -> ControlPlaneConfig {
+    let mut plane = ControlPlaneConfig::new("bench");
+    plane.runner.leader.ttl = Duration::from_secs(15);
+    plane.scheduler.startup_grace = config.startup_grace;
+    plane.scheduler.lost_grace = config.lost_grace;
+    plane.api = api_config(config);
+    plane
 }
 
 /// The API's defaults, with room for one assignment stream and a few

@@ -13,11 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use cca_agent::network::{CleanupReport, node_network};
-use cca_agent::{AgentConfig, Containers, RuntimeSet, SupervisorConfig};
-use cca_image::{ImageStore, RegistrySettings};
+use cca_agent::node::{self, NodeOptions};
+use cca_agent::{AgentConfig, SupervisorConfig};
 use cca_model::spec::{Cpu, Memory};
-use cca_runtime::{OciConfig, OciRuntime, ProcessConfig, ProcessRuntime, Runtime};
+use cca_runtime::Runtime;
 use clap::Args;
 use tokio::sync::watch;
 
@@ -117,129 +116,35 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
 }
 
 /// The node's image store: `DATA/images`.
-pub(crate) fn images_dir(data_dir: &Path) -> PathBuf {
-    data_dir.join("images")
-}
-
-/// The container runtime's directory: `DATA/oci`.
-pub(crate) fn oci_dir(data_dir: &Path) -> PathBuf {
-    data_dir.join("oci")
-}
-
-/// The registry settings of `--registry-config FILE` (read and checked
-/// now, so a bad file stops the command before it does anything; its
-/// warnings logged) with plain HTTP allowed to the `--insecure-registry`
-/// hosts.
-pub(crate) fn registry_settings(
-    config: Option<&Path>,
-    insecure: &[String],
-) -> Result<RegistrySettings> {
-    let mut settings = match config {
-        Some(path) => {
-            let loaded = RegistrySettings::load(path)?;
-            for warning in &loaded.warnings {
-                tracing::warn!("{warning}");
-            }
-            loaded.settings
+impl AgentArgs {
+    /// What the node's runtimes are built with.
+    pub(crate) fn node_options(&self) -> NodeOptions {
+        NodeOptions {
+            data_dir: self.data_dir.clone(),
+            registry_config: self.registry_config.clone(),
+            insecure_registries: self.insecure_registries.clone(),
+            oci_runtime: self.oci_runtime.clone(),
+            pod_subnet: self.pod_subnet.clone(),
+            // `run = "cca whoami"` finds this very binary.
+            path_first: std::env::current_exe()
+                .ok()
+                .and_then(|exe| exe.parent().map(Path::to_path_buf)),
         }
-        None => RegistrySettings::default(),
-    };
-    settings
-        .allow_plain_http(insecure)
-        .context("--insecure-registry")?;
-    Ok(settings)
+    }
 }
 
-/// The process runtime and, when this host can run containers, the `oci`
-/// runtime with its image store; otherwise image workloads fail with the
-/// reason (logged once here too).
 pub(crate) async fn node_runtime(args: &AgentArgs) -> Result<Arc<dyn Runtime>> {
-    let registries = registry_settings(args.registry_config.as_deref(), &args.insecure_registries)?;
-    let process = process_runtime(&args.data_dir).await?;
-    let set = match containers(args, registries).await {
-        Ok(containers) => match &args.pod_subnet {
-            // An explicit subnet that cannot be set up stops the agent:
-            // running containers on the host network instead would be a
-            // silent change of what the flag asked for.
-            Some(subnet) => {
-                let subnet = subnet.clone();
-                let state_dir = args.data_dir.clone();
-                let network = tokio::task::spawn_blocking(move || node_network(&subnet, state_dir))
-                    .await
-                    .context("opening the node network")?
-                    .map_err(anyhow::Error::msg)
-                    .context("--pod-subnet")?;
-                RuntimeSet::new(process, containers.with_network(network))
-            }
-            None => RuntimeSet::new(process, containers),
-        },
-        Err(reason) => {
-            tracing::warn!(%reason, "no container runtime: image workloads will fail");
-            if args.pod_subnet.is_some() {
-                tracing::warn!("--pod-subnet is unused: this node runs no containers");
-            }
-            RuntimeSet::processes_only(process, reason)
-        }
-    };
-    match set.cleanup_network_orphans().await {
-        Ok(Some(report)) if report != CleanupReport::default() => {
-            tracing::info!(?report, "removed node network leftovers of gone containers");
-        }
-        Ok(_) => {}
-        Err(problem) => tracing::warn!(%problem, "cleaning up the node network failed"),
-    }
-    Ok(Arc::new(set))
-}
-
-async fn containers(
-    args: &AgentArgs,
-    registries: RegistrySettings,
-) -> std::result::Result<Containers, String> {
-    let uid = rustix::process::geteuid();
-    if !uid.is_root() {
-        return Err(format!(
-            "containers need root (mounts, cgroups, namespaces); the agent runs as uid {}",
-            uid.as_raw()
-        ));
-    }
-    let images_dir = images_dir(&args.data_dir);
-    let images = ImageStore::open(&images_dir).map_err(|e| e.to_string())?;
-    let mut config = OciConfig::new(oci_dir(&args.data_dir), images.clone());
-    config.binary.clone_from(&args.oci_runtime);
-    let oci = OciRuntime::new(config).await.map_err(|e| e.to_string())?;
-    Ok(Containers::new(Arc::new(oci), images, registries))
-}
-
-/// The host-process runtime with its instances under `DIR/runtime`, and
-/// this binary's directory on the instances' PATH (so `cca whoami` runs).
-pub(crate) async fn process_runtime(data_dir: &Path) -> Result<Arc<dyn Runtime>> {
-    let mut config = ProcessConfig::new(data_dir.join("runtime"));
-    if let Some(path) = path_with_this_binary(config.base_env.get("PATH").map(String::as_str)) {
-        config.base_env.insert("PATH".to_owned(), path);
-    }
-    let runtime = ProcessRuntime::new(config)
-        .await
-        .with_context(|| format!("opening the process runtime in {}", data_dir.display()))?;
-    Ok(Arc::new(runtime))
-}
-
-fn path_with_this_binary(path: Option<&str>) -> Option<String> {
-    let exe = std::env::current_exe().ok()?;
-    let dir = exe.parent()?.to_str()?.to_owned();
-    Some(match path {
-        Some(path) if !path.is_empty() => format!("{dir}:{path}"),
-        _ => dir,
-    })
+    Ok(node::node_runtime(&args.node_options()).await?)
 }
 
 pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentConfig> {
     let cpu = match &args.cpu {
         Some(text) => Cpu::parse(text).with_context(|| format!("--cpu `{text}`"))?,
-        None => Cpu(1000 * std::thread::available_parallelism().map_or(1, |n| n.get() as u64)),
+        None => node::host_cpu(),
     };
     let memory = match &args.memory {
         Some(text) => Memory::parse(text).with_context(|| format!("--memory `{text}`"))?,
-        None => Memory(total_memory().context("reading /proc/meminfo (pass --memory)")?),
+        None => node::host_memory()?,
     };
     let mut labels = BTreeMap::new();
     for label in &args.labels {
@@ -263,7 +168,7 @@ pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentCon
         data_dir: data_dir.to_owned(),
         cpu,
         memory,
-        arch: arch().to_owned(),
+        arch: node::host_arch().to_owned(),
         zone: args.zone.clone(),
         labels,
         address: args.address.clone(),
@@ -278,29 +183,4 @@ pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentCon
         stop_instances_on_exit: false,
         link: Default::default(),
     })
-}
-
-/// Go/OCI spelling of this machine's architecture.
-fn arch() -> &'static str {
-    match std::env::consts::ARCH {
-        "x86_64" => "amd64",
-        "aarch64" => "arm64",
-        other => other,
-    }
-}
-
-fn total_memory() -> Result<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo")?;
-    let kib = meminfo
-        .lines()
-        .find_map(|line| line.strip_prefix("MemTotal:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-        .context("no MemTotal line")?;
-    Ok(kib * 1024)
 }

@@ -14,11 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use cca_api::ApiConfig;
-use cca_control::controllers::SchedulerConfig;
-use cca_control::runner::RunnerConfig;
+use cca_api::ControlPlaneConfig;
 use cca_dsl::commands::ValueOptions;
-use cca_store::Store;
 use cca_store::embedded::{Config as StoreConfig, EmbeddedStore};
 use cca_wire::Client;
 use cca_wire::client::InstanceQuery;
@@ -26,9 +23,7 @@ use clap::Args;
 use tokio::sync::watch;
 
 use crate::cluster_cmd::{commands::compile_files, output};
-use crate::server_cmd::{
-    ControlPlaneSetup, check_listen, control_loops, run_control_plane, shutdown_signal,
-};
+use crate::server_cmd::{check_listen, run_control_plane, shutdown_signal};
 
 /// `cca dev [--data-dir DIR] [--listen ADDR [--insecure]] [FILES…]`
 #[derive(Debug, Args)]
@@ -82,7 +77,8 @@ async fn dev(args: DevArgs) -> Result<()> {
         .context("reading the listen address")?;
     let (stop, stopping) = watch::channel(false);
     let plane = tokio::spawn(run_control_plane(
-        dev_setup(Arc::new(store), secret_key),
+        Arc::new(store),
+        dev_setup(secret_key),
         listener,
         stopped(stopping.clone()),
     ));
@@ -139,20 +135,12 @@ async fn stopped(mut stopping: watch::Receiver<bool>) {
 
 /// The usual controllers, but placing at once: a dev cluster has no
 /// agents still arriving, so the startup grace would only make you wait.
-fn dev_setup(store: Arc<dyn Store>, secret_key: cca_api::SecretKey) -> ControlPlaneSetup {
-    let controllers = control_loops(SchedulerConfig {
-        startup_grace: Duration::ZERO,
-        ..SchedulerConfig::default()
-    });
-    let mut runner = RunnerConfig::new("cca-dev");
-    runner.leader.ttl = Duration::from_secs(5);
-    ControlPlaneSetup {
-        store,
-        controllers,
-        runner,
-        api: ApiConfig::default(),
-        secret_key,
-    }
+fn dev_setup(secret_key: cca_api::SecretKey) -> ControlPlaneConfig {
+    let mut config = ControlPlaneConfig::new("cca-dev");
+    config.scheduler.startup_grace = Duration::ZERO;
+    config.runner.leader.ttl = Duration::from_secs(5);
+    config.secret_key = Some(secret_key);
+    config
 }
 
 async fn start_agent(

@@ -59,14 +59,14 @@ enum ImageCommand {
 }
 
 pub(crate) fn run(args: ImageArgs) -> Result<ExitCode> {
-    let images_dir = crate::agent_cmd::images_dir(&args.data_dir);
+    let images_dir = cca_agent::node::images_dir(&args.data_dir);
     // A bad --registry-config stops `pull` before the store is touched.
     let settings = match &args.command {
         ImageCommand::Pull {
             insecure_registries,
             registry_config,
             ..
-        } => Some(crate::agent_cmd::registry_settings(
+        } => Some(cca_agent::node::registry_settings(
             registry_config.as_deref(),
             insecure_registries,
         )?),
@@ -90,7 +90,7 @@ pub(crate) fn run(args: ImageArgs) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         ImageCommand::Gc => {
-            let oci_dir = crate::agent_cmd::oci_dir(&args.data_dir);
+            let oci_dir = cca_agent::node::oci_dir(&args.data_dir);
             let in_use: HashSet<_> = cca_runtime::oci::images_in_use(&oci_dir)
                 .with_context(|| format!("reading the containers in {}", oci_dir.display()))?;
             let report = store.gc(&in_use)?;

@@ -10,17 +10,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use cca_api::{ApiConfig, ApiState, MetricsRenderer, SecretKey};
-use cca_control::controllers::{
-    EndpointController, NodeController, SchedulerConfig, SchedulerController,
-};
-use cca_control::metrics::Metrics;
-use cca_control::runner::{Runner, RunnerConfig};
-use cca_control::{Cache, Controller};
+use cca_api::{ApiConfig, ControlPlane, ControlPlaneConfig, SecretKey};
+use cca_control::controllers::SchedulerConfig;
+use cca_control::runner::RunnerConfig;
 use cca_store::{Store, StoreUrl};
 use clap::Args;
-use tokio::sync::watch;
-use tokio::task::JoinHandle;
 
 use crate::flags;
 
@@ -99,15 +93,6 @@ fn warn_insecure(address: SocketAddr) {
     );
 }
 
-/// The controllers of a control plane, with the scheduler's settings.
-pub(crate) fn control_loops(scheduler: SchedulerConfig) -> Vec<Arc<dyn Controller>> {
-    vec![
-        Arc::new(NodeController),
-        Arc::new(SchedulerController { config: scheduler }),
-        Arc::new(EndpointController),
-    ]
-}
-
 pub(crate) fn run(args: ServerArgs) -> Result<ExitCode> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(serve(args))?;
@@ -126,16 +111,15 @@ async fn serve(args: ServerArgs) -> Result<()> {
         lost_grace: args.lost_grace,
         ..SchedulerConfig::default()
     };
-    let setup = ControlPlaneSetup {
-        store,
-        controllers: control_loops(scheduler),
+    let setup = ControlPlaneConfig {
         runner: runner_config(&args),
+        scheduler,
         api: ApiConfig {
             event_retention: args.event_retention,
             node_lease_ttl: args.node_ttl,
             ..ApiConfig::default()
         },
-        secret_key,
+        secret_key: Some(secret_key),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -144,22 +128,11 @@ async fn serve(args: ServerArgs) -> Result<()> {
         .local_addr()
         .context("reading the listen address")?;
     announce(address);
-    run_control_plane(setup, listener, shutdown_signal()).await
+    run_control_plane(store, setup, listener, shutdown_signal()).await
 }
 
 /// What a control plane runs on: the store, its controllers, the runner's
 /// identity and the API's settings.
-pub(crate) struct ControlPlaneSetup {
-    pub(crate) store: Arc<dyn Store>,
-    pub(crate) controllers: Vec<Arc<dyn Controller>>,
-    pub(crate) runner: RunnerConfig,
-    pub(crate) api: ApiConfig,
-    pub(crate) secret_key: SecretKey,
-}
-
-/// `--secret-key-file`, else `secret.key` beside an embedded store's
-/// directory. With etcd there is no default: servers on different hosts
-/// would each create their own key and could not read each other's values.
 fn secret_key_path(args: &ServerArgs) -> Result<PathBuf> {
     if let Some(path) = &args.secret_key_file {
         return Ok(path.clone());
@@ -186,31 +159,22 @@ pub(crate) fn load_secret_key(path: &Path) -> Result<SecretKey> {
 
 /// Runs cache, runner and API on `listener` until `shutdown` resolves,
 /// then stops the runner (which resigns leadership).
+/// Runs the control plane over `store` and serves its API on `listener`
+/// until `shutdown`; then stops the controllers (resigning leadership).
 pub(crate) async fn run_control_plane(
-    setup: ControlPlaneSetup,
+    store: Arc<dyn Store>,
+    setup: ControlPlaneConfig,
     listener: tokio::net::TcpListener,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
-    let cache = Arc::new(
-        Cache::start(Arc::clone(&setup.store))
-            .await
-            .context("reading the store into the cache")?,
-    );
-    let (stop, stopping) = watch::channel(false);
-    let control = start_control_plane(
-        Arc::clone(&setup.store),
-        Arc::clone(&cache),
-        stopping,
-        setup.runner,
-        setup.controllers,
-    );
-    let state = ApiState::new(setup.store, cache, setup.api, Arc::clone(&control.metrics))
-        .with_secret_key(setup.secret_key);
-    cca_api::serve(listener, state, shutdown)
+    let plane = ControlPlane::start(store, setup)
+        .await
+        .context("reading the store into the cache")?;
+    plane
+        .serve(listener, shutdown)
         .await
         .context("serving the API")?;
-    stop.send_replace(true);
-    control.stop().await;
+    plane.stop().await;
     Ok(())
 }
 
@@ -224,41 +188,6 @@ fn announce(address: SocketAddr) {
 }
 
 /// What the control plane runs beside the API.
-pub(crate) struct ControlPlane {
-    /// Appended to the API's `/metrics`.
-    metrics: MetricsRenderer,
-    /// Tasks to wait for (after the stop signal) on shutdown.
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl ControlPlane {
-    async fn stop(self) {
-        for task in self.tasks {
-            let _ = task.await;
-        }
-    }
-}
-
-/// Starts the controller runner: it campaigns for leadership on the store
-/// and, while leading, drives every controller. Its metrics are appended
-/// to the API's `/metrics`; its task is awaited on shutdown (it resigns).
-fn start_control_plane(
-    store: Arc<dyn Store>,
-    cache: Arc<Cache>,
-    stopping: watch::Receiver<bool>,
-    identity: RunnerConfig,
-    controllers: Vec<Arc<dyn Controller>>,
-) -> ControlPlane {
-    let metrics = Arc::new(Metrics::new());
-    let runner = Runner::new(store, cache, controllers, Arc::clone(&metrics), identity);
-    let render: MetricsRenderer = Arc::new(move || metrics.render());
-    ControlPlane {
-        metrics: render,
-        tasks: vec![tokio::spawn(runner.run(stopping))],
-    }
-}
-
-/// This server's name in the leader record: the given id, else host-pid.
 fn runner_config(args: &ServerArgs) -> RunnerConfig {
     let id = match &args.server_id {
         Some(id) => id.clone(),

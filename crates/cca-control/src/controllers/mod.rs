@@ -25,12 +25,14 @@ pub use scheduler::{SchedulerConfig, SchedulerController};
 
 use crate::controller::Controller;
 
-/// Every controller of the control plane with its default settings, in
-/// the order the runner should start them.
-pub fn all() -> Vec<Arc<dyn Controller>> {
+/// Every controller of the control plane, in the order the runner starts
+/// them: the one list every server (and the benchmark) runs.
+pub fn all(scheduler: &SchedulerConfig) -> Vec<Arc<dyn Controller>> {
     vec![
         Arc::new(NodeController),
-        Arc::new(SchedulerController::default()),
+        Arc::new(SchedulerController {
+            config: scheduler.clone(),
+        }),
         Arc::new(EndpointController),
     ]
 }

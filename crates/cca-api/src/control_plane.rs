@@ -1,0 +1,159 @@
+//! The control plane assembled: over one store, the cache (the server's one
+//! reflector), the controller runner (leader election and every controller
+//! of [`controllers::all`]) and the API state serving them. `cca server`,
+//! `cca dev` and the benchmark build it here and nowhere else, so they run
+//! the same control plane with different settings.
+
+use std::sync::Arc;
+
+use cca_control::Cache;
+use cca_control::controllers::{self, SchedulerConfig};
+use cca_control::metrics::Metrics;
+use cca_control::runner::{Runner, RunnerConfig};
+use cca_store::{Store, StoreError};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::{ApiConfig, ApiState, SecretKey};
+
+/// How the control plane is set up.
+#[derive(Debug)]
+pub struct ControlPlaneConfig {
+    /// The runner's identity and leader lease.
+    pub runner: RunnerConfig,
+    pub scheduler: SchedulerConfig,
+    pub api: ApiConfig,
+    /// Seals and opens secret values; without one the secret endpoints
+    /// answer 503.
+    pub secret_key: Option<SecretKey>,
+}
+
+impl ControlPlaneConfig {
+    /// The production defaults for a server named `server_id`.
+    pub fn new(server_id: impl Into<String>) -> Self {
+        Self {
+            runner: RunnerConfig::new(server_id),
+            scheduler: SchedulerConfig::default(),
+            api: ApiConfig::default(),
+            secret_key: None,
+        }
+    }
+}
+
+/// A running control plane; [`stop`](Self::stop) it to resign leadership.
+pub struct ControlPlane {
+    store: Arc<dyn Store>,
+    cache: Arc<Cache>,
+    state: ApiState,
+    metrics: Arc<Metrics>,
+    runner: RunnerConfig,
+    scheduler: SchedulerConfig,
+    /// Runners started so far: a restarted one campaigns under a new name.
+    generation: u32,
+    running: Option<(watch::Sender<bool>, JoinHandle<()>)>,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("runner", &self.runner)
+            .field("controllers_running", &self.running.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ControlPlane {
+    /// Reads the store into the cache and starts the controllers. Fails
+    /// only when the store cannot be read.
+    pub async fn start(
+        store: Arc<dyn Store>,
+        config: ControlPlaneConfig,
+    ) -> Result<Self, StoreError> {
+        let cache = Arc::new(Cache::start(Arc::clone(&store)).await?);
+        let metrics = Arc::new(Metrics::new());
+        let render = Arc::clone(&metrics);
+        let mut state = ApiState::new(
+            Arc::clone(&store),
+            Arc::clone(&cache),
+            config.api,
+            Arc::new(move || render.render()),
+        );
+        if let Some(key) = config.secret_key {
+            state = state.with_secret_key(key);
+        }
+        let mut plane = Self {
+            store,
+            cache,
+            state,
+            metrics,
+            runner: config.runner,
+            scheduler: config.scheduler,
+            generation: 0,
+            running: None,
+        };
+        plane.start_controllers();
+        Ok(plane)
+    }
+
+    /// The API state to serve (and to test routes against).
+    pub fn state(&self) -> &ApiState {
+        &self.state
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn cache(&self) -> &Arc<Cache> {
+        &self.cache
+    }
+
+    /// Serves the API on `listener` until `shutdown` resolves (see
+    /// [`crate::serve`]); the controllers keep running until
+    /// [`stop`](Self::stop).
+    pub async fn serve(
+        &self,
+        listener: TcpListener,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        crate::serve(listener, self.state.clone(), shutdown).await
+    }
+
+    /// Starts the runner when it is not running (again after
+    /// [`stop_controllers`](Self::stop_controllers), under a new name, as a
+    /// restarted server would campaign).
+    pub fn start_controllers(&mut self) {
+        if self.running.is_some() {
+            return;
+        }
+        let mut identity = self.runner.clone();
+        if self.generation > 0 {
+            identity.leader.server_id =
+                format!("{}-{}", self.runner.leader.server_id, self.generation);
+        }
+        self.generation += 1;
+        let runner = Runner::new(
+            Arc::clone(&self.store),
+            Arc::clone(&self.cache),
+            controllers::all(&self.scheduler),
+            Arc::clone(&self.metrics),
+            identity,
+        );
+        let (stop, stopping) = watch::channel(false);
+        self.running = Some((stop, tokio::spawn(runner.run(stopping))));
+    }
+
+    /// Stops the runner; it resigns leadership on the way out.
+    pub async fn stop_controllers(&mut self) {
+        if let Some((stop, task)) = self.running.take() {
+            stop.send_replace(true);
+            let _ = task.await;
+        }
+    }
+
+    /// Stops the controllers (the API stops with its `serve` future).
+    pub async fn stop(mut self) {
+        self.stop_controllers().await;
+    }
+}
