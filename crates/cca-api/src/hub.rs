@@ -12,8 +12,9 @@
 //! concerned: agents reconnect and resume or resnapshot, so no line is ever
 //! silently lost.
 //!
-//! An assignment also carries its service's spec and explicit secret
-//! grants. The cache publishes a revision's view before it broadcasts the
+//! An assignment also carries the spec the instance was placed with (its
+//! service's version of the instance's spec hash) and its service's
+//! explicit secret grants. The cache publishes a revision's view before it broadcasts the
 //! revision's changes, so the view the hub reads while routing revision R
 //! holds everything committed up to R: a grant or spec committed with a
 //! placement, or before it, is in the placement's line without any wait.
@@ -24,7 +25,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cca_control::cache::Change;
 use cca_control::view::View;
 use cca_model::cluster::Instance;
-use cca_model::spec::SecretGrant;
+use cca_model::spec::{SecretGrant, ServiceSpec};
 use cca_model::{Key, Revision, Value};
 use tokio::sync::{OnceCell, broadcast, mpsc, watch};
 
@@ -283,18 +284,33 @@ fn instance_of(value: Option<&Value>) -> Option<&Arc<Instance>> {
     }
 }
 
-/// An instance with its service's spec and explicit secret grants, as the
-/// agent runs it.
+/// An instance with the spec it was placed with and its service's explicit
+/// secret grants, as the agent runs it.
 fn assignment(view: &View, instance: &Instance) -> Assignment {
-    let spec = view
-        .services
-        .get(&instance.service)
-        .map(|spec| (*spec.value).clone());
     Assignment {
         instance: instance.clone(),
-        spec,
+        spec: placed_spec(view, instance),
         secrets: explicit_grants(view, &instance.service),
     }
+}
+
+/// The spec `instance` was placed with: its service's version of the
+/// instance's spec hash, so an instance an agent (re)starts during a rolling
+/// update runs the version its record names rather than the newest one.
+/// `None` once the service is deleted (the instance is being stopped).
+/// Versions are written by `cca apply` with each spec; a spec written before
+/// versions existed has none until the next apply changes it, and its
+/// instances then get the current spec (what every instance got before).
+fn placed_spec(view: &View, instance: &Instance) -> Option<ServiceSpec> {
+    let current = view.services.get(&instance.service)?;
+    let version = view
+        .versions
+        .get(&instance.service)
+        .and_then(|versions| versions.get(&instance.spec_hash));
+    Some(match version {
+        Some(version) => version.spec.clone(),
+        None => (*current.value).clone(),
+    })
 }
 
 /// The secrets `service` is granted explicitly, sorted.

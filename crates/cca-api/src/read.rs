@@ -6,9 +6,12 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cca_control::View;
 use cca_model::cluster::InstanceState;
-use cca_model::spec::{Cpu, Memory, ServiceSpec, Workload};
+use cca_model::spec::{Cpu, Memory, ServiceSpec, Workload, spec_hash};
 
-use crate::types::{ClusterStatus, InstanceSummary, NodeCounts, NodeSummary, ServiceSummary};
+use crate::types::{
+    ClusterStatus, InstanceSummary, NodeCounts, NodeSummary, ServiceHistory, ServiceSummary,
+    VersionSummary,
+};
 
 /// Filters of `get instances`.
 #[derive(Clone, Debug, Default)]
@@ -28,6 +31,48 @@ pub(crate) fn services(view: &View, tags: &[(String, String)]) -> Vec<ServiceSum
         .filter(|(name, _)| has_tags(view, name, tags))
         .map(|(name, spec)| service_summary(view, name, spec))
         .collect()
+}
+
+/// The kept versions of `service`, newest first (by the revision of the
+/// apply that last wrote each, then the current one first); `None` when the service has neither a spec
+/// nor a kept version.
+pub(crate) fn history(view: &View, service: &str) -> Option<ServiceHistory> {
+    let versions = view.versions.get(service);
+    let current = view
+        .services
+        .get(service)
+        .map(|spec| spec_hash(&spec.value));
+    if versions.is_none() && current.is_none() {
+        return None;
+    }
+    let mut running: BTreeMap<&str, usize> = BTreeMap::new();
+    for instance in view.instances.values().filter(|i| i.service == service) {
+        *running.entry(instance.spec_hash.as_str()).or_default() += 1;
+    }
+    let mut versions: Vec<VersionSummary> = versions
+        .into_iter()
+        .flat_map(|versions| versions.iter())
+        .map(|(hash, version)| VersionSummary {
+            version: hash.clone(),
+            created_at: version.created_at,
+            applied_at: version.applied_at,
+            revision: version.mod_revision,
+            instances: running.get(hash.as_str()).copied().unwrap_or(0),
+            current: current.as_deref() == Some(hash.as_str()),
+            spec: version.spec.clone(),
+        })
+        .collect();
+    // An apply that records the version it replaces (one written before
+    // versions existed) writes two at one revision: the current one is newer.
+    versions.sort_by(|a, b| {
+        (b.revision, b.current, b.applied_at)
+            .cmp(&(a.revision, a.current, a.applied_at))
+            .then_with(|| a.version.cmp(&b.version))
+    });
+    Some(ServiceHistory {
+        service: service.to_owned(),
+        versions,
+    })
 }
 
 pub(crate) fn service_summary(view: &View, name: &str, spec: &ServiceSpec) -> ServiceSummary {

@@ -174,6 +174,52 @@ impl Cluster {
         }
     }
 
+    /// Restarts a node's agent: it stops and a new one starts with the same
+    /// data directory. With `reboot`, the machine restarts too: every
+    /// instance ends and the new agent gets a fresh runtime, so it
+    /// re-creates every instance from what it knows. False when there is
+    /// no node `name`.
+    pub async fn restart_agent(&mut self, name: &str, reboot: bool) -> bool {
+        let server = self.client.base_url().to_owned();
+        let Some(index) = self.nodes.iter().position(|node| node.name == name) else {
+            return false;
+        };
+        let node = &mut self.nodes[index];
+        node.stop.send_replace(true);
+        join_agent(node).await;
+        if reboot {
+            node.runtime.kill_node();
+            let sim = SimConfig {
+                seed: self.config.sim.seed.wrapping_add(index as u64),
+                ..self.config.sim.clone()
+            };
+            node.runtime = Arc::new(SimRuntime::new(sim));
+        }
+        let mut config = agent_config(&self.config, index, name, &server, self._agent_dirs.path());
+        config.link = LinkOptions {
+            client: Some(self.client.clone()),
+            without_agent_api: true,
+        };
+        let (stop, stopping) = watch::channel(false);
+        let driven: Arc<dyn cca_runtime::Runtime> = Arc::clone(&node.runtime) as _;
+        node.task = Some(tokio::spawn(cca_agent::run(config, driven, stopping)));
+        node.stop = stop;
+        true
+    }
+
+    /// Where node `name`'s agent keeps its data (its desired-state cache).
+    pub fn agent_dir(&self, name: &str) -> std::path::PathBuf {
+        self._agent_dirs.path().join(name)
+    }
+
+    /// The runtime of node `name` (what its instances were created with).
+    pub fn runtime(&self, name: &str) -> Option<Arc<SimRuntime>> {
+        self.nodes
+            .iter()
+            .find(|node| node.name == name)
+            .map(|node| Arc::clone(&node.runtime))
+    }
+
     /// Starts a runner (leader election, then the controllers).
     pub fn start_controllers(&mut self) {
         self.plane.start_controllers();

@@ -14,7 +14,7 @@ use cca_model::cluster::{
 };
 use cca_model::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
-    ServiceSpec,
+    ServiceSpec, ServiceVersion,
 };
 use cca_model::{Key, Kind, Revision, Value};
 use imbl::OrdMap;
@@ -63,6 +63,9 @@ pub struct View {
     pub tags: Grouped<String>,
     /// Service → secret → why the service may read it.
     pub grants: Grouped<SecretGrant>,
+    /// Service → spec hash → that version's spec (what an instance placed
+    /// with that hash runs).
+    pub versions: Grouped<ServiceVersion>,
     pub service_meta: Table<ServiceMeta>,
     pub gates: Table<GateSpec>,
     pub connections: Table<ConnectionSpec>,
@@ -258,6 +261,14 @@ impl View {
                 rev,
                 Value::ServiceGrant,
             )?,
+            Key::ServiceVersion { service, version } => put_grouped(
+                &mut self.versions,
+                service,
+                version,
+                bytes,
+                rev,
+                Value::ServiceVersion,
+            )?,
             Key::ServiceMeta { service } => put(
                 &mut self.service_meta,
                 service,
@@ -349,6 +360,13 @@ impl View {
             Key::ServiceGrant { service, secret } => {
                 remove_grouped(&mut self.grants, service, secret, rev, Value::ServiceGrant)
             }
+            Key::ServiceVersion { service, version } => remove_grouped(
+                &mut self.versions,
+                service,
+                version,
+                rev,
+                Value::ServiceVersion,
+            ),
             Key::ServiceMeta { service } => {
                 remove(&mut self.service_meta, service, rev, Value::ServiceMeta)
             }
@@ -408,6 +426,7 @@ impl View {
             Key::Service { service } => at(&self.services, service),
             Key::ServiceTag { service, tag } => at2(&self.tags, service, tag),
             Key::ServiceGrant { service, secret } => at2(&self.grants, service, secret),
+            Key::ServiceVersion { service, version } => at2(&self.versions, service, version),
             Key::ServiceMeta { service } => at(&self.service_meta, service),
             Key::Gate { gate } => at(&self.gates, gate),
             Key::Connection { connection } => at(&self.connections, connection),

@@ -20,7 +20,7 @@ use crate::cluster::{
 use crate::ownership::Owner;
 use crate::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
-    ServiceSpec,
+    ServiceSpec, ServiceVersion,
 };
 
 /// One row of the table, as data.
@@ -143,6 +143,11 @@ fact_kinds! {
     /// A service's grant to read a secret.
     ServiceGrant { service, secret } = "desired/service/{}/secret/{}",
         SecretGrant, Owner::Api, applied: true;
+    /// One version of a service's spec, by its spec hash: kept while an
+    /// instance runs it and for a bounded history after (apply writes and
+    /// prunes it itself; a program never names it).
+    ServiceVersion { service, version } = "desired/service/{}/version/{}",
+        ServiceVersion, Owner::Api, applied: false;
     /// When a service was first and last applied.
     ServiceMeta { service } = "desired/service-meta/{}",
         ServiceMeta, Owner::Api, applied: false;
@@ -315,6 +320,10 @@ mod tests {
         assert_eq!(
             parse("desired/service/web/secret/s"),
             Some(Kind::ServiceGrant)
+        );
+        assert_eq!(
+            parse("desired/service/web/version/0123abcd"),
+            Some(Kind::ServiceVersion)
         );
         assert_eq!(parse("desired/secret/s"), Some(Kind::Secret));
         assert_eq!(

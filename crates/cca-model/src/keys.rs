@@ -5,7 +5,7 @@
 //! [`facts`](crate::facts); the builders here are shorthands that print a
 //! typed [`Key`] for the callers that write facts.
 
-use crate::facts::Key;
+use crate::facts::{Key, Kind};
 
 /// Root of facts compiled from the user's `.cca` files or set by operators.
 pub const DESIRED: &str = "desired/";
@@ -40,6 +40,30 @@ pub fn desired_service_secret(service: &str, secret: &str) -> String {
         secret: secret.to_owned(),
     }
     .to_string()
+}
+
+/// `desired/service/{svc}/version/{hash}`: one version of a service's spec.
+pub fn desired_service_version(service: &str, version: &str) -> String {
+    Key::ServiceVersion {
+        service: service.to_owned(),
+        version: version.to_owned(),
+    }
+    .to_string()
+}
+
+/// The start of every key of `kind` that belongs to `service`
+/// (`desired/service/{svc}/tag/` for [`Kind::ServiceTag`]): what a range or
+/// a prefix delete of one service's sub-facts of that kind names. `None`
+/// for kinds whose keys do not start with a service name.
+pub fn service_sub_prefix(kind: Kind, service: &str) -> Option<String> {
+    let mut literals = kind.pattern().split("{}");
+    let before = literals.next()?;
+    let after = literals.next()?;
+    let nested = matches!(
+        kind,
+        Kind::ServiceTag | Kind::ServiceGrant | Kind::ServiceVersion
+    );
+    nested.then(|| format!("{before}{service}{after}"))
 }
 
 /// `desired/service-meta/{svc}`: when the service was applied.
@@ -248,6 +272,20 @@ mod tests {
         assert_eq!(leader(), "meta/leader");
         assert_eq!(apply_chunk("a1", 7), "meta/apply/a1/chunk/000007");
         assert!(apply_chunk("a1", 7).starts_with(&apply_chunks("a1")));
+        assert_eq!(
+            desired_service_version("web", "00ff"),
+            "desired/service/web/version/00ff"
+        );
+        assert_eq!(
+            service_sub_prefix(Kind::ServiceTag, "web").as_deref(),
+            Some("desired/service/web/tag/")
+        );
+        assert_eq!(
+            service_sub_prefix(Kind::ServiceVersion, "web").as_deref(),
+            Some("desired/service/web/version/")
+        );
+        assert_eq!(service_sub_prefix(Kind::Service, "web"), None);
+        assert_eq!(service_sub_prefix(Kind::Instance, "web"), None);
         assert!(events_from(1_700_000_000_000) < event(1_700_000_000_000, 0));
         assert!(event(1_699_999_999_999, 999_999) < events_from(1_700_000_000_000));
     }

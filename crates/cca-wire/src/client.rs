@@ -139,6 +139,12 @@ impl Client {
         self.json(self.request(Method::GET, &path)).await
     }
 
+    /// The kept versions of a service's spec, newest first.
+    pub async fn service_history(&self, name: &str) -> ClientResult<ServiceHistory> {
+        let path = format!("/v1/services/{}/history", segment(name));
+        self.json(self.request(Method::GET, &path)).await
+    }
+
     pub async fn scale(&self, service: &str, replicas: u32) -> ClientResult<ScaleReport> {
         let path = format!("/v1/services/{}/scale", segment(service));
         let request = self

@@ -58,6 +58,32 @@ pub struct ServiceSummary {
     pub created_at: Option<Millis>,
 }
 
+/// `history service`: the versions of a service's spec the cluster keeps,
+/// newest first.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServiceHistory {
+    pub service: String,
+    pub versions: Vec<VersionSummary>,
+}
+
+/// One kept version of a service's spec.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionSummary {
+    /// The spec hash: what `Instance::spec_hash` names.
+    pub version: String,
+    /// When an apply first made it the service's spec.
+    pub created_at: Millis,
+    /// When an apply last made it the service's spec.
+    pub applied_at: Millis,
+    /// The revision of that apply (what `cca apply` printed).
+    pub revision: Revision,
+    /// Placed instances running it (stopping ones included).
+    pub instances: usize,
+    /// It is the service's current spec.
+    pub current: bool,
+    pub spec: ServiceSpec,
+}
+
 /// `describe service`: the spec, its instances, and why some are pending.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServiceDetail {
@@ -255,7 +281,9 @@ pub struct HeartbeatReply {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Assignment {
     pub instance: Instance,
-    /// The service's current spec; `None` while the service is being deleted.
+    /// The spec the instance was placed with (its service's version of
+    /// `instance.spec_hash`, or the current spec when no version is kept);
+    /// `None` while the service is being deleted.
     pub spec: Option<ServiceSpec>,
     /// Secrets the service is granted explicitly (`secret NAME` in its
     /// block), each delivered as a file; with `spec.connections`, what

@@ -52,6 +52,7 @@ fn user_routes() -> Router<ApiState> {
             get(reads::service).delete(ops::delete_service),
         )
         .route("/v1/services/{name}/scale", post(ops::scale))
+        .route("/v1/services/{name}/history", get(reads::service_history))
         .route("/v1/services/{name}/logs", get(instance_io::service_logs))
         .route("/v1/instances", get(reads::instances))
         .route("/v1/instances/{id}", get(reads::instance))

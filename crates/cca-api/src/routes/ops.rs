@@ -7,8 +7,8 @@
 use axum::Json;
 use axum::extract::{Path, State};
 use cca_model::cluster::{EventLevel, NodeControl};
-use cca_model::keys;
 use cca_model::spec::{Program, ServiceSpec};
+use cca_model::{Kind, keys};
 use cca_store::{Compare, CompareOp, Op, RangeRequest, Txn};
 use serde::Deserialize;
 
@@ -98,13 +98,19 @@ pub(crate) async fn scale(
 }
 
 /// Deletes a service's spec, its sub-facts (tags, grants) and bookkeeping.
+/// Its versions stay: instances being stopped still run one, and an agent
+/// restarting them must get its spec; the next apply deletes those no
+/// instance uses any more.
 pub(crate) async fn delete_service(
     State(state): State<ApiState>,
     Path(name): Path<String>,
 ) -> ApiResult<Json<DeleteReport>> {
     check_name("service", &name)?;
     let key = keys::desired_service(&name);
-    let sub_prefix = format!("{key}/");
+    let sub_prefixes: Vec<String> = [Kind::ServiceTag, Kind::ServiceGrant]
+        .into_iter()
+        .filter_map(|kind| keys::service_sub_prefix(kind, &name))
+        .collect();
     let (deleted, revision) = read_modify_write(&state, &format!("service `{name}`"), || async {
         let generation = program_write(&state).await?;
         let spec = state
@@ -112,20 +118,20 @@ pub(crate) async fn delete_service(
             .get(&key)
             .await?
             .ok_or_else(|| ApiError::not_found(format!("service `{name}` not found")))?;
-        let subs = state
-            .store()
-            .range(RangeRequest::prefix(&sub_prefix))
-            .await?;
         let mut deleted = vec![key.clone()];
-        deleted.extend(subs.kvs.iter().map(|kv| kv.key.clone()));
-        let txn = guard_desired(Txn::new(), &generation)
+        let mut txn = guard_desired(Txn::new(), &generation)
             .when(Compare::mod_revision(
                 &key,
                 CompareOp::Equal,
                 spec.mod_revision,
             ))
-            .then(Op::delete(&key))
-            .then(Op::delete_prefix(&sub_prefix))
+            .then(Op::delete(&key));
+        for prefix in &sub_prefixes {
+            let subs = state.store().range(RangeRequest::prefix(prefix)).await?;
+            deleted.extend(subs.kvs.iter().map(|kv| kv.key.clone()));
+            txn = txn.then(Op::delete_prefix(prefix));
+        }
+        let txn = txn
             .then(Op::delete(keys::desired_service_meta(&name)))
             .then(state.event_op(
                 EventLevel::Info,

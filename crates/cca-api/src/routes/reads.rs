@@ -19,7 +19,7 @@ use crate::routes::events::recent_about;
 use crate::state::ApiState;
 use crate::types::{
     ClusterStatus, InstanceDetail, InstanceSummary, NodeDetail, NodeSummary, ServiceDetail,
-    ServiceSummary,
+    ServiceHistory, ServiceSummary,
 };
 
 /// How long a read waits for the cache to catch up with the store before
@@ -101,6 +101,18 @@ pub(crate) async fn service(
             .collect(),
         events: recent_about(&state, &format!("service/{name}"), 20).await?,
     }))
+}
+
+/// The kept versions of a service's spec (also after the service is
+/// deleted, while versions remain).
+pub(crate) async fn service_history(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<ServiceHistory>> {
+    let view = fresh_view(&state).await?;
+    read::history(&view, &name)
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("service `{name}` not found")))
 }
 
 pub(crate) async fn instances(

@@ -7,6 +7,7 @@
 mod edges;
 mod quantity;
 mod service;
+mod version;
 
 use std::collections::BTreeMap;
 
@@ -21,6 +22,7 @@ pub use service::{
     Autoscale, DisruptionBudget, HealthCheck, HorizontalScale, InitStep, Placement, PortSpec,
     Probe, Protocol, Resources, ServiceSpec, UpdateStrategy, VerticalScale, VolumeSpec, Workload,
 };
+pub use version::{ServiceVersion, spec_hash};
 
 use crate::keys;
 

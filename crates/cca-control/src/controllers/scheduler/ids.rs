@@ -1,36 +1,16 @@
-//! Names and fingerprints the scheduler derives from the view alone: the
-//! spec hash that tells a rolled instance from a current one, and instance
-//! ids. Stateful instances are `{svc}-{ordinal}`; others are `{svc}-{suffix}`
-//! where the suffix is the base-36 of the view's revision and a counter.
-//! Revisions only grow, so an id is never reused — and a plan made twice
-//! from the same (stale) view mints the same ids, which makes the second
-//! commit's create-only guard fail instead of placing twice.
+//! Instance ids, derived from the view alone (the spec hash that tells a
+//! rolled instance from a current one is `cca_model::spec::spec_hash`,
+//! shared with apply's service versions). Stateful instances are
+//! `{svc}-{ordinal}`; others are `{svc}-{suffix}` where the suffix is the
+//! base-36 of the view's revision and a counter. Revisions only grow, so
+//! an id is never reused — and a plan made twice from the same (stale) view
+//! mints the same ids, which makes the second commit's create-only guard
+//! fail instead of placing twice.
 
-use cca_model::spec::ServiceSpec;
 use cca_store::Revision;
 
 /// Ids one reconcile may mint: the counter has 16 bits next to the revision.
 pub(crate) const MAX_MINTED_PER_CYCLE: u32 = 1 << 16;
-
-/// A stable fingerprint of what an instance runs (FNV-1a over the spec's
-/// JSON, which is deterministic: structs in field order, maps ordered).
-/// Fields about the service as a whole — replicas, rollout, disruption
-/// budget, autoscaling — are left out: changing them rolls nothing.
-pub(crate) fn spec_hash(spec: &ServiceSpec) -> String {
-    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
-    const PRIME: u64 = 0x0000_0100_0000_01b3;
-    let mut instance_shape = spec.clone();
-    instance_shape.replicas = 0;
-    instance_shape.update = Default::default();
-    instance_shape.budget = None;
-    instance_shape.autoscale = None;
-    instance_shape.scale_to_zero = None;
-    let json = serde_json::to_vec(&instance_shape).unwrap_or_default();
-    let hash = json.iter().fold(OFFSET, |hash, byte| {
-        (hash ^ u64::from(*byte)).wrapping_mul(PRIME)
-    });
-    format!("{hash:016x}")
-}
 
 /// The id of a stateful service's instance with `ordinal`.
 pub(crate) fn stateful_id(service: &str, ordinal: u32) -> String {
@@ -93,7 +73,6 @@ impl IdMinter {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::controllers::fixtures::service;
 
     #[test]
     fn base36_spells_numbers() {
@@ -113,21 +92,6 @@ mod tests {
         assert_eq!(
             IdMinter::new(7, MAX_MINTED_PER_CYCLE).mint("web", |_| false),
             Some(first)
-        );
-    }
-
-    #[test]
-    fn spec_hash_changes_with_the_spec() {
-        let spec = service("web", 2);
-        let mut changed = spec.clone();
-        changed.env.insert("A".into(), "1".into());
-        assert_eq!(spec_hash(&spec), spec_hash(&spec.clone()));
-        assert_ne!(spec_hash(&spec), spec_hash(&changed));
-        assert_eq!(spec_hash(&spec).len(), 16);
-        assert_eq!(
-            spec_hash(&spec),
-            spec_hash(&service("web", 9)),
-            "scaling rolls nothing"
         );
     }
 }

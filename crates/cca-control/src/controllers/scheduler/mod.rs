@@ -38,23 +38,13 @@ use std::time::Duration;
 use cca_model::Kind;
 use cca_model::clock::span_millis;
 use cca_model::cluster::Instance;
+use cca_model::spec::spec_hash;
 
 use crate::controller::{Context, Controller, EventDraft, Plan};
 use crate::view::View;
 use pass::Pass;
 use rebalance::Known;
 use scoring::Placer;
-
-pub use ids_api::spec_hash;
-
-/// Public access to the spec hash, for the API and tests that build
-/// instance records.
-mod ids_api {
-    /// The fingerprint the scheduler stores in `Instance::spec_hash`.
-    pub fn spec_hash(spec: &cca_model::spec::ServiceSpec) -> String {
-        super::ids::spec_hash(spec)
-    }
-}
 
 /// The scheduler's tunables; `Default` gives the documented values.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -134,7 +124,7 @@ pub(crate) fn reconcile(view: &View, context: &Context, config: &SchedulerConfig
     let known: Known<'_> = view
         .services
         .iter()
-        .map(|(name, spec)| (name.as_str(), (&*spec.value, ids::spec_hash(&spec.value))))
+        .map(|(name, spec)| (name.as_str(), (&*spec.value, spec_hash(&spec.value))))
         .collect();
     let current = known
         .iter()
@@ -234,7 +224,7 @@ impl<'v> PlacementProbe<'v> {
             now: 0,
             leader_since: i64::MIN / 2,
         };
-        let current = BTreeMap::from([(name.as_str(), ids::spec_hash(&spec.value))]);
+        let current = BTreeMap::from([(name.as_str(), spec_hash(&spec.value))]);
         let mut cluster =
             cluster::Cluster::build(view, &context, &SchedulerConfig::default(), current);
         let placer = Placer::new(&mut cluster, name, &spec.value);
