@@ -7,13 +7,15 @@ use cca_dsl::compile::compile_file;
 use cca_dsl::source::RealFs;
 use cca_model::spec::Program;
 use cca_wire::types::{
-    ApplyReport, EventRecord, InstanceSummary, NodeSummary, ServiceSummary, WatchLine,
+    ApplyReport, EventRecord, InstanceSummary, NodeSummary, ServiceHistory, ServiceSummary,
+    WatchLine,
 };
 use cca_wire::{Client, EventQuery, InstanceQuery};
 
 use super::output::{self, Format, age, now_millis, or_dash};
 use super::{
-    ApplyArgs, ClusterCommand, EventsArgs, GetArgs, Kind, ServerAddr, WatchArgs, describe,
+    ApplyArgs, ClusterCommand, EventsArgs, GetArgs, HistoryArgs, HistoryKind, Kind, ServerAddr,
+    WatchArgs, describe,
 };
 
 /// Runs one command against the API server.
@@ -23,6 +25,7 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Diff(args) => apply(&args, true).await,
         ClusterCommand::Get(args) => get(&args).await,
         ClusterCommand::Describe(args) => describe::describe(&client(&args.addr), &args).await,
+        ClusterCommand::History(args) => history(&args).await,
         ClusterCommand::Status(args) => {
             describe::status(&client(&args.addr), args.out.output).await
         }
@@ -170,6 +173,45 @@ fn print_report(report: &ApplyReport) {
 /// `desired/service/web` → `service/web`.
 fn short_key(key: &str) -> &str {
     key.strip_prefix(cca_model::keys::DESIRED).unwrap_or(key)
+}
+
+async fn history(args: &HistoryArgs) -> Result<()> {
+    let HistoryKind::Service = args.kind;
+    let history = client(&args.addr).service_history(&args.name).await?;
+    if !output::structured(args.out.output, &history)? {
+        history_table(&history);
+    }
+    Ok(())
+}
+
+/// Newest first; `*` marks the current version.
+fn history_table(history: &ServiceHistory) {
+    let now = now_millis();
+    let rows = history
+        .versions
+        .iter()
+        .map(|version| {
+            vec![
+                version.version.clone(),
+                if version.current { "*" } else { "" }.into(),
+                version.instances.to_string(),
+                version.revision.to_string(),
+                age(Some(version.applied_at), now),
+                age(Some(version.created_at), now),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "version",
+            "current",
+            "instances",
+            "revision",
+            "applied",
+            "created",
+        ],
+        rows,
+    );
 }
 
 async fn get(args: &GetArgs) -> Result<()> {

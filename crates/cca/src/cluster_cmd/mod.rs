@@ -1,5 +1,5 @@
 //! Arguments of the cluster commands (`apply`, `diff`, `get`, `describe`,
-//! `status`, `scale`, `delete`, `drain`, `disable-node`, `enable-node`,
+//! `history`, `status`, `scale`, `delete`, `drain`, `disable-node`, `enable-node`,
 //! `events`, `watch`, `logs`, `exec`, `secret`, `completions`) and their
 //! dispatch.
 //! Each command is a call of the typed API client ([`cca_wire::Client`]);
@@ -53,6 +53,9 @@ pub(crate) enum ClusterCommand {
     Get(GetArgs),
     /// Show one service, instance or node in detail.
     Describe(DescribeArgs),
+    /// List the kept versions of a service's spec: when and by which apply
+    /// each was made, how many instances run it, which is current.
+    History(HistoryArgs),
     /// Summarise the cluster: nodes, instances by state, unplaced demand.
     Status(ReadArgs),
     /// Set a service's replica count.
@@ -156,6 +159,24 @@ pub(crate) struct DescribeArgs {
     #[command(flatten)]
     pub(crate) out: OutputArgs,
     pub(crate) kind: DescribeKind,
+    pub(crate) name: String,
+}
+
+/// What `history` lists the versions of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum HistoryKind {
+    #[value(alias = "services", alias = "svc")]
+    Service,
+}
+
+/// `cca history service NAME`
+#[derive(Debug, Args)]
+pub(crate) struct HistoryArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    #[command(flatten)]
+    pub(crate) out: OutputArgs,
+    pub(crate) kind: HistoryKind,
     pub(crate) name: String,
 }
 
