@@ -1,7 +1,7 @@
 //! End to end: the built `cca` binary runs `cca server` on a loopback port
 //! with an embedded store in a temp dir, and the cluster commands talk to
 //! it — apply (with a compiler warning), diff, get (tables and `-o json|yaml`), describe, scale,
-//! status, events, delete, exit codes, completions. The server process is
+//! history, status, events, delete, exit codes, completions. The server process is
 //! killed when the test ends, pass or fail.
 
 mod support;
@@ -102,6 +102,25 @@ fn cluster_commands_against_a_real_server() {
     assert!(status.contains("\"services\": 2"), "{status}");
     let events = server.ok(&["events"]);
     assert!(events.contains("scaled from 3 to 5"), "{events}");
+
+    // One version per spec an apply wrote; scaling makes none.
+    let history = server.ok(&["history", "service", "hello"]);
+    let mut lines = history.lines();
+    let header = lines.next().unwrap_or_default();
+    assert!(header.starts_with("VERSION"), "{history}");
+    let rows: Vec<&str> = lines.collect();
+    assert_eq!(rows.len(), 1, "{history}");
+    assert!(
+        rows[0].contains(" * "),
+        "the current one is marked: {history}"
+    );
+    let versions: serde_json::Value =
+        serde_json::from_str(&server.ok(&["history", "svc", "hello", "-o", "json"])).expect("JSON");
+    assert_eq!(versions["service"], "hello");
+    assert_eq!(versions["versions"][0]["current"], true);
+    assert_eq!(versions["versions"][0]["spec"]["replicas"], 3);
+    let no_history = server.cca(&["history", "service", "ghost"]);
+    assert_eq!(no_history.status.code(), Some(1));
 
     let deleted = server.ok(&["delete", "service", "db"]);
     assert!(deleted.contains("service/db deleted"), "{deleted}");
