@@ -79,6 +79,8 @@ impl Serialize for Code {
 /// Every code the language reports; `docs/dsl.md` lists them.
 pub mod codes {
     use super::Code;
+    // The codes of rules judged on the compiled model are that crate's.
+    use cca_model::validity::Code as Rule;
 
     pub const INVALID_CHARACTER: Code = Code("E001");
     pub const UNTERMINATED_STRING: Code = Code("E002");
@@ -92,15 +94,15 @@ pub mod codes {
     pub const UNKNOWN_BLOCK: Code = Code("E010");
     pub const UNKNOWN_KEY: Code = Code("E011");
     pub const WRONG_ARITY: Code = Code("E012");
-    pub const WRONG_TYPE: Code = Code("E013");
+    pub const WRONG_TYPE: Code = Code(Rule::WrongType.number());
     pub const INVALID_QUANTITY: Code = Code("E014");
-    pub const OUT_OF_RANGE: Code = Code("E015");
-    pub const DUPLICATE_NAME: Code = Code("E016");
-    pub const MISSING_FIELD: Code = Code("E017");
-    pub const UNDEFINED_REFERENCE: Code = Code("E018");
-    pub const CONFLICT: Code = Code("E019");
+    pub const OUT_OF_RANGE: Code = Code(Rule::OutOfRange.number());
+    pub const DUPLICATE_NAME: Code = Code(Rule::DuplicateName.number());
+    pub const MISSING_FIELD: Code = Code(Rule::MissingField.number());
+    pub const UNDEFINED_REFERENCE: Code = Code(Rule::UndefinedReference.number());
+    pub const CONFLICT: Code = Code(Rule::Conflict.number());
     pub const DUPLICATE_KEY: Code = Code("E020");
-    pub const INVALID_NAME: Code = Code("E021");
+    pub const INVALID_NAME: Code = Code(Rule::InvalidName.number());
     pub const INCLUDE_FAILED: Code = Code("E030");
     pub const INCLUDE_CYCLE: Code = Code("E031");
     pub const UNSET_VALUE: Code = Code("E040");

@@ -9,6 +9,7 @@ pub mod facts;
 pub mod keys;
 pub mod ownership;
 pub mod spec;
+pub mod validity;
 
 pub use facts::{Key, Kind, Value};
 pub use ownership::{Owner, OwnershipError, owner_of};

@@ -1,12 +1,14 @@
-//! Checks across blocks, run once everything is compiled: gate ports by
-//! name, undefined references, secrets granted through connections,
-//! placement hints that can never hold, group conflicts, and warnings for
-//! declared-but-unused secrets and connections and for `restrict` values no
-//! node can have.
+//! Work across blocks, run once everything is compiled: gate ports by
+//! name, secrets granted through connections, and warnings for placement
+//! hints that can never hold, declared-but-unused secrets and connections
+//! and `restrict` values no node can have. (Undefined references and group
+//! conflicts are `cca_model::validity` rules, reported by `sites`.)
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 use cca_model::spec::SecretGrant;
+
+use cca_model::validity::Subject;
 
 use super::{Compiler, Kind, Site};
 use crate::diagnostic::{Diagnostic, FileId, codes};
@@ -74,39 +76,10 @@ impl Compiler<'_> {
                 diagnostic = diagnostic.with_help(format!("its ports are: {}", names.join(", ")));
             }
             self.report_in(pending.site.file, diagnostic);
-            self.program.gates.remove(&pending.gate);
-        }
-    }
-
-    pub(crate) fn check_references(&mut self) {
-        for reference in std::mem::take(&mut self.references) {
-            if self
-                .definitions
-                .contains_key(&(reference.kind, reference.name.clone()))
-            {
-                continue;
-            }
-            let noun = reference.kind.noun();
-            let defined = self
-                .definitions
-                .keys()
-                .filter(|(kind, _)| *kind == reference.kind)
-                .map(|(_, name)| name.as_str());
-            let mut diagnostic = Diagnostic::error(
-                codes::UNDEFINED_REFERENCE,
-                reference.site.span,
-                format!("undefined {noun} `{}`", reference.name),
-            )
-            .with_label(format!("used by {}", reference.user));
-            diagnostic = match did_you_mean(&reference.name, defined) {
-                Some(close) => diagnostic.with_help(format!("did you mean `{close}`?")),
-                None => diagnostic.with_help(format!(
-                    "declare it: `{} {} {{ ... }}`",
-                    keyword(reference.kind),
-                    reference.name
-                )),
-            };
-            self.report_in(reference.site.file, diagnostic);
+            // The gate stays (port 0) so the model judges the rest of it;
+            // its port is reported here, not again as out of range.
+            let port = Subject::new(Kind::Gate, &pending.gate, "port");
+            self.reported.insert(port);
         }
     }
 
@@ -180,60 +153,6 @@ impl Compiler<'_> {
         }
     }
 
-    /// Members of a group share a node: they must agree on `restrict`, must
-    /// not `separate` from each other, and belong to one group only.
-    pub(crate) fn check_groups(&mut self) {
-        let mut membership: BTreeMap<String, String> = BTreeMap::new();
-        let mut errors = Vec::new();
-        for (group, spec) in &self.program.groups {
-            let site = self.definitions.get(&(Kind::Group, group.clone())).copied();
-            let Some(site) = site else { continue };
-            for member in &spec.services {
-                if let Some(other) = membership.insert(member.clone(), group.clone()) {
-                    errors.push((
-                        site,
-                        format!("`{member}` is in groups `{other}` and `{group}`"),
-                        "a service belongs to at most one group",
-                    ));
-                }
-            }
-            let mut labels: BTreeMap<&str, (&str, &str)> = BTreeMap::new();
-            for member in &spec.services {
-                let Some(service) = self.program.services.get(member) else {
-                    continue;
-                };
-                for (label, value) in &service.placement.restrict {
-                    match labels.get(label.as_str()) {
-                        Some((first, theirs)) if theirs != value => errors.push((
-                            site,
-                            format!("`{member}` restricts {label} = \"{value}\" but `{first}` restricts {label} = \"{theirs}\""),
-                            "group members run on one node, so their restrictions must agree",
-                        )),
-                        Some(_) => {}
-                        None => {
-                            labels.insert(label, (member, value));
-                        }
-                    }
-                }
-                for separated in &service.placement.separate {
-                    if spec.services.contains(separated) {
-                        errors.push((
-                            site,
-                            format!("`{member}` separates from `{separated}`, but group `{group}` places them together"),
-                            "drop the `separate` hint or the group",
-                        ));
-                    }
-                }
-            }
-        }
-        for (site, message, help) in errors {
-            self.report_in(
-                site.file,
-                Diagnostic::error(codes::CONFLICT, site.span, message).with_help(help),
-            );
-        }
-    }
-
     pub(crate) fn warn_unused(&mut self) {
         let mut used: BTreeSet<(Kind, String)> = BTreeSet::new();
         for grants in self.program.grants.values() {
@@ -293,17 +212,6 @@ impl Compiler<'_> {
                 .with_help(help),
             );
         }
-    }
-}
-
-fn keyword(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Service => "service",
-        Kind::Gate => "gate",
-        Kind::Connection => "connection",
-        Kind::Secret => "secret",
-        Kind::Network => "network",
-        Kind::Group => "group",
     }
 }
 

@@ -7,6 +7,7 @@ use cca_model::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, NetworkRule, Peer, Protocol, RuleAction,
     SameSite, SecretSpec, Sticky, Tls,
 };
+use cca_model::validity::Field;
 
 use super::read::{Scalar, Spanned};
 use super::{Compiler, Kind, Site};
@@ -40,7 +41,7 @@ impl Compiler<'_> {
         let Some((name, name_span)) = self.block_name(entry, false) else {
             return;
         };
-        let fresh = self.define(Kind::Gate, &name, name_span);
+        let fresh = self.define(Kind::Gate, &name, entry.key_span(), name_span);
         let block = self.block_of(entry);
         let mut hosts = Vec::new();
         let mut target: Option<(String, Option<Spanned>, Span)> = None;
@@ -49,7 +50,12 @@ impl Compiler<'_> {
         let mut tls = None;
         for item in self.entries(block, Context::Gate) {
             match item.key() {
-                "host" => hosts.extend(self.hosts(item)),
+                "host" => {
+                    for (host, span) in self.hosts(item) {
+                        self.mark(Field::from("hosts").index(hosts.len()), span);
+                        hosts.push(host);
+                    }
+                }
                 "service" => {
                     if target.is_some() {
                         self.report(
@@ -62,39 +68,23 @@ impl Compiler<'_> {
                         );
                         continue;
                     }
-                    target = self.gate_target(&name, item);
+                    target = self.gate_target(item);
                 }
                 "sticky" => {
                     sticky_span = Some(item.key_span());
                     sticky = self.sticky(item);
                 }
-                "tls" => tls = self.tls(&name, item),
+                "tls" => tls = self.tls(item),
                 _ => {}
             }
         }
-        if hosts.is_empty() && block.is_some() {
-            self.report(
-                Diagnostic::error(
-                    codes::MISSING_FIELD,
-                    entry.key_span(),
-                    format!("gate `{name}` has no `host`"),
-                )
-                .with_help("add `host \"app.example.com\"`"),
-            );
-        }
-        let Some((service, port, _)) = target else {
-            if block.is_some() {
-                self.report(
-                    Diagnostic::error(
-                        codes::MISSING_FIELD,
-                        entry.key_span(),
-                        format!("gate `{name}` has no `service`"),
-                    )
-                    .with_help("add `service NAME port PORT`"),
-                );
-            }
+        if block.is_none() {
             return;
-        };
+        }
+        // A gate without `service` is kept (with none) so that the model's
+        // rules report it along with the rest of the gate.
+        let (service, port) =
+            target.map_or((String::new(), None), |(service, port, _)| (service, port));
         let port_number = match &port {
             Some(Spanned {
                 value: Scalar::Number(_),
@@ -126,7 +116,7 @@ impl Compiler<'_> {
         if !fresh {
             return;
         }
-        if port_number.is_none() {
+        if port_number.is_none() && !service.is_empty() {
             let site = Site {
                 file: self.file,
                 span: port.as_ref().map_or(entry.key_span(), |p| p.span),
@@ -153,7 +143,8 @@ impl Compiler<'_> {
         self.program.gates.insert(name, spec);
     }
 
-    fn hosts(&mut self, item: Entry<'_>) -> Vec<String> {
+    /// The hosts of a `host` line, with where each was written.
+    fn hosts(&mut self, item: Entry<'_>) -> Vec<(String, Span)> {
         let Some(values) = self.scalars(item) else {
             return Vec::new();
         };
@@ -162,32 +153,13 @@ impl Compiler<'_> {
             let Some(host) = self.text_of(value) else {
                 continue;
             };
-            let valid = !host.is_empty()
-                && host
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'*'));
-            if valid {
-                hosts.push(host.to_ascii_lowercase());
-            } else {
-                self.report(
-                    Diagnostic::error(
-                        codes::INVALID_NAME,
-                        value.span,
-                        format!("`{host}` is not a host name"),
-                    )
-                    .with_label("letters, digits, `.`, `-` and a leading `*.` only"),
-                );
-            }
+            hosts.push((host.to_ascii_lowercase(), value.span));
         }
         hosts
     }
 
     /// `service NAME [port PORT]`.
-    fn gate_target(
-        &mut self,
-        gate: &str,
-        item: Entry<'_>,
-    ) -> Option<(String, Option<Spanned>, Span)> {
+    fn gate_target(&mut self, item: Entry<'_>) -> Option<(String, Option<Spanned>, Span)> {
         let values = self.scalars(item)?;
         let (service, port) = match values.as_slice() {
             [service] => (service, None),
@@ -203,7 +175,7 @@ impl Compiler<'_> {
             }
         };
         let name = self.name_of(service)?;
-        self.refer(Kind::Service, &name, service.span, format!("gate `{gate}`"));
+        self.mark("service", service.span);
         Some((name, port, item.span()))
     }
 
@@ -217,7 +189,6 @@ impl Compiler<'_> {
         if item.block().is_none() {
             return (self.flag(item) == Some(true)).then_some(sticky);
         }
-        let mut same_site_span = None;
         for entry in self.entries(item.block(), Context::Sticky) {
             match entry.key() {
                 "cookie" => {
@@ -228,25 +199,13 @@ impl Compiler<'_> {
                 "secure" => sticky.secure = self.flag(entry).unwrap_or(false),
                 "http_only" => sticky.http_only = self.flag(entry).unwrap_or(false),
                 "same_site" => {
-                    same_site_span = Some(entry.span());
+                    self.mark("sticky.same_site", entry.span());
                     if let Some(value) = self.single(entry) {
                         sticky.same_site = self.same_site(&value)?;
                     }
                 }
                 _ => {}
             }
-        }
-        if let (SameSite::None, false, Some(span)) =
-            (sticky.same_site, sticky.secure, same_site_span)
-        {
-            self.report(
-                Diagnostic::error(
-                    codes::CONFLICT,
-                    span,
-                    "`same_site \"None\"` requires `secure`",
-                )
-                .with_help("browsers drop SameSite=None cookies that are not Secure"),
-            );
         }
         Some(sticky)
     }
@@ -271,7 +230,7 @@ impl Compiler<'_> {
         }
     }
 
-    fn tls(&mut self, gate: &str, item: Entry<'_>) -> Option<Tls> {
+    fn tls(&mut self, item: Entry<'_>) -> Option<Tls> {
         let block = self.block_of(item)?;
         let (mut self_signed, mut cert, mut key) = (false, None, None);
         for entry in self.entries(Some(block), Context::Tls) {
@@ -285,8 +244,8 @@ impl Compiler<'_> {
                 _ => continue,
             };
             *slot = self.setting_name(entry);
-            if let Some((name, span)) = slot.clone() {
-                self.refer(Kind::Secret, &name, span, format!("TLS of gate `{gate}`"));
+            if let Some((_, span)) = slot {
+                self.mark(format!("tls.{}", entry.key()).as_str(), *span);
             }
         }
         match (self_signed, cert, key) {
@@ -323,7 +282,7 @@ impl Compiler<'_> {
         let Some((name, name_span)) = self.block_name(entry, false) else {
             return;
         };
-        let fresh = self.define(Kind::Connection, &name, name_span);
+        let fresh = self.define(Kind::Connection, &name, entry.key_span(), name_span);
         let Some(block) = self.block_of(entry) else {
             return;
         };
@@ -343,7 +302,7 @@ impl Compiler<'_> {
                 "user" => spec.user = self.setting_text(item),
                 "secret" => {
                     if let Some((secret, span)) = self.setting_name(item) {
-                        self.refer(Kind::Secret, &secret, span, format!("connection `{name}`"));
+                        self.mark("secret", span);
                         spec.secret = Some(secret);
                     }
                 }
@@ -365,26 +324,6 @@ impl Compiler<'_> {
         {
             spec.port = *port;
         }
-        let missing: Vec<&str> = [
-            ("driver", spec.driver.is_empty()),
-            ("host", spec.host.is_empty()),
-            ("port", spec.port == 0),
-        ]
-        .iter()
-        .filter(|(_, missing)| *missing)
-        .map(|(field, _)| *field)
-        .collect();
-        if !missing.is_empty() {
-            self.report(
-                Diagnostic::error(
-                    codes::MISSING_FIELD,
-                    entry.key_span(),
-                    format!("connection `{name}` is missing `{}`", missing.join("`, `")),
-                )
-                .with_help("a connection needs `driver` and `host`; `port` too unless the driver is well known"),
-            );
-            return;
-        }
         if fresh {
             self.program.connections.insert(name, spec);
         }
@@ -394,7 +333,7 @@ impl Compiler<'_> {
         let Some((name, name_span)) = self.block_name(entry, false) else {
             return;
         };
-        let fresh = self.define(Kind::Secret, &name, name_span);
+        let fresh = self.define(Kind::Secret, &name, entry.key_span(), name_span);
         let mut description = None;
         for item in self.entries(entry.block(), Context::Secret) {
             if item.key() == "description" {
@@ -418,11 +357,11 @@ impl Compiler<'_> {
         let Some((name, name_span)) = name else {
             return;
         };
-        let fresh = self.define(Kind::Network, &name, name_span);
+        let fresh = self.define(Kind::Network, &name, entry.key_span(), name_span);
         let block = self.block_of(entry);
         let mut rules = Vec::new();
         for item in self.entries(block, Context::Network) {
-            if let Some(rule) = self.rule(&name, item) {
+            if let Some(rule) = self.rule(rules.len(), item) {
                 rules.push(rule);
             }
         }
@@ -434,7 +373,7 @@ impl Compiler<'_> {
     }
 
     /// `allow|deny FROM -> TO [port N]... [tcp|udp]`.
-    fn rule(&mut self, policy: &str, item: Entry<'_>) -> Option<NetworkRule> {
+    fn rule(&mut self, index: usize, item: Entry<'_>) -> Option<NetworkRule> {
         let action = if item.key() == "allow" {
             RuleAction::Allow
         } else {
@@ -456,9 +395,9 @@ impl Compiler<'_> {
             malformed(self);
             return None;
         }
-        let user = format!("network policy `{policy}`");
-        let from = self.peer(from, &user)?;
-        let to = self.peer(to, &user)?;
+        let rule = Field::from("rules").index(index);
+        let from = self.peer(from, rule.clone().field("from"))?;
+        let to = self.peer(to, rule.field("to"))?;
         let mut ports = Vec::new();
         let mut protocol = None;
         let mut rest = rest.iter();
@@ -488,12 +427,12 @@ impl Compiler<'_> {
         })
     }
 
-    fn peer(&mut self, value: &Spanned, user: &str) -> Option<Peer> {
+    fn peer(&mut self, value: &Spanned, field: Field) -> Option<Peer> {
         if value.value == Scalar::Star {
             return Some(Peer::Any);
         }
         let name = self.name_of(value)?;
-        self.refer(Kind::Service, &name, value.span, user.to_owned());
+        self.mark(field, value.span);
         Some(Peer::Service(name))
     }
 
@@ -501,7 +440,7 @@ impl Compiler<'_> {
         let Some((name, name_span)) = self.block_name(entry, false) else {
             return;
         };
-        let fresh = self.define(Kind::Group, &name, name_span);
+        let fresh = self.define(Kind::Group, &name, entry.key_span(), name_span);
         let block = self.block_of(entry);
         let mut services = Vec::new();
         for item in self.entries(block, Context::Group) {
@@ -516,35 +455,11 @@ impl Compiler<'_> {
                 let Some(service) = self.name_of(member) else {
                     continue;
                 };
-                self.refer(
-                    Kind::Service,
-                    &service,
-                    member.span,
-                    format!("group `{name}`"),
-                );
-                if services.contains(&service) {
-                    self.report(Diagnostic::error(
-                        codes::DUPLICATE_NAME,
-                        member.span,
-                        format!("`{service}` is listed twice"),
-                    ));
-                    continue;
-                }
+                self.mark(Field::from("services").index(services.len()), member.span);
                 services.push(service);
             }
         }
-        if services.len() < 2 && block.is_some() {
-            self.report(
-                Diagnostic::error(
-                    codes::MISSING_FIELD,
-                    entry.key_span(),
-                    format!("group `{name}` needs at least two services"),
-                )
-                .with_help("write `services = [a, b]`"),
-            );
-            return;
-        }
-        if fresh {
+        if fresh && block.is_some() {
             self.program
                 .groups
                 .insert(name.clone(), GroupSpec { name, services });

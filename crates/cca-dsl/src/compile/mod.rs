@@ -1,7 +1,11 @@
 //! The compiler: syntax trees of a loaded program → the typed desired facts
-//! of `cca_model::spec`, with every semantic check (unknown keys, wrong
-//! types and units, port ranges, duplicates, required fields, undefined
-//! references, conflicting options) reported as a diagnostic. Compiling the
+//! of `cca_model::spec`, with every finding reported as a diagnostic. It
+//! checks what needs the text itself (syntax, unknown keys, wrong types and
+//! units, settings given twice, definitions given twice, port names to
+//! resolve, "did you mean" hints); every rule that can be judged on the
+//! compiled program is `cca_model::validity`'s, run here after the program
+//! is built (and again by the API server), each problem mapped back to the
+//! span where its object or field was written (`sites`). Compiling the
 //! same input twice gives the same program and so the same fact bytes.
 
 mod checks;
@@ -9,11 +13,13 @@ mod edges;
 mod enforced;
 mod read;
 mod service;
+mod sites;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use cca_model::spec::Program;
+use cca_model::validity::{Field, Subject};
 
 use crate::ast::{Entry, File};
 use crate::diagnostic::{Diagnostic, FileId, Span, codes};
@@ -83,38 +89,7 @@ pub(crate) struct Site {
 }
 
 /// The kinds of named things a program defines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) enum Kind {
-    Service,
-    Gate,
-    Connection,
-    Secret,
-    Network,
-    Group,
-}
-
-impl Kind {
-    fn noun(self) -> &'static str {
-        match self {
-            Kind::Service => "service",
-            Kind::Gate => "gate",
-            Kind::Connection => "connection",
-            Kind::Secret => "secret",
-            Kind::Network => "network policy",
-            Kind::Group => "group",
-        }
-    }
-}
-
-/// A use of a name, checked once every definition is known.
-#[derive(Debug, Clone)]
-pub(crate) struct Reference {
-    pub kind: Kind,
-    pub name: String,
-    pub site: Site,
-    /// What uses it, for the message: "gate `shop`".
-    pub user: String,
-}
+pub(crate) use cca_model::validity::ObjectKind as Kind;
 
 pub(crate) struct Compiler<'l> {
     loaded: &'l Loaded,
@@ -122,7 +97,11 @@ pub(crate) struct Compiler<'l> {
     pub(crate) program: Program,
     pub(crate) diagnostics: Vec<Diagnostic>,
     pub(crate) definitions: BTreeMap<(Kind, String), Site>,
-    pub(crate) references: Vec<Reference>,
+    /// Where each compiled object and its fields were written.
+    pub(crate) sites: sites::Sites,
+    /// Fields the compiler reported itself; the model's problems about
+    /// them are not reported again.
+    pub(crate) reported: BTreeSet<Subject>,
     /// Gate targets whose port is a name, resolved once services are known.
     pub(crate) gate_ports: Vec<edges::PendingGatePort>,
     /// Sites of restrict values, for lint warnings.
@@ -139,7 +118,8 @@ impl<'l> Compiler<'l> {
             program: Program::default(),
             diagnostics: Vec::new(),
             definitions: BTreeMap::new(),
-            references: Vec::new(),
+            sites: sites::Sites::default(),
+            reported: BTreeSet::new(),
             gate_ports: Vec::new(),
             restrict_sites: BTreeMap::new(),
             file: FileId::default(),
@@ -154,6 +134,7 @@ impl<'l> Compiler<'l> {
     }
 
     fn top_level(&mut self, entry: Entry<'_>) {
+        self.sites.leave();
         if schema::lookup(Context::File, entry.key()).is_some() {
             // `gate NAME`: the keyword and the name, not the whole block.
             let at = entry
@@ -218,8 +199,9 @@ impl<'l> Compiler<'l> {
     }
 
     /// Records a definition; a second one with the same name is an error
-    /// pointing at the first.
-    pub(crate) fn define(&mut self, kind: Kind, name: &str, span: Span) -> bool {
+    /// pointing at the first. The first one's fields are marked from here
+    /// on (`mark`); `key` is the block keyword, `span` the name.
+    pub(crate) fn define(&mut self, kind: Kind, name: &str, key: Span, span: Span) -> bool {
         let site = Site {
             file: self.file,
             span,
@@ -241,19 +223,13 @@ impl<'l> Compiler<'l> {
             return false;
         }
         self.definitions.insert((kind, name.to_owned()), site);
+        self.sites.enter(kind, name, self.file, key, span);
         true
     }
 
-    pub(crate) fn refer(&mut self, kind: Kind, name: &str, span: Span, user: String) {
-        self.references.push(Reference {
-            kind,
-            name: name.to_owned(),
-            site: Site {
-                file: self.file,
-                span,
-            },
-            user,
-        });
+    /// Records where a field of the object being compiled was written.
+    pub(crate) fn mark(&mut self, field: impl Into<Field>, span: Span) {
+        self.sites.mark(field.into(), span);
     }
 
     /// Adds a diagnostic for the current file.
@@ -271,11 +247,11 @@ impl<'l> Compiler<'l> {
     }
 
     fn finish(&mut self) {
+        self.sites.leave();
         self.resolve_gate_ports();
-        self.check_references();
         self.grant_connection_secrets();
+        self.report_problems();
         self.check_placement();
-        self.check_groups();
         self.warn_unused();
     }
 }

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use cca_model::spec::QuantityError;
+use cca_model::validity::{NAME_HELP, SERVICE_NAME_HELP, is_service_name, is_valid_name};
 
 use super::Compiler;
 use crate::ast::{Block, Entry, Value, decode_string};
@@ -179,7 +180,7 @@ impl Compiler<'_> {
                 if is_valid_name(name) {
                     Some(name.clone())
                 } else {
-                    self.invalid_name(name, value.span, "a name");
+                    self.invalid_name(name, value.span, "name");
                     None
                 }
             }
@@ -199,9 +200,9 @@ impl Compiler<'_> {
             )
             .with_label("invalid name")
             .with_help(if what == "service name" {
-                "service names are DNS labels: lowercase letters, digits and `-`, at most 63 characters"
+                SERVICE_NAME_HELP
             } else {
-                "names use letters, digits, `_` and `-`, at most 253 characters"
+                NAME_HELP
             }),
         );
     }
@@ -559,27 +560,6 @@ fn classify(value: String) -> Scalar {
         }
     }
     Scalar::Text(value)
-}
-
-/// Names that may appear in keys: letters, digits, `_`, `-`.
-pub(crate) fn is_valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 253
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
-}
-
-/// Service names are DNS labels (`{svc}.cca.local`).
-pub(crate) fn is_service_name(name: &str) -> bool {
-    let bytes = name.as_bytes();
-    !bytes.is_empty()
-        && bytes.len() <= 63
-        && bytes
-            .iter()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
-        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
-        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
 }
 
 /// A negative number where a count is expected.

@@ -11,6 +11,8 @@ use cca_model::spec::{
     UpdateStrategy, VerticalScale, VolumeSpec, Workload,
 };
 
+use cca_model::validity::Field;
+
 use super::read::{Scalar, Spanned};
 use super::{Compiler, Kind};
 use crate::ast::Entry;
@@ -30,7 +32,6 @@ struct Draft {
     command: Option<(String, Span)>,
     replicas: Option<(u32, Span)>,
     ports: Vec<PortSpec>,
-    port_spans: Vec<Span>,
     env: BTreeMap<String, String>,
     resources: Resources,
     placement: Placement,
@@ -42,9 +43,8 @@ struct Draft {
     update: UpdateStrategy,
     budget: Option<DisruptionBudget>,
     autoscale: Option<Autoscale>,
-    autoscale_span: Option<Span>,
-    stateful: Option<Span>,
-    scale_to_zero: Option<(Duration, Span)>,
+    stateful: bool,
+    scale_to_zero: Option<Duration>,
     /// `image` or `run` was written, even if its value was invalid.
     wrote_workload: bool,
 }
@@ -54,7 +54,7 @@ impl Compiler<'_> {
         let Some((name, name_span)) = self.block_name(entry, true) else {
             return;
         };
-        let fresh = self.define(Kind::Service, &name, name_span);
+        let fresh = self.define(Kind::Service, &name, entry.key_span(), name_span);
         let block = self.block_of(entry);
         let mut draft = Draft::default();
         let mut health = None;
@@ -66,10 +66,12 @@ impl Compiler<'_> {
             self.service_entry(&name, item, &mut draft);
         }
         let health = health.and_then(|item| self.health(item, &draft.ports));
-        let Some(workload) = self.workload(&draft, entry.key_span()) else {
-            return;
-        };
-        self.service_conflicts(&draft);
+        // A service whose workload is in error (reported) is still built,
+        // so that the model's rules judge the rest of it.
+        let workload = self
+            .workload(&draft, entry.key_span())
+            .unwrap_or(Workload::Process { run: String::new() });
+        self.replicas_within_autoscale(&draft);
         if !fresh {
             return;
         }
@@ -99,20 +101,22 @@ impl Compiler<'_> {
             update: draft.update,
             budget: draft.budget,
             autoscale: draft.autoscale,
-            stateful: draft.stateful.is_some(),
-            scale_to_zero: draft.scale_to_zero.map(|(idle, _)| idle),
+            stateful: draft.stateful,
+            scale_to_zero: draft.scale_to_zero,
         };
         self.program.services.insert(name, spec);
     }
 
     fn service_entry(&mut self, service: &str, item: Entry<'_>, draft: &mut Draft) {
-        let user = || format!("service `{service}`");
         draft.wrote_workload |= matches!(item.key(), "image" | "run");
         match item.key() {
             "image" => draft.image = self.setting_text(item).map(|t| (t, item.span())),
             "run" => draft.run = self.setting_text(item).map(|t| (t, item.span())),
             "command" => draft.command = self.setting_text(item).map(|t| (t, item.span())),
-            "replicas" => draft.replicas = self.setting_count(item).map(|n| (n, item.span())),
+            "replicas" => {
+                self.mark("replicas", item.span());
+                draft.replicas = self.setting_count(item).map(|n| (n, item.span()));
+            }
             "port" => self.port(item, draft),
             "env" => draft.env.extend(self.string_map(item, Context::Env)),
             "resources" => self.resources(item, &mut draft.resources),
@@ -120,31 +124,38 @@ impl Compiler<'_> {
             "tags" => draft.tags.extend(self.string_map(item, Context::Tags)),
             "secret" => {
                 for (name, span) in self.names(item) {
-                    self.refer(Kind::Secret, &name, span, user());
+                    self.mark(Field::from("secrets").key(&name), span);
                     draft.secrets.push((name, span));
                 }
             }
             "connection" => {
                 for (name, span) in self.names(item) {
-                    self.refer(Kind::Connection, &name, span, user());
+                    self.mark(
+                        Field::from("connections").index(draft.connections.len()),
+                        span,
+                    );
                     draft.connections.push(name);
                 }
             }
             "volume" => self.volume(item, &mut draft.volumes),
-            "init" => self.init_step(service, item, &mut draft.init),
-            "update" => self.update(item, &mut draft.update),
+            "init" => self.init_step(item, &mut draft.init),
+            "update" => {
+                self.mark("update", item.key_span());
+                self.update(item, &mut draft.update);
+            }
             "budget" => self.budget(item, &mut draft.budget),
             "autoscale" => {
-                draft.autoscale_span = Some(item.key_span());
+                self.mark("autoscale", item.key_span());
                 draft.autoscale = self.autoscale(item);
             }
             "stateful" => {
-                draft.stateful = (self.flag(item) == Some(true)).then(|| item.span());
+                self.mark("stateful", item.span());
+                draft.stateful = self.flag(item) == Some(true);
             }
             "scale_to_zero" => {
-                draft.scale_to_zero = self
-                    .setting_quantity(item, "an idle duration", Duration::parse)
-                    .map(|idle| (idle, item.span()));
+                self.mark("scale_to_zero", item.span());
+                draft.scale_to_zero =
+                    self.setting_quantity(item, "an idle duration", Duration::parse);
             }
             _ => {}
         }
@@ -223,20 +234,10 @@ impl Compiler<'_> {
         }
     }
 
-    fn service_conflicts(&mut self, draft: &Draft) {
-        if let (Some(stateful), Some((_, idle))) = (draft.stateful, &draft.scale_to_zero) {
-            self.report(
-                Diagnostic::error(
-                    codes::CONFLICT,
-                    *idle,
-                    "a stateful service cannot scale to zero",
-                )
-                .with_secondary(stateful, "stateful here")
-                .with_help("stateful instances keep ordinals and volumes; remove one of the two"),
-            );
-        }
+    fn replicas_within_autoscale(&mut self, draft: &Draft) {
         let horizontal = draft.autoscale.as_ref().and_then(|a| a.horizontal.as_ref());
         if let (Some((replicas, span)), Some(h)) = (draft.replicas, horizontal)
+            && h.min <= h.max
             && (replicas < h.min || replicas > h.max)
         {
             self.report(
@@ -265,24 +266,8 @@ impl Compiler<'_> {
         let Some(port) = self.port_shape(item, &values) else {
             return;
         };
-        let clash = draft.ports.iter().position(|p| {
-            (p.number == port.number && p.protocol == port.protocol)
-                || (p.name.is_some() && p.name == port.name)
-        });
-        if let Some(index) = clash {
-            self.report(
-                Diagnostic::error(
-                    codes::DUPLICATE_NAME,
-                    item.span(),
-                    "this port is declared twice",
-                )
-                .with_label("same name or number as an earlier port")
-                .with_secondary(draft.port_spans[index], "declared first here"),
-            );
-            return;
-        }
+        self.mark(Field::from("ports").index(draft.ports.len()), item.span());
         draft.ports.push(port);
-        draft.port_spans.push(item.span());
     }
 
     fn port_shape(&mut self, item: Entry<'_>, values: &[Spanned]) -> Option<PortSpec> {
@@ -328,29 +313,16 @@ impl Compiler<'_> {
         let block = self.block_of(item);
         for entry in self.entries(block, Context::Resources) {
             match entry.key() {
-                "cpu" => resources.cpu = self.positive_cpu(entry),
+                "cpu" => {
+                    self.mark("resources.cpu", entry.span());
+                    resources.cpu = self.setting_quantity(entry, "a CPU amount", Cpu::parse);
+                }
                 "memory" => {
                     resources.memory = self.setting_quantity(entry, "a memory size", Memory::parse);
                 }
                 _ => {}
             }
         }
-    }
-
-    fn positive_cpu(&mut self, entry: Entry<'_>) -> Option<Cpu> {
-        let cpu = self.setting_quantity(entry, "a CPU amount", Cpu::parse)?;
-        if cpu.0 == 0 {
-            self.report(
-                Diagnostic::error(
-                    codes::OUT_OF_RANGE,
-                    entry.span(),
-                    "CPU must be more than zero",
-                )
-                .with_help("write millicores (`250m`) or cores (`2`)"),
-            );
-            return None;
-        }
-        Some(cpu)
     }
 
     fn health(&mut self, item: Entry<'_>, ports: &[PortSpec]) -> Option<HealthCheck> {
@@ -513,29 +485,19 @@ impl Compiler<'_> {
 
     fn placement(&mut self, service: &str, item: Entry<'_>, placement: &mut Placement) {
         let block = self.block_of(item);
-        let user = format!("placement of `{service}`");
+        self.mark("placement", item.key_span());
         for entry in self.entries(block, Context::Placement) {
             match entry.key() {
-                "colocate" | "separate" => {
+                hint @ ("colocate" | "separate") => {
                     for (name, span) in self.names(entry) {
-                        self.refer(Kind::Service, &name, span, user.clone());
-                        if name == service {
-                            self.report(
-                                Diagnostic::error(
-                                    codes::CONFLICT,
-                                    span,
-                                    format!("`{service}` cannot {} itself", entry.key()),
-                                )
-                                .with_label("names the service itself"),
-                            );
-                            continue;
-                        }
-                        let list = if entry.key() == "colocate" {
+                        let list = if hint == "colocate" {
                             &mut placement.colocate
                         } else {
                             &mut placement.separate
                         };
+                        let field = Field::from("placement").field(hint).index(list.len());
                         list.push(name);
+                        self.mark(field, span);
                     }
                 }
                 "restrict" => {
@@ -558,21 +520,6 @@ impl Compiler<'_> {
                 _ => {}
             }
         }
-        let both: Vec<&String> = placement
-            .colocate
-            .iter()
-            .filter(|name| placement.separate.contains(name))
-            .collect();
-        if let Some(name) = both.first() {
-            self.report(
-                Diagnostic::error(
-                    codes::CONFLICT,
-                    item.key_span(),
-                    format!("`{service}` both colocates with and separates from `{name}`"),
-                )
-                .with_help("keep one of the two hints"),
-            );
-        }
     }
 
     /// `volume NAME PATH [SIZE]`.
@@ -594,17 +541,6 @@ impl Compiler<'_> {
         let (Some(name), Some(mount)) = (self.name_of(name), self.text_of(path)) else {
             return;
         };
-        if !mount.starts_with('/') {
-            self.report(
-                Diagnostic::error(
-                    codes::WRONG_TYPE,
-                    path.span,
-                    format!("volume path `{mount}` is not absolute"),
-                )
-                .with_label("expected a path starting with `/`"),
-            );
-            return;
-        }
         let size = match size {
             Some(written) => match self.quantity(written, "a volume size", Memory::parse) {
                 Some(size) => {
@@ -615,14 +551,9 @@ impl Compiler<'_> {
             },
             None => None,
         };
-        if volumes.iter().any(|v| v.name == name) {
-            self.report(Diagnostic::error(
-                codes::DUPLICATE_NAME,
-                item.span(),
-                format!("volume `{name}` is declared twice"),
-            ));
-            return;
-        }
+        let field = Field::from("volumes").index(volumes.len());
+        self.mark(field.clone(), item.span());
+        self.mark(field.field("path"), path.span);
         volumes.push(VolumeSpec {
             name,
             path: mount,
@@ -631,11 +562,13 @@ impl Compiler<'_> {
     }
 
     /// `init NAME { command = ... image = ... probe = CONNECTION }`.
-    fn init_step(&mut self, service: &str, item: Entry<'_>, steps: &mut Vec<InitStep>) {
+    fn init_step(&mut self, item: Entry<'_>, steps: &mut Vec<InitStep>) {
         let Some((name, _)) = self.block_name(item, false) else {
             return;
         };
         let block = self.block_of(item);
+        let field = Field::from("init").index(steps.len());
+        self.mark(field.clone(), item.key_span());
         let mut step = InitStep {
             name,
             command: None,
@@ -648,31 +581,12 @@ impl Compiler<'_> {
                 "image" => step.image = self.setting_text(entry),
                 "probe" => {
                     if let Some((connection, span)) = self.setting_name(entry) {
-                        let user = format!("init step `{}` of `{service}`", step.name);
-                        self.refer(Kind::Connection, &connection, span, user);
+                        self.mark(field.clone().field("probe"), span);
                         step.probe = Some(connection);
                     }
                 }
                 _ => {}
             }
-        }
-        if block.is_some() && step.command.is_none() && step.probe.is_none() {
-            self.report(
-                Diagnostic::error(
-                    codes::MISSING_FIELD,
-                    item.key_span(),
-                    format!("init step `{}` does nothing", step.name),
-                )
-                .with_help("give it a `command`, a `probe` connection, or both"),
-            );
-        }
-        if steps.iter().any(|s| s.name == step.name) {
-            self.report(Diagnostic::error(
-                codes::DUPLICATE_NAME,
-                item.span(),
-                format!("init step `{}` is declared twice", step.name),
-            ));
-            return;
         }
         steps.push(step);
     }
@@ -689,16 +603,6 @@ impl Compiler<'_> {
                 "rollback_after" => update.rollback_after = count,
                 _ => {}
             }
-        }
-        if update.max_unavailable == 0 && update.max_surge == 0 {
-            self.report(
-                Diagnostic::error(
-                    codes::CONFLICT,
-                    item.key_span(),
-                    "an update with `max_unavailable = 0` and `max_surge = 0` can never progress",
-                )
-                .with_help("allow at least one of them to be 1"),
-            );
         }
     }
 
@@ -742,16 +646,25 @@ impl Compiler<'_> {
         for entry in self.entries(Some(block), Context::Autoscale) {
             match entry.key() {
                 "min" => min = self.setting_count(entry),
-                "max" => max = self.setting_count(entry).map(|n| (n, entry.span())),
-                "cpu" => cpu = self.target(entry),
-                "memory" => memory = self.target(entry),
+                "max" => {
+                    self.mark("autoscale.horizontal.max", entry.span());
+                    max = self.setting_count(entry);
+                }
+                "cpu" => {
+                    self.mark("autoscale.horizontal.cpu", entry.span());
+                    cpu = self.setting_quantity(entry, "a percentage", Percent::parse);
+                }
+                "memory" => {
+                    self.mark("autoscale.horizontal.memory", entry.span());
+                    memory = self.setting_quantity(entry, "a percentage", Percent::parse);
+                }
                 "vertical" => autoscale.vertical = self.vertical(entry),
                 _ => {}
             }
         }
         let any_horizontal = min.is_some() || max.is_some() || cpu.is_some() || memory.is_some();
         if any_horizontal {
-            let Some((max, max_span)) = max else {
+            let Some(max) = max else {
                 self.report(
                     Diagnostic::error(
                         codes::MISSING_FIELD,
@@ -763,14 +676,6 @@ impl Compiler<'_> {
                 return None;
             };
             let min = min.unwrap_or(1);
-            if min > max {
-                self.report(Diagnostic::error(
-                    codes::CONFLICT,
-                    max_span,
-                    format!("autoscale `max = {max}` is below `min = {min}`"),
-                ));
-                return None;
-            }
             let cpu = if cpu.is_none() && memory.is_none() {
                 Some(DEFAULT_CPU_TARGET)
             } else {
@@ -783,39 +688,12 @@ impl Compiler<'_> {
                 memory,
             });
         }
-        if autoscale.horizontal.is_none() && autoscale.vertical.is_none() {
-            self.report(
-                Diagnostic::error(
-                    codes::MISSING_FIELD,
-                    item.key_span(),
-                    "autoscale says nothing",
-                )
-                .with_help("give `min`/`max`/`cpu` (horizontal) or a `vertical { }` block"),
-            );
-            return None;
-        }
         Some(autoscale)
-    }
-
-    /// A utilisation target, 1% to 100%.
-    fn target(&mut self, entry: Entry<'_>) -> Option<Percent> {
-        let percent = self.setting_quantity(entry, "a percentage", Percent::parse)?;
-        if percent.0 == 0 || percent.0 > 100 {
-            self.report(
-                Diagnostic::error(
-                    codes::OUT_OF_RANGE,
-                    entry.span(),
-                    format!("target {}% is out of range", percent.0),
-                )
-                .with_label("targets are 1% to 100%"),
-            );
-            return None;
-        }
-        Some(percent)
     }
 
     fn vertical(&mut self, item: Entry<'_>) -> Option<VerticalScale> {
         let block = self.block_of(item)?;
+        self.mark("autoscale.vertical", item.key_span());
         let mut vertical = VerticalScale::default();
         for entry in self.entries(Some(block), Context::Vertical) {
             match entry.key() {
@@ -835,16 +713,6 @@ impl Compiler<'_> {
                 }
                 _ => {}
             }
-        }
-        let inverted = matches!((vertical.min_cpu, vertical.max_cpu), (Some(a), Some(b)) if a > b)
-            || matches!((vertical.min_memory, vertical.max_memory), (Some(a), Some(b)) if a > b);
-        if inverted {
-            self.report(Diagnostic::error(
-                codes::CONFLICT,
-                item.key_span(),
-                "vertical autoscale has a minimum above its maximum",
-            ));
-            return None;
         }
         Some(vertical)
     }

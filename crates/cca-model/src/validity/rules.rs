@@ -1,0 +1,1030 @@
+//! The rules themselves, one function per kind of object. Each reports
+//! every problem it finds (never only the first) with the words the DSL
+//! compiler shows, so a program refused by the server reads the same as
+//! one refused by `cca lint`.
+
+use std::collections::BTreeMap;
+
+use super::{Code, Field, ObjectKind, Problem, Subject, Undefined};
+use crate::spec::{
+    ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, Peer, Probe, Program, SameSite,
+    SecretGrant, ServiceSpec, Tls,
+};
+
+/// More replicas than any cluster we target could run: a typo guard.
+pub const MAX_REPLICAS: u32 = 100_000;
+
+/// Longest name of an object other than a service.
+const MAX_NAME_LEN: usize = 253;
+
+/// How the name rule is explained.
+pub const NAME_HELP: &str = "names use letters, digits, `_` and `-`, at most 253 characters";
+/// How the service name rule is explained.
+pub const SERVICE_NAME_HELP: &str =
+    "service names are DNS labels: lowercase letters, digits and `-`, at most 63 characters";
+
+/// Names that may appear in keys: letters, digits, `_`, `-`.
+pub fn is_valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'))
+}
+
+/// Service names are DNS labels (`{svc}.cca.local`).
+pub fn is_service_name(name: &str) -> bool {
+    let bytes = name.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-')
+        && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
+        && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// Host names a gate answers for: letters, digits, `.`, `-` and `*`.
+pub fn is_host_name(host: &str) -> bool {
+    !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'*'))
+}
+
+/// The problem of a name that breaks the name rule of its kind, if any:
+/// what the DSL compiler reports where a name is written, and what the
+/// server reports for a program posted by hand.
+pub fn name_problem(kind: ObjectKind, name: &str) -> Option<Problem> {
+    let (valid, what, help) = match kind {
+        ObjectKind::Service => (is_service_name(name), "service name", SERVICE_NAME_HELP),
+        _ => (is_valid_name(name), "name", NAME_HELP),
+    };
+    (!valid).then(|| {
+        Problem::new(
+            Code::InvalidName,
+            Subject::new(kind, name, "name"),
+            format!("`{}` is not a valid {what}", name.escape_debug()),
+        )
+        .with_label("invalid name")
+        .with_help(help)
+    })
+}
+
+pub(super) fn check(program: &Program) -> Vec<Problem> {
+    let mut check = Check {
+        program,
+        problems: Vec::new(),
+    };
+    for (name, spec) in &program.services {
+        check.service(name, spec);
+    }
+    check.tags_and_grants();
+    for (name, gate) in &program.gates {
+        check.gate(name, gate);
+    }
+    check.hosts();
+    for (name, connection) in &program.connections {
+        check.connection(name, connection);
+    }
+    for (name, secret) in &program.secrets {
+        check.named(ObjectKind::Secret, name, &secret.name);
+    }
+    for (name, policy) in &program.networks {
+        check.network(name, policy);
+    }
+    let mut membership: BTreeMap<&str, &str> = BTreeMap::new();
+    for (name, group) in &program.groups {
+        check.group(name, group, &mut membership);
+    }
+    check.problems
+}
+
+struct Check<'p> {
+    program: &'p Program,
+    problems: Vec<Problem>,
+}
+
+impl<'p> Check<'p> {
+    fn report(&mut self, problem: Problem) {
+        self.problems.push(problem);
+    }
+
+    /// The object's key is a valid name and the spec under it has it.
+    fn named(&mut self, kind: ObjectKind, key: &str, inner: &str) {
+        if let Some(problem) = name_problem(kind, key) {
+            self.report(problem);
+        }
+        if inner != key {
+            self.report(Problem::new(
+                Code::Conflict,
+                Subject::new(kind, key, "name"),
+                format!(
+                    "{} `{key}` holds a spec named `{}`",
+                    kind.noun(),
+                    inner.escape_debug()
+                ),
+            ));
+        }
+    }
+
+    /// `name` (of `kind`) exists in the program; `subject` uses it.
+    /// Whether it does.
+    fn refer(&mut self, kind: ObjectKind, name: &str, subject: Subject, user: String) -> bool {
+        let defined = match kind {
+            ObjectKind::Service => self.program.services.contains_key(name),
+            ObjectKind::Gate => self.program.gates.contains_key(name),
+            ObjectKind::Connection => self.program.connections.contains_key(name),
+            ObjectKind::Secret => self.program.secrets.contains_key(name),
+            ObjectKind::Network => self.program.networks.contains_key(name),
+            ObjectKind::Group => self.program.groups.contains_key(name),
+        };
+        if defined {
+            return true;
+        }
+        let mut problem = Problem::new(
+            Code::UndefinedReference,
+            subject,
+            format!("undefined {} `{}`", kind.noun(), name.escape_debug()),
+        )
+        .with_label(format!("used by {user}"))
+        .with_help(format!(
+            "declare it: `{} {} {{ ... }}`",
+            kind.keyword(),
+            name.escape_debug()
+        ));
+        problem.undefined = Some(Undefined {
+            kind,
+            name: name.to_owned(),
+        });
+        self.report(problem);
+        false
+    }
+
+    fn port_number(&mut self, number: u16, subject: Subject) {
+        if number == 0 {
+            self.report(
+                Problem::new(Code::OutOfRange, subject, "port 0 is out of range")
+                    .with_label("ports are 1 to 65535"),
+            );
+        }
+    }
+
+    fn service(&mut self, name: &str, spec: &ServiceSpec) {
+        let at = |field: Field| Subject::new(ObjectKind::Service, name, field);
+        let user = || format!("service `{name}`");
+        self.named(ObjectKind::Service, name, &spec.name);
+        if spec.replicas > MAX_REPLICAS {
+            self.report(
+                Problem::new(
+                    Code::OutOfRange,
+                    at("replicas".into()),
+                    format!(
+                        "{} replicas is more than the limit of {MAX_REPLICAS}",
+                        spec.replicas
+                    ),
+                )
+                .with_label(format!("at most {MAX_REPLICAS}")),
+            );
+        }
+        for (index, port) in spec.ports.iter().enumerate() {
+            let field = Field::from("ports").index(index);
+            self.port_number(port.number, at(field.clone().field("number")));
+            if let Some(port_name) = &port.name
+                && !is_valid_name(port_name)
+            {
+                self.report(
+                    Problem::new(
+                        Code::InvalidName,
+                        at(field.clone().field("name")),
+                        format!("`{}` is not a valid port name", port_name.escape_debug()),
+                    )
+                    .with_help(NAME_HELP),
+                );
+            }
+            let first = spec.ports[..index].iter().position(|p| {
+                (p.number == port.number && p.protocol == port.protocol)
+                    || (p.name.is_some() && p.name == port.name)
+            });
+            if let Some(first) = first {
+                self.report(
+                    Problem::new(
+                        Code::DuplicateName,
+                        at(field),
+                        "this port is declared twice",
+                    )
+                    .with_label("same name or number as an earlier port")
+                    .with_related(at(Field::from("ports").index(first)), "declared first here"),
+                );
+            }
+        }
+        if let Some(health) = &spec.health
+            && let Probe::Http { port, .. } | Probe::Tcp { port } = &health.probe
+        {
+            self.port_number(*port, at("health.probe.port".into()));
+        }
+        if spec.resources.cpu.is_some_and(|cpu| cpu.0 == 0) {
+            self.report(
+                Problem::new(
+                    Code::OutOfRange,
+                    at("resources.cpu".into()),
+                    "CPU must be more than zero",
+                )
+                .with_help("write millicores (`250m`) or cores (`2`)"),
+            );
+        }
+        for (index, connection) in spec.connections.iter().enumerate() {
+            let subject = at(Field::from("connections").index(index));
+            self.refer(ObjectKind::Connection, connection, subject, user());
+        }
+        self.placement(name, spec);
+        self.volumes(name, spec);
+        self.init_steps(name, spec);
+        if spec.update.max_unavailable == 0 && spec.update.max_surge == 0 {
+            self.report(
+                Problem::new(
+                    Code::Conflict,
+                    at("update".into()),
+                    "an update with `max_unavailable = 0` and `max_surge = 0` can never progress",
+                )
+                .with_help("allow at least one of them to be 1"),
+            );
+        }
+        self.autoscale(name, spec);
+        if spec.stateful && spec.scale_to_zero.is_some() {
+            self.report(
+                Problem::new(
+                    Code::Conflict,
+                    at("scale_to_zero".into()),
+                    "a stateful service cannot scale to zero",
+                )
+                .with_related(at("stateful".into()), "stateful here")
+                .with_help("stateful instances keep ordinals and volumes; remove one of the two"),
+            );
+        }
+    }
+
+    fn placement(&mut self, name: &str, spec: &ServiceSpec) {
+        let at = |field: Field| Subject::new(ObjectKind::Service, name, field);
+        let placement = &spec.placement;
+        for (hint, list) in [
+            ("colocate", &placement.colocate),
+            ("separate", &placement.separate),
+        ] {
+            for (index, target) in list.iter().enumerate() {
+                let subject = at(Field::from("placement").field(hint).index(index));
+                if target == name {
+                    self.report(
+                        Problem::new(
+                            Code::Conflict,
+                            subject,
+                            format!("`{name}` cannot {hint} itself"),
+                        )
+                        .with_label("names the service itself"),
+                    );
+                    continue;
+                }
+                let user = format!("placement of `{name}`");
+                self.refer(ObjectKind::Service, target, subject, user);
+            }
+        }
+        let both = placement
+            .colocate
+            .iter()
+            .find(|target| *target != name && placement.separate.contains(target));
+        if let Some(target) = both {
+            self.report(
+                Problem::new(
+                    Code::Conflict,
+                    at("placement".into()),
+                    format!("`{name}` both colocates with and separates from `{target}`"),
+                )
+                .with_help("keep one of the two hints"),
+            );
+        }
+    }
+
+    fn volumes(&mut self, name: &str, spec: &ServiceSpec) {
+        let at = |field: Field| Subject::new(ObjectKind::Service, name, field);
+        for (index, volume) in spec.volumes.iter().enumerate() {
+            let field = Field::from("volumes").index(index);
+            if !is_valid_name(&volume.name) {
+                self.report(
+                    Problem::new(
+                        Code::InvalidName,
+                        at(field.clone().field("name")),
+                        format!(
+                            "`{}` is not a valid volume name",
+                            volume.name.escape_debug()
+                        ),
+                    )
+                    .with_help(NAME_HELP),
+                );
+            }
+            if !volume.path.starts_with('/') {
+                self.report(
+                    Problem::new(
+                        Code::WrongType,
+                        at(field.clone().field("path")),
+                        format!(
+                            "volume path `{}` is not absolute",
+                            volume.path.escape_debug()
+                        ),
+                    )
+                    .with_label("expected a path starting with `/`"),
+                );
+            }
+            if spec.volumes[..index].iter().any(|v| v.name == volume.name) {
+                self.report(Problem::new(
+                    Code::DuplicateName,
+                    at(field),
+                    format!("volume `{}` is declared twice", volume.name),
+                ));
+            }
+        }
+    }
+
+    fn init_steps(&mut self, name: &str, spec: &ServiceSpec) {
+        let at = |field: Field| Subject::new(ObjectKind::Service, name, field);
+        for (index, step) in spec.init.iter().enumerate() {
+            let field = Field::from("init").index(index);
+            if !is_valid_name(&step.name) {
+                self.report(
+                    Problem::new(
+                        Code::InvalidName,
+                        at(field.clone().field("name")),
+                        format!(
+                            "`{}` is not a valid init step name",
+                            step.name.escape_debug()
+                        ),
+                    )
+                    .with_help(NAME_HELP),
+                );
+            }
+            if step.command.is_none() && step.probe.is_none() {
+                self.report(
+                    Problem::new(
+                        Code::MissingField,
+                        at(field.clone()),
+                        format!("init step `{}` does nothing", step.name),
+                    )
+                    .with_help("give it a `command`, a `probe` connection, or both"),
+                );
+            }
+            if let Some(connection) = &step.probe {
+                let user = format!("init step `{}` of `{name}`", step.name);
+                self.refer(
+                    ObjectKind::Connection,
+                    connection,
+                    at(field.clone().field("probe")),
+                    user,
+                );
+            }
+            if spec.init[..index].iter().any(|s| s.name == step.name) {
+                self.report(Problem::new(
+                    Code::DuplicateName,
+                    at(field),
+                    format!("init step `{}` is declared twice", step.name),
+                ));
+            }
+        }
+    }
+
+    fn autoscale(&mut self, name: &str, spec: &ServiceSpec) {
+        let at = |field: &str| Subject::new(ObjectKind::Service, name, field);
+        let Some(autoscale) = &spec.autoscale else {
+            return;
+        };
+        if autoscale.horizontal.is_none() && autoscale.vertical.is_none() {
+            self.report(
+                Problem::new(
+                    Code::MissingField,
+                    at("autoscale"),
+                    "autoscale says nothing",
+                )
+                .with_help("give `min`/`max`/`cpu` (horizontal) or a `vertical { }` block"),
+            );
+        }
+        if let Some(h) = &autoscale.horizontal {
+            if h.min > h.max {
+                self.report(Problem::new(
+                    Code::Conflict,
+                    at("autoscale.horizontal.max"),
+                    format!("autoscale `max = {}` is below `min = {}`", h.max, h.min),
+                ));
+            }
+            for (field, target) in [
+                ("autoscale.horizontal.cpu", h.cpu),
+                ("autoscale.horizontal.memory", h.memory),
+            ] {
+                if let Some(percent) = target
+                    && (percent.0 == 0 || percent.0 > 100)
+                {
+                    self.report(
+                        Problem::new(
+                            Code::OutOfRange,
+                            at(field),
+                            format!("target {}% is out of range", percent.0),
+                        )
+                        .with_label("targets are 1% to 100%"),
+                    );
+                }
+            }
+        }
+        if let Some(v) = &autoscale.vertical {
+            let inverted = matches!((v.min_cpu, v.max_cpu), (Some(a), Some(b)) if a > b)
+                || matches!((v.min_memory, v.max_memory), (Some(a), Some(b)) if a > b);
+            if inverted {
+                self.report(Problem::new(
+                    Code::Conflict,
+                    at("autoscale.vertical"),
+                    "vertical autoscale has a minimum above its maximum",
+                ));
+            }
+        }
+    }
+
+    /// Tags and grants belong to a service of the same program (an apply
+    /// writes a service with its sub-facts); grants name declared secrets.
+    fn tags_and_grants(&mut self) {
+        let program = self.program;
+        let at = |service: &str, field: Field| Subject::new(ObjectKind::Service, service, field);
+        for (service, tags) in &program.tags {
+            if !program.services.contains_key(service) {
+                self.report(Problem::new(
+                    Code::UndefinedReference,
+                    at(service, "tags".into()),
+                    format!("tags for service `{service}`, which the program does not define"),
+                ));
+            }
+            for key in tags.keys().filter(|key| !is_valid_name(key)) {
+                self.report(
+                    Problem::new(
+                        Code::InvalidName,
+                        at(service, Field::from("tags").key(key)),
+                        format!("`{}` is not a valid tag name", key.escape_debug()),
+                    )
+                    .with_help(NAME_HELP),
+                );
+            }
+        }
+        for (service, grants) in &program.grants {
+            let Some(spec) = program.services.get(service) else {
+                self.report(Problem::new(
+                    Code::UndefinedReference,
+                    at(service, "secrets".into()),
+                    format!(
+                        "secret grants for service `{service}`, which the program does not define"
+                    ),
+                ));
+                continue;
+            };
+            for (secret, grant) in grants {
+                let subject = at(service, Field::from("secrets").key(secret));
+                match grant {
+                    SecretGrant::Explicit => {
+                        self.refer(
+                            ObjectKind::Secret,
+                            secret,
+                            subject,
+                            format!("service `{service}`"),
+                        );
+                    }
+                    SecretGrant::Connection { connection } => {
+                        let used = spec.connections.contains(connection);
+                        let carries = program
+                            .connections
+                            .get(connection)
+                            .is_some_and(|c| c.secret.as_ref() == Some(secret));
+                        if !(used && carries) {
+                            self.report(
+                                Problem::new(
+                                    Code::Conflict,
+                                    subject,
+                                    format!(
+                                        "secret `{secret}` is granted through connection \
+                                         `{connection}`, which service `{service}` does not \
+                                         use with that secret"
+                                    ),
+                                )
+                                .with_help(
+                                    "grant it explicitly, or have the service use a connection \
+                                     whose `secret` it is",
+                                ),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn gate(&mut self, name: &str, gate: &GateSpec) {
+        let at = |field: &str| Subject::new(ObjectKind::Gate, name, field);
+        self.named(ObjectKind::Gate, name, &gate.name);
+        if gate.hosts.is_empty() {
+            self.report(
+                Problem::new(
+                    Code::MissingField,
+                    at("hosts"),
+                    format!("gate `{name}` has no `host`"),
+                )
+                .with_help("add `host \"app.example.com\"`"),
+            );
+        }
+        for (index, host) in gate.hosts.iter().enumerate() {
+            if !is_host_name(host) {
+                self.report(
+                    Problem::new(
+                        Code::InvalidName,
+                        Subject::new(ObjectKind::Gate, name, Field::from("hosts").index(index)),
+                        format!("`{}` is not a host name", host.escape_debug()),
+                    )
+                    .with_label("letters, digits, `.`, `-` and a leading `*.` only"),
+                );
+            }
+        }
+        if gate.service.is_empty() {
+            self.report(
+                Problem::new(
+                    Code::MissingField,
+                    at("service"),
+                    format!("gate `{name}` has no `service`"),
+                )
+                .with_help("add `service NAME port PORT`"),
+            );
+        } else {
+            let user = format!("gate `{name}`");
+            if self.refer(ObjectKind::Service, &gate.service, at("service"), user) {
+                self.port_number(gate.port, at("port"));
+            }
+        }
+        if let Some(sticky) = &gate.sticky
+            && sticky.same_site == SameSite::None
+            && !sticky.secure
+        {
+            self.report(
+                Problem::new(
+                    Code::Conflict,
+                    at("sticky.same_site"),
+                    "`same_site \"None\"` requires `secure`",
+                )
+                .with_help("browsers drop SameSite=None cookies that are not Secure"),
+            );
+        }
+        if let Some(Tls::Secrets { cert, key }) = &gate.tls {
+            let user = format!("TLS of gate `{name}`");
+            self.refer(ObjectKind::Secret, cert, at("tls.cert"), user.clone());
+            self.refer(ObjectKind::Secret, key, at("tls.key"), user);
+        }
+    }
+
+    /// A host is served by one gate only: two would race for its traffic.
+    fn hosts(&mut self) {
+        let mut first: BTreeMap<&str, Subject> = BTreeMap::new();
+        for (name, gate) in &self.program.gates {
+            for (index, host) in gate.hosts.iter().enumerate() {
+                let subject =
+                    Subject::new(ObjectKind::Gate, name, Field::from("hosts").index(index));
+                let Some(earlier) = first.get(host.as_str()) else {
+                    first.insert(host, subject);
+                    continue;
+                };
+                let message = if earlier.name == *name {
+                    format!("host `{host}` is listed twice")
+                } else {
+                    format!("host `{host}` is already served by gate `{}`", earlier.name)
+                };
+                let problem = Problem::new(Code::DuplicateName, subject, message)
+                    .with_related(earlier.clone(), "first served here")
+                    .with_help("a host is served by one gate: remove it from all but one");
+                self.report(problem);
+            }
+        }
+    }
+
+    fn connection(&mut self, name: &str, connection: &ConnectionSpec) {
+        self.named(ObjectKind::Connection, name, &connection.name);
+        let missing: Vec<&str> = [
+            ("driver", connection.driver.is_empty()),
+            ("host", connection.host.is_empty()),
+            ("port", connection.port == 0),
+        ]
+        .iter()
+        .filter(|(_, missing)| *missing)
+        .map(|(field, _)| *field)
+        .collect();
+        if !missing.is_empty() {
+            self.report(
+                Problem::new(
+                    Code::MissingField,
+                    Subject::new(ObjectKind::Connection, name, Field::root()),
+                    format!("connection `{name}` is missing `{}`", missing.join("`, `")),
+                )
+                .with_help(
+                    "a connection needs `driver` and `host`; `port` too unless the driver is \
+                     well known",
+                ),
+            );
+        }
+        if let Some(secret) = &connection.secret {
+            self.refer(
+                ObjectKind::Secret,
+                secret,
+                Subject::new(ObjectKind::Connection, name, "secret"),
+                format!("connection `{name}`"),
+            );
+        }
+    }
+
+    fn network(&mut self, name: &str, policy: &NetworkPolicy) {
+        self.named(ObjectKind::Network, name, &policy.name);
+        for (index, rule) in policy.rules.iter().enumerate() {
+            let field = Field::from("rules").index(index);
+            for (side, peer) in [("from", &rule.from), ("to", &rule.to)] {
+                if let Peer::Service(service) = peer {
+                    let subject =
+                        Subject::new(ObjectKind::Network, name, field.clone().field(side));
+                    let user = format!("network policy `{name}`");
+                    self.refer(ObjectKind::Service, service, subject, user);
+                }
+            }
+            for (at, port) in rule.ports.iter().enumerate() {
+                let subject = Subject::new(
+                    ObjectKind::Network,
+                    name,
+                    field.clone().field("ports").index(at),
+                );
+                self.port_number(*port, subject);
+            }
+        }
+    }
+
+    /// Members of a group share a node: at least two, each listed once and
+    /// defined, in one group only, agreeing on `restrict`, not separating
+    /// from each other.
+    fn group(
+        &mut self,
+        name: &'p str,
+        group: &'p GroupSpec,
+        membership: &mut BTreeMap<&'p str, &'p str>,
+    ) {
+        let at = |field: Field| Subject::new(ObjectKind::Group, name, field);
+        self.named(ObjectKind::Group, name, &group.name);
+        let mut distinct = 0;
+        for (index, member) in group.services.iter().enumerate() {
+            let subject = at(Field::from("services").index(index));
+            if group.services[..index].contains(member) {
+                self.report(Problem::new(
+                    Code::DuplicateName,
+                    subject,
+                    format!("`{member}` is listed twice"),
+                ));
+                continue;
+            }
+            distinct += 1;
+            self.refer(
+                ObjectKind::Service,
+                member,
+                subject,
+                format!("group `{name}`"),
+            );
+            if let Some(other) = membership.insert(member, name) {
+                self.report(
+                    Problem::new(
+                        Code::Conflict,
+                        at("name".into()),
+                        format!("`{member}` is in groups `{other}` and `{name}`"),
+                    )
+                    .with_help("a service belongs to at most one group"),
+                );
+            }
+        }
+        if distinct < 2 {
+            self.report(
+                Problem::new(
+                    Code::MissingField,
+                    at("services".into()),
+                    format!("group `{name}` needs at least two services"),
+                )
+                .with_help("write `services = [a, b]`"),
+            );
+        }
+        let mut labels: BTreeMap<&str, (&str, &str)> = BTreeMap::new();
+        for member in &group.services {
+            let Some(service) = self.program.services.get(member) else {
+                continue;
+            };
+            for (label, value) in &service.placement.restrict {
+                match labels.get(label.as_str()) {
+                    Some((first, theirs)) if theirs != value => self.report(
+                        Problem::new(
+                            Code::Conflict,
+                            at("name".into()),
+                            format!(
+                                "`{member}` restricts {label} = \"{value}\" but `{first}` \
+                                 restricts {label} = \"{theirs}\""
+                            ),
+                        )
+                        .with_help(
+                            "group members run on one node, so their restrictions must agree",
+                        ),
+                    ),
+                    Some(_) => {}
+                    None => {
+                        labels.insert(label, (member, value));
+                    }
+                }
+            }
+            for separated in &service.placement.separate {
+                if separated != member && group.services.contains(separated) {
+                    self.report(
+                        Problem::new(
+                            Code::Conflict,
+                            at("name".into()),
+                            format!(
+                                "`{member}` separates from `{separated}`, but group `{name}` \
+                                 places them together"
+                            ),
+                        )
+                        .with_help("drop the `separate` hint or the group"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::spec::{
+        Autoscale, ConnectionSpec, Cpu, Duration, HorizontalScale, InitStep, Percent, PortSpec,
+        Protocol, Resources, SecretSpec, Sticky, UpdateStrategy, VerticalScale, VolumeSpec,
+        Workload,
+    };
+
+    fn service(name: &str) -> ServiceSpec {
+        ServiceSpec {
+            name: name.to_owned(),
+            workload: Workload::Process {
+                run: "cca whoami --port $PORT".to_owned(),
+            },
+            replicas: 1,
+            ports: vec![PortSpec {
+                name: Some("http".to_owned()),
+                number: 8080,
+                protocol: Protocol::Tcp,
+            }],
+            env: BTreeMap::new(),
+            resources: Resources::default(),
+            health: None,
+            placement: Default::default(),
+            connections: Vec::new(),
+            volumes: Vec::new(),
+            init: Vec::new(),
+            update: UpdateStrategy::default(),
+            budget: None,
+            autoscale: None,
+            stateful: false,
+            scale_to_zero: None,
+        }
+    }
+
+    fn gate(name: &str, service: &str, hosts: &[&str]) -> GateSpec {
+        GateSpec {
+            name: name.to_owned(),
+            hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
+            service: service.to_owned(),
+            port: 8080,
+            sticky: None,
+            tls: None,
+        }
+    }
+
+    fn connection(name: &str, secret: Option<&str>) -> ConnectionSpec {
+        ConnectionSpec {
+            name: name.to_owned(),
+            driver: "postgresql".to_owned(),
+            user: None,
+            secret: secret.map(str::to_owned),
+            host: "db.internal".to_owned(),
+            port: 5432,
+            database: None,
+            params: BTreeMap::new(),
+        }
+    }
+
+    /// Checks `program` and compares every problem, printed, with `expect`.
+    fn check(program: &Program, expect: &[&str]) {
+        let found: Vec<String> = program
+            .problems()
+            .iter()
+            .map(|problem| format!("{} {}: {}", problem.code, problem.subject, problem.message))
+            .collect();
+        assert_eq!(found, expect);
+    }
+
+    #[test]
+    fn a_sound_program_has_no_problems() {
+        let mut program = Program::default();
+        let mut web = service("web");
+        web.connections.push("db".into());
+        program.services.insert("web".into(), web);
+        program
+            .connections
+            .insert("db".into(), connection("db", Some("db-password")));
+        let secret = SecretSpec {
+            name: "db-password".into(),
+            description: None,
+        };
+        program.secrets.insert("db-password".into(), secret);
+        program.grants.entry("web".into()).or_default().insert(
+            "db-password".into(),
+            SecretGrant::Connection {
+                connection: "db".into(),
+            },
+        );
+        program
+            .gates
+            .insert("shop".into(), gate("shop", "web", &["shop.example.com"]));
+        check(&program, &[]);
+    }
+
+    #[test]
+    fn names_and_references_are_checked_everywhere() {
+        let mut program = Program::default();
+        let mut web = service("Web");
+        web.connections.push("nope".into());
+        web.placement.colocate.push("Web".into());
+        web.placement.separate.push("ghost".into());
+        program.services.insert("Web".into(), web);
+        program
+            .connections
+            .insert("db".into(), connection("db", Some("missing")));
+        program
+            .gates
+            .insert("a b".into(), gate("a b", "api", &["x"]));
+        program
+            .tags
+            .entry("ghost".into())
+            .or_default()
+            .insert("team".into(), "x".into());
+        program
+            .grants
+            .entry("Web".into())
+            .or_default()
+            .insert("token".into(), SecretGrant::Explicit);
+        check(
+            &program,
+            &[
+                "cca::E021 service `Web` name: `Web` is not a valid service name",
+                "cca::E018 service `Web` connections[0]: undefined connection `nope`",
+                "cca::E019 service `Web` placement.colocate[0]: `Web` cannot colocate itself",
+                "cca::E018 service `Web` placement.separate[0]: undefined service `ghost`",
+                "cca::E018 service `ghost` tags: tags for service `ghost`, which the program does not define",
+                "cca::E018 service `Web` secrets[\"token\"]: undefined secret `token`",
+                "cca::E021 gate `a b` name: `a b` is not a valid name",
+                "cca::E018 gate `a b` service: undefined service `api`",
+                "cca::E018 connection `db` secret: undefined secret `missing`",
+            ],
+        );
+    }
+
+    #[test]
+    fn ports_ranges_and_conflicts_of_a_service() {
+        let mut web = service("web");
+        web.replicas = MAX_REPLICAS + 1;
+        web.ports.push(PortSpec {
+            name: Some("http".into()),
+            number: 0,
+            protocol: Protocol::Udp,
+        });
+        web.resources.cpu = Some(Cpu(0));
+        web.volumes = vec![
+            VolumeSpec {
+                name: "data".into(),
+                path: "data".into(),
+                size: None,
+            },
+            VolumeSpec {
+                name: "data".into(),
+                path: "/data".into(),
+                size: None,
+            },
+        ];
+        web.init = vec![InitStep {
+            name: "wait".into(),
+            command: None,
+            image: None,
+            probe: None,
+        }];
+        web.update = UpdateStrategy {
+            max_unavailable: 0,
+            max_surge: 0,
+            rollback_after: 3,
+        };
+        web.autoscale = Some(Autoscale {
+            horizontal: Some(HorizontalScale {
+                min: 5,
+                max: 2,
+                cpu: Some(Percent(0)),
+                memory: Some(Percent(150)),
+            }),
+            vertical: Some(VerticalScale {
+                min_cpu: Some(Cpu(2000)),
+                max_cpu: Some(Cpu(1000)),
+                ..VerticalScale::default()
+            }),
+        });
+        web.stateful = true;
+        web.scale_to_zero = Some(Duration(60_000));
+        let mut program = Program::default();
+        program.services.insert("web".into(), web);
+        check(
+            &program,
+            &[
+                "cca::E015 service `web` replicas: 100001 replicas is more than the limit of 100000",
+                "cca::E015 service `web` ports[1].number: port 0 is out of range",
+                "cca::E016 service `web` ports[1]: this port is declared twice",
+                "cca::E015 service `web` resources.cpu: CPU must be more than zero",
+                "cca::E013 service `web` volumes[0].path: volume path `data` is not absolute",
+                "cca::E016 service `web` volumes[1]: volume `data` is declared twice",
+                "cca::E017 service `web` init[0]: init step `wait` does nothing",
+                "cca::E019 service `web` update: an update with `max_unavailable = 0` and `max_surge = 0` can never progress",
+                "cca::E019 service `web` autoscale.horizontal.max: autoscale `max = 2` is below `min = 5`",
+                "cca::E015 service `web` autoscale.horizontal.cpu: target 0% is out of range",
+                "cca::E015 service `web` autoscale.horizontal.memory: target 150% is out of range",
+                "cca::E019 service `web` autoscale.vertical: vertical autoscale has a minimum above its maximum",
+                "cca::E019 service `web` scale_to_zero: a stateful service cannot scale to zero",
+            ],
+        );
+    }
+
+    #[test]
+    fn gates_connections_and_groups() {
+        let mut program = Program::default();
+        let mut api = service("api");
+        api.placement.separate.push("web".into());
+        program.services.insert("api".into(), api);
+        program.services.insert("web".into(), service("web"));
+        program.gates.insert(
+            "a".into(),
+            gate("a", "web", &["shop.example.com", "bad host"]),
+        );
+        let mut b = gate("b", "web", &["shop.example.com"]);
+        b.sticky = Some(Sticky {
+            cookie: "c".into(),
+            secure: false,
+            http_only: false,
+            same_site: SameSite::None,
+        });
+        b.tls = Some(Tls::Secrets {
+            cert: "cert".into(),
+            key: "key".into(),
+        });
+        program.gates.insert("b".into(), b);
+        program.gates.insert("c".into(), gate("c", "", &[]));
+        let mut broken = connection("broken", None);
+        broken.driver.clear();
+        broken.port = 0;
+        program.connections.insert("broken".into(), broken);
+        let members = |names: &[&str]| GroupSpec {
+            name: String::new(),
+            services: names.iter().map(|n| (*n).to_owned()).collect(),
+        };
+        program.groups.insert(
+            "g1".into(),
+            GroupSpec {
+                name: "g1".into(),
+                ..members(&["api", "web"])
+            },
+        );
+        program.groups.insert(
+            "g2".into(),
+            GroupSpec {
+                name: "g2".into(),
+                ..members(&["web", "web"])
+            },
+        );
+        check(
+            &program,
+            &[
+                "cca::E021 gate `a` hosts[1]: `bad host` is not a host name",
+                "cca::E019 gate `b` sticky.same_site: `same_site \"None\"` requires `secure`",
+                "cca::E018 gate `b` tls.cert: undefined secret `cert`",
+                "cca::E018 gate `b` tls.key: undefined secret `key`",
+                "cca::E017 gate `c` hosts: gate `c` has no `host`",
+                "cca::E017 gate `c` service: gate `c` has no `service`",
+                "cca::E016 gate `b` hosts[0]: host `shop.example.com` is already served by gate `a`",
+                "cca::E017 connection `broken`: connection `broken` is missing `driver`, `port`",
+                "cca::E019 group `g1` name: `api` separates from `web`, but group `g1` places them together",
+                "cca::E019 group `g2` name: `web` is in groups `g1` and `g2`",
+                "cca::E016 group `g2` services[1]: `web` is listed twice",
+                "cca::E017 group `g2` services: group `g2` needs at least two services",
+            ],
+        );
+    }
+}
