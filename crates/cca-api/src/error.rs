@@ -1,5 +1,6 @@
 //! The API's one error type: a status code and a message, always answered
-//! as JSON `{"error": "..."}`. Store errors map to statuses here (store
+//! as JSON `{"error": "..."}` (with `"problems": [...]` for a program that
+//! breaks the model's rules). Store errors map to statuses here (store
 //! trouble is 503, never 500); request extractors here turn axum's plain
 //! text rejections (bad JSON, wrong types, oversized bodies, bad query
 //! strings) into the same JSON shape.
@@ -10,6 +11,7 @@ use axum::extract::{FromRequest, FromRequestParts, Request};
 use axum::http::StatusCode;
 use axum::http::request::Parts;
 use axum::response::{IntoResponse, Response};
+use cca_model::validity::Problem;
 use cca_store::StoreError;
 use serde::de::DeserializeOwned;
 
@@ -21,6 +23,8 @@ use crate::types::ErrorBody;
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
+    /// What is wrong with a refused program, each problem on its own.
+    pub problems: Vec<Problem>,
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
@@ -30,7 +34,14 @@ impl ApiError {
         Self {
             status,
             message: message.into(),
+            problems: Vec::new(),
         }
+    }
+
+    /// The same error, listing `problems` in its body.
+    pub fn with_problems(mut self, problems: Vec<Problem>) -> Self {
+        self.problems = problems;
+        self
     }
 
     /// The request is malformed (400).
@@ -93,6 +104,7 @@ impl IntoResponse for ApiError {
             self.status,
             Json(ErrorBody {
                 error: self.message,
+                problems: self.problems,
             }),
         )
             .into_response()

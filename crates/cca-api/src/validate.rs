@@ -1,17 +1,18 @@
-//! Server-side checks of a compiled program. The CLI compiles `.cca` files
-//! locally, so the server cannot trust that what arrives came from the
-//! compiler: it re-checks what it can without the sources — names usable
-//! as key segments, map keys matching the names inside, and references
-//! between parts of the program.
+//! Server-side checks. The CLI compiles `.cca` files locally, so the
+//! server cannot trust that what arrives came from the compiler: a program
+//! is judged by the same rules the compiler applies, `cca_model::validity`
+//! (names, references, ports, ranges, conflicts), and refused with every
+//! problem listed. Names outside programs (nodes) follow [`check_name`]:
+//! usable as one segment of a store key.
 
 use cca_model::spec::Program;
 
 use crate::error::{ApiError, ApiResult};
 
+pub(crate) use cca_model::validity::MAX_REPLICAS;
+
 /// Longest object name accepted (a DNS label is 63; keys allow more).
 const MAX_NAME_LEN: usize = 253;
-/// More replicas than any cluster we target could run: a typo guard.
-pub(crate) const MAX_REPLICAS: u32 = 100_000;
 
 /// Checks a name that becomes one segment of a store key.
 pub(crate) fn check_name(kind: &str, name: &str) -> ApiResult<()> {
@@ -37,66 +38,19 @@ pub(crate) fn check_name(kind: &str, name: &str) -> ApiResult<()> {
     }
 }
 
-/// Checks everything in `program` the server can check alone.
+/// Refuses (422) a program with any problem, listing every one.
 pub(crate) fn check_program(program: &Program) -> ApiResult<()> {
-    for (name, spec) in &program.services {
-        check_name("service", name)?;
-        if spec.name != *name {
-            return Err(ApiError::invalid(format!(
-                "service `{name}` holds a spec named `{}`",
-                spec.name
-            )));
-        }
-        if spec.replicas > MAX_REPLICAS {
-            return Err(ApiError::invalid(format!(
-                "service `{name}`: {} replicas is more than the limit of {MAX_REPLICAS}",
-                spec.replicas
-            )));
+    let problems = program.problems();
+    match problems.len() {
+        0 => Ok(()),
+        count => {
+            let noun = if count == 1 { "problem" } else { "problems" };
+            let message = format!(
+                "the program has {count} {noun} (the rules `cca lint` checks); nothing was written"
+            );
+            Err(ApiError::invalid(message).with_problems(problems))
         }
     }
-    for (service, tags) in &program.tags {
-        check_defined(program, "tags", service)?;
-        for key in tags.keys() {
-            check_name("tag", key)?;
-        }
-    }
-    for (service, grants) in &program.grants {
-        check_defined(program, "secret grants", service)?;
-        for secret in grants.keys() {
-            check_name("secret", secret)?;
-        }
-    }
-    check_names("gate", program.gates.keys())?;
-    check_names("connection", program.connections.keys())?;
-    check_names("secret", program.secrets.keys())?;
-    check_names("network policy", program.networks.keys())?;
-    check_names("group", program.groups.keys())?;
-    for (name, gate) in &program.gates {
-        if gate.name != *name {
-            return Err(ApiError::invalid(format!(
-                "gate `{name}` holds a spec named `{}`",
-                gate.name
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn check_names<'a>(kind: &str, names: impl Iterator<Item = &'a String>) -> ApiResult<()> {
-    names
-        .into_iter()
-        .try_for_each(|name| check_name(kind, name))
-}
-
-/// Sub-facts (tags, grants) must belong to a service of the same program:
-/// an apply writes a service and its sub-facts together.
-fn check_defined(program: &Program, what: &str, service: &str) -> ApiResult<()> {
-    if program.services.contains_key(service) {
-        return Ok(());
-    }
-    Err(ApiError::invalid(format!(
-        "{what} for service `{service}`, which the program does not define"
-    )))
 }
 
 #[cfg(test)]
@@ -115,17 +69,28 @@ mod tests {
     }
 
     #[test]
-    fn tags_of_an_undefined_service_are_refused() {
+    fn a_program_with_problems_is_refused_with_all_of_them() {
         let mut program = Program::default();
         program
             .tags
             .entry("ghost".into())
             .or_default()
-            .insert("team".into(), "x".into());
+            .insert("bad key".into(), "x".into());
         let error = check_program(&program).expect_err("no such service");
+        assert_eq!(error.status, axum::http::StatusCode::UNPROCESSABLE_ENTITY);
         assert_eq!(
             error.message,
-            "tags for service `ghost`, which the program does not define"
+            "the program has 2 problems (the rules `cca lint` checks); nothing was written"
         );
+        let subjects: Vec<String> = error
+            .problems
+            .iter()
+            .map(|problem| problem.subject.to_string())
+            .collect();
+        assert_eq!(
+            subjects,
+            ["service `ghost` tags", "service `ghost` tags[\"bad key\"]"]
+        );
+        assert!(check_program(&Program::default()).is_ok());
     }
 }

@@ -466,3 +466,116 @@ fn promtool() -> Option<&'static str> {
     }
     None
 }
+
+/// Posts `body` as raw HTTP/1.1 on a socket; returns the status and the
+/// JSON body.
+async fn post_by_hand(address: std::net::SocketAddr, path: &str, body: &[u8]) -> (u16, Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address)
+        .await
+        .expect("connects");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: {address}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.expect("writes");
+    stream.write_all(body).await.expect("writes");
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await.expect("reads");
+    let response = String::from_utf8(response).expect("UTF-8 answer");
+    let (head, body) = response.split_once("\r\n\r\n").expect("head and body");
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .expect("a status line");
+    let body = serde_json::from_str(body).unwrap_or_else(|_| Value::String(body.to_owned()));
+    (status, body)
+}
+
+/// A program written by hand (no compiler: JSON built here, posted on a
+/// socket) that `cca lint` would refuse: a bad service name, two gates with
+/// one host, a connection to an undefined secret. The server answers 422
+/// listing every problem, writes nothing, and the typed client (what the
+/// CLI prints) shows each one.
+#[tokio::test]
+async fn a_program_the_compiler_would_refuse_gets_422_with_every_problem() {
+    let h = harness().await;
+    h.call("POST", "/v1/apply", Some(to_json(&program(&[("web", 1)]))))
+        .await;
+    let before = h.keys().await;
+    let revision = h.revision().await;
+    let (address, _stop) = h.listen().await;
+
+    let mut web = to_json(&support::service("web", 2));
+    web["connections"] = json!(["db"]);
+    let gate = |name: &str| {
+        json!({"name": name, "hosts": ["shop.example.com"], "service": "web", "port": 8080,
+               "sticky": null, "tls": null})
+    };
+    let posted = json!({
+        "services": {"web": web, "Bad_Name": to_json(&support::service("Bad_Name", 1))},
+        "tags": {},
+        "grants": {},
+        "gates": {"a": gate("a"), "b": gate("b")},
+        "connections": {"db": {
+            "name": "db", "driver": "postgresql", "user": "app", "secret": "db-password",
+            "host": "db.internal", "port": 5432, "database": null, "params": {}
+        }},
+        "secrets": {},
+        "networks": {},
+        "groups": {},
+    });
+    let (status, answer) = post_by_hand(address, "/v1/apply", posted.to_string().as_bytes()).await;
+    assert_eq!(status, 422, "{answer}");
+    assert_eq!(
+        answer["error"],
+        "the program has 3 problems (the rules `cca lint` checks); nothing was written"
+    );
+    let problems: Vec<String> = answer["problems"]
+        .as_array()
+        .expect("a list of problems")
+        .iter()
+        .map(|p| {
+            format!(
+                "{} {} {} {}: {}",
+                p["code"].as_str().unwrap_or("?"),
+                p["subject"]["kind"].as_str().unwrap_or("?"),
+                p["subject"]["name"].as_str().unwrap_or("?"),
+                p["subject"]["field"].as_str().unwrap_or(""),
+                p["message"].as_str().unwrap_or("?"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        problems,
+        [
+            "cca::E021 service Bad_Name name: `Bad_Name` is not a valid service name",
+            "cca::E016 gate b hosts[0]: host `shop.example.com` is already served by gate `a`",
+            "cca::E018 connection db secret: undefined secret `db-password`",
+        ]
+    );
+    assert_eq!(h.keys().await, before, "nothing was written");
+    assert_eq!(h.revision().await, revision);
+
+    // The same program through the typed client: its error, as the CLI
+    // prints it, lists the problems.
+    let (client, _stop) = h.serve().await;
+    let program: cca_model::spec::Program = serde_json::from_value(posted).expect("a program");
+    let error = client.apply(&program, false).await.expect_err("refused");
+    assert_eq!(error.status(), Some(422));
+    assert_eq!(
+        error.to_string(),
+        "the program has 3 problems (the rules `cca lint` checks); nothing was written \
+         (HTTP 422)\n  \
+         cca::E021 service `Bad_Name` name: `Bad_Name` is not a valid service name \
+         (service names are DNS labels: lowercase letters, digits and `-`, at most 63 \
+         characters)\n  \
+         cca::E016 gate `b` hosts[0]: host `shop.example.com` is already served by gate `a` \
+         (a host is served by one gate: remove it from all but one)\n  \
+         cca::E018 connection `db` secret: undefined secret `db-password` \
+         (declare it: `secret db-password { ... }`)"
+    );
+    assert_eq!(h.keys().await, before);
+}

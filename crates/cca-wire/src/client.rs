@@ -1,5 +1,6 @@
 //! The typed client of the API: one method per endpoint, errors carrying
-//! the server's status and message. Used by the CLI and, later, by agents.
+//! the server's status and message (and the problems of a refused
+//! program). Used by the CLI and, later, by agents.
 //! Plain HTTP for now; TLS settings will be added to [`Client::with_http`]'s
 //! caller (build the `reqwest::Client` with the cluster CA and a client
 //! certificate) without changing any method.
@@ -8,6 +9,7 @@ use std::marker::PhantomData;
 
 use cca_model::cluster::{InstanceStatus, Millis};
 use cca_model::spec::Program;
+use cca_model::validity::Problem;
 use cca_model::{LeaseId, Revision};
 use reqwest::{Method, RequestBuilder, Response};
 use serde::Serialize;
@@ -18,9 +20,14 @@ use crate::types::*;
 /// What can go wrong talking to the API.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The server answered with an error.
-    #[error("{message} (HTTP {status})")]
-    Api { status: u16, message: String },
+    /// The server answered with an error; a refused program lists its
+    /// problems, one per line after the message.
+    #[error("{message} (HTTP {status}){}", problem_lines(.problems))]
+    Api {
+        status: u16,
+        message: String,
+        problems: Vec<Problem>,
+    },
     /// No answer: the server is down, unreachable, or the connection broke.
     #[error("cannot reach the API server at {url}: {reason}")]
     Unreachable { url: String, reason: String },
@@ -40,6 +47,13 @@ impl ClientError {
 }
 
 pub type ClientResult<T> = Result<T, ClientError>;
+
+fn problem_lines(problems: &[Problem]) -> String {
+    problems
+        .iter()
+        .map(|problem| format!("\n  {problem}"))
+        .collect()
+}
 
 /// Filters of [`Client::instances`].
 #[derive(Clone, Debug, Default, Serialize)]
@@ -392,12 +406,13 @@ impl Client {
             return Ok(response);
         }
         let body = response.bytes().await.unwrap_or_default();
-        let message = serde_json::from_slice::<ErrorBody>(&body)
-            .map(|body| body.error)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&body).into_owned());
+        let (message, problems) = serde_json::from_slice::<ErrorBody>(&body)
+            .map(|body| (body.error, body.problems))
+            .unwrap_or_else(|_| (String::from_utf8_lossy(&body).into_owned(), Vec::new()));
         Err(ClientError::Api {
             status: status.as_u16(),
             message,
+            problems,
         })
     }
 

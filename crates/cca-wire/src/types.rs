@@ -12,10 +12,14 @@ use cca_model::spec::{Cpu, Memory, ServiceSpec};
 use cca_model::{LeaseId, Revision};
 use serde::{Deserialize, Serialize};
 
-/// The body of every error response.
+/// The body of every error response. `problems` is there only for a
+/// program that breaks `cca_model::validity`'s rules: every problem, each
+/// with its code, message and subject (object and field).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ErrorBody {
     pub error: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<cca_model::validity::Problem>,
 }
 
 /// What `apply` changed (or, for `diff`, would change), by store key.

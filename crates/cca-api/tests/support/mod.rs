@@ -101,6 +101,13 @@ impl Harness {
     /// Serves the API on a loopback port; the server stops when the
     /// returned guard drops.
     pub(crate) async fn serve(&self) -> (Client, oneshot::Sender<()>) {
+        let (address, stop) = self.listen().await;
+        (Client::new(&format!("http://{address}")), stop)
+    }
+
+    /// Serves the API on a loopback port and returns its address, for
+    /// clients other than [`Client`].
+    pub(crate) async fn listen(&self) -> (std::net::SocketAddr, oneshot::Sender<()>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("binds");
@@ -113,7 +120,7 @@ impl Harness {
             })
             .await;
         });
-        (Client::new(&format!("http://{address}")), stop)
+        (address, stop)
     }
 }
 

@@ -106,6 +106,13 @@ pub(crate) fn compile_files(
     if failed {
         bail!("the files have errors; nothing was sent to the server");
     }
+    // Each file passed on its own; some rules span files (a host served
+    // by gates in two of them). The server would refuse these too.
+    let problems = program.problems();
+    if !problems.is_empty() {
+        let list: String = problems.iter().map(|p| format!("\n  {p}")).collect();
+        bail!("the files together have problems; nothing was sent to the server:{list}");
+    }
     Ok(program)
 }
 
