@@ -422,3 +422,35 @@ async fn watch(args: &WatchArgs) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each file is sound alone; together they serve one host from two
+    /// gates, which the server would refuse: nothing is sent.
+    #[test]
+    fn files_are_checked_together_before_sending() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut files = Vec::new();
+        for name in ["a", "b"] {
+            let path = dir.path().join(format!("{name}.cca"));
+            let text = format!(
+                "service {name} {{\n  run = \"x\"\n  port 80\n}}\n\
+                 gate {name} {{\n  host \"shop.example.com\"\n  service {name}\n}}\n"
+            );
+            std::fs::write(&path, text).expect("writes");
+            files.push(path);
+        }
+        let alone = compile_files(&files[..1], &ValueOptions::default());
+        assert!(alone.is_ok(), "{alone:?}");
+        let error =
+            compile_files(&files, &ValueOptions::default()).expect_err("one host, two gates");
+        assert_eq!(
+            error.to_string(),
+            "the files together have problems; nothing was sent to the server:\n  \
+             cca::E016 gate `b` hosts[0]: host `shop.example.com` is already served by gate \
+             `a` (a host is served by one gate: remove it from all but one)"
+        );
+    }
+}
