@@ -762,35 +762,13 @@ mod tests {
     use super::*;
     use crate::spec::{
         Autoscale, ConnectionSpec, Cpu, Duration, HorizontalScale, InitStep, Percent, PortSpec,
-        Protocol, Resources, SecretSpec, Sticky, UpdateStrategy, VerticalScale, VolumeSpec,
-        Workload,
+        Protocol, SecretSpec, Sticky, UpdateStrategy, VerticalScale, VolumeSpec, Workload,
     };
 
     fn service(name: &str) -> ServiceSpec {
-        ServiceSpec {
-            name: name.to_owned(),
-            workload: Workload::Process {
-                run: "cca whoami --port $PORT".to_owned(),
-            },
-            replicas: 1,
-            ports: vec![PortSpec {
-                name: Some("http".to_owned()),
-                number: 8080,
-                protocol: Protocol::Tcp,
-            }],
-            env: BTreeMap::new(),
-            resources: Resources::default(),
-            health: None,
-            placement: Default::default(),
-            connections: Vec::new(),
-            volumes: Vec::new(),
-            init: Vec::new(),
-            update: UpdateStrategy::default(),
-            budget: None,
-            autoscale: None,
-            stateful: false,
-            scale_to_zero: None,
-        }
+        let mut spec = ServiceSpec::new(name, Workload::process("cca whoami --port $PORT"));
+        spec.ports.push(PortSpec::tcp("http", 8080));
+        spec
     }
 
     fn gate(name: &str, service: &str, hosts: &[&str]) -> GateSpec {
