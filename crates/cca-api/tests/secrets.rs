@@ -3,7 +3,7 @@
 //! answering an instance's connection URLs and granted secrets only to the
 //! node it is placed on, and naming a secret without a value; assignment
 //! lines naming a grant committed with or just before their placement even
-//! when the cache (which feeds the grant index) lags behind the hub.
+//! when the cache (which the assignment hub indexes) lags behind the store.
 
 mod support;
 
@@ -391,7 +391,8 @@ async fn assignments_name_grants_committed_with_or_before_their_placement() {
         )
         .await
         .expect("granted and placed");
-    // The hub has seen both placements; the cache has seen nothing yet.
+    // The store holds both placements; the cache, and so the hub that
+    // indexes it, has seen nothing yet.
     tokio::time::sleep(Duration::from_millis(300)).await;
     open_gate.send_replace(true);
 

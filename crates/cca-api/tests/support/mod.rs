@@ -202,8 +202,8 @@ pub(crate) fn json<T: serde::Serialize>(value: &T) -> Value {
 }
 
 /// A store whose whole-keyspace watch (the cache's) opens only when the
-/// gate does: the cache, and the grant index following it, lag behind the
-/// hub's own watch of placements for as long as the test wants.
+/// gate does: the cache, and the assignment hub indexing it, lag behind
+/// the store for as long as the test wants.
 pub(crate) struct GatedStore {
     pub(crate) inner: Arc<dyn cca_store::Store>,
     pub(crate) gate: tokio::sync::watch::Receiver<bool>,
