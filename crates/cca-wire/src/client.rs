@@ -406,12 +406,10 @@ impl Client {
             return Ok(response);
         }
         let body = response.bytes().await.unwrap_or_default();
-        let (message, problems) = serde_json::from_slice::<ErrorBody>(&body)
-            .map(|body| (body.error, body.problems))
-            .unwrap_or_else(|_| (String::from_utf8_lossy(&body).into_owned(), Vec::new()));
+        let ErrorBody { error, problems } = ErrorBody::read(&body);
         Err(ClientError::Api {
             status: status.as_u16(),
-            message,
+            message: error,
             problems,
         })
     }
@@ -533,6 +531,15 @@ fn text_line(line: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn error_bodies_are_ours_or_their_text() {
+        let ours = ErrorBody::read(br#"{"error":"service `web` not found"}"#);
+        assert_eq!(ours.error, "service `web` not found");
+        assert!(ours.problems.is_empty());
+        let theirs = ErrorBody::read(b"<html>502 Bad Gateway</html>\n");
+        assert_eq!(theirs.error, "<html>502 Bad Gateway</html>");
+    }
 
     #[test]
     fn segments_are_escaped() {

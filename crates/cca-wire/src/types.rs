@@ -22,6 +22,17 @@ pub struct ErrorBody {
     pub problems: Vec<cca_model::validity::Problem>,
 }
 
+impl ErrorBody {
+    /// Reads an error answer's body: ours, or anything else as its text
+    /// (a proxy's page, an agent that died mid-answer).
+    pub fn read(body: &[u8]) -> ErrorBody {
+        serde_json::from_slice(body).unwrap_or_else(|_| ErrorBody {
+            error: String::from_utf8_lossy(body).trim().to_owned(),
+            problems: Vec::new(),
+        })
+    }
+}
+
 /// What `apply` changed (or, for `diff`, would change), by store key.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ApplyReport {

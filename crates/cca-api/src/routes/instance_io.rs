@@ -219,9 +219,7 @@ impl AgentTarget {
             return Ok(response);
         }
         let body = response.bytes().await.unwrap_or_default();
-        let message = serde_json::from_slice::<ErrorBody>(&body)
-            .map(|body| body.error)
-            .unwrap_or_else(|_| String::from_utf8_lossy(&body).trim().to_owned());
+        let message = ErrorBody::read(&body).error;
         match StatusCode::from_u16(status.as_u16()) {
             Ok(status) if status.is_client_error() => Err(ApiError::new(
                 status,
