@@ -5,13 +5,12 @@
 //! the cluster's secret key, and the shutdown signal that ends long-lived
 //! streams.
 
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use cca_control::Cache;
 use cca_model::cluster::{Event, EventLevel};
-use cca_model::keys;
+use cca_model::keys::EventIds;
 use cca_store::{Op, Store};
 use tokio::sync::{Semaphore, watch};
 
@@ -73,7 +72,7 @@ struct Inner {
     request_permits: Semaphore,
     stream_permits: Arc<Semaphore>,
     shutdown: watch::Sender<bool>,
-    event_seq: AtomicU32,
+    event_ids: EventIds,
     assignments: Arc<AssignmentHub>,
     secret_key: RwLock<Option<Arc<SecretKey>>>,
 }
@@ -105,7 +104,7 @@ impl ApiState {
             extra_metrics,
             requests: RequestMetrics::default(),
             shutdown,
-            event_seq: AtomicU32::new(fastrand::u32(..1_000_000)),
+            event_ids: EventIds::new(fastrand::u32(..)),
             assignments: Arc::default(),
             secret_key: RwLock::new(None),
         };
@@ -189,9 +188,6 @@ impl ApiState {
     /// A put of one event-log entry, to add to the transaction it reports.
     pub(crate) fn event_op(&self, level: EventLevel, subject: &str, message: String) -> Op {
         let at = now_millis();
-        // A per-server counter from a random start keeps keys of one
-        // millisecond apart, across servers too with high probability.
-        let seq = self.inner.event_seq.fetch_add(1, Ordering::Relaxed) % 1_000_000;
         let event = Event {
             at,
             level,
@@ -199,7 +195,7 @@ impl ApiState {
             subject: subject.into(),
             message,
         };
-        Op::put(keys::event(at, seq), encode(&event))
+        Op::put(self.inner.event_ids.key(at), encode(&event))
     }
 }
 

@@ -12,7 +12,8 @@ use std::time::Duration;
 use cca_model::clock::now_millis;
 
 use cca_model::cluster::{Event, Millis};
-use cca_model::{Key, Kind, keys, ownership};
+use cca_model::keys::EventIds;
+use cca_model::{Key, Kind, ownership};
 use cca_store::{Compare, CompareOp, Op, Revision, Store, StoreError, Txn, TxnOutcome};
 use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
@@ -49,6 +50,8 @@ pub struct Runner {
     controllers: Vec<Arc<dyn Controller>>,
     metrics: Arc<Metrics>,
     config: RunnerConfig,
+    /// Keys of the events the controllers' plans log.
+    events: Arc<EventIds>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -74,6 +77,7 @@ impl Runner {
             controllers,
             metrics,
             config,
+            events: Arc::new(EventIds::new(fastrand::u32(..))),
         }
     }
 
@@ -284,7 +288,7 @@ impl Driver {
                 message: draft.message.clone(),
             };
             let value = serde_json::to_vec(&event).unwrap_or_default();
-            txn.then(Op::put(keys::event(at, fastrand::u32(..)), value))
+            txn.then(Op::put(self.runner.events.key(at), value))
         });
         for draft in &plan.events {
             match draft.level {

@@ -216,7 +216,7 @@ pub struct Backend {
     pub port: u16,
 }
 
-/// `events/{at:013}-{seq}`: one entry of the event log (kept for a
+/// `events/{at:013}-{seq:010}-{origin:08x}`: one entry of the event log (kept for a
 /// retention period, then deleted).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Event {

@@ -195,7 +195,8 @@ fact_kinds! {
     /// An instance's state as its agent reports it.
     InstanceStatus { id } = "observed/instance/{}",
         InstanceStatus, Owner::Agent, applied: false;
-    /// One entry of the event log (`{at:013}-{seq:06}`: sorts by time).
+    /// One entry of the event log (`{at:013}-{seq:010}-{origin:08x}`: sorts
+    /// by time; see `keys::EventIds`).
     Event { id } = "events/{}",
         Event, Owner::Server, applied: false;
     /// The leader lease; its mod revision is the fencing token.

@@ -185,13 +185,42 @@ pub fn observed_instance(id: &str) -> String {
     Key::InstanceStatus { id: id.to_owned() }.to_string()
 }
 
-/// `events/{at:013}-{seq:06}`: sorts by time; `seq` tells apart events of
-/// one millisecond.
-pub fn event(at_millis: i64, seq: u32) -> String {
+/// `events/{at:013}-{seq:010}-{origin:08x}`: sorts by time; `seq` (a
+/// writer's own counter) tells apart its events of one millisecond, and
+/// `origin` (random per writer) tells writers apart. Get them from
+/// [`EventIds`].
+pub fn event(at_millis: i64, seq: u32, origin: u32) -> String {
     Key::Event {
-        id: format!("{at_millis:013}-{seq:06}"),
+        id: format!("{at_millis:013}-{seq:010}-{origin:08x}"),
     }
     .to_string()
+}
+
+/// Mints event keys for one writer (an API server, a controller runner):
+/// never the same key twice from one writer (a counter, not a random draw:
+/// 300,000 events with random 32-bit suffixes in one millisecond would
+/// collide a dozen times), and from two writers only if their random
+/// origins are equal and their counters meet in the same millisecond.
+#[derive(Debug)]
+pub struct EventIds {
+    origin: u32,
+    next: std::sync::atomic::AtomicU32,
+}
+
+impl EventIds {
+    /// A writer whose keys carry `origin` (draw it at random).
+    pub fn new(origin: u32) -> Self {
+        Self {
+            origin,
+            next: std::sync::atomic::AtomicU32::new(0),
+        }
+    }
+
+    /// The key of an event logged at `at_millis`.
+    pub fn key(&self, at_millis: i64) -> String {
+        let seq = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        event(at_millis, seq, self.origin)
+    }
 }
 
 /// `events/{at:013}`: sorts before every event of millisecond `at` and
@@ -257,6 +286,21 @@ mod tests {
     }
 
     #[test]
+    fn event_ids_of_one_writer_never_repeat_and_parse() {
+        let ids = EventIds::new(7);
+        let minted: std::collections::BTreeSet<String> =
+            (0..300_000).map(|_| ids.key(1_700_000_000_000)).collect();
+        assert_eq!(minted.len(), 300_000);
+        assert!(
+            minted
+                .iter()
+                .all(|key| Key::parse(key).is_some_and(|key| key.kind() == crate::Kind::Event))
+        );
+        let other = EventIds::new(8);
+        assert!(!minted.contains(&other.key(1_700_000_000_000)));
+    }
+
+    #[test]
     fn builders_spell_the_layout() {
         assert_eq!(desired_service("web"), "desired/service/web");
         assert_eq!(desired_secret("db"), "desired/secret/db");
@@ -268,7 +312,10 @@ mod tests {
         assert_eq!(observed_node("n1"), "observed/node/n1");
         assert_eq!(observed_instance("web-1"), "observed/instance/web-1");
         assert_eq!(derived_endpoint("web", "http"), "derived/endpoint/web/http");
-        assert_eq!(event(1_700_000_000_000, 7), "events/1700000000000-000007");
+        assert_eq!(
+            event(1_700_000_000_000, 7, 0xab),
+            "events/1700000000000-0000000007-000000ab"
+        );
         assert_eq!(leader(), "meta/leader");
         assert_eq!(apply_chunk("a1", 7), "meta/apply/a1/chunk/000007");
         assert!(apply_chunk("a1", 7).starts_with(&apply_chunks("a1")));
@@ -286,7 +333,7 @@ mod tests {
         );
         assert_eq!(service_sub_prefix(Kind::Service, "web"), None);
         assert_eq!(service_sub_prefix(Kind::Instance, "web"), None);
-        assert!(events_from(1_700_000_000_000) < event(1_700_000_000_000, 0));
-        assert!(event(1_699_999_999_999, 999_999) < events_from(1_700_000_000_000));
+        assert!(events_from(1_700_000_000_000) < event(1_700_000_000_000, 0, 0));
+        assert!(event(1_699_999_999_999, u32::MAX, u32::MAX) < events_from(1_700_000_000_000));
     }
 }

@@ -1,6 +1,6 @@
 //! The event log: `GET /v1/events` and the retention task that deletes
 //! events older than the retention period or beyond the maximum count.
-//! Event keys sort by time (`events/{at:013}-{seq:06}`), so "the oldest"
+//! Event keys sort by time (`events/{at:013}-{seq:010}-{origin:08x}`), so "the oldest"
 //! is "the first keys".
 
 use axum::Json;
