@@ -169,6 +169,15 @@ pub struct Report {
     /// Peak resident memory of this process so far (control plane,
     /// agents and harness together).
     pub peak_rss_bytes: Option<u64>,
+    /// Times the harness's watch fell behind the store's compaction and
+    /// relisted: latencies of instances that became running in such a gap
+    /// are upper bounds. Left out when 0.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub tracker_relists: u32,
+}
+
+fn is_zero(count: &u32) -> bool {
+    *count == 0
 }
 
 impl Report {
@@ -188,6 +197,8 @@ struct Outcome {
     detection_seconds: Option<f64>,
     total_seconds: Option<f64>,
     violations: Vec<String>,
+    /// Times the convergence watch fell behind compaction and relisted.
+    tracker_relists: u32,
 }
 
 /// Runs `scenario` on a fresh cluster and reports it.
@@ -464,6 +475,7 @@ async fn converge(
                 success_rate: (now.running.min(target) as f64 / target.max(1) as f64)
                     .min(if converged { 1.0 } else { 0.999_999 }),
                 instances: target,
+                tracker_relists: tracker.relists(),
                 ..Outcome::default()
             });
         }
@@ -584,6 +596,7 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         total_seconds: outcome.total_seconds,
         violations: outcome.violations,
         peak_rss_bytes: peak_rss_bytes(),
+        tracker_relists: outcome.tracker_relists,
     }
 }
 

@@ -3,14 +3,17 @@
 //! it saw each change, where every instance is placed, since when each one
 //! has been reported running, and when (local time and store revision)
 //! each node's heartbeat lease expired. Scenarios ask it whether the cluster has converged and for
-//! per-instance latencies.
+//! per-instance latencies. A watch that falls behind compaction is
+//! repaired as the control plane's cache repairs its own: it relists and
+//! watches on from the list, and what changed in the gap is timed when the
+//! list was read (an upper bound).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use cca_model::Key;
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
-use cca_store::{Revision, Store, WatchEvent, WatchMessage};
+use cca_model::{Key, Kind};
+use cca_store::{KeyValue, RangeRequest, Revision, Store, WatchEvent, WatchMessage};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -46,8 +49,10 @@ struct Seen {
     per_node: HashMap<String, Progress>,
     /// When each node's heartbeat key went away (lease expiry).
     expired: HashMap<String, Expiry>,
-    /// The watch ended (compaction or store failure): figures would lie.
+    /// The watch failed and could not be repaired: figures would lie.
     broken: Option<String>,
+    /// Times the watch fell behind compaction and was repaired by a list.
+    relists: u32,
 }
 
 /// Counts of a convergence check.
@@ -75,33 +80,15 @@ impl Drop for Tracker {
 impl Tracker {
     /// Starts following every change made to `store` from now on.
     pub(crate) async fn start(store: Arc<dyn Store>) -> Result<Self, BenchError> {
-        let mut stream = store.watch("", 0).await?;
+        let stream = store.watch("", 0).await?;
         let seen = Arc::new(Mutex::new(Seen::default()));
-        let shared = Arc::clone(&seen);
-        let task = tokio::spawn(async move {
-            loop {
-                match stream.next().await {
-                    Some(Ok(WatchMessage::Events { events, .. })) => {
-                        let now = Instant::now();
-                        let mut seen = lock(&shared);
-                        for event in events {
-                            seen.apply(event, now);
-                        }
-                    }
-                    Some(Ok(WatchMessage::Compacted { compact_revision })) => {
-                        lock(&shared).broken =
-                            Some(format!("compacted at revision {compact_revision}"));
-                        return;
-                    }
-                    Some(Err(error)) => {
-                        lock(&shared).broken = Some(error.to_string());
-                        return;
-                    }
-                    None => return,
-                }
-            }
-        });
+        let task = tokio::spawn(follow(store, stream, Arc::clone(&seen)));
         Ok(Self { seen, task })
+    }
+
+    /// How many times the watch was repaired by relisting.
+    pub(crate) fn relists(&self) -> u32 {
+        lock(&self.seen).relists
     }
 
     /// The watch's failure, if it ended.
@@ -148,6 +135,106 @@ impl Tracker {
     }
 }
 
+/// Applies the watch until it ends; relists and watches again when it
+/// falls behind compaction.
+async fn follow(store: Arc<dyn Store>, mut stream: cca_store::WatchStream, seen: Arc<Mutex<Seen>>) {
+    loop {
+        match stream.next().await {
+            Some(Ok(WatchMessage::Events { events, .. })) => {
+                let now = Instant::now();
+                let mut seen = lock(&seen);
+                for event in events {
+                    seen.apply(event, now);
+                }
+            }
+            Some(Ok(WatchMessage::Compacted { compact_revision })) => {
+                tracing::info!(
+                    compact_revision,
+                    "the tracker fell behind compaction; relisting"
+                );
+                match relist(store.as_ref(), &seen).await {
+                    Ok(stream_from) => stream = stream_from,
+                    Err(error) => {
+                        lock(&seen).broken = Some(format!(
+                            "compacted at revision {compact_revision}, and relisting failed: {error}"
+                        ));
+                        return;
+                    }
+                }
+            }
+            Some(Err(error)) => {
+                lock(&seen).broken = Some(error.to_string());
+                return;
+            }
+            None => return,
+        }
+    }
+}
+
+/// Reads what the tracker follows, replaces its state with it and opens
+/// the watch right after the list.
+async fn relist(
+    store: &dyn Store,
+    seen: &Mutex<Seen>,
+) -> Result<cca_store::WatchStream, cca_store::StoreError> {
+    let mut listed = Listed::default();
+    let mut revision = None;
+    for kind in [
+        Kind::Instance,
+        Kind::InstanceStatus,
+        Kind::Node,
+        Kind::Heartbeat,
+    ] {
+        let mut request = RangeRequest::prefix(kind.prefix()).limit(LIST_PAGE);
+        loop {
+            let page = store.range(request.clone()).await?;
+            revision.get_or_insert(page.revision);
+            for kv in page.kvs {
+                listed.add(kv);
+            }
+            match page.continuation {
+                Some(last) => request = request.after(last),
+                None => break,
+            }
+        }
+    }
+    // Later pages may hold newer changes; replaying them is harmless.
+    let revision = revision.unwrap_or(0);
+    let stream = store.watch("", revision + 1).await?;
+    let mut seen = lock(seen);
+    seen.resync(listed, revision, Instant::now());
+    seen.relists += 1;
+    Ok(stream)
+}
+
+/// Keys per page while relisting.
+const LIST_PAGE: usize = 5_000;
+
+/// What a relist read.
+#[derive(Debug, Default)]
+struct Listed {
+    placements: Vec<KeyValue>,
+    statuses: Vec<KeyValue>,
+    nodes: HashSet<String>,
+    heartbeats: HashSet<String>,
+}
+
+impl Listed {
+    fn add(&mut self, kv: KeyValue) {
+        match Key::parse(&kv.key) {
+            Some(Key::Instance { .. }) => self.placements.push(kv),
+            Some(Key::InstanceStatus { .. }) => self.statuses.push(kv),
+            Some(Key::Node { node }) => {
+                self.nodes.insert(node);
+            }
+            Some(Key::Heartbeat { node }) => {
+                self.heartbeats.insert(node);
+            }
+            _ => {}
+        }
+    }
+}
+
 /// The instance id an event is about, if any.
 fn instance_of(event: &WatchEvent) -> Option<String> {
     let key = match event {
@@ -165,6 +252,45 @@ fn lock(seen: &Mutex<Seen>) -> MutexGuard<'_, Seen> {
 }
 
 impl Seen {
+    /// Replaces what the watch built with what a list at `revision` read:
+    /// instances running already keep when they were first seen running,
+    /// others that run now are timed `now`; a node without its heartbeat
+    /// lost it at `now` unless its loss was seen.
+    fn resync(&mut self, listed: Listed, revision: Revision, now: Instant) {
+        self.placements.clear();
+        for kv in &listed.placements {
+            if let Some(Key::Instance { id, .. }) = Key::parse(&kv.key) {
+                self.placed(&id, &kv.value, kv.create_revision);
+            }
+        }
+        let before = std::mem::take(&mut self.running_since);
+        for kv in &listed.statuses {
+            if let Some(Key::InstanceStatus { id }) = Key::parse(&kv.key) {
+                let since = before.get(&id).copied().unwrap_or(now);
+                self.reported(&id, &kv.value, since);
+            }
+        }
+        for node in &listed.nodes {
+            if listed.heartbeats.contains(node) {
+                self.expired.remove(node);
+            } else {
+                self.expired
+                    .entry(node.clone())
+                    .or_insert(Expiry { at: now, revision });
+            }
+        }
+        self.recount();
+    }
+
+    /// Rebuilds `per_node` from the placements.
+    fn recount(&mut self) {
+        self.per_node.clear();
+        let ids: Vec<String> = self.placements.keys().cloned().collect();
+        for id in ids {
+            self.count(&id, true);
+        }
+    }
+
     fn progress(&self, dead: &HashSet<String>) -> Progress {
         let mut progress = Progress::default();
         for (node, counts) in &self.per_node {
@@ -347,5 +473,58 @@ mod tests {
             placed: 3,
         };
         assert_eq!(seen.progress(&HashSet::new()), end);
+    }
+
+    fn kv_of(event: WatchEvent) -> KeyValue {
+        match event {
+            WatchEvent::Put(kv) => kv,
+            WatchEvent::Delete { .. } => unreachable!("puts only"),
+        }
+    }
+
+    #[test]
+    fn a_relist_replaces_the_state_and_keeps_what_it_timed() {
+        let mut seen = Seen::default();
+        let early = Instant::now();
+        for event in [
+            placement("a", "n1", false),
+            placement("b", "n1", false),
+            report("a", "n1", "running"),
+        ] {
+            seen.apply(event, early);
+        }
+        // The list: `b` gone, `a` still running, `c` placed and running
+        // in the gap; n2 registered without a heartbeat (its lease went).
+        let mut listed = Listed::default();
+        for event in [
+            placement("a", "n1", false),
+            report("a", "n1", "running"),
+            placement("c", "n2", false),
+            report("c", "n2", "running"),
+            put(
+                cca_model::keys::observed_heartbeat("n1"),
+                serde_json::json!({}),
+            ),
+            put(cca_model::keys::observed_node("n1"), serde_json::json!({})),
+            put(cca_model::keys::observed_node("n2"), serde_json::json!({})),
+        ] {
+            listed.add(kv_of(event));
+        }
+        let later = early + std::time::Duration::from_secs(5);
+        seen.resync(listed, 42, later);
+        let all = HashSet::new();
+        assert_eq!(seen.progress(&all), walked(&seen, &all));
+        assert_eq!(
+            seen.progress(&all),
+            Progress {
+                running: 2,
+                placed: 2
+            }
+        );
+        assert_eq!(seen.running_since["a"], early, "already timed");
+        assert_eq!(seen.running_since["c"], later, "timed when listed");
+        assert!(!seen.placements.contains_key("b"));
+        assert_eq!(seen.expired["n2"].revision, 42);
+        assert!(!seen.expired.contains_key("n1"));
     }
 }
