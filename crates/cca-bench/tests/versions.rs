@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use cca_bench::{Cluster, ClusterConfig};
 use cca_model::spec::{
-    Cpu, Memory, Placement, Program, Resources, ServiceSpec, UpdateStrategy, Workload, spec_hash,
+    Cpu, Memory, Program, Resources, ServiceSpec, UpdateStrategy, Workload, spec_hash,
 };
 use cca_runtime::Runtime;
 use cca_runtime::sim::{SimConfig, StartLatency};
@@ -27,31 +27,18 @@ const WAIT: Duration = Duration::from_secs(30);
 /// new instance at a time and stops an old one only once a new one runs.
 fn web(version: &str) -> ServiceSpec {
     ServiceSpec {
-        name: "web".to_owned(),
-        workload: Workload::Process {
-            run: "web --serve".to_owned(),
-        },
         replicas: 2,
-        ports: Vec::new(),
         env: BTreeMap::from([("VERSION".to_owned(), version.to_owned())]),
         resources: Resources {
             cpu: Some(Cpu(100)),
             memory: Some(Memory(64 << 20)),
         },
-        health: None,
-        placement: Placement::default(),
-        connections: Vec::new(),
-        volumes: Vec::new(),
-        init: Vec::new(),
         update: UpdateStrategy {
             max_unavailable: 0,
             max_surge: 1,
             rollback_after: 3,
         },
-        budget: None,
-        autoscale: None,
-        stateful: false,
-        scale_to_zero: None,
+        ..ServiceSpec::new("web", Workload::process("web --serve"))
     }
 }
 

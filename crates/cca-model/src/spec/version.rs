@@ -50,31 +50,13 @@ pub struct ServiceVersion {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
-    use crate::spec::{Placement, Resources, UpdateStrategy, Workload};
+    use crate::spec::Workload;
 
     fn spec(replicas: u32) -> ServiceSpec {
         ServiceSpec {
-            name: "web".to_owned(),
-            workload: Workload::Process {
-                run: "sleep 1000".to_owned(),
-            },
             replicas,
-            ports: Vec::new(),
-            env: BTreeMap::new(),
-            resources: Resources::default(),
-            health: None,
-            placement: Placement::default(),
-            connections: Vec::new(),
-            volumes: Vec::new(),
-            init: Vec::new(),
-            update: UpdateStrategy::default(),
-            budget: None,
-            autoscale: None,
-            stateful: false,
-            scale_to_zero: None,
+            ..ServiceSpec::new("web", Workload::process("sleep 1000"))
         }
     }
 
