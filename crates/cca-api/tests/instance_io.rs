@@ -136,14 +136,8 @@ async fn dead_url() -> String {
 
 async fn register(h: &Harness, name: &str, agent_url: Option<String>) {
     let request = RegisterRequest {
-        name: name.into(),
-        cpu: Cpu(4000),
-        memory: Memory(8 << 30),
-        arch: "amd64".into(),
-        zone: None,
-        labels: BTreeMap::new(),
-        addresses: vec!["127.0.0.1".into()],
         agent_url,
+        ..support::node_request(name)
     };
     let (status, body) = h
         .call("POST", "/v1/agent/register", Some(to_json(&request)))

@@ -12,23 +12,10 @@ use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
 use cca_model::spec::{Cpu, Memory};
 use cca_model::{Key, keys};
 use cca_store::{Op, Txn};
-use cca_wire::types::{AssignmentLine, RegisterRequest, WatchLine};
+use cca_wire::types::{AssignmentLine, WatchLine};
 use support::{harness, program};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-fn node(name: &str) -> RegisterRequest {
-    RegisterRequest {
-        name: name.into(),
-        cpu: Cpu(4000),
-        memory: Memory(8 << 30),
-        arch: "amd64".into(),
-        zone: None,
-        labels: BTreeMap::new(),
-        addresses: vec!["127.0.0.1".into()],
-        agent_url: None,
-    }
-}
 
 fn placed(id: &str, node: &str) -> Instance {
     Instance {
@@ -92,8 +79,14 @@ async fn a_report_batch_writes_what_it_may_refuses_the_rest_one_by_one_and_skips
         .apply(&program(&[("web", 3)]), false)
         .await
         .expect("applies");
-    client.register(&node("n1")).await.expect("registers");
-    client.register(&node("n2")).await.expect("registers");
+    client
+        .register(&support::node_request("n1"))
+        .await
+        .expect("registers");
+    client
+        .register(&support::node_request("n2"))
+        .await
+        .expect("registers");
     place(h.store.as_ref(), &placed("web-1", "n1")).await;
     place(h.store.as_ref(), &placed("web-2", "n1")).await;
     place(h.store.as_ref(), &placed("web-3", "n2")).await;
@@ -196,8 +189,14 @@ async fn agent_registers_heartbeats_follows_assignments_and_reports() {
         .apply(&program(&[("web", 2)]), false)
         .await
         .expect("applies");
-    let registered = client.register(&node("n1")).await.expect("registers");
-    client.register(&node("n2")).await.expect("registers");
+    let registered = client
+        .register(&support::node_request("n1"))
+        .await
+        .expect("registers");
+    client
+        .register(&support::node_request("n2"))
+        .await
+        .expect("registers");
     assert_eq!(registered.ttl_secs, 15);
     client
         .heartbeat("n1", registered.lease_id)
@@ -296,7 +295,10 @@ async fn agent_registers_heartbeats_follows_assignments_and_reports() {
         .expect_err("the lease is gone");
     assert_eq!(lost.status(), Some(409));
     assert!(lost.to_string().contains("register again"), "{lost}");
-    let again = client.register(&node("n1")).await.expect("re-registers");
+    let again = client
+        .register(&support::node_request("n1"))
+        .await
+        .expect("re-registers");
     client
         .heartbeat("n1", again.lease_id)
         .await
@@ -396,7 +398,10 @@ async fn a_report_batch_is_not_misled_by_a_view_that_lags() {
         let _ = stopped.await;
     }));
     let client = cca_wire::Client::new(&format!("http://{address}"));
-    client.register(&node("n1")).await.expect("registers");
+    client
+        .register(&support::node_request("n1"))
+        .await
+        .expect("registers");
 
     // Unknown to the view: web-1's placement, and web-2 failing since.
     place(store.as_ref(), &placed("web-1", "n1")).await;

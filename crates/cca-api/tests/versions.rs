@@ -17,7 +17,7 @@ use cca_model::keys;
 use cca_model::spec::{Cpu, Memory, Program, ServiceSpec, spec_hash};
 use cca_store::{Op, Store, Txn};
 use cca_wire::Client;
-use cca_wire::types::{Assignment, AssignmentLine, RegisterRequest};
+use cca_wire::types::{Assignment, AssignmentLine};
 use support::{Harness, harness, service};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -35,19 +35,6 @@ fn program(specs: &[ServiceSpec]) -> Program {
         program.services.insert(spec.name.clone(), spec.clone());
     }
     program
-}
-
-fn node(name: &str) -> RegisterRequest {
-    RegisterRequest {
-        name: name.into(),
-        cpu: Cpu(4000),
-        memory: Memory(8 << 30),
-        arch: "amd64".into(),
-        zone: None,
-        labels: BTreeMap::new(),
-        addresses: vec!["127.0.0.1".into()],
-        agent_url: None,
-    }
 }
 
 /// Instance `id` of `spec`'s service on `n1`, stamped with its hash.
@@ -137,7 +124,10 @@ async fn history(client: &Client) -> Vec<(String, usize, bool)> {
 async fn serve() -> (Harness, Client, tokio::sync::oneshot::Sender<()>) {
     let h = harness().await;
     let (client, stop) = h.serve().await;
-    client.register(&node("n1")).await.expect("registers");
+    client
+        .register(&support::node_request("n1"))
+        .await
+        .expect("registers");
     (h, client, stop)
 }
 

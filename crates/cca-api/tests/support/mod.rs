@@ -172,6 +172,20 @@ pub(crate) async fn fresh(state: &ApiState) -> Arc<cca_control::View> {
         .expect("the cache catches up")
 }
 
+/// A node's registration: 4 CPUs, 8 GiB, amd64, on loopback.
+pub(crate) fn node_request(name: &str) -> cca_wire::types::RegisterRequest {
+    cca_wire::types::RegisterRequest {
+        name: name.into(),
+        cpu: cca_model::spec::Cpu(4000),
+        memory: cca_model::spec::Memory(8 << 30),
+        arch: "amd64".into(),
+        zone: None,
+        labels: std::collections::BTreeMap::new(),
+        addresses: vec!["127.0.0.1".into()],
+        agent_url: None,
+    }
+}
+
 /// A process service with `replicas` replicas.
 pub(crate) fn service(name: &str, replicas: u32) -> ServiceSpec {
     ServiceSpec {
