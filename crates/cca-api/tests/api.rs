@@ -305,20 +305,7 @@ async fn a_node_detail_names_the_services_holding_its_drain() {
     assert_eq!(status, StatusCode::OK);
     let mut txn = cca_store::Txn::new();
     for service in ["db", "web"] {
-        let instance = cca_model::cluster::Instance {
-            id: format!("{service}-0"),
-            service: service.into(),
-            node: "n1".into(),
-            ordinal: None,
-            spec_hash: String::new(),
-            cpu: cca_model::spec::Cpu(0),
-            memory: cca_model::spec::Memory(0),
-            host_ports: Default::default(),
-            created_at: 0,
-            stopping: false,
-            replaces: None,
-            failures: Vec::new(),
-        };
+        let instance = support::instance(&format!("{service}-0"), service, "n1");
         let key = cca_model::keys::derived_instance(service, &instance.id);
         txn = txn.then(cca_store::Op::put(
             &key,

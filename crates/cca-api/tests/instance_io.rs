@@ -18,9 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use cca_api::ApiConfig;
-use cca_model::cluster::Instance;
 use cca_model::keys;
-use cca_model::spec::{Cpu, Memory};
 use cca_store::{Op, Txn};
 use cca_wire::types::{ExecCommand, ExecResult, RegisterRequest};
 use cca_wire::{ClientError, LogLines};
@@ -146,20 +144,7 @@ async fn register(h: &Harness, name: &str, agent_url: Option<String>) {
 }
 
 async fn place(h: &Harness, service: &str, id: &str, node: &str) {
-    let instance = Instance {
-        id: id.into(),
-        service: service.into(),
-        node: node.into(),
-        ordinal: None,
-        spec_hash: "h".into(),
-        cpu: Cpu(100),
-        memory: Memory(64 << 20),
-        host_ports: BTreeMap::new(),
-        created_at: 0,
-        stopping: false,
-        replaces: None,
-        failures: Vec::new(),
-    };
+    let instance = support::instance(id, service, node);
     let key = keys::derived_instance(service, id);
     let value = serde_json::to_vec(&instance).expect("encodes");
     h.store

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
-use cca_model::spec::{Cpu, Memory};
 use cca_model::{Key, keys};
 use cca_store::{Op, Txn};
 use cca_wire::types::{AssignmentLine, WatchLine};
@@ -18,20 +17,7 @@ use support::{harness, program};
 const WAIT: Duration = Duration::from_secs(10);
 
 fn placed(id: &str, node: &str) -> Instance {
-    Instance {
-        id: id.into(),
-        service: "web".into(),
-        node: node.into(),
-        ordinal: None,
-        spec_hash: "h".into(),
-        cpu: Cpu(100),
-        memory: Memory(64 << 20),
-        host_ports: BTreeMap::new(),
-        created_at: 0,
-        stopping: false,
-        replaces: None,
-        failures: Vec::new(),
-    }
+    support::instance(id, "web", node)
 }
 
 fn report(id: &str, node: &str, state: InstanceState) -> InstanceStatus {

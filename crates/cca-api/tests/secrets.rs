@@ -7,34 +7,17 @@
 
 mod support;
 
+use support::instance;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::http::StatusCode;
 use cca_api::SecretKey;
-use cca_model::cluster::Instance;
 use cca_model::keys;
 use cca_model::spec::{ConnectionSpec, SecretGrant, SecretSpec};
-use cca_model::spec::{Cpu, Memory};
 use serde_json::json;
-
-fn instance(id: &str, service: &str, node: &str) -> Instance {
-    Instance {
-        id: id.into(),
-        service: service.into(),
-        node: node.into(),
-        ordinal: None,
-        spec_hash: "h".into(),
-        cpu: Cpu(0),
-        memory: Memory(0),
-        host_ports: BTreeMap::new(),
-        created_at: 0,
-        stopping: false,
-        replaces: None,
-        failures: Vec::new(),
-    }
-}
 
 async fn keyed_harness() -> support::Harness {
     let h = support::harness().await;

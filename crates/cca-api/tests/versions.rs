@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use cca_model::cluster::Instance;
 use cca_model::keys;
-use cca_model::spec::{Cpu, Memory, Program, ServiceSpec, spec_hash};
+use cca_model::spec::{Program, ServiceSpec, spec_hash};
 use cca_store::{Op, Store, Txn};
 use cca_wire::Client;
 use cca_wire::types::{Assignment, AssignmentLine};
@@ -40,18 +40,8 @@ fn program(specs: &[ServiceSpec]) -> Program {
 /// Instance `id` of `spec`'s service on `n1`, stamped with its hash.
 fn placed(id: &str, spec: &ServiceSpec) -> Instance {
     Instance {
-        id: id.into(),
-        service: spec.name.clone(),
-        node: "n1".into(),
-        ordinal: None,
         spec_hash: spec_hash(spec),
-        cpu: Cpu(100),
-        memory: Memory(64 << 20),
-        host_ports: BTreeMap::new(),
-        created_at: 0,
-        stopping: false,
-        replaces: None,
-        failures: Vec::new(),
+        ..support::instance(id, &spec.name, "n1")
     }
 }
 

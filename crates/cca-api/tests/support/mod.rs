@@ -172,6 +172,25 @@ pub(crate) async fn fresh(state: &ApiState) -> Arc<cca_control::View> {
         .expect("the cache catches up")
 }
 
+/// A placement of `service`'s instance `id` on `node`: 100m, 64Mi, spec
+/// hash `h`, created at 0.
+pub(crate) fn instance(id: &str, service: &str, node: &str) -> cca_model::cluster::Instance {
+    cca_model::cluster::Instance {
+        id: id.into(),
+        service: service.into(),
+        node: node.into(),
+        ordinal: None,
+        spec_hash: "h".into(),
+        cpu: cca_model::spec::Cpu(100),
+        memory: cca_model::spec::Memory(64 << 20),
+        host_ports: std::collections::BTreeMap::new(),
+        created_at: 0,
+        stopping: false,
+        replaces: None,
+        failures: Vec::new(),
+    }
+}
+
 /// A node's registration: 4 CPUs, 8 GiB, amd64, on loopback.
 pub(crate) fn node_request(name: &str) -> cca_wire::types::RegisterRequest {
     cca_wire::types::RegisterRequest {
