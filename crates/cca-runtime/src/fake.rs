@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::memory::{created_status, end_run, refuse_when_running};
+use crate::memory::{created_status, end_run, refuse_when_running, stop_at_once};
 
 use crate::{
     Error, ExecOutput, ExecRequest, ExitReason, InstanceSpec, InstanceState, InstanceStatus,
@@ -262,15 +262,7 @@ impl Runtime for FakeRuntime {
         };
         let mut state = self.enter(call, Operation::Stop, id)?;
         let status = existing(&mut state, id)?;
-        if status.state == InstanceState::Running {
-            end_run(
-                status,
-                None,
-                Some(15),
-                ExitReason::Stopped,
-                cca_model::clock::now_millis(),
-            );
-        }
+        stop_at_once(status);
         Ok(status.clone())
     }
 

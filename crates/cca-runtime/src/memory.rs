@@ -40,6 +40,21 @@ pub(crate) fn refuse_when_running(status: &InstanceStatus, operation: Operation)
     Ok(())
 }
 
+/// A graceful stop of an in-memory instance: one that runs ends now, as a
+/// workload that honours SIGTERM at once would (the fake's and the
+/// simulator's stop).
+pub(crate) fn stop_at_once(status: &mut InstanceStatus) {
+    if status.state == InstanceState::Running {
+        end_run(
+            status,
+            None,
+            Some(15),
+            ExitReason::Stopped,
+            cca_model::clock::now_millis(),
+        );
+    }
+}
+
 /// Ends the instance's run at `at_ms` (milliseconds since the epoch).
 pub(crate) fn end_run(
     status: &mut InstanceStatus,

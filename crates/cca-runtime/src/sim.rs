@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::memory::{created_status, end_run, refuse_when_running};
+use crate::memory::{created_status, end_run, refuse_when_running, stop_at_once};
 
 use crate::{
     Error, ExecOutput, ExecRequest, ExitReason, InstanceSpec, InstanceState, InstanceStatus,
@@ -252,16 +252,7 @@ impl Runtime for SimRuntime {
         let crash_after = self.config.crash_after;
         let status = existing(&mut state, id)?;
         apply_crash(status, crash_after);
-        if status.state == InstanceState::Running {
-            // A simulated workload honours SIGTERM at once.
-            end_run(
-                status,
-                None,
-                Some(15),
-                ExitReason::Stopped,
-                cca_model::clock::now_millis(),
-            );
-        }
+        stop_at_once(status);
         Ok(status.clone())
     }
 
