@@ -164,6 +164,15 @@ impl ViewBuilder {
         self.put(&keys::desired_node(node), &control)
     }
 
+    /// An operator's drain of `node`.
+    pub(crate) fn draining(self, node: &str) -> Self {
+        let control = NodeControl {
+            drain: true,
+            disabled: false,
+        };
+        self.node_control(node, control)
+    }
+
     pub(crate) fn service(self, spec: ServiceSpec) -> Self {
         let key = keys::desired_service(&spec.name);
         self.put(&key, &spec)

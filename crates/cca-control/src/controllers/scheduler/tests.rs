@@ -395,13 +395,7 @@ fn unplaced_demand_names_reason_constraint_and_nearest_node() {
         ),
         (
             "only node draining",
-            ViewBuilder::new().node("n1", 1000, 1024).node_control(
-                "n1",
-                NodeControl {
-                    drain: true,
-                    disabled: false,
-                },
-            ),
+            ViewBuilder::new().node("n1", 1000, 1024).draining("n1"),
             service("a", 2),
             UnplacedReason::InsufficientCapacity,
             "node n1 is draining",
@@ -687,15 +681,7 @@ fn drain_starts_replacements_first_within_the_disruption_budget() {
         .service(spec)
         .build();
     let (view, now) = converge(view, NOW);
-    let view = ViewBuilder::from(view)
-        .node_control(
-            "n1",
-            NodeControl {
-                drain: true,
-                disabled: false,
-            },
-        )
-        .build();
+    let view = ViewBuilder::from(view).draining("n1").build();
     let plan = schedule(&view, now);
     let moves = puts(&plan);
     assert_eq!(moves.len(), 2, "two moves at a time");
@@ -734,13 +720,7 @@ fn a_zero_budget_keeps_instances_on_a_draining_node() {
     assert_eq!(before, 4);
     let drained = ViewBuilder::from(view)
         .node("n2", 4000, 4096)
-        .node_control(
-            "n1",
-            NodeControl {
-                drain: true,
-                disabled: false,
-            },
-        )
+        .draining("n1")
         .build();
     let plan = schedule(&drained, now);
     assert!(puts(&plan).is_empty(), "no replacement starts: {plan:?}");
