@@ -2,12 +2,15 @@
 //! for reads, made durable in one redb file under the data directory. One
 //! writer thread owns all changes and commits queued requests together
 //! (group commit: one fsync for many transactions); readers never wait for
-//! the disk and only ever see durable data. Leases carry wall-clock
-//! deadlines so that a lease that ran out while the server was down expires
-//! as soon as the store opens.
+//! the disk and only ever see durable data. Lease grants and revocations
+//! are commits; renewals are not: deadlines live in memory
+//! ([`lease_clock`]), so a keep-alive never waits behind the writer. The
+//! writer's queue is bounded ([`MAX_QUEUED`]): callers past the bound wait
+//! for a slot instead of growing an unbounded backlog.
 
 mod codec;
 mod disk;
+mod lease_clock;
 mod state;
 mod watchers;
 mod writer;
@@ -15,20 +18,27 @@ mod writer;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self as std_mpsc, Sender};
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 
 use crate::error::{Result, StoreError};
 use crate::types::{KeyValue, LeaseId, RangePage, RangeRequest, Revision, Txn, TxnOutcome};
 use crate::{Store, WatchStream, lease_ttl_secs, validate};
+use lease_clock::LeaseClock;
 use state::State;
-use writer::Request;
+use writer::{Queued, Request};
 
 pub use disk::FILE_NAME;
 
 /// Revisions of history kept for watches by default.
 pub const DEFAULT_HISTORY_RETENTION: usize = 50_000;
+
+/// Requests waiting for (or in) the writer at most: with a batch of up to
+/// 1,024 per fsync this is several batches of backlog, enough to keep the
+/// disk busy; a caller past it waits for a slot (its own future, bounded by
+/// the API's admission and the runner), never a growing queue.
+pub const MAX_QUEUED: usize = 8_192;
 
 /// Where and how the embedded store keeps its data.
 #[derive(Clone, Debug)]
@@ -58,6 +68,10 @@ impl Config {
 #[derive(Debug)]
 struct Shared {
     state: RwLock<State>,
+    /// Every live lease's deadline (in memory only).
+    leases: LeaseClock,
+    /// Slots of the writer's queue.
+    queue: Arc<Semaphore>,
     /// Set when a write failed: every later operation fails with it.
     fatal: OnceLock<StoreError>,
     /// Where watch catch-up tasks run.
@@ -96,7 +110,7 @@ impl Shared {
 #[derive(Debug)]
 pub struct EmbeddedStore {
     shared: Arc<Shared>,
-    requests: Sender<Request>,
+    requests: Sender<Queued>,
     writer: Option<std::thread::JoinHandle<()>>,
     path: PathBuf,
 }
@@ -115,8 +129,15 @@ impl EmbeddedStore {
                 problem: format!("opening failed: {err}"),
             })??;
         let path = file.path().to_owned();
+        let leases = LeaseClock::new(Instant::now());
+        let now = Instant::now();
+        for (id, lease) in &state.leases {
+            leases.start(*id, lease.ttl_secs, now);
+        }
         let shared = Arc::new(Shared {
             state: RwLock::new(state),
+            leases,
+            queue: Arc::new(Semaphore::new(MAX_QUEUED)),
             fatal: OnceLock::new(),
             runtime,
         });
@@ -130,17 +151,12 @@ impl EmbeddedStore {
                 path: path.clone(),
                 problem: format!("cannot start the writer thread: {err}"),
             })?;
-        let store = Self {
+        Ok(Self {
             shared,
             requests,
             writer: Some(writer),
             path,
-        };
-        // Every batch expires due leases first, so this empty transaction
-        // makes sure a lease that ran out while the store was down is gone
-        // before anyone can read its keys.
-        store.txn(Txn::new()).await?;
-        Ok(store)
+        })
     }
 
     /// The data file's path.
@@ -160,8 +176,16 @@ impl EmbeddedStore {
 
     async fn request<T>(&self, make: impl FnOnce(writer::Reply<T>) -> Request) -> Result<T> {
         self.shared.check()?;
+        let slot = Arc::clone(&self.shared.queue)
+            .acquire_owned()
+            .await
+            .map_err(|_| self.closed())?;
         let (reply, answer) = oneshot::channel();
-        self.requests.send(make(reply)).map_err(|_| self.closed())?;
+        let queued = Queued {
+            request: make(reply),
+            slot,
+        };
+        self.requests.send(queued).map_err(|_| self.closed())?;
         answer.await.map_err(|_| self.closed())?
     }
 
@@ -210,9 +234,8 @@ impl Store for EmbeddedStore {
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Duration> {
-        let ttl = self
-            .request(|reply| Request::KeepAlive(lease, reply))
-            .await?;
+        self.shared.check()?;
+        let ttl = self.shared.leases.renew(lease, Instant::now())?;
         Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(0)))
     }
 
@@ -234,5 +257,44 @@ impl Store for EmbeddedStore {
 
     fn max_txn_ops(&self) -> usize {
         usize::MAX
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::types::Op;
+
+    /// With every slot of the writer's queue taken — a backlog of large
+    /// transactions — a transaction waits for a slot, and a renewal is
+    /// answered at once all the same: it never queues behind the writer.
+    #[tokio::test]
+    async fn renewals_do_not_wait_behind_a_full_writer_queue() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = EmbeddedStore::open(Config::new(dir.path()))
+            .await
+            .expect("open");
+        let lease = store
+            .grant_lease(Duration::from_secs(5))
+            .await
+            .expect("grant");
+        let backlog = Arc::clone(&store.shared.queue)
+            .acquire_many_owned(MAX_QUEUED as u32)
+            .await
+            .expect("the queue is open");
+        let put = store.txn(Txn::new().then(Op::put("k", "v")));
+        tokio::pin!(put);
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), &mut put)
+                .await
+                .is_err(),
+            "a transaction got past a full queue"
+        );
+        assert_eq!(
+            store.keep_alive(lease).await.expect("renews"),
+            Duration::from_secs(5)
+        );
+        drop(backlog);
+        assert!(put.await.expect("commits once a slot frees").is_committed());
     }
 }

@@ -299,16 +299,6 @@ impl Staged {
         id
     }
 
-    pub(super) fn keep_alive(&mut self, base: &State, id: LeaseId, now_ms: i64) -> Result<i64> {
-        let ttl = self
-            .lease(base, id)
-            .ok_or(StoreError::LeaseNotFound(id))?
-            .ttl_secs;
-        self.leases
-            .insert(id, Some(LeaseRecord::starting(ttl, now_ms)));
-        Ok(ttl)
-    }
-
     /// Ends a lease and deletes its keys in one revision.
     pub(super) fn revoke(&mut self, base: &State, id: LeaseId) -> Result<Revision> {
         if self.lease(base, id).is_none() {
@@ -325,18 +315,6 @@ impl Staged {
         }
         self.leases.insert(id, None);
         Ok(self.commit_events(revision, events))
-    }
-
-    /// Leases whose deadline has passed at `now_ms`.
-    pub(super) fn expired_leases(&self, base: &State, now_ms: i64) -> Vec<LeaseId> {
-        let mut ids: BTreeSet<LeaseId> = base.leases.keys().copied().collect();
-        ids.extend(self.leases.keys().copied());
-        ids.into_iter()
-            .filter(|id| {
-                self.lease(base, *id)
-                    .is_some_and(|lease| lease.deadline_ms <= now_ms)
-            })
-            .collect()
     }
 
     pub(super) fn compact(&mut self, base: &State, revision: Revision) -> Result<()> {

@@ -2,13 +2,16 @@
 //! queued request into one batch, evaluates the batch on top of the
 //! committed state, writes it to disk with one fsync (group commit), then
 //! publishes it to readers and watchers and answers the callers. It also
-//! expires leases and compacts history past the retention.
+//! expires leases (their deadlines are kept by the [`LeaseClock`], which it
+//! sweeps before every batch) and compacts history past the retention.
+//!
+//! [`LeaseClock`]: super::lease_clock::LeaseClock
 
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use super::Shared;
 use super::disk::DataFile;
@@ -30,16 +33,21 @@ pub(super) type Reply<T> = oneshot::Sender<Result<T>>;
 pub(super) enum Request {
     Txn(Txn, Reply<TxnOutcome>),
     Grant(i64, Reply<LeaseId>),
-    KeepAlive(LeaseId, Reply<i64>),
     Revoke(LeaseId, Reply<Revision>),
     Compact(Revision, Reply<()>),
+}
+
+/// A request with its slot in the bounded queue, freed once it is answered.
+#[derive(Debug)]
+pub(super) struct Queued {
+    pub(super) request: Request,
+    pub(super) slot: OwnedSemaphorePermit,
 }
 
 /// An answer computed during evaluation, sent once the batch is durable.
 enum Answer {
     Txn(Reply<TxnOutcome>, Result<TxnOutcome>),
     Lease(Reply<LeaseId>, Result<LeaseId>),
-    Ttl(Reply<i64>, Result<i64>),
     Revoked(Reply<Revision>, Result<Revision>),
     Compacted(Reply<()>, Result<()>),
 }
@@ -50,7 +58,6 @@ impl Answer {
         let _ = match self {
             Answer::Txn(reply, result) => reply.send(result).map_err(drop),
             Answer::Lease(reply, result) => reply.send(result).map_err(drop),
-            Answer::Ttl(reply, result) => reply.send(result).map_err(drop),
             Answer::Revoked(reply, result) => reply.send(result).map_err(drop),
             Answer::Compacted(reply, result) => reply.send(result).map_err(drop),
         };
@@ -61,7 +68,6 @@ impl Answer {
         let _ = match self {
             Answer::Txn(reply, _) => reply.send(Err(error)).map_err(drop),
             Answer::Lease(reply, _) => reply.send(Err(error)).map_err(drop),
-            Answer::Ttl(reply, _) => reply.send(Err(error)).map_err(drop),
             Answer::Revoked(reply, _) => reply.send(Err(error)).map_err(drop),
             Answer::Compacted(reply, _) => reply.send(Err(error)).map_err(drop),
         };
@@ -73,7 +79,7 @@ impl Answer {
 pub(super) fn run(
     shared: Arc<Shared>,
     file: DataFile,
-    requests: Receiver<Request>,
+    requests: Receiver<Queued>,
     retention: usize,
 ) {
     let writer = Writer {
@@ -87,12 +93,15 @@ pub(super) fn run(
             Err(RecvTimeoutError::Timeout) => None,
             Err(RecvTimeoutError::Disconnected) => return,
         };
-        let batch: Vec<Request> = first
+        let (batch, slots): (Vec<Request>, Vec<OwnedSemaphorePermit>) = first
             .into_iter()
             .chain(std::iter::from_fn(|| requests.try_recv().ok()))
             .take(MAX_BATCH)
-            .collect();
-        if !writer.commit(batch) {
+            .map(|queued| (queued.request, queued.slot))
+            .unzip();
+        let committed = writer.commit(batch);
+        drop(slots);
+        if !committed {
             return;
         }
     }
@@ -124,6 +133,7 @@ impl Writer {
         }
         {
             let mut state = self.shared.write_state();
+            self.track_leases(&staged);
             let entries = state.apply(staged);
             let mut live = std::mem::take(&mut state.watchers);
             watchers::fan_out(&self.shared, &mut live, &entries);
@@ -131,6 +141,18 @@ impl Writer {
         }
         answers.into_iter().for_each(Answer::send);
         true
+    }
+
+    /// Starts the countdown of leases granted in `staged` and stops that
+    /// of leases it revokes, before anyone hears of either.
+    fn track_leases(&self, staged: &Staged) {
+        let now = Instant::now();
+        for (id, lease) in &staged.leases {
+            match lease {
+                Some(record) => self.shared.leases.start(*id, record.ttl_secs, now),
+                None => self.shared.leases.forget(*id),
+            }
+        }
     }
 
     fn evaluate(&self, state: &State, batch: Vec<Request>) -> (Staged, Vec<Answer>) {
@@ -144,10 +166,6 @@ impl Writer {
                     Answer::Txn(reply, result)
                 }
                 Request::Grant(ttl, reply) => Answer::Lease(reply, Ok(staged.grant(ttl, now))),
-                Request::KeepAlive(id, reply) => {
-                    let result = staged.keep_alive(state, id, now);
-                    Answer::Ttl(reply, result)
-                }
                 Request::Revoke(id, reply) => {
                     let result = staged.revoke(state, id);
                     Answer::Revoked(reply, result)
@@ -158,13 +176,27 @@ impl Writer {
                 }
             })
             .collect();
-        for id in staged.expired_leases(state, now) {
-            if let Err(error) = staged.revoke(state, id) {
-                tracing::warn!(lease = id, %error, "expiring lease failed");
-            }
-        }
+        self.expire_leases(state, &mut staged);
         self.compact_past_retention(state, &mut staged);
         (staged, answers)
+    }
+
+    /// Revokes every lease past its deadline (a lease this batch already
+    /// revoked is simply gone).
+    fn expire_leases(&self, state: &State, staged: &mut Staged) {
+        let (expired, stall) = self.shared.leases.take_expired(Instant::now());
+        if let Some(stall) = stall {
+            tracing::warn!(
+                stalled_ms = stall.as_millis() as u64,
+                "the store did not run for a while; lease deadlines moved by that much"
+            );
+        }
+        for id in expired {
+            match staged.revoke(state, id) {
+                Ok(_) | Err(StoreError::LeaseNotFound(_)) => {}
+                Err(error) => tracing::warn!(lease = id, %error, "expiring lease failed"),
+            }
+        }
     }
 
     /// Keeps at most `retention` revisions of history.
