@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use cca_control::Cache;
-use cca_control::controllers::{self, SchedulerConfig};
+use cca_control::controllers::{self, DisruptionConfig, NodeConfig, SchedulerConfig};
 use cca_control::metrics::Metrics;
 use cca_control::runner::{Runner, RunnerConfig};
 use cca_store::{Store, StoreError};
@@ -23,6 +23,8 @@ pub struct ControlPlaneConfig {
     /// The runner's identity and leader lease.
     pub runner: RunnerConfig,
     pub scheduler: SchedulerConfig,
+    /// When the node controller pauses lost-node replacement.
+    pub disruption: DisruptionConfig,
     pub api: ApiConfig,
     /// Seals and opens secret values; without one the secret endpoints
     /// answer 503.
@@ -35,6 +37,7 @@ impl ControlPlaneConfig {
         Self {
             runner: RunnerConfig::new(server_id),
             scheduler: SchedulerConfig::default(),
+            disruption: DisruptionConfig::default(),
             api: ApiConfig::default(),
             secret_key: None,
         }
@@ -49,6 +52,7 @@ pub struct ControlPlane {
     metrics: Arc<Metrics>,
     runner: RunnerConfig,
     scheduler: SchedulerConfig,
+    node: NodeConfig,
     /// Runners started so far: a restarted one campaigns under a new name.
     generation: u32,
     running: Option<(watch::Sender<bool>, JoinHandle<()>)>,
@@ -73,6 +77,12 @@ impl ControlPlane {
         let cache = Arc::new(Cache::start(Arc::clone(&store)).await?);
         let metrics = Arc::new(Metrics::new());
         let render = Arc::clone(&metrics);
+        // Leases missed within one TTL of the agents' leases count
+        // together: the window is that TTL by definition.
+        let node = NodeConfig {
+            lease_ttl: config.api.node_lease_ttl,
+            disruption: config.disruption,
+        };
         let mut state = ApiState::new(
             Arc::clone(&store),
             Arc::clone(&cache),
@@ -89,6 +99,7 @@ impl ControlPlane {
             metrics,
             runner: config.runner,
             scheduler: config.scheduler,
+            node,
             generation: 0,
             running: None,
         };
@@ -136,7 +147,7 @@ impl ControlPlane {
         let runner = Runner::new(
             Arc::clone(&self.store),
             Arc::clone(&self.cache),
-            controllers::all(&self.scheduler),
+            controllers::all(&self.node, &self.scheduler),
             Arc::clone(&self.metrics),
             identity,
         );

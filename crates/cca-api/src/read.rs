@@ -259,6 +259,7 @@ pub(crate) fn status(view: &View) -> ClusterStatus {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        disruption: view.disruption.as_ref().map(|held| (*held.value).clone()),
     }
 }
 

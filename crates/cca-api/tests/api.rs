@@ -321,6 +321,66 @@ async fn a_node_detail_names_the_services_holding_its_drain() {
     assert_eq!(detail["drain_held_by"], json!(["db"]));
 }
 
+/// `cca resume-replacement`: refused while nothing is paused; during a
+/// pause it records the operator's word (dated no earlier than the pause)
+/// and an event, and `status` shows the pause.
+#[tokio::test]
+async fn resuming_replacement_needs_a_pause_and_records_the_word() {
+    let h = harness().await;
+    let (status, body) = h.call("POST", "/v1/cluster/resume-replacement", None).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("not paused"),
+        "{body}"
+    );
+
+    let far_future = cca_model::clock::now_millis() + 3_600_000;
+    let pause = cca_model::cluster::Disruption {
+        paused: true,
+        since: far_future,
+        missing: 4,
+        nodes: 9,
+        resumed_by: None,
+    };
+    let put = cca_store::Txn::new().then(cca_store::Op::put(
+        cca_model::keys::derived_disruption(),
+        serde_json::to_vec(&pause).expect("encodes"),
+    ));
+    h.store.txn(put).await.expect("writes");
+    let (status, shown) = h.call("GET", "/v1/status", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(shown["disruption"]["paused"], json!(true), "{shown}");
+    assert_eq!(shown["disruption"]["missing"], json!(4), "{shown}");
+
+    let (status, resumed) = h.call("POST", "/v1/cluster/resume-replacement", None).await;
+    assert_eq!(status, StatusCode::OK, "{resumed}");
+    assert_eq!(resumed["missing"], json!(4));
+    assert_eq!(resumed["nodes"], json!(9));
+    let word = h
+        .store
+        .get(&cca_model::keys::desired_replacement_resume())
+        .await
+        .expect("reads")
+        .expect("the word is recorded");
+    let word: cca_model::cluster::ReplacementResume =
+        serde_json::from_slice(&word.value).expect("decodes");
+    assert!(word.at >= far_future, "dated no earlier than the pause");
+    let (_, events) = h.call("GET", "/v1/events", None).await;
+    assert!(
+        events
+            .as_array()
+            .expect("a list")
+            .iter()
+            .any(|event| event["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("resumed lost-node replacement"))),
+        "{events}"
+    );
+}
+
 #[tokio::test]
 async fn events_are_listed_filtered_and_pruned() {
     let h = harness().await;

@@ -36,6 +36,10 @@ pub struct Metrics {
     pub placements: Counter,
     pub unplaced_services: Gauge,
     pub leader: Gauge,
+    /// 1 while lost-node replacement is paused (too many nodes missing).
+    pub replacement_paused: Gauge,
+    /// Nodes whose heartbeat lease is gone.
+    pub nodes_unreachable: Gauge,
     pub store_txn_seconds: Histogram,
 }
 
@@ -57,6 +61,8 @@ impl Metrics {
             placements: Counter::default(),
             unplaced_services: Gauge::default(),
             leader: Gauge::default(),
+            replacement_paused: Gauge::default(),
+            nodes_unreachable: Gauge::default(),
             store_txn_seconds: latency_histogram(),
         };
         metrics.register_all();
@@ -104,6 +110,16 @@ impl Metrics {
             "leader",
             "1 while this server runs the controllers",
             self.leader.clone(),
+        );
+        registry.register(
+            "node_replacement_paused",
+            "1 while lost-node replacement is paused because many nodes missed their leases at once",
+            self.replacement_paused.clone(),
+        );
+        registry.register(
+            "nodes_unreachable",
+            "Registered nodes whose heartbeat lease is gone",
+            self.nodes_unreachable.clone(),
         );
         registry.register(
             "store_transaction_duration_seconds",

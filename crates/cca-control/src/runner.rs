@@ -169,6 +169,27 @@ impl Driver {
         }
     }
 
+    /// Gauges that read the view its owner reconciled.
+    fn record_gauges(&self, name: &str, view: &View) {
+        let metrics = &self.runner.metrics;
+        match name {
+            "scheduler" => {
+                metrics.unplaced_services.set(view.unplaced.len() as i64);
+            }
+            "node" => {
+                let paused = view.disruption.as_ref().is_some_and(|d| d.value.paused);
+                metrics.replacement_paused.set(i64::from(paused));
+                let unreachable = view
+                    .nodes
+                    .iter()
+                    .filter(|(name, _)| !view.heartbeats.contains_key(name.as_str()))
+                    .count();
+                metrics.nodes_unreachable.set(unreachable as i64);
+            }
+            _ => {}
+        }
+    }
+
     /// Takes a view, reconciles, and commits the plan.
     async fn cycle(&self, min_revision: Revision) -> Cycle {
         let name = self.controller.name();
@@ -183,12 +204,7 @@ impl Driver {
             leader_since: self.leader_since,
         };
         let plan = self.controller.reconcile(&view, &context);
-        if name == "scheduler" {
-            self.runner
-                .metrics
-                .unplaced_services
-                .set(view.unplaced.len() as i64);
-        }
+        self.record_gauges(name, &view);
         let cycle = if plan.is_noop() {
             Cycle::Idle {
                 requeue: plan.requeue_after,

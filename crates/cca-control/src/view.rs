@@ -9,8 +9,9 @@
 use std::sync::Arc;
 
 use cca_model::cluster::{
-    ApplyChunk, ApplyCommit, DesiredGeneration, Endpoints, Heartbeat, Instance, InstanceStatus,
-    NodeControl, NodeInfo, NodeStatus, ServiceMeta, StagedWrite, Unplaced,
+    ApplyChunk, ApplyCommit, DesiredGeneration, Disruption, Endpoints, Heartbeat, Instance,
+    InstanceStatus, NodeControl, NodeInfo, NodeStatus, ReplacementResume, ServiceMeta, StagedWrite,
+    Unplaced,
 };
 use cca_model::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
@@ -80,6 +81,10 @@ pub struct View {
     /// Unplaced demand by service.
     pub unplaced: Table<Unplaced>,
     pub node_statuses: Table<NodeStatus>,
+    /// Whether lost-node replacement is paused (the node controller's).
+    pub disruption: Option<Versioned<Disruption>>,
+    /// The operator's last word ending such a pause.
+    pub replacement_resume: Option<Versioned<ReplacementResume>>,
     /// Service → port name → ready backends.
     pub endpoints: Grouped<Endpoints>,
     pub nodes: Table<NodeInfo>,
@@ -307,6 +312,13 @@ impl View {
                 rev,
                 Value::NodeControl,
             )?,
+            Key::ReplacementResume {} => put_single(
+                &mut self.replacement_resume,
+                bytes,
+                rev,
+                Value::ReplacementResume,
+            )?,
+            Key::Disruption {} => put_single(&mut self.disruption, bytes, rev, Value::Disruption)?,
             Key::Instance { id, .. } => put(&mut self.instances, id, bytes, rev, Value::Instance)?,
             Key::Unplaced { service } => {
                 put(&mut self.unplaced, service, bytes, rev, Value::Unplaced)?
@@ -391,6 +403,10 @@ impl View {
             Key::NodeControl { node } => {
                 remove(&mut self.node_controls, node, rev, Value::NodeControl)
             }
+            Key::ReplacementResume {} => {
+                remove_single(&mut self.replacement_resume, rev, Value::ReplacementResume)
+            }
+            Key::Disruption {} => remove_single(&mut self.disruption, rev, Value::Disruption),
             Key::Instance { id, .. } => remove(&mut self.instances, id, rev, Value::Instance),
             Key::Unplaced { service } => remove(&mut self.unplaced, service, rev, Value::Unplaced),
             Key::NodeStatus { node } => {
@@ -435,6 +451,11 @@ impl View {
             Key::NetworkPolicy { policy } => at(&self.network_policies, policy),
             Key::Group { group } => at(&self.groups, group),
             Key::NodeControl { node } => at(&self.node_controls, node),
+            Key::ReplacementResume {} => self
+                .replacement_resume
+                .as_ref()
+                .map(|held| held.mod_revision),
+            Key::Disruption {} => self.disruption.as_ref().map(|held| held.mod_revision),
             Key::Instance { id, .. } => at(&self.instances, id),
             Key::Unplaced { service } => at(&self.unplaced, service),
             Key::NodeStatus { node } => at(&self.node_statuses, node),

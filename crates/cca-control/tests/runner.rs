@@ -410,7 +410,7 @@ async fn seed_cluster(store: &dyn Store) {
 fn control_plane() -> Vec<Arc<dyn Controller>> {
     let mut scheduler = SchedulerController::default();
     scheduler.config.startup_grace = Duration::ZERO;
-    vec![Arc::new(NodeController), Arc::new(scheduler)]
+    vec![Arc::new(NodeController::default()), Arc::new(scheduler)]
 }
 
 async fn placements(store: &dyn Store) -> Vec<String> {

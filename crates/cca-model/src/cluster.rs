@@ -79,6 +79,48 @@ pub enum NodeCondition {
     Unreachable,
 }
 
+/// `derived/disruption`, written by the node controller: whether it
+/// trusts lost leases. When many nodes miss their leases at once, the
+/// likelier cause is the control plane, the store or the network, not the
+/// nodes: the controller then pauses lost-node replacement (nodes are still
+/// marked unreachable; nothing of theirs is replaced) until heartbeats
+/// return, an operator resumes it, or the safeguard does.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Disruption {
+    /// Lost-node replacement is paused.
+    pub paused: bool,
+    /// When the current state (paused or not) began.
+    pub since: Millis,
+    /// Nodes that had missed their leases within one TTL, and nodes
+    /// registered, when the pause began.
+    pub missing: u32,
+    pub nodes: u32,
+    /// What ended the last pause (absent while paused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumed_by: Option<ResumeCause>,
+}
+
+/// What ended a pause of lost-node replacement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResumeCause {
+    /// Enough of the missing nodes heartbeat again.
+    Heartbeats,
+    /// An operator said the missing nodes are gone (`cca nodes resume-replacement`).
+    Operator,
+    /// No further node went missing for the configured time: the control
+    /// plane is healthy, so the missing nodes are the problem.
+    Safeguard,
+}
+
+/// `desired/replacement-resume`: an operator's word that the nodes missing
+/// during a pause of lost-node replacement are really gone. A pause that
+/// began at or before `at` ends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplacementResume {
+    pub at: Millis,
+}
+
 /// `derived/instance/{service}/{id}`, written by the scheduler: one
 /// instance of a service, placed on a node. Agents run what is placed on
 /// their node.

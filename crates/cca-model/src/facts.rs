@@ -14,8 +14,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::cluster::{
-    ApplyChunk, ApplyCommit, DesiredGeneration, Endpoints, Event, Heartbeat, Instance,
-    InstanceStatus, LeaderRecord, NodeControl, NodeInfo, NodeStatus, ServiceMeta, Unplaced,
+    ApplyChunk, ApplyCommit, DesiredGeneration, Disruption, Endpoints, Event, Heartbeat, Instance,
+    InstanceStatus, LeaderRecord, NodeControl, NodeInfo, NodeStatus, ReplacementResume,
+    ServiceMeta, Unplaced,
 };
 use crate::ownership::Owner;
 use crate::spec::{
@@ -174,6 +175,10 @@ fact_kinds! {
     /// An operator's drain/disable intent for a node.
     NodeControl { node } = "desired/node/{}",
         NodeControl, Owner::Api, applied: false;
+    /// An operator's word that the nodes missing during a pause of
+    /// lost-node replacement are gone: the pause ends.
+    ReplacementResume {} = "desired/replacement-resume",
+        ReplacementResume, Owner::Api, applied: false;
     /// One placed instance of a service.
     Instance { service, id } = "derived/instance/{}/{}",
         Instance, Owner::Controller("scheduler"), applied: false;
@@ -183,6 +188,10 @@ fact_kinds! {
     /// A node's condition as the node controller sees it.
     NodeStatus { node } = "derived/node/{}",
         NodeStatus, Owner::Controller("node"), applied: false;
+    /// Whether the node controller trusts lost leases: paused lost-node
+    /// replacement when many nodes missed their leases at once.
+    Disruption {} = "derived/disruption",
+        Disruption, Owner::Controller("node"), applied: false;
     /// The ready backends of one service port.
     Endpoint { service, port } = "derived/endpoint/{}/{}",
         Endpoints, Owner::Controller("endpoint"), applied: false;

@@ -130,6 +130,17 @@ pub fn desired_node(node: &str) -> String {
     .to_string()
 }
 
+/// `desired/replacement-resume`: an operator ended a pause of lost-node
+/// replacement.
+pub fn desired_replacement_resume() -> String {
+    Key::ReplacementResume {}.to_string()
+}
+
+/// `derived/disruption`: whether lost-node replacement is paused.
+pub fn derived_disruption() -> String {
+    Key::Disruption {}.to_string()
+}
+
 /// `derived/instance/{svc}/{id}`: one placed instance.
 pub fn derived_instance(service: &str, id: &str) -> String {
     Key::Instance {

@@ -208,6 +208,12 @@ impl Client {
         self.json(self.request(Method::POST, &path)).await
     }
 
+    /// Ends a pause of lost-node replacement: the missing nodes are gone.
+    pub async fn resume_replacement(&self) -> ClientResult<ReplacementResumed> {
+        self.json(self.request(Method::POST, "/v1/cluster/resume-replacement"))
+            .await
+    }
+
     pub async fn status(&self) -> ClientResult<ClusterStatus> {
         self.json(self.request(Method::GET, "/v1/status")).await
     }

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use cca_model::cluster::{
-    Endpoints, Event, Heartbeat, Instance, InstanceStatus, Millis, NodeControl, NodeInfo,
-    NodeStatus, Unplaced,
+    Disruption, Endpoints, Event, Heartbeat, Instance, InstanceStatus, Millis, NodeControl,
+    NodeInfo, NodeStatus, Unplaced,
 };
 use cca_model::spec::{Cpu, Memory, ServiceSpec};
 use cca_model::{LeaseId, Revision};
@@ -187,6 +187,20 @@ pub struct ClusterStatus {
     pub unplaced: Vec<Unplaced>,
     /// Facts in the store that do not decode (hand-edited or foreign).
     pub invalid_facts: BTreeMap<String, String>,
+    /// Whether lost-node replacement is paused (absent: it never was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disruption: Option<Disruption>,
+}
+
+/// Reply of `POST /v1/cluster/resume-replacement`: the pause that ends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplacementResumed {
+    /// When the pause began, and how many of how many nodes were missing
+    /// then.
+    pub since: Millis,
+    pub missing: u32,
+    pub nodes: u32,
+    pub revision: Revision,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

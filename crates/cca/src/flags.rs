@@ -17,6 +17,20 @@ pub(crate) fn duration(text: &str) -> Result<Duration, String> {
         .map_err(|error| format!("{error} ({DURATION_FORMS})"))
 }
 
+/// A span, or `never`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SpanOrNever(pub(crate) Option<Duration>);
+
+/// `never`, or a span as [`duration`] reads it.
+pub(crate) fn duration_or_never(text: &str) -> Result<SpanOrNever, String> {
+    if text == "never" {
+        return Ok(SpanOrNever(None));
+    }
+    duration(text)
+        .map(|span| SpanOrNever(Some(span)))
+        .map_err(|error| format!("{error}, or `never`"))
+}
+
 /// `--start-latency`: `50ms`, `uniform:MIN..MAX` or `normal:MEAN,STDDEV`.
 pub(crate) fn start_latency(text: &str) -> Result<StartLatency, String> {
     let forms = "expected DURATION, uniform:MIN..MAX or normal:MEAN,STDDEV \

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cca_api::{ApiConfig, ControlPlane, ControlPlaneConfig, SecretKey};
-use cca_control::controllers::SchedulerConfig;
+use cca_control::controllers::{DisruptionConfig, SchedulerConfig};
 use cca_control::runner::RunnerConfig;
 use cca_store::{Store, StoreUrl};
 use clap::Args;
@@ -54,6 +54,23 @@ pub(crate) struct ServerArgs {
     /// expired) are replaced elsewhere.
     #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = flags::duration)]
     lost_grace: Duration,
+    /// Pause lost-node replacement when more than this percentage of the
+    /// nodes miss their leases within one node TTL: so many at once points
+    /// at the control plane, the store or the network, not at the nodes.
+    #[arg(long, default_value_t = 33, value_name = "PERCENT",
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    pause_replacement_above: u32,
+    /// Pause it also when more than this many nodes miss their leases
+    /// within one node TTL (default: the percentage alone decides).
+    #[arg(long, value_name = "NODES")]
+    pause_replacement_nodes: Option<u32>,
+    /// End a pause on its own once no further node went missing for this
+    /// long (the control plane is then healthy, so the missing nodes are
+    /// gone); `never`: only returning heartbeats or
+    /// `cca nodes resume-replacement` end it.
+    #[arg(long, default_value = "60s", value_name = "DURATION|never",
+          value_parser = flags::duration_or_never)]
+    resume_replacement_after: flags::SpanOrNever,
     /// The cluster's key for secret values: 32 bytes, mode 0600, created
     /// when absent. Every server of a cluster must use the same file.
     /// Default: `secret.key` beside an embedded store's directory; required
@@ -114,6 +131,11 @@ async fn serve(args: ServerArgs) -> Result<()> {
     let setup = ControlPlaneConfig {
         runner: runner_config(&args),
         scheduler,
+        disruption: DisruptionConfig {
+            max_missing_percent: args.pause_replacement_above,
+            max_missing_nodes: args.pause_replacement_nodes,
+            resume_after: args.resume_replacement_after.0,
+        },
         api: ApiConfig {
             event_retention: args.event_retention,
             node_lease_ttl: args.node_ttl,

@@ -69,6 +69,10 @@ fn user_routes() -> Router<ApiState> {
             put(secrets::set).delete(secrets::delete),
         )
         .route("/v1/status", get(reads::status))
+        .route(
+            "/v1/cluster/resume-replacement",
+            post(ops::resume_replacement),
+        )
         .route("/v1/events", get(events::list))
         .route("/v1/watch", get(watch::watch))
 }

@@ -4,9 +4,11 @@
 //! that same transaction; the updates go through the one
 //! [`read_modify_write`] loop, which re-reads and re-applies on a conflict.
 
+use std::sync::Arc;
+
 use axum::Json;
 use axum::extract::{Path, State};
-use cca_model::cluster::{EventLevel, NodeControl};
+use cca_model::cluster::{EventLevel, NodeControl, ReplacementResume};
 use cca_model::spec::{Program, ServiceSpec};
 use cca_model::{Kind, keys};
 use cca_store::{Compare, CompareOp, Op, RangeRequest, Txn};
@@ -14,9 +16,12 @@ use serde::Deserialize;
 
 use crate::apply::apply_program;
 use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
+use crate::routes::reads::fresh_view;
 use crate::staged::{self, Generation, guard_desired};
-use crate::state::{ApiState, encode};
-use crate::types::{ApplyReport, DeleteReport, NodeControlReport, ScaleReport, ScaleRequest};
+use crate::state::{ApiState, encode, now_millis};
+use crate::types::{
+    ApplyReport, DeleteReport, NodeControlReport, ReplacementResumed, ScaleReport, ScaleRequest,
+};
 use crate::update::read_modify_write;
 use crate::validate::{MAX_REPLICAS, check_name};
 
@@ -185,6 +190,44 @@ pub(crate) async fn enable(
         *control = NodeControl::default();
     })
     .await
+}
+
+/// Ends a pause of lost-node replacement: an operator says the nodes that
+/// went missing are really gone. 409 when nothing is paused. The word is
+/// dated no earlier than the pause, so a server whose clock lags the
+/// leader's still ends it.
+pub(crate) async fn resume_replacement(
+    State(state): State<ApiState>,
+) -> ApiResult<Json<ReplacementResumed>> {
+    let view = fresh_view(&state).await?;
+    let Some(pause) = view
+        .disruption
+        .as_ref()
+        .filter(|held| held.value.paused)
+        .map(|held| Arc::clone(&held.value))
+    else {
+        return Err(ApiError::conflict(
+            "lost-node replacement is not paused; there is nothing to resume",
+        ));
+    };
+    let resume = ReplacementResume {
+        at: now_millis().max(pause.since),
+    };
+    let message = format!(
+        "an operator resumed lost-node replacement: the {} nodes missing since the pause are \
+         treated as gone",
+        pause.missing
+    );
+    let txn = Txn::new()
+        .then(Op::put(keys::desired_replacement_resume(), encode(&resume)))
+        .then(state.event_op(EventLevel::Warning, "cluster", message));
+    let revision = state.store().txn(txn).await?.revision();
+    Ok(Json(ReplacementResumed {
+        since: pause.since,
+        missing: pause.missing,
+        nodes: pause.nodes,
+        revision,
+    }))
 }
 
 /// Read-modify-write of `desired/node/{name}` for a registered node.

@@ -1,6 +1,7 @@
 //! The control plane's pure controllers. Each one turns a [`View`] and a
 //! [`Context`] into a [`Plan`] and does nothing else: no IO, no clock, no
-//! randomness. [`NodeController`] derives node conditions from heartbeats,
+//! randomness. [`NodeController`] derives node conditions from heartbeats
+//! (and pauses lost-node replacement when too many go missing at once),
 //! [`SchedulerController`] turns desired replicas into placed instances
 //! (and moves, replaces and stops them), [`EndpointController`] publishes
 //! the ready backends of every service port. Every controller writes only
@@ -20,16 +21,18 @@ pub(crate) mod fixtures;
 use std::sync::Arc;
 
 pub use endpoint::EndpointController;
-pub use node::NodeController;
+pub use node::{DisruptionConfig, MIN_MISSING, NodeConfig, NodeController};
 pub use scheduler::{SchedulerConfig, SchedulerController};
 
 use crate::controller::Controller;
 
 /// Every controller of the control plane, in the order the runner starts
 /// them: the one list every server (and the benchmark) runs.
-pub fn all(scheduler: &SchedulerConfig) -> Vec<Arc<dyn Controller>> {
+pub fn all(node: &NodeConfig, scheduler: &SchedulerConfig) -> Vec<Arc<dyn Controller>> {
     vec![
-        Arc::new(NodeController),
+        Arc::new(NodeController {
+            config: node.clone(),
+        }),
         Arc::new(SchedulerController {
             config: scheduler.clone(),
         }),

@@ -59,6 +59,17 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
             output::line(&format!("node/{} enabled", args.node));
             Ok(())
         }
+        ClusterCommand::ResumeReplacement(args) => {
+            let resumed = client(&args.addr).resume_replacement().await?;
+            output::line(&format!(
+                "lost-node replacement resumed: the {} of {} nodes missing since the pause ({} ago) \
+                 are replaced once unreachable for the lost grace",
+                resumed.missing,
+                resumed.nodes,
+                output::age(Some(resumed.since), output::now_millis())
+            ));
+            Ok(())
+        }
         ClusterCommand::Events(args) => events(&args).await,
         ClusterCommand::Watch(args) => watch(&args).await,
         ClusterCommand::Logs(args) => super::io::logs(&args).await,

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::Result;
+use cca_model::cluster::Disruption;
 use cca_model::spec::{Memory, PortSpec, Protocol, Workload};
 use cca_wire::Client;
 use cca_wire::types::{ClusterStatus, InstanceDetail, NodeDetail, ServiceDetail};
@@ -274,6 +275,21 @@ fn node(detail: &NodeDetail) {
     }
 }
 
+/// Whether lost-node replacement is paused; nothing when it never was.
+fn replacement_line(disruption: Option<&Disruption>) -> Option<String> {
+    let disruption = disruption?;
+    let ago = age(Some(disruption.since), now_millis());
+    Some(if disruption.paused {
+        format!(
+            "PAUSED for {ago}: {} of {} nodes missed their leases at once; \
+             `cca resume-replacement` if they are gone",
+            disruption.missing, disruption.nodes
+        )
+    } else {
+        format!("active (a pause ended {ago} ago)")
+    })
+}
+
 pub(super) async fn status(client: &Client, format: Format) -> Result<()> {
     let status = client.status().await?;
     if !output::structured(format, &status)? {
@@ -291,6 +307,9 @@ fn print_status(status: &ClusterStatus) {
             nodes.total, nodes.ready, nodes.unreachable, nodes.draining, nodes.disabled
         ),
     );
+    if let Some(line) = replacement_line(status.disruption.as_ref()) {
+        field("Replacement", &line);
+    }
     field("Services", &status.services.to_string());
     let states: Vec<String> = status
         .instances

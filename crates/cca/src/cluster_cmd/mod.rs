@@ -68,6 +68,9 @@ pub(crate) enum ClusterCommand {
     DisableNode(NodeArgs),
     /// Undo drain and disable-node.
     EnableNode(NodeArgs),
+    /// End a pause of lost-node replacement: the nodes that went missing
+    /// at once are really gone, replace what ran there.
+    ResumeReplacement(ServerArgs),
     /// Print the event log.
     Events(EventsArgs),
     /// Stream changes of the cluster's facts (until Ctrl-C).
@@ -187,6 +190,13 @@ pub(crate) struct ReadArgs {
     pub(crate) addr: ServerAddr,
     #[command(flatten)]
     pub(crate) out: OutputArgs,
+}
+
+/// A command that needs only the server.
+#[derive(Debug, Args)]
+pub(crate) struct ServerArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
 }
 
 /// `cca scale SERVICE N`

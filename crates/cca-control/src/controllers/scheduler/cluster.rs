@@ -422,11 +422,20 @@ fn node_slot<'v>(
 fn liveness(view: &View, name: &str, context: &Context, config: &SchedulerConfig) -> Liveness {
     let beating = view.heartbeats.contains_key(name);
     let status = view.node_statuses.get(name);
+    let disruption = view.disruption.as_ref().map(|held| &*held.value);
     match status.map(|status| (status.condition, status.since)) {
+        // The node controller distrusts lost leases right now: nothing is
+        // lost until the pause ends.
+        Some((NodeCondition::Unreachable, _)) if disruption.is_some_and(|d| d.paused) => {
+            Liveness::Unreachable { lost_at: None }
+        }
         Some((NodeCondition::Unreachable, since)) if !beating => {
             // Count from our own leadership too: a new leader has not yet
-            // watched the node long enough to call it lost.
-            let lost_at = since.max(context.leader_since) + span_millis(config.lost_grace);
+            // watched the node long enough to call it lost. And from the
+            // end of a pause: a node may be just slower to come back.
+            let resumed_at = disruption.map_or(since, |resumed| resumed.since);
+            let lost_at =
+                since.max(context.leader_since).max(resumed_at) + span_millis(config.lost_grace);
             if context.now >= lost_at {
                 Liveness::Lost
             } else {

@@ -105,6 +105,7 @@ impl Controller for SchedulerController {
             Kind::Heartbeat,
             Kind::InstanceStatus,
             Kind::NodeStatus,
+            Kind::Disruption,
         ]
     }
 

@@ -9,7 +9,8 @@
 use std::collections::BTreeMap;
 
 use cca_model::cluster::{
-    Instance, InstanceState, NodeCondition, NodeControl, NodeStatus, Unplaced, UnplacedReason,
+    Disruption, Instance, InstanceState, NodeCondition, NodeControl, NodeStatus, ResumeCause,
+    Unplaced, UnplacedReason,
 };
 use cca_model::keys;
 use cca_model::ownership::{Owner, check_write};
@@ -669,6 +670,58 @@ fn instances_of_a_lost_node_are_replaced_after_the_grace_period() {
     let mut replaced_on: Vec<String> = puts(&plan).into_iter().map(|i| i.node).collect();
     replaced_on.sort();
     assert_eq!(replaced_on, ["n2", "n3"], "the fair share again: 2 + 2");
+}
+
+/// While the node controller pauses lost-node replacement, a node past
+/// its grace is not lost; once the pause ends, its instances are replaced
+/// a grace period after the resume, not at once.
+#[test]
+fn a_paused_replacement_waits_for_the_resume_and_then_a_grace_period() {
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .node("n2", 4000, 4096)
+        .node("n3", 4000, 4096)
+        .service(service("web", 3))
+        .build();
+    let (view, now) = converge(view, NOW);
+    let gone = NodeStatus {
+        condition: NodeCondition::Unreachable,
+        since: now,
+    };
+    let pause = Disruption {
+        paused: true,
+        since: now,
+        missing: 2,
+        nodes: 3,
+        resumed_by: None,
+    };
+    let paused = ViewBuilder::from(view)
+        .delete(&keys::observed_heartbeat("n1"))
+        .node_status("n1", &gone)
+        .put(&keys::derived_disruption(), &pause)
+        .build();
+    let held = schedule(&paused, now + 60_000);
+    assert!(held.is_noop(), "{held:?}");
+    assert_eq!(held.requeue_after, None, "nothing runs out while paused");
+    let resumed = Disruption {
+        paused: false,
+        since: now + 60_000,
+        resumed_by: Some(ResumeCause::Safeguard),
+        ..pause
+    };
+    let view = ViewBuilder::from(paused)
+        .put(&keys::derived_disruption(), &resumed)
+        .build();
+    let waiting = schedule(&view, now + 61_000);
+    assert!(waiting.is_noop());
+    assert_eq!(
+        waiting.requeue_after,
+        Some(4_000),
+        "the grace from the resume"
+    );
+    let plan = schedule(&view, now + 65_000);
+    assert_eq!(deletes(&plan).len(), 1);
+    assert_eq!(puts(&plan).len(), 1);
 }
 
 #[test]
