@@ -1,5 +1,6 @@
 //! Connections to the etcd members and the retry discipline every request
-//! goes through. One gRPC client per member; requests go to the current
+//! goes through. Two gRPC connections per member, one for leases and one
+//! for everything else; requests go to the current
 //! member and move to the next one when it cannot be reached, so a dead
 //! member costs one failed attempt, not a random share of all requests.
 //! Failed attempts are retried with jittered exponential backoff, except
@@ -80,11 +81,19 @@ impl Members {
             .with_require_leader(true);
         let mut members = Vec::with_capacity(config.endpoints.len());
         for url in &config.endpoints {
-            let client = Client::connect([url], Some(options.clone()))
-                .await
-                .map_err(|err| {
-                    StoreError::InvalidRequest(format!("etcd endpoint `{url}`: {err}"))
-                })?;
+            let connect = || async {
+                Client::connect([url], Some(options.clone()))
+                    .await
+                    .map_err(|err| {
+                        StoreError::InvalidRequest(format!("etcd endpoint `{url}`: {err}"))
+                    })
+            };
+            let client = connect().await?;
+            // Lease calls get a connection of their own: bulk reads and
+            // transactions can then neither delay a keep-alive behind
+            // their flow control nor take it down with them when h2 closes
+            // a connection that reset too many cancelled streams.
+            let leases = connect().await?;
             members.push(Arc::new(Member {
                 url: url.clone(),
                 kv: client
@@ -93,7 +102,7 @@ impl Members {
                 watch: client
                     .watch_client()
                     .max_decoding_message_size(config.max_response_bytes),
-                lease: client.lease_client(),
+                lease: leases.lease_client(),
             }));
         }
         Ok(Self {

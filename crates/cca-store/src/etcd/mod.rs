@@ -86,12 +86,21 @@ impl Config {
     }
 }
 
+/// Reads and transactions in flight to etcd at most. Past what etcd
+/// applies, more in flight only makes every request later — until
+/// deadlines cancel them, and the cancelled streams' resets made h2 close
+/// the connection under a 5,000-node deploy. Callers past the bound wait
+/// for a slot in their own futures (bounded by the API's admission and
+/// the runner). Lease calls and watches take no slot.
+pub const MAX_KV_IN_FLIGHT: usize = 128;
+
 /// A [`Store`] on an etcd cluster. Cheap to share behind an `Arc`.
 #[derive(Debug)]
 pub struct EtcdStore {
     members: Arc<Members>,
     ns: Namespace,
     max_txn_ops: usize,
+    kv_slots: tokio::sync::Semaphore,
 }
 
 impl EtcdStore {
@@ -102,6 +111,7 @@ impl EtcdStore {
             members: Arc::new(Members::connect(&config).await?),
             ns: Namespace::new(config.namespace),
             max_txn_ops: config.max_txn_ops.max(1),
+            kv_slots: tokio::sync::Semaphore::new(MAX_KV_IN_FLIGHT),
         };
         store.current_revision_read().await?;
         Ok(store)
@@ -129,6 +139,7 @@ impl EtcdStore {
         if let Some(end) = end {
             options = options.with_range(end);
         }
+        let _slot = self.kv_slot().await?;
         let response = self
             .members
             .call(what, Resend::Always, |member, _| {
@@ -147,6 +158,16 @@ impl EtcdStore {
             revision: header_revision(response.header())?,
             more: response.more(),
         })
+    }
+}
+
+impl EtcdStore {
+    /// A slot among the [`MAX_KV_IN_FLIGHT`] reads and transactions.
+    async fn kv_slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>> {
+        self.kv_slots
+            .acquire()
+            .await
+            .map_err(|_| StoreError::Closed)
     }
 }
 

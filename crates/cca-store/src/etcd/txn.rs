@@ -23,6 +23,7 @@ impl EtcdStore {
     /// Sends a transaction once — resent only when it surely was not
     /// applied — and reads etcd's answer.
     pub(super) async fn apply(&self, request: EtcdRequest) -> Result<TxnOutcome> {
+        let slot = self.kv_slot().await?;
         let answer = self
             .members
             .call("transaction", Resend::OnlyIfNotApplied, |member, _| {
@@ -37,8 +38,10 @@ impl EtcdStore {
                     }
                 }
             })
-            .await?;
-        match answer {
+            .await;
+        // Free the slot first: looking up a missing lease reads again.
+        drop(slot);
+        match answer? {
             Some(response) => request.outcome(&self.ns, &response),
             None => Err(StoreError::LeaseNotFound(
                 self.missing_lease(&request.leases).await?,
