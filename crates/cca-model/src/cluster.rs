@@ -91,8 +91,9 @@ pub struct Disruption {
     pub paused: bool,
     /// When the current state (paused or not) began.
     pub since: Millis,
-    /// Nodes that had missed their leases within one TTL, and nodes
-    /// registered, when the pause began.
+    /// Nodes that had missed their leases within one TTL, and the nodes
+    /// that could have (every node but those missing for longer), when the
+    /// pause began (or ended).
     pub missing: u32,
     pub nodes: u32,
     /// What ended the last pause (absent while paused).

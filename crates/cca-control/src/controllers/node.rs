@@ -183,12 +183,12 @@ impl NodeController {
         plan: &mut Plan,
     ) -> bool {
         let held = view.disruption.as_ref().map(|held| &*held.value);
-        let nodes = count(observed.len());
         let window = span_millis(self.config.lease_ttl);
         match held {
             Some(pause) if pause.paused => {
                 // Every node missing since the window that started the pause.
-                let missing = missing_since(observed, pause.since - window);
+                let from = pause.since - window;
+                let (missing, nodes) = (missing_since(observed, from), at_risk(observed, from));
                 match self.resume_cause(view, context, pause, &missing, nodes) {
                     Ok(cause) => {
                         let resumed = Disruption {
@@ -216,6 +216,7 @@ impl NodeController {
                 let resumed_at = held.map_or(Millis::MIN, |resumed| resumed.since);
                 let from = (context.now - window).max(resumed_at + 1);
                 let missing = count(missing_since(observed, from).len());
+                let nodes = at_risk(observed, from);
                 if !self.config.disruption.suspicious(missing, nodes) {
                     return false;
                 }
@@ -303,6 +304,18 @@ fn missing_since(observed: &[Observed<'_>], from: Millis) -> Vec<Millis> {
         .filter(|node| node.condition == NodeCondition::Unreachable && node.since >= from)
         .map(|node| node.since)
         .collect()
+}
+
+/// The nodes whose loss since `from` could count: every node but those
+/// already missing before it (a node dead for days that nobody removed
+/// must not dilute the share).
+fn at_risk(observed: &[Observed<'_>], from: Millis) -> u32 {
+    count(
+        observed
+            .iter()
+            .filter(|node| node.condition == NodeCondition::Ready || node.since >= from)
+            .count(),
+    )
 }
 
 fn count(len: usize) -> u32 {
@@ -544,6 +557,18 @@ mod tests {
         // Three long gone and one just now: only one went missing lately.
         let plan = NodeController::default().reconcile(&builder.build(), &context(NOW));
         assert_eq!(disruption_of(&plan), None);
+    }
+
+    #[test]
+    fn nodes_long_gone_do_not_dilute_the_share() {
+        // Twenty registered nodes, ten of them gone for an hour: four of
+        // the ten live ones vanishing at once is 40 %, not 20 %.
+        let mut builder = cluster(20, 14);
+        for index in 4..14 {
+            builder = builder.node_status(&format!("n{index}"), &lost_at(NOW - 3_600_000));
+        }
+        let plan = NodeController::default().reconcile(&builder.build(), &context(NOW));
+        assert_eq!(disruption_of(&plan), Some(paused_at(NOW, 4, 10)));
     }
 
     #[test]
