@@ -50,6 +50,7 @@ fn cluster(count: usize) -> View {
         let beat = Heartbeat {
             lease_ttl_secs: 15,
             started_at: 0,
+            lease: 1,
         };
         put(&mut view, &keys::observed_heartbeat(&name), &beat);
         let ready = NodeStatus {

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::LeaseId;
 use crate::spec::{Cpu, Memory};
 
 /// Milliseconds since the Unix epoch; the clock every fact uses.
@@ -51,6 +52,11 @@ impl NodeInfo {
 pub struct Heartbeat {
     pub lease_ttl_secs: u64,
     pub started_at: Millis,
+    /// The lease the key is attached to (0 in records written before it
+    /// was recorded): lets the API check a heartbeat's lease against its
+    /// cache instead of reading the store.
+    #[serde(default)]
+    pub lease: LeaseId,
 }
 
 /// `desired/node/{node}`: what an operator asked of a node.

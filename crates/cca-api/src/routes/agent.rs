@@ -49,6 +49,7 @@ pub(crate) async fn register(
     let heartbeat = Heartbeat {
         lease_ttl_secs: ttl.as_secs(),
         started_at: now_millis(),
+        lease: lease_id,
     };
     let txn = Txn::new()
         .then(Op::put(&node_key, encode(&info)))
@@ -86,20 +87,31 @@ fn node_info(request: RegisterRequest, registered_at: i64) -> NodeInfo {
 }
 
 /// Keeps the node's lease alive. A lease that is gone (expired, revoked,
-/// or not this node's) is 409: the agent must register again.
+/// or not this node's) is 409: the agent must register again. Whether the
+/// lease is the node's is read from the cache, which is current but for
+/// a registration made a moment ago: only then does it cost a store read,
+/// so a renewal is no read and no commit.
 pub(crate) async fn heartbeat(
     State(state): State<ApiState>,
     Path(node): Path<String>,
     JsonBody(request): JsonBody<HeartbeatRequest>,
 ) -> ApiResult<Json<HeartbeatReply>> {
     check_name("node", &node)?;
-    let current = state
-        .store()
-        .get(&keys::observed_heartbeat(&node))
-        .await?
-        .and_then(|kv| kv.lease);
-    if current != Some(request.lease_id) {
-        return Err(re_register(&node, request.lease_id));
+    let cached = state
+        .cache()
+        .view()
+        .heartbeats
+        .get(&node)
+        .map(|held| held.value.lease);
+    if cached != Some(request.lease_id) {
+        let current = state
+            .store()
+            .get(&keys::observed_heartbeat(&node))
+            .await?
+            .and_then(|kv| kv.lease);
+        if current != Some(request.lease_id) {
+            return Err(re_register(&node, request.lease_id));
+        }
     }
     match state.store().keep_alive(request.lease_id).await {
         Ok(ttl) => Ok(Json(HeartbeatReply {

@@ -152,6 +152,7 @@ impl ViewBuilder {
         let beat = Heartbeat {
             lease_ttl_secs: 15,
             started_at: 0,
+            lease: 1,
         };
         self.put(&keys::observed_heartbeat(node), &beat)
     }
