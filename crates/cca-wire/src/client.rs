@@ -1,17 +1,20 @@
 //! The typed client of the API: one method per endpoint, errors carrying
 //! the server's status and message (and the problems of a refused
-//! program). Used by the CLI and, later, by agents.
+//! program, and how long a busy server asked to be left alone: its
+//! `Retry-After`). Used by the CLI and the agents.
 //! Plain HTTP for now; TLS settings will be added to [`Client::with_http`]'s
 //! caller (build the `reqwest::Client` with the cluster CA and a client
 //! certificate) without changing any method.
 
 use std::marker::PhantomData;
+use std::time::Duration;
 
 use cca_model::cluster::{InstanceStatus, Millis};
 use cca_model::spec::Program;
 use cca_model::validity::Problem;
 use cca_model::{LeaseId, Revision};
-use reqwest::{Method, RequestBuilder, Response};
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -27,6 +30,9 @@ pub enum ClientError {
         status: u16,
         message: String,
         problems: Vec<Problem>,
+        /// The `Retry-After` of a 429 or 503 (in seconds; an HTTP-date
+        /// is not read).
+        retry_after: Option<Duration>,
     },
     /// No answer: the server is down, unreachable, or the connection broke.
     #[error("cannot reach the API server at {url}: {reason}")]
@@ -44,6 +50,32 @@ impl ClientError {
             _ => None,
         }
     }
+
+    /// How long the server asked the client to wait before trying again:
+    /// the `Retry-After` of a 429 (load shed) or 503 (unavailable), when
+    /// it sent one. A caller retrying waits at least this long.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            ClientError::Api { retry_after, .. } => *retry_after,
+            _ => None,
+        }
+    }
+}
+
+/// The `Retry-After` of a response that asks the client to come back
+/// later (429, 503), in delta-seconds (RFC 9110); absent otherwise.
+fn retry_after(status: StatusCode, headers: &HeaderMap) -> Option<Duration> {
+    if status != StatusCode::TOO_MANY_REQUESTS && status != StatusCode::SERVICE_UNAVAILABLE {
+        return None;
+    }
+    let seconds = headers
+        .get(RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    Some(Duration::from_secs(seconds))
 }
 
 pub type ClientResult<T> = Result<T, ClientError>;
@@ -411,12 +443,14 @@ impl Client {
         if status.is_success() {
             return Ok(response);
         }
+        let retry_after = retry_after(status, response.headers());
         let body = response.bytes().await.unwrap_or_default();
         let ErrorBody { error, problems } = ErrorBody::read(&body);
         Err(ClientError::Api {
             status: status.as_u16(),
             message: error,
             problems,
+            retry_after,
         })
     }
 
@@ -545,6 +579,67 @@ mod tests {
         assert!(ours.problems.is_empty());
         let theirs = ErrorBody::read(b"<html>502 Bad Gateway</html>\n");
         assert_eq!(theirs.error, "<html>502 Bad Gateway</html>");
+    }
+
+    #[test]
+    fn retry_after_is_read_from_429_and_503_only() {
+        let headers = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert(RETRY_AFTER, value.parse().expect("a header value"));
+            headers
+        };
+        let busy = StatusCode::TOO_MANY_REQUESTS;
+        assert_eq!(
+            retry_after(busy, &headers("3")),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            retry_after(StatusCode::SERVICE_UNAVAILABLE, &headers(" 120 ")),
+            Some(Duration::from_secs(120))
+        );
+        assert_eq!(retry_after(busy, &HeaderMap::new()), None);
+        assert_eq!(retry_after(busy, &headers("soon")), None);
+        assert_eq!(retry_after(busy, &headers("-1")), None);
+        assert_eq!(
+            retry_after(busy, &headers("Wed, 21 Oct 2015 07:28:00 GMT")),
+            None
+        );
+        assert_eq!(retry_after(StatusCode::CONFLICT, &headers("3")), None);
+    }
+
+    /// A real socket: the client reads the header of a 429 as any server
+    /// (or proxy) sends it, and says what the server said.
+    #[tokio::test]
+    async fn a_shed_request_carries_the_servers_retry_after() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let address = listener.local_addr().expect("address");
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.expect("accepts");
+            let mut request = [0_u8; 4096];
+            let _ = socket.read(&mut request).await.expect("reads");
+            let body = br#"{"error":"server busy: the `user` lane is full; retry in 7 s"}"#;
+            let head = format!(
+                "HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\n\
+                 retry-after: 7\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            socket.write_all(head.as_bytes()).await.expect("writes");
+            socket.write_all(body).await.expect("writes");
+        });
+        let error = Client::new(&format!("http://{address}"))
+            .status()
+            .await
+            .expect_err("shed");
+        server.await.expect("the server answered");
+        assert_eq!(error.status(), Some(429));
+        assert_eq!(error.retry_after(), Some(Duration::from_secs(7)));
+        assert_eq!(
+            error.to_string(),
+            "server busy: the `user` lane is full; retry in 7 s (HTTP 429)"
+        );
     }
 
     #[test]
