@@ -3,13 +3,17 @@
 //! breaks the model's rules). Store errors map to statuses here (store
 //! trouble is 503, never 500); request extractors here turn axum's plain
 //! text rejections (bad JSON, wrong types, oversized bodies, bad query
-//! strings) into the same JSON shape.
+//! strings) into the same JSON shape. An error that asks the client to
+//! come back later (a shed request, 429; a full stream bound, 503)
+//! carries `Retry-After`.
+
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::StatusCode;
 use axum::http::request::Parts;
+use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cca_model::validity::Problem;
 use cca_store::StoreError;
@@ -25,6 +29,9 @@ pub struct ApiError {
     pub message: String,
     /// What is wrong with a refused program, each problem on its own.
     pub problems: Vec<Problem>,
+    /// How long the client should wait before trying again, sent as
+    /// `Retry-After` in whole seconds (rounded up, at least 1).
+    pub retry_after: Option<Duration>,
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
@@ -35,12 +42,19 @@ impl ApiError {
             status,
             message: message.into(),
             problems: Vec::new(),
+            retry_after: None,
         }
     }
 
     /// The same error, listing `problems` in its body.
     pub fn with_problems(mut self, problems: Vec<Problem>) -> Self {
         self.problems = problems;
+        self
+    }
+
+    /// The same error, telling the client to wait `after` before retrying.
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
         self
     }
 
@@ -100,15 +114,29 @@ impl IntoResponse for ApiError {
         if self.status.is_server_error() {
             tracing::warn!(status = %self.status, error = %self.message, "request failed");
         }
-        (
+        let retry_after = self.retry_after.map(retry_after_seconds);
+        let mut response = (
             self.status,
             Json(ErrorBody {
                 error: self.message,
                 problems: self.problems,
             }),
         )
-            .into_response()
+            .into_response();
+        if let Some(seconds) = retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
     }
+}
+
+/// `Retry-After` is whole seconds: rounded up, so a client never comes
+/// back earlier than asked, and at least 1.
+pub(crate) fn retry_after_seconds(after: Duration) -> u64 {
+    let seconds = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    seconds.max(1)
 }
 
 /// A JSON request body whose every rejection is a JSON error: 400 for
@@ -180,6 +208,19 @@ mod tests {
             reason: "cut".into(),
         });
         assert_eq!(error.status, StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_rounded_up() {
+        let response = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "busy")
+            .with_retry_after(Duration::from_millis(1500))
+            .into_response();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(response.headers()[header::RETRY_AFTER], "2");
+        assert_eq!(retry_after_seconds(Duration::ZERO), 1);
+        assert_eq!(retry_after_seconds(Duration::from_secs(5)), 5);
+        let plain = ApiError::unavailable("store down").into_response();
+        assert!(!plain.headers().contains_key(header::RETRY_AFTER));
     }
 
     #[test]

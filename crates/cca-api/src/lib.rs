@@ -3,9 +3,12 @@
 //! shutdown. Only this crate serves the cluster's routes; their request and
 //! response shapes and the typed client live in `cca-wire`, which agents and
 //! the CLI use. It reads through the control plane's cache and writes
-//! through the store, one transaction per request. Endpoints are listed in
+//! through the store, one transaction per request. Every request is
+//! admitted through its route's lane (`admission`), so agents' liveness
+//! never waits behind reports, users or bulk reads. Endpoints are listed in
 //! `docs/api.md`.
 
+mod admission;
 mod apply;
 pub mod control_plane;
 pub mod error;
@@ -23,6 +26,7 @@ use std::future::Future;
 
 use tokio::net::TcpListener;
 
+pub use admission::{Lane, LaneLimits, LaneSettings};
 /// The wire types are the API's contract; the server uses them as its own.
 pub use cca_wire::{DEFAULT_LISTEN, types};
 pub use control_plane::{ControlPlane, ControlPlaneConfig};

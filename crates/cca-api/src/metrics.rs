@@ -1,6 +1,7 @@
 //! Request metrics of the API (counts by route, method and status; a
-//! latency histogram by route) and the `/metrics` rendering in Prometheus
-//! text format, followed by whatever the plugged-in renderer adds.
+//! latency histogram by route) in Prometheus text format. `/metrics`
+//! follows them with the admission lanes' gauges and counters (rendered
+//! by `admission`) and whatever the plugged-in renderer adds.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

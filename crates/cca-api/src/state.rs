@@ -1,6 +1,6 @@
 //! What every handler shares: the store (for writes and exact reads), the
-//! watch-fed cache (for fast, consistent reads), limits, the request
-//! metrics, a pluggable renderer for the control plane's own metrics, the
+//! watch-fed cache (for fast, consistent reads), limits, admission (the
+//! lanes' permits and queues), the request metrics, a pluggable renderer for the control plane's own metrics, the
 //! assignment hub feeding every agent's stream (an index over the cache),
 //! the cluster's secret key, and the shutdown signal that ends long-lived
 //! streams.
@@ -14,6 +14,7 @@ use cca_model::keys::EventIds;
 use cca_store::{Op, Store};
 use tokio::sync::{Semaphore, watch};
 
+use crate::admission::{Admission, LaneSettings};
 use crate::error::{ApiError, ApiResult};
 use crate::hub::AssignmentHub;
 use crate::metrics::RequestMetrics;
@@ -27,10 +28,10 @@ pub type MetricsRenderer = Arc<dyn Fn() -> String + Send + Sync>;
 pub struct ApiConfig {
     /// Largest request body accepted.
     pub max_body_bytes: usize,
-    /// Requests served at once; more wait up to `queue_timeout`.
-    pub max_concurrent_requests: usize,
-    pub queue_timeout: Duration,
-    /// Open watch and assignment streams at once.
+    /// Per admission lane: requests served at once, requests queued, and
+    /// how long one may wait (see `admission`).
+    pub lanes: LaneSettings,
+    /// Open watch, log and assignment streams at once.
     pub max_streams: usize,
     /// TTL of an agent's heartbeat lease.
     pub node_lease_ttl: Duration,
@@ -46,8 +47,7 @@ impl Default for ApiConfig {
     fn default() -> Self {
         Self {
             max_body_bytes: 8 * 1024 * 1024,
-            max_concurrent_requests: 256,
-            queue_timeout: Duration::from_secs(5),
+            lanes: LaneSettings::default(),
             max_streams: 1024,
             node_lease_ttl: Duration::from_secs(15),
             event_retention: Duration::from_secs(3600),
@@ -56,6 +56,10 @@ impl Default for ApiConfig {
         }
     }
 }
+
+/// What a client refused a stream is told to wait: a stream's slot frees
+/// only when another stream ends, so asking again at once is futile.
+const STREAM_RETRY_AFTER: Duration = Duration::from_secs(2);
 
 /// Shared state of the API; cheap to clone.
 #[derive(Clone)]
@@ -69,7 +73,7 @@ struct Inner {
     config: ApiConfig,
     extra_metrics: MetricsRenderer,
     requests: RequestMetrics,
-    request_permits: Semaphore,
+    admission: Admission,
     stream_permits: Arc<Semaphore>,
     shutdown: watch::Sender<bool>,
     event_ids: EventIds,
@@ -96,7 +100,7 @@ impl ApiState {
     ) -> Self {
         let (shutdown, _) = watch::channel(false);
         let inner = Inner {
-            request_permits: Semaphore::new(config.max_concurrent_requests),
+            admission: Admission::new(&config.lanes),
             stream_permits: Arc::new(Semaphore::new(config.max_streams)),
             store,
             cache,
@@ -159,15 +163,23 @@ impl ApiState {
         (self.inner.extra_metrics)()
     }
 
-    pub(crate) fn request_permits(&self) -> &Semaphore {
-        &self.inner.request_permits
+    pub(crate) fn admission(&self) -> &Admission {
+        &self.inner.admission
     }
 
-    /// A permit for one long-lived stream, or 503 when too many are open.
+    /// A permit for one long-lived stream, or 503 (with `Retry-After`)
+    /// when too many are open.
     pub(crate) fn stream_permit(&self) -> ApiResult<tokio::sync::OwnedSemaphorePermit> {
         Arc::clone(&self.inner.stream_permits)
             .try_acquire_owned()
-            .map_err(|_| ApiError::unavailable("too many open watch streams; retry later"))
+            .map_err(|_| {
+                ApiError::unavailable(format!(
+                    "too many open streams ({}, the server's limit); retry in {} s",
+                    self.inner.config.max_streams,
+                    STREAM_RETRY_AFTER.as_secs()
+                ))
+                .with_retry_after(STREAM_RETRY_AFTER)
+            })
     }
 
     /// The one watch of placements every assignment stream is fed from.

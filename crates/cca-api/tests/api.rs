@@ -427,7 +427,9 @@ async fn metrics_count_requests_and_include_the_plugged_in_renderer() {
 
 /// `/metrics` with the control plane's real metrics is what Prometheus
 /// scrapes: its content type names the text format 0.0.4 and `promtool
-/// check metrics` (Prometheus' own linter) finds nothing to report.
+/// check metrics` (Prometheus' own linter) finds nothing to report, in the
+/// request metrics, the admission lanes' gauges and shed counters (the
+/// scrape itself in flight in `bulk`) and the control plane's.
 #[tokio::test]
 async fn metrics_pass_promtool_check_metrics() {
     let Some(promtool) = promtool() else {
@@ -469,6 +471,15 @@ async fn metrics_pass_promtool_check_metrics() {
         .to_bytes();
     let text = String::from_utf8(body.to_vec()).expect("utf-8");
     assert!(text.contains("reconciliation_cycle_total"), "{text}");
+    for admission in [
+        "cca_api_lane_in_flight{lane=\"liveness\"} 0",
+        "cca_api_lane_in_flight{lane=\"bulk\"} 1",
+        "cca_api_lane_queued{lane=\"user\"} 0",
+        "cca_api_requests_shed_total{lane=\"reports\",reason=\"queue_full\"} 0",
+        "cca_api_requests_shed_total{lane=\"user\",reason=\"timed_out\"} 0",
+    ] {
+        assert!(text.contains(admission), "{admission} in:\n{text}");
+    }
 
     let mut child = std::process::Command::new(promtool)
         .args(["check", "metrics"])

@@ -17,7 +17,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
-use cca_api::ApiConfig;
+use cca_api::{ApiConfig, Lane, LaneLimits};
 use cca_model::keys;
 use cca_store::{Op, Txn};
 use cca_wire::types::{ExecCommand, ExecResult, RegisterRequest};
@@ -296,11 +296,14 @@ async fn service_logs_note_instances_they_cannot_reach() {
 
 #[tokio::test]
 async fn a_followed_stream_holds_no_request_permit() {
-    let config = ApiConfig {
-        max_concurrent_requests: 1,
-        queue_timeout: Duration::from_millis(200),
-        ..ApiConfig::default()
-    };
+    let mut config = ApiConfig::default();
+    for lane in Lane::ALL {
+        *config.lanes.get_mut(lane) = LaneLimits {
+            in_flight: 1,
+            queued: 0,
+            queue_timeout: Duration::from_millis(200),
+        };
+    }
     let h = harness_with(config).await;
     cluster(&h).await;
     place(&h, "web", "quiet-1", "n1").await;
@@ -313,7 +316,12 @@ async fn a_followed_stream_holds_no_request_permit() {
         .await
         .expect("in time");
     assert_eq!(first.expect("open").expect("line"), "quiet-1 three");
-    // The stream stays open; other requests are still served.
+    // The stream stays open; other requests, of its lane too, are still
+    // served.
+    client
+        .nodes()
+        .await
+        .expect("a bulk read served while a bulk stream is open");
     client
         .status()
         .await

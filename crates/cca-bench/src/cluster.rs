@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cca_agent::{AgentConfig, AgentError, LinkOptions, SupervisorConfig};
-use cca_api::{ApiConfig, ControlPlane, ControlPlaneConfig};
+use cca_api::{ApiConfig, ControlPlane, ControlPlaneConfig, Lane};
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::sim::{SimConfig, SimRuntime};
 use cca_store::Store;
@@ -302,15 +302,23 @@ fn control_plane_config(config: &ClusterConfig) -> ControlPlaneConfig {
     plane
 }
 
-/// The API's defaults, with room for one assignment stream and a few
-/// requests in flight per node: the defaults (1,024 streams, 256
-/// requests) are sized for a few hundred nodes.
+/// The API's defaults, sized by node count: one assignment stream per
+/// node, and room in the `liveness` and `reports` lanes for every node's
+/// heartbeat (or registration) and report at once; the defaults (1,024
+/// streams, 1,024 heartbeats and 256 reports in flight) are sized for a
+/// few hundred nodes. The other lanes, and every queue timeout, are the
+/// production defaults.
 fn api_config(config: &ClusterConfig) -> ApiConfig {
     let defaults = ApiConfig::default();
+    let mut lanes = defaults.lanes.clone();
+    for lane in [Lane::Liveness, Lane::Reports] {
+        let limits = lanes.get_mut(lane);
+        limits.in_flight = limits.in_flight.max(config.nodes);
+        limits.queued = limits.queued.max(config.nodes);
+    }
     ApiConfig {
         max_streams: defaults.max_streams.max(config.nodes + 64),
-        max_concurrent_requests: defaults.max_concurrent_requests.max(2 * config.nodes),
-        queue_timeout: defaults.queue_timeout.max(Duration::from_secs(30)),
+        lanes,
         node_lease_ttl: config.node_ttl,
         ..defaults
     }

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use cca_api::{Lane, LaneLimits};
 use cca_runtime::sim::StartLatency;
 
 /// The forms a duration flag accepts, for error messages.
@@ -57,6 +58,39 @@ pub(crate) fn start_latency(text: &str) -> Result<StartLatency, String> {
     span(text).map(StartLatency::Fixed)
 }
 
+/// `--api-lane LANE=IN_FLIGHT,QUEUED,TIMEOUT`: one admission lane's
+/// limits, e.g. `liveness=5000,10000,2s`.
+pub(crate) fn api_lane(text: &str) -> Result<(Lane, LaneLimits), String> {
+    let form = "expected LANE=IN_FLIGHT,QUEUED,TIMEOUT, e.g. liveness=5000,10000,2s \
+                (lanes: liveness, reports, user, bulk)";
+    let (name, limits) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}` has no `=`; {form}"))?;
+    let lane = Lane::from_name(name.trim())
+        .ok_or_else(|| format!("unknown lane `{}`; {form}", name.trim()))?;
+    let parts: Vec<&str> = limits.split(',').map(str::trim).collect();
+    let [in_flight, queued, timeout] = parts[..] else {
+        return Err(format!("`{limits}` is not three values; {form}"));
+    };
+    let count = |what: &str, value: &str| {
+        value
+            .parse::<usize>()
+            .map_err(|_| format!("{what} `{value}` is not a whole number; {form}"))
+    };
+    let in_flight = count("IN_FLIGHT", in_flight)?;
+    if in_flight == 0 {
+        return Err(format!("IN_FLIGHT must be at least 1; {form}"));
+    }
+    Ok((
+        lane,
+        LaneLimits {
+            in_flight,
+            queued: count("QUEUED", queued)?,
+            queue_timeout: duration(timeout)?,
+        },
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -73,6 +107,32 @@ mod tests {
                     .to_owned()
             )
         );
+    }
+
+    #[test]
+    fn api_lanes_take_three_limits() {
+        assert_eq!(
+            api_lane("liveness=5000,10000,2s"),
+            Ok((
+                Lane::Liveness,
+                LaneLimits {
+                    in_flight: 5000,
+                    queued: 10_000,
+                    queue_timeout: Duration::from_secs(2),
+                }
+            ))
+        );
+        assert_eq!(
+            api_lane("bulk = 4, 0, 500ms").map(|(lane, limits)| (lane, limits.queued)),
+            Ok((Lane::Bulk, 0))
+        );
+        let refused = |text| api_lane(text).expect_err(text);
+        assert!(refused("heartbeat=1,1,1s").starts_with("unknown lane `heartbeat`"));
+        assert!(refused("user=1,1").starts_with("`1,1` is not three values"));
+        assert!(refused("user=0,1,1s").starts_with("IN_FLIGHT must be at least 1"));
+        assert!(refused("user=1,-1,1s").starts_with("QUEUED `-1` is not a whole number"));
+        assert!(refused("user=1,1,5").starts_with("unknown unit"));
+        assert!(refused("user").starts_with("`user` has no `=`"));
     }
 
     #[test]

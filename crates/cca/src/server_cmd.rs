@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use cca_api::{ApiConfig, ControlPlane, ControlPlaneConfig, SecretKey};
+use cca_api::{ApiConfig, ControlPlane, ControlPlaneConfig, Lane, LaneLimits, SecretKey};
 use cca_control::controllers::{DisruptionConfig, SchedulerConfig};
 use cca_control::runner::RunnerConfig;
 use cca_store::{Store, StoreUrl};
@@ -71,6 +71,13 @@ pub(crate) struct ServerArgs {
     #[arg(long, default_value = "60s", value_name = "DURATION|never",
           value_parser = flags::duration_or_never)]
     resume_replacement_after: flags::SpanOrNever,
+    /// One admission lane's limits, `LANE=IN_FLIGHT,QUEUED,TIMEOUT`
+    /// (repeatable; lanes: liveness, reports, user, bulk): requests served
+    /// at once, requests waiting, and how long one waits before a 429.
+    /// A cluster of N nodes wants at least N in flight and queued in
+    /// `liveness` and `reports`. Default: see docs/api.md.
+    #[arg(long = "api-lane", value_name = "LANE=IN_FLIGHT,QUEUED,TIMEOUT", value_parser = flags::api_lane)]
+    api_lanes: Vec<(Lane, LaneLimits)>,
     /// The cluster's key for secret values: 32 bytes, mode 0600, created
     /// when absent. Every server of a cluster must use the same file.
     /// Default: `secret.key` beside an embedded store's directory; required
@@ -136,11 +143,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
             max_missing_nodes: args.pause_replacement_nodes,
             resume_after: args.resume_replacement_after.0,
         },
-        api: ApiConfig {
-            event_retention: args.event_retention,
-            node_lease_ttl: args.node_ttl,
-            ..ApiConfig::default()
-        },
+        api: api_config(&args),
         secret_key: Some(secret_key),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -153,8 +156,21 @@ async fn serve(args: ServerArgs) -> Result<()> {
     run_control_plane(store, setup, listener, shutdown_signal()).await
 }
 
-/// What a control plane runs on: the store, its controllers, the runner's
-/// identity and the API's settings.
+/// The API's settings: the defaults and what the flags change.
+fn api_config(args: &ServerArgs) -> ApiConfig {
+    let mut config = ApiConfig {
+        event_retention: args.event_retention,
+        node_lease_ttl: args.node_ttl,
+        ..ApiConfig::default()
+    };
+    for (lane, limits) in &args.api_lanes {
+        *config.lanes.get_mut(*lane) = *limits;
+    }
+    config
+}
+
+/// Where the cluster's secret key is: the flag, else beside an embedded
+/// store.
 fn secret_key_path(args: &ServerArgs) -> Result<PathBuf> {
     if let Some(path) = &args.secret_key_file {
         return Ok(path.clone());

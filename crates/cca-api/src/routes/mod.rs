@@ -1,6 +1,6 @@
 //! The router: every endpoint under `/v1/`, `/metrics`, and the layers
 //! every request passes (JSON errors for unknown routes and panics, the
-//! body limit, the concurrency bound, request metrics).
+//! body limit, admission by lane, request metrics).
 
 mod agent;
 mod events;
@@ -14,12 +14,12 @@ use std::time::Instant;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
-use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
+use axum::routing::{MethodRouter, get, post, put};
 use tower_http::catch_panic::CatchPanicLayer;
 
+use crate::admission::Lane;
 use crate::error::{self, ApiError};
 use crate::state::ApiState;
 
@@ -28,10 +28,11 @@ pub(crate) use events::{prune_events, retention_task};
 /// The API's router over `state`.
 pub fn app(state: ApiState) -> Router {
     let body_limit = state.config().max_body_bytes;
-    Router::new()
-        .merge(user_routes())
-        .merge(agent_routes())
-        .route("/metrics", get(reads::metrics))
+    routes()
+        .into_iter()
+        .fold(Router::new(), |router, (path, methods)| {
+            router.route(path, methods)
+        })
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::wrong_method)
         .layer(middleware::from_fn_with_state(state.clone(), observe))
@@ -42,63 +43,64 @@ pub fn app(state: ApiState) -> Router {
         .with_state(state)
 }
 
-fn user_routes() -> Router<ApiState> {
-    Router::new()
-        .route("/v1/apply", post(ops::apply))
-        .route("/v1/diff", post(ops::diff))
-        .route("/v1/services", get(reads::services))
-        .route(
+/// Every route of the router. Each must have its lane in
+/// [`admission::ROUTE_LANES`] (a test checks).
+fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
+    vec![
+        ("/v1/apply", post(ops::apply)),
+        ("/v1/diff", post(ops::diff)),
+        ("/v1/services", get(reads::services)),
+        (
             "/v1/services/{name}",
             get(reads::service).delete(ops::delete_service),
-        )
-        .route("/v1/services/{name}/scale", post(ops::scale))
-        .route("/v1/services/{name}/history", get(reads::service_history))
-        .route("/v1/services/{name}/logs", get(instance_io::service_logs))
-        .route("/v1/instances", get(reads::instances))
-        .route("/v1/instances/{id}", get(reads::instance))
-        .route("/v1/instances/{id}/logs", get(instance_io::instance_logs))
-        .route("/v1/instances/{id}/exec", post(instance_io::exec))
-        .route("/v1/nodes", get(reads::nodes))
-        .route("/v1/nodes/{name}", get(reads::node))
-        .route("/v1/nodes/{name}/drain", post(ops::drain))
-        .route("/v1/nodes/{name}/disable", post(ops::disable))
-        .route("/v1/nodes/{name}/enable", post(ops::enable))
-        .route("/v1/secrets", get(secrets::list))
-        .route(
+        ),
+        ("/v1/services/{name}/scale", post(ops::scale)),
+        ("/v1/services/{name}/history", get(reads::service_history)),
+        ("/v1/services/{name}/logs", get(instance_io::service_logs)),
+        ("/v1/instances", get(reads::instances)),
+        ("/v1/instances/{id}", get(reads::instance)),
+        ("/v1/instances/{id}/logs", get(instance_io::instance_logs)),
+        ("/v1/instances/{id}/exec", post(instance_io::exec)),
+        ("/v1/nodes", get(reads::nodes)),
+        ("/v1/nodes/{name}", get(reads::node)),
+        ("/v1/nodes/{name}/drain", post(ops::drain)),
+        ("/v1/nodes/{name}/disable", post(ops::disable)),
+        ("/v1/nodes/{name}/enable", post(ops::enable)),
+        ("/v1/secrets", get(secrets::list)),
+        (
             "/v1/secrets/{name}",
             put(secrets::set).delete(secrets::delete),
-        )
-        .route("/v1/status", get(reads::status))
-        .route(
+        ),
+        ("/v1/status", get(reads::status)),
+        (
             "/v1/cluster/resume-replacement",
             post(ops::resume_replacement),
-        )
-        .route("/v1/events", get(events::list))
-        .route("/v1/watch", get(watch::watch))
-}
-
-fn agent_routes() -> Router<ApiState> {
-    Router::new()
-        .route("/v1/agent/register", post(agent::register))
-        .route("/v1/agent/nodes/{node}/heartbeat", post(agent::heartbeat))
-        .route(
+        ),
+        ("/v1/events", get(events::list)),
+        ("/v1/watch", get(watch::watch)),
+        ("/v1/agent/register", post(agent::register)),
+        ("/v1/agent/nodes/{node}/heartbeat", post(agent::heartbeat)),
+        (
             "/v1/agent/nodes/{node}/assignments",
             get(agent::assignments),
-        )
-        .route("/v1/agent/nodes/{node}/reports", post(agent::report_batch))
-        .route(
+        ),
+        ("/v1/agent/nodes/{node}/reports", post(agent::report_batch)),
+        (
             "/v1/agent/nodes/{node}/instances/{id}",
             put(agent::report).delete(agent::forget),
-        )
-        .route(
+        ),
+        (
             "/v1/agent/nodes/{node}/instances/{id}/files",
             get(secrets::instance_files),
-        )
+        ),
+        ("/metrics", get(reads::metrics)),
+    ]
 }
 
-/// Bounds concurrent requests (waiting up to the queue timeout, then 503)
-/// and records each request's route, status and latency. Streams hold a
-/// permit only until their headers are sent; they have their own bound.
+/// Admits each request through its route's lane (shedding it with 429
+/// and `Retry-After` when the lane is full) and records its route, status
+/// and latency. Streams hold their lane's permit only until their headers
+/// are sent; they have their own bound.
 async fn observe(State(state): State<ApiState>, request: Request, next: Next) -> Response {
     let started = Instant::now();
     let route = request
@@ -107,18 +109,9 @@ async fn observe(State(state): State<ApiState>, request: Request, next: Next) ->
         .map_or("unmatched", MatchedPath::as_str)
         .to_owned();
     let method = request.method().as_str().to_owned();
-    let permit = tokio::time::timeout(
-        state.config().queue_timeout,
-        state.request_permits().acquire(),
-    )
-    .await;
-    let response = match permit {
-        Ok(Ok(_permit)) => next.run(request).await,
-        _ => ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server busy: too many requests in flight; retry later",
-        )
-        .into_response(),
+    let response = match state.admission().admit(Lane::of(&route)).await {
+        Ok(_admitted) => next.run(request).await,
+        Err(shed) => ApiError::from(shed).into_response(),
     };
     state.requests().record(
         &route,
@@ -127,4 +120,27 @@ async fn observe(State(state): State<ApiState>, request: Request, next: Next) ->
         started.elapsed(),
     );
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admission::{ROUTE_LANES, explicit_lane};
+
+    #[test]
+    fn every_route_of_the_router_has_its_lane() {
+        let paths: Vec<&str> = routes().into_iter().map(|(path, _)| path).collect();
+        for path in &paths {
+            assert!(
+                explicit_lane(path).is_some(),
+                "route {path} has no row in admission::ROUTE_LANES: choose its lane"
+            );
+        }
+        for (row, _) in ROUTE_LANES {
+            assert!(
+                paths.contains(row),
+                "admission::ROUTE_LANES names {row}, which the router does not have"
+            );
+        }
+    }
 }

@@ -182,9 +182,11 @@ pub(crate) async fn status(State(state): State<ApiState>) -> ApiResult<Json<Clus
     Ok(Json(read::status(&view)))
 }
 
-/// Prometheus text: the API's request metrics, then the plugged-in ones.
+/// Prometheus text: the API's request and admission metrics, then the
+/// plugged-in ones.
 pub(crate) async fn metrics(State(state): State<ApiState>) -> impl IntoResponse {
     let mut text = state.requests().render();
+    state.admission().render(&mut text);
     text.push_str(&state.extra_metrics());
     (
         [(

@@ -41,12 +41,29 @@ pub(crate) async fn harness_with_metrics(
     config: ApiConfig,
     metrics: cca_api::MetricsRenderer,
 ) -> Harness {
+    harness_over(config, metrics, |store| store).await
+}
+
+/// A harness whose API (and `Harness::store`) uses what `wrap` makes of
+/// the embedded store: a store that delays or holds some calls.
+pub(crate) async fn harness_wrapping(
+    config: ApiConfig,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+) -> Harness {
+    harness_over(config, cca_api::no_extra_metrics(), wrap).await
+}
+
+async fn harness_over(
+    config: ApiConfig,
+    metrics: cca_api::MetricsRenderer,
+    wrap: impl FnOnce(Arc<dyn Store>) -> Arc<dyn Store>,
+) -> Harness {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store: Arc<dyn Store> = Arc::new(
+    let store: Arc<dyn Store> = wrap(Arc::new(
         EmbeddedStore::open(Config::new(dir.path()))
             .await
             .expect("store opens"),
-    );
+    ));
     let cache = Arc::new(
         Cache::start(Arc::clone(&store))
             .await
