@@ -14,11 +14,12 @@ mod link;
 pub mod network;
 pub mod node;
 mod restart;
+mod retry;
 pub mod runtimes;
 pub mod serve;
 pub mod supervisor;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,8 +28,8 @@ use std::time::Duration;
 use cca_model::cluster::InstanceStatus;
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::Runtime;
-use cca_wire::Client;
 use cca_wire::types::{MAX_REPORT_BATCH, RegisterRequest};
+use cca_wire::{Client, ClientError};
 use tokio::sync::watch;
 
 pub use desired::Desired;
@@ -36,6 +37,8 @@ pub use error::AgentError;
 pub use network::InstanceNetwork;
 pub use runtimes::{Containers, RuntimeSet};
 pub use supervisor::{Supervisor, SupervisorConfig};
+
+use crate::retry::Retry;
 
 /// Everything an agent needs to know about itself.
 #[derive(Clone, Debug)]
@@ -204,12 +207,19 @@ fn register_request(config: &AgentConfig, agent_url: Option<String>) -> Register
 }
 
 /// Sends observed statuses that changed (and all of them periodically),
-/// and forgets instances removed as orphans.
+/// and forgets instances removed as orphans. After a failed request it
+/// sends nothing until its [`Retry`] delay has passed (never sooner than
+/// the server's `Retry-After`): what was not sent goes later.
 struct Reporter {
     client: Client,
     node: String,
     sent: HashMap<String, InstanceStatus>,
     refreshed: tokio::time::Instant,
+    /// Orphans whose observed records are still to be forgotten.
+    forget: BTreeSet<String>,
+    retry: Retry,
+    /// No request before this instant (after a failure).
+    resume_at: Option<tokio::time::Instant>,
 }
 
 impl Reporter {
@@ -219,6 +229,9 @@ impl Reporter {
             node,
             sent: HashMap::new(),
             refreshed: tokio::time::Instant::now(),
+            forget: BTreeSet::new(),
+            retry: Retry::new(),
+            resume_at: None,
         }
     }
 
@@ -227,29 +240,48 @@ impl Reporter {
             self.sent.clear();
             self.refreshed = tokio::time::Instant::now();
         }
+        for id in tick.removed {
+            self.sent.remove(&id);
+            self.forget.insert(id);
+        }
+        if self
+            .resume_at
+            .is_some_and(|at| tokio::time::Instant::now() < at)
+        {
+            return;
+        }
         let changed: Vec<InstanceStatus> = tick
             .statuses
             .into_iter()
             .filter(|status| self.sent.get(&status.id) != Some(status))
             .collect();
+        let mut outcome = Ok(());
         for batch in changed.chunks(MAX_REPORT_BATCH) {
-            if !self.send(batch).await {
-                return;
+            outcome = self.send(batch).await;
+            if outcome.is_err() {
+                break;
             }
         }
-        for id in tick.removed {
-            self.sent.remove(&id);
-            if let Err(error) = self.client.forget_instance(&self.node, &id).await {
-                tracing::debug!(instance = %id, %error, "forgetting the observed record failed");
+        if outcome.is_ok() {
+            outcome = self.forget_orphans().await;
+        }
+        match outcome {
+            Ok(()) => {
+                self.retry.reset();
+                self.resume_at = None;
+            }
+            Err(error) => {
+                let wait = self.retry.next_delay(error.retry_after(), fastrand::f64());
+                self.resume_at = Some(tokio::time::Instant::now() + wait);
             }
         }
     }
 
-    /// Sends one batch; false when it did not arrive or was refused as a
-    /// whole (what was not sent goes with the next tick). Reports refused
+    /// Sends one batch; an error when it did not arrive or was refused as
+    /// a whole (mostly: the node is not registered yet). Reports refused
     /// one by one (an instance no longer placed here) are not re-sent
     /// until they change or the refresh.
-    async fn send(&mut self, batch: &[InstanceStatus]) -> bool {
+    async fn send(&mut self, batch: &[InstanceStatus]) -> Result<(), ClientError> {
         let sent_at = cca_model::clock::now_millis();
         let statuses = batch
             .iter()
@@ -258,22 +290,43 @@ impl Reporter {
                 ..status.clone()
             })
             .collect();
-        match self.client.report_batch(&self.node, statuses).await {
-            Ok(reply) => {
-                for refused in &reply.refused {
-                    tracing::debug!(instance = %refused.id, status = refused.status, message = %refused.message, "report refused");
-                }
-            }
-            // The whole batch refused (mostly: the node is not registered
-            // yet) or not delivered: sent again next tick.
-            Err(error) => {
-                tracing::debug!(%error, "reporting failed");
-                return false;
-            }
+        let reply = self
+            .client
+            .report_batch(&self.node, statuses)
+            .await
+            .inspect_err(|error| tracing::debug!(%error, "reporting failed"))?;
+        for refused in &reply.refused {
+            tracing::debug!(instance = %refused.id, status = refused.status, message = %refused.message, "report refused");
         }
         for status in batch {
             self.sent.insert(status.id.clone(), status.clone());
         }
-        true
+        Ok(())
+    }
+
+    /// Forgets the orphans' records; one the server refuses for good (no
+    /// record, another node's) is dropped, one that may go through later
+    /// (unreachable, shed, unavailable) is kept and stops the round.
+    async fn forget_orphans(&mut self) -> Result<(), ClientError> {
+        while let Some(id) = self.forget.first().cloned() {
+            match self.client.forget_instance(&self.node, &id).await {
+                Ok(_) => {}
+                Err(error) if worth_retrying(&error) => return Err(error),
+                Err(error) => {
+                    tracing::debug!(instance = %id, %error, "forgetting the observed record failed");
+                }
+            }
+            self.forget.remove(&id);
+        }
+        Ok(())
+    }
+}
+
+/// A failure that may pass later: no answer, or the server's trouble
+/// (shed, unavailable, a bug) rather than a refusal of the request.
+fn worth_retrying(error: &ClientError) -> bool {
+    match error {
+        ClientError::Api { status, .. } => *status == 429 || *status >= 500,
+        ClientError::Unreachable { .. } | ClientError::Decode(_) => true,
     }
 }

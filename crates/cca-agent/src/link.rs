@@ -1,44 +1,27 @@
 //! The agent's link to the control plane, through the API only: register
 //! the node and keep its heartbeat lease alive (registering again when the
 //! lease is gone), and follow the node's assignment stream into the cached
-//! [`Desired`] state. Every loop retries with backoff while the API is
-//! unreachable; the supervisor keeps working from the cache meanwhile.
+//! [`Desired`] state. Every loop retries with [`Retry`] while the API is
+//! unreachable or sheds it (never sooner than its `Retry-After`); the
+//! supervisor keeps working from the cache meanwhile. Heartbeats are sent
+//! every 0.8–1.0 × a third of the TTL, drawn afresh each time, so nodes
+//! that registered together drift apart instead of renewing in lock-step;
+//! a failed one is retried within a second or so (backing off to a
+//! period), because its lease's deadline is coming.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cca_wire::types::{AssignmentLine, RegisterRequest};
-use cca_wire::{Client, ClientResult, LineStream};
+use cca_wire::types::{AssignmentLine, RegisterReply, RegisterRequest};
+use cca_wire::{Client, ClientError, ClientResult, LineStream};
 use tokio::sync::watch;
 
 use crate::desired::{Applied, Desired};
+use crate::retry::Retry;
 
-/// Delay between attempts while the API is unreachable: 100 ms doubling
-/// to 5 s, jittered.
-#[derive(Debug)]
-pub(crate) struct Retry {
-    step: Duration,
-}
-
-impl Retry {
-    const FIRST: Duration = Duration::from_millis(100);
-    const MAX: Duration = Duration::from_secs(5);
-
-    pub(crate) fn new() -> Self {
-        Self { step: Self::FIRST }
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.step = Self::FIRST;
-    }
-
-    pub(crate) async fn wait(&mut self) {
-        let step = self.step;
-        self.step = (self.step * 2).min(Self::MAX);
-        tokio::time::sleep(step / 2 + (step / 2).mul_f64(fastrand::f64())).await;
-    }
-}
+/// The first retry of a failed heartbeat waits 0.25–0.5 s.
+const HEARTBEAT_RETRY_FIRST: Duration = Duration::from_millis(500);
 
 /// Registers the node and keeps its lease alive until `stop`.
 pub(crate) async fn keep_registered(
@@ -58,33 +41,75 @@ pub(crate) async fn keep_registered(
             Err(error) => {
                 tracing::warn!(%error, "registering the node failed; retrying");
                 let _ = connected.send(false);
-                retry.wait().await;
+                let wait = retry.next_delay(error.retry_after(), fastrand::f64());
+                if pause(wait, &mut stop).await {
+                    return;
+                }
                 continue;
             }
         };
         retry.reset();
         let _ = connected.send(true);
         tracing::info!(node = %request.name, lease = reply.lease_id, "registered");
-        let period = Duration::from_secs(reply.ttl_secs.max(1)) / 3;
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(period) => {}
-                _ = stop.wait_for(|stop| *stop) => return,
+        if !keep_alive(&client, &request.name, &reply, &connected, &mut stop).await {
+            return;
+        }
+    }
+}
+
+/// Heartbeats the lease of `reply` until it is gone (true: register
+/// again) or `stop` (false).
+async fn keep_alive(
+    client: &Client,
+    node: &str,
+    reply: &RegisterReply,
+    connected: &watch::Sender<bool>,
+    stop: &mut watch::Receiver<bool>,
+) -> bool {
+    let ttl = Duration::from_secs(reply.ttl_secs.max(1));
+    let mut retry = Retry::between(HEARTBEAT_RETRY_FIRST, ttl / 3);
+    let mut wait = heartbeat_period(ttl, fastrand::f64());
+    loop {
+        if pause(wait, stop).await {
+            return false;
+        }
+        match client.heartbeat(node, reply.lease_id).await {
+            Ok(_) => {
+                let _ = connected.send(true);
+                retry.reset();
+                wait = heartbeat_period(ttl, fastrand::f64());
             }
-            match client.heartbeat(&request.name, reply.lease_id).await {
-                Ok(_) => {
-                    let _ = connected.send(true);
-                }
-                Err(error) if error.status() == Some(409) || error.status() == Some(404) => {
-                    tracing::warn!(%error, "the node's lease is gone; registering again");
-                    break;
-                }
-                Err(error) => {
-                    let _ = connected.send(false);
-                    tracing::warn!(%error, "heartbeat failed");
-                }
+            Err(error) if lease_gone(&error) => {
+                tracing::warn!(%error, "the node's lease is gone; registering again");
+                return true;
+            }
+            Err(error) => {
+                let _ = connected.send(false);
+                wait = retry.next_delay(error.retry_after(), fastrand::f64());
+                tracing::warn!(%error, retry_in = ?wait, "heartbeat failed");
             }
         }
+    }
+}
+
+/// The API no longer knows the lease (409) or the node (404).
+fn lease_gone(error: &ClientError) -> bool {
+    matches!(error.status(), Some(409 | 404))
+}
+
+/// The wait before the next heartbeat: a third of the lease's TTL, times
+/// 0.8 + 0.2 × `draw` (uniform in [0, 1)). Two missed heartbeats still
+/// leave the lease alive; drawing each period afresh spreads the renewals
+/// of nodes that registered in the same instant over a fifth of a period.
+fn heartbeat_period(ttl: Duration, draw: f64) -> Duration {
+    (ttl / 3).mul_f64(0.8 + 0.2 * draw.clamp(0.0, 1.0))
+}
+
+/// Sleeps `wait`; true when `stop` came first.
+async fn pause(wait: Duration, stop: &mut watch::Receiver<bool>) -> bool {
+    tokio::select! {
+        () = tokio::time::sleep(wait) => false,
+        _ = stop.wait_for(|stop| *stop) => true,
     }
 }
 
@@ -108,7 +133,10 @@ pub(crate) async fn follow_assignments(
             Ok(stream) => stream,
             Err(error) => {
                 tracing::debug!(%error, "assignment stream unavailable; retrying");
-                retry.wait().await;
+                let wait = retry.next_delay(error.retry_after(), fastrand::f64());
+                if pause(wait, &mut stop).await {
+                    return;
+                }
                 continue;
             }
         };
@@ -134,7 +162,9 @@ pub(crate) async fn follow_assignments(
                 }
             }
         }
-        retry.wait().await;
+        if pause(retry.next_delay(None, fastrand::f64()), &mut stop).await {
+            return;
+        }
     }
 }
 
@@ -204,4 +234,37 @@ async fn save(next: Desired, dir: &std::path::Path) -> Desired {
         Err(error) => tracing::error!(%error, "caching the desired state did not finish"),
     }
     published
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_come_every_0_8_to_1_0_of_a_third_of_the_ttl() {
+        let ttl = Duration::from_secs(15);
+        assert_eq!(heartbeat_period(ttl, 0.0), Duration::from_secs(4));
+        assert_eq!(heartbeat_period(ttl, 0.5), Duration::from_millis(4500));
+        assert_eq!(heartbeat_period(ttl, 1.0), Duration::from_secs(5));
+        assert_eq!(heartbeat_period(ttl, 7.0), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn only_a_conflict_or_an_unknown_node_means_register_again() {
+        let api = |status| ClientError::Api {
+            status,
+            message: String::new(),
+            problems: Vec::new(),
+            retry_after: None,
+        };
+        assert!(lease_gone(&api(409)));
+        assert!(lease_gone(&api(404)));
+        assert!(!lease_gone(&api(429)));
+        assert!(!lease_gone(&api(503)));
+        let down = ClientError::Unreachable {
+            url: "http://127.0.0.1:9".into(),
+            reason: "refused".into(),
+        };
+        assert!(!lease_gone(&down));
+    }
 }
