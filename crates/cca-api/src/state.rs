@@ -49,7 +49,7 @@ impl Default for ApiConfig {
             max_body_bytes: 8 * 1024 * 1024,
             lanes: LaneSettings::default(),
             max_streams: 1024,
-            node_lease_ttl: Duration::from_secs(15),
+            node_lease_ttl: Duration::from_secs(6),
             event_retention: Duration::from_secs(3600),
             max_events: 10_000,
             retention_interval: Duration::from_secs(30),

@@ -183,7 +183,10 @@ async fn agent_registers_heartbeats_follows_assignments_and_reports() {
         .register(&support::node_request("n2"))
         .await
         .expect("registers");
-    assert_eq!(registered.ttl_secs, 15);
+    assert_eq!(
+        registered.ttl_secs,
+        cca_api::ApiConfig::default().node_lease_ttl.as_secs()
+    );
     client
         .heartbeat("n1", registered.lease_id)
         .await

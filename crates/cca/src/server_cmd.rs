@@ -44,7 +44,7 @@ pub(crate) struct ServerArgs {
     #[arg(long, default_value = "15s", value_name = "DURATION", value_parser = flags::duration)]
     leader_ttl: Duration,
     /// A node whose agent stops heartbeating is unreachable after this long.
-    #[arg(long, default_value = "15s", value_name = "DURATION", value_parser = flags::duration)]
+    #[arg(long, default_value = "6s", value_name = "DURATION", value_parser = flags::duration)]
     node_ttl: Duration,
     /// Nothing is placed for this long after becoming leader, so agents of
     /// a (re)starting cluster can report in first.
@@ -52,7 +52,7 @@ pub(crate) struct ServerArgs {
     startup_grace: Duration,
     /// Instances on a node unreachable this long (after its lease
     /// expired) are replaced elsewhere.
-    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = flags::duration)]
+    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = flags::duration)]
     lost_grace: Duration,
     /// Pause lost-node replacement when more than this percentage of the
     /// nodes miss their leases within one node TTL: so many at once points

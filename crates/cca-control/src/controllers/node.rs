@@ -79,7 +79,7 @@ pub struct NodeConfig {
 impl Default for NodeConfig {
     fn default() -> Self {
         Self {
-            lease_ttl: Duration::from_secs(15),
+            lease_ttl: Duration::from_secs(6),
             disruption: DisruptionConfig::default(),
         }
     }
@@ -458,7 +458,7 @@ mod tests {
         );
     }
 
-    const TTL: Millis = 15_000;
+    const TTL: Millis = 6_000;
     const NOW: Millis = 1_000_000;
 
     fn lost_at(since: Millis) -> NodeStatus {

@@ -52,8 +52,9 @@ pub struct SchedulerConfig {
     /// Wait after becoming leader before placing anything (10 s).
     pub startup_grace: Duration,
     /// How long a node stays unreachable (its lease expired) before its
-    /// instances are replaced elsewhere (5 s: the lease TTL already
-    /// tolerates a silent agent for 10-15 s).
+    /// instances are replaced elsewhere (2 s: the 6 s lease already
+    /// tolerated a silent agent for 4-6 s, and a mass expiry pauses
+    /// replacement instead: see the node controller).
     pub lost_grace: Duration,
     /// Failed instances replaced per service per `failure_window` (3).
     pub failure_budget: u32,
@@ -74,7 +75,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
             startup_grace: Duration::from_secs(10),
-            lost_grace: Duration::from_secs(5),
+            lost_grace: Duration::from_secs(2),
             failure_budget: 3,
             failure_window: Duration::from_secs(300),
             pressure_percent: 80,

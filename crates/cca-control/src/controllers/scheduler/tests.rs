@@ -662,10 +662,11 @@ fn instances_of_a_lost_node_are_replaced_after_the_grace_period() {
         .delete(&keys::observed_heartbeat("n1"))
         .node_status("n1", &gone)
         .build();
-    let waiting = schedule(&view, now + 2_000);
+    let grace = cca_model::clock::span_millis(SchedulerConfig::default().lost_grace);
+    let waiting = schedule(&view, now + grace - 1_000);
     assert!(waiting.is_noop());
-    assert_eq!(waiting.requeue_after, Some(3_000));
-    let plan = schedule(&view, now + 5_000);
+    assert_eq!(waiting.requeue_after, Some(1_000));
+    let plan = schedule(&view, now + grace);
     assert_eq!(deletes(&plan).len(), 2);
     let mut replaced_on: Vec<String> = puts(&plan).into_iter().map(|i| i.node).collect();
     replaced_on.sort();
@@ -712,14 +713,15 @@ fn a_paused_replacement_waits_for_the_resume_and_then_a_grace_period() {
     let view = ViewBuilder::from(paused)
         .put(&keys::derived_disruption(), &resumed)
         .build();
-    let waiting = schedule(&view, now + 61_000);
+    let grace = cca_model::clock::span_millis(SchedulerConfig::default().lost_grace);
+    let waiting = schedule(&view, now + 60_000 + grace - 1_000);
     assert!(waiting.is_noop());
     assert_eq!(
         waiting.requeue_after,
-        Some(4_000),
+        Some(1_000),
         "the grace from the resume"
     );
-    let plan = schedule(&view, now + 65_000);
+    let plan = schedule(&view, now + 60_000 + grace);
     assert_eq!(deletes(&plan).len(), 1);
     assert_eq!(puts(&plan).len(), 1);
 }
