@@ -5,6 +5,7 @@
 //! timing it with the [`Tracker`].
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +20,7 @@ use crate::cluster::{Cluster, ClusterConfig};
 use crate::measure::{peak_rss_bytes, store_txn_per_s};
 use crate::slow_store::SlowStore;
 use crate::stats::Summary;
-use crate::tracker::{Expiry, Placed, Tracker};
+use crate::tracker::{Expiry, Faults, LeaseCounts, Placed, Tracker};
 use crate::workload::{INSTANCE_CPU_MILLIS, INSTANCE_MEMORY_MIB, Workload};
 use crate::{BenchError, verify};
 
@@ -174,6 +175,17 @@ pub struct Report {
     /// are upper bounds. Left out when 0.
     #[serde(skip_serializing_if = "is_zero")]
     pub tracker_relists: u32,
+    /// Heartbeat leases that expired during the measured part (after
+    /// every node was first ready), the killed nodes' included.
+    pub lease_expiries: u64,
+    /// Those the harness did not cause: of nodes it did not kill, outside
+    /// a span in which it kept every lease from being renewed (a frozen
+    /// control plane until every node is ready again). A healthy node
+    /// declared gone; any fails the run.
+    pub false_lease_expiries: u64,
+    /// Agents that registered again during the measured part (their lease
+    /// was gone, or they restarted).
+    pub re_registrations: u64,
 }
 
 fn is_zero(count: &u32) -> bool {
@@ -181,9 +193,10 @@ fn is_zero(count: &u32) -> bool {
 }
 
 impl Report {
-    /// Whether the run did everything it should have.
+    /// Whether the run did everything it should have: no violation, full
+    /// convergence, and no lease expired that the harness did not cause.
     pub fn passed(&self) -> bool {
-        self.violations.is_empty() && self.success_rate >= 1.0
+        self.violations.is_empty() && self.success_rate >= 1.0 && self.false_lease_expiries == 0
     }
 }
 
@@ -199,6 +212,10 @@ struct Outcome {
     violations: Vec<String>,
     /// Times the convergence watch fell behind compaction and relisted.
     tracker_relists: u32,
+    /// Spans in which the scenario kept every lease from being renewed.
+    suspended: Vec<Range<Instant>>,
+    /// Counted over the measured part once the scenario is done.
+    leases: LeaseCounts,
 }
 
 /// Runs `scenario` on a fresh cluster and reports it.
@@ -218,7 +235,19 @@ pub async fn run_scenario(
     progress.phase("starting the control plane and agents", config.nodes as u64);
     let mut cluster = Cluster::start(store, cluster_config(config)).await?;
     let outcome = match cluster.wait_ready(config.timeout).await {
-        Ok(()) => drive(scenario, &mut cluster, &tracker, config, progress).await,
+        Ok(()) => {
+            let ready = Instant::now();
+            drive(scenario, &mut cluster, &tracker, config, progress)
+                .await
+                .map(|mut outcome| {
+                    let faults = Faults {
+                        killed: cluster.dead().clone(),
+                        suspended: std::mem::take(&mut outcome.suspended),
+                    };
+                    outcome.leases = tracker.lease_counts(ready, &faults);
+                    outcome
+                })
+        }
         Err(error) => Err(error),
     };
     progress.phase("stopping", 0);
@@ -597,6 +626,9 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         violations: outcome.violations,
         peak_rss_bytes: peak_rss_bytes(),
         tracker_relists: outcome.tracker_relists,
+        lease_expiries: outcome.leases.expiries,
+        false_lease_expiries: outcome.leases.false_expiries,
+        re_registrations: outcome.leases.re_registrations,
     }
 }
 

@@ -2,13 +2,19 @@
 //! store (read-only: it never writes) and remembers, with the local time
 //! it saw each change, where every instance is placed, since when each one
 //! has been reported running, and when (local time and store revision)
-//! each node's heartbeat lease expired. Scenarios ask it whether the cluster has converged and for
-//! per-instance latencies. A watch that falls behind compaction is
-//! repaired as the control plane's cache repairs its own: it relists and
-//! watches on from the list, and what changed in the gap is timed when the
-//! list was read (an upper bound).
+//! each node's heartbeat lease expired. It also logs every lease expiry
+//! (a node's leased heartbeat key deleted) and every re-registration (the
+//! key put again for a node that had one before in this run), so that a
+//! scenario can count them over its measured part. Scenarios ask it
+//! whether the cluster has converged and for per-instance latencies. A
+//! watch that falls behind compaction is repaired as the control plane's
+//! cache repairs its own: it relists and watches on from the list, and
+//! what changed in the gap is timed when the list was read (an upper
+//! bound); lease changes in the gap are counted at most once per node (a
+//! lower bound).
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
@@ -37,6 +43,51 @@ pub(crate) struct Expiry {
     pub(crate) revision: Revision,
 }
 
+/// What happened to a node's heartbeat lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LeaseChange {
+    /// The leased heartbeat key went away: the lease expired.
+    Expired,
+    /// The heartbeat key was put again for a node that had one before in
+    /// this run: its agent registered again.
+    Reregistered,
+}
+
+/// One entry of the lease log.
+#[derive(Clone, Debug)]
+struct LeaseEvent {
+    node: String,
+    at: Instant,
+    change: LeaseChange,
+}
+
+/// Lease expiries and re-registrations over part of a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LeaseCounts {
+    pub(crate) expiries: u64,
+    /// Expiries the harness did not cause (see [`Faults`]).
+    pub(crate) false_expiries: u64,
+    pub(crate) re_registrations: u64,
+}
+
+/// What the harness did to nodes' liveness on purpose: an expiry it
+/// explains is not a false one.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Faults {
+    /// Nodes killed: their leases had to expire.
+    pub(crate) killed: HashSet<String>,
+    /// Spans in which the harness kept every lease from being renewed
+    /// (a frozen control plane, until every node was ready again).
+    pub(crate) suspended: Vec<Range<Instant>>,
+}
+
+impl Faults {
+    fn explain(&self, event: &LeaseEvent) -> bool {
+        self.killed.contains(&event.node)
+            || self.suspended.iter().any(|span| span.contains(&event.at))
+    }
+}
+
 #[derive(Debug, Default)]
 struct Seen {
     placements: HashMap<String, Placed>,
@@ -49,6 +100,12 @@ struct Seen {
     per_node: HashMap<String, Progress>,
     /// When each node's heartbeat key went away (lease expiry).
     expired: HashMap<String, Expiry>,
+    /// Mod revision of the last put of each node's heartbeat key seen in
+    /// this run, kept after the key goes: a later put is a registration
+    /// again.
+    registered: HashMap<String, Revision>,
+    /// Every expiry and re-registration, in the order seen.
+    lease_log: Vec<LeaseEvent>,
     /// The watch failed and could not be repaired: figures would lie.
     broken: Option<String>,
     /// Times the watch fell behind compaction and was repaired by a list.
@@ -123,6 +180,12 @@ impl Tracker {
             .filter_map(|(id, _)| seen.running_since.get(id))
             .map(|at| at.saturating_duration_since(since))
             .collect()
+    }
+
+    /// Lease expiries and re-registrations seen from `since` on; an
+    /// expiry `faults` explains is not false.
+    pub(crate) fn lease_counts(&self, since: Instant, faults: &Faults) -> LeaseCounts {
+        lock(&self.seen).lease_counts(since, faults)
     }
 
     /// When each of `nodes` lost its heartbeat lease (those that did).
@@ -216,7 +279,8 @@ struct Listed {
     placements: Vec<KeyValue>,
     statuses: Vec<KeyValue>,
     nodes: HashSet<String>,
-    heartbeats: HashSet<String>,
+    /// Each listed heartbeat key's node and mod revision.
+    heartbeats: HashMap<String, Revision>,
 }
 
 impl Listed {
@@ -228,7 +292,7 @@ impl Listed {
                 self.nodes.insert(node);
             }
             Some(Key::Heartbeat { node }) => {
-                self.heartbeats.insert(node);
+                self.heartbeats.insert(node, kv.mod_revision);
             }
             _ => {}
         }
@@ -255,7 +319,9 @@ impl Seen {
     /// Replaces what the watch built with what a list at `revision` read:
     /// instances running already keep when they were first seen running,
     /// others that run now are timed `now`; a node without its heartbeat
-    /// lost it at `now` unless its loss was seen.
+    /// lost it at `now` unless its loss was seen, and one whose heartbeat
+    /// was put after the last put seen registered (again, if it had been
+    /// seen before) at `now`.
     fn resync(&mut self, listed: Listed, revision: Revision, now: Instant) {
         self.placements.clear();
         for kv in &listed.placements {
@@ -270,13 +336,14 @@ impl Seen {
                 self.reported(&id, &kv.value, since);
             }
         }
+        for (node, put) in &listed.heartbeats {
+            if self.registered.get(node).is_none_or(|seen| seen < put) {
+                self.heartbeat_put(node, *put, now);
+            }
+        }
         for node in &listed.nodes {
-            if listed.heartbeats.contains(node) {
-                self.expired.remove(node);
-            } else {
-                self.expired
-                    .entry(node.clone())
-                    .or_insert(Expiry { at: now, revision });
+            if !listed.heartbeats.contains_key(node) && !self.expired.contains_key(node) {
+                self.heartbeat_gone(node, revision, now);
             }
         }
         self.recount();
@@ -289,6 +356,43 @@ impl Seen {
         for id in ids {
             self.count(&id, true);
         }
+    }
+
+    /// A node's heartbeat key was put (by a registration) at `revision`.
+    fn heartbeat_put(&mut self, node: &str, revision: Revision, now: Instant) {
+        self.expired.remove(node);
+        if self.registered.insert(node.to_owned(), revision).is_some() {
+            self.lease_log.push(LeaseEvent {
+                node: node.to_owned(),
+                at: now,
+                change: LeaseChange::Reregistered,
+            });
+        }
+    }
+
+    /// A node's heartbeat key went away at `revision`: its lease expired.
+    fn heartbeat_gone(&mut self, node: &str, revision: Revision, now: Instant) {
+        self.expired
+            .insert(node.to_owned(), Expiry { at: now, revision });
+        self.lease_log.push(LeaseEvent {
+            node: node.to_owned(),
+            at: now,
+            change: LeaseChange::Expired,
+        });
+    }
+
+    fn lease_counts(&self, since: Instant, faults: &Faults) -> LeaseCounts {
+        let mut counts = LeaseCounts::default();
+        for event in self.lease_log.iter().filter(|event| event.at >= since) {
+            match event.change {
+                LeaseChange::Expired => {
+                    counts.expiries += 1;
+                    counts.false_expiries += u64::from(!faults.explain(event));
+                }
+                LeaseChange::Reregistered => counts.re_registrations += 1,
+            }
+        }
+        counts
     }
 
     fn progress(&self, dead: &HashSet<String>) -> Progress {
@@ -339,9 +443,7 @@ impl Seen {
             WatchEvent::Put(kv) => match Key::parse(&kv.key) {
                 Some(Key::Instance { id, .. }) => self.placed(&id, &kv.value, kv.create_revision),
                 Some(Key::InstanceStatus { id }) => self.reported(&id, &kv.value, now),
-                Some(Key::Heartbeat { node }) => {
-                    self.expired.remove(&node);
-                }
+                Some(Key::Heartbeat { node }) => self.heartbeat_put(&node, kv.mod_revision, now),
                 _ => {}
             },
             WatchEvent::Delete { key, revision } => match Key::parse(&key) {
@@ -351,9 +453,7 @@ impl Seen {
                 Some(Key::InstanceStatus { id }) => {
                     self.running_since.remove(&id);
                 }
-                Some(Key::Heartbeat { node }) => {
-                    self.expired.insert(node, Expiry { at: now, revision });
-                }
+                Some(Key::Heartbeat { node }) => self.heartbeat_gone(&node, revision, now),
                 _ => {}
             },
         }
@@ -526,5 +626,128 @@ mod tests {
         assert!(!seen.placements.contains_key("b"));
         assert_eq!(seen.expired["n2"].revision, 42);
         assert!(!seen.expired.contains_key("n1"));
+    }
+
+    fn heartbeat(node: &str, revision: Revision) -> WatchEvent {
+        WatchEvent::Put(KeyValue {
+            key: cca_model::keys::observed_heartbeat(node),
+            value: br#"{"lease_ttl_secs":3,"started_at":0}"#.to_vec(),
+            create_revision: revision,
+            mod_revision: revision,
+            version: 1,
+            lease: Some(7),
+        })
+    }
+
+    fn expiry(node: &str, revision: Revision) -> WatchEvent {
+        WatchEvent::Delete {
+            key: cca_model::keys::observed_heartbeat(node),
+            revision,
+        }
+    }
+
+    #[test]
+    fn lease_expiries_and_re_registrations_are_counted_from_a_moment_on() {
+        let mut seen = Seen::default();
+        let start = Instant::now();
+        let at = |seconds| start + std::time::Duration::from_secs(seconds);
+        // First registrations are not re-registrations; neither is a
+        // report or a placement.
+        for (node, revision) in [("n1", 1), ("n2", 2), ("n3", 3)] {
+            seen.apply(heartbeat(node, revision), at(0));
+        }
+        seen.apply(placement("a", "n1", false), at(0));
+        assert_eq!(
+            seen.lease_counts(start, &Faults::default()),
+            LeaseCounts::default()
+        );
+        // Before the measured part: n1 expires and registers again.
+        seen.apply(expiry("n1", 4), at(1));
+        seen.apply(heartbeat("n1", 5), at(1));
+        // Measured from 10 s on: n1 flaps twice, n2 is killed, n3
+        // registers again over its live key (an agent restart).
+        seen.apply(expiry("n1", 6), at(10));
+        seen.apply(heartbeat("n1", 7), at(11));
+        seen.apply(expiry("n1", 8), at(12));
+        seen.apply(heartbeat("n1", 9), at(13));
+        seen.apply(expiry("n2", 10), at(14));
+        seen.apply(heartbeat("n3", 11), at(15));
+        let killed = Faults {
+            killed: HashSet::from(["n2".to_owned()]),
+            ..Faults::default()
+        };
+        let counts = LeaseCounts {
+            expiries: 3,
+            false_expiries: 2,
+            re_registrations: 3,
+        };
+        assert_eq!(seen.lease_counts(at(10), &killed), counts);
+        assert_eq!(
+            seen.lease_counts(start, &killed),
+            LeaseCounts {
+                expiries: 4,
+                false_expiries: 3,
+                re_registrations: 4,
+            }
+        );
+        // A span the harness suspended every lease explains n1's first
+        // expiry in the measured part, not its second.
+        let frozen = Faults {
+            suspended: vec![at(9)..at(11)],
+            ..killed
+        };
+        assert_eq!(
+            seen.lease_counts(at(10), &frozen),
+            LeaseCounts {
+                false_expiries: 1,
+                ..counts
+            }
+        );
+    }
+
+    #[test]
+    fn a_relist_counts_the_lease_changes_it_finds_once() {
+        let mut seen = Seen::default();
+        let start = Instant::now();
+        let later = start + std::time::Duration::from_secs(5);
+        for (node, revision) in [("n1", 1), ("n2", 2), ("n3", 3)] {
+            seen.apply(heartbeat(node, revision), start);
+        }
+        seen.apply(expiry("n3", 4), start);
+        // In the gap: n1 expired (its key is gone), n2 expired and
+        // registered again (a newer put), n3 registered again, n4
+        // registered for the first time.
+        let mut listed = Listed::default();
+        for node in ["n1", "n2", "n3", "n4"] {
+            listed.add(kv_of(put(
+                cca_model::keys::observed_node(node),
+                serde_json::json!({}),
+            )));
+        }
+        for (node, revision) in [("n2", 20), ("n3", 21), ("n4", 22)] {
+            listed.add(kv_of(heartbeat(node, revision)));
+        }
+        seen.resync(listed, 30, later);
+        let counts = seen.lease_counts(later, &Faults::default());
+        assert_eq!(
+            counts,
+            LeaseCounts {
+                expiries: 1,
+                false_expiries: 1,
+                re_registrations: 2,
+            }
+        );
+        assert_eq!(seen.expired["n1"].revision, 30);
+        // Listing the same again finds nothing new.
+        let mut again = Listed::default();
+        again.add(kv_of(put(
+            cca_model::keys::observed_node("n1"),
+            serde_json::json!({}),
+        )));
+        for (node, revision) in [("n2", 20), ("n3", 21), ("n4", 22)] {
+            again.add(kv_of(heartbeat(node, revision)));
+        }
+        seen.resync(again, 31, later);
+        assert_eq!(seen.lease_counts(later, &Faults::default()), counts);
     }
 }

@@ -142,8 +142,8 @@ fn outcome(reports: &[Report]) -> ExitCode {
             output::line(&format!("{}: violation: {violation}", report.scenario));
         }
         output::line(&format!(
-            "{}: FAILED (success rate {:.4})",
-            report.scenario, report.success_rate
+            "{}: FAILED (success rate {:.4}, {} false lease expiries)",
+            report.scenario, report.success_rate, report.false_lease_expiries
         ));
     }
     if failed.is_empty() {
@@ -170,6 +170,8 @@ fn print_table(reports: &[Report]) {
             "placed/s",
             "store txn/s",
             "total",
+            "leases expired (false)",
+            "re-registered",
             "peak rss",
         ],
         rows,
@@ -192,6 +194,11 @@ fn table_row(report: &Report) -> Vec<String> {
         format!("{:.0}", report.placements_per_s),
         format!("{:.0}", report.store_txn_per_s),
         report.total_seconds.map_or("-".to_owned(), seconds),
+        format!(
+            "{} ({})",
+            report.lease_expiries, report.false_lease_expiries
+        ),
+        report.re_registrations.to_string(),
         report.peak_rss_bytes.map_or("-".to_owned(), |bytes| {
             format!("{} MiB", bytes / (1024 * 1024))
         }),
