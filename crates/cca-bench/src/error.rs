@@ -1,5 +1,6 @@
-//! What can stop a benchmark run: the store, the API, the workload's
-//! compilation, a cluster that never comes up, or a failed verification.
+//! What can stop a benchmark run: settings that make no sense, the store,
+//! the API, the workload's compilation, a cluster that never comes up, or
+//! a failed verification.
 
 use std::time::Duration;
 
@@ -17,6 +18,9 @@ pub enum BenchError {
 
     #[error("I/O: {what}: {error}")]
     Io { what: String, error: std::io::Error },
+
+    #[error("invalid benchmark settings: {0}")]
+    Config(String),
 
     #[error("the generated workload does not compile: {0}")]
     Workload(String),

@@ -104,6 +104,12 @@ pub struct BenchConfig {
     pub seed: u64,
     /// How long the store's transaction rate is probed.
     pub probe_window: Duration,
+    /// Runs the control plane on the store paced to this share of the raw
+    /// transaction rate measured first (more than 0, at most 1): commits
+    /// wait for a slot, reads, watches and keep-alives do not. `None`: the
+    /// store at full speed, except in `overload-slow-store`, which paces
+    /// it to half.
+    pub store_rate_fraction: Option<f64>,
 }
 
 impl BenchConfig {
@@ -126,7 +132,21 @@ impl BenchConfig {
             timeout: Duration::from_secs(600),
             seed: 1,
             probe_window: Duration::from_secs(1),
+            store_rate_fraction: None,
         }
+    }
+
+    /// Refuses settings no run can honour.
+    pub fn check(&self) -> Result<(), BenchError> {
+        if let Some(fraction) = self.store_rate_fraction
+            && !(fraction > 0.0 && fraction <= 1.0)
+        {
+            return Err(BenchError::Config(format!(
+                "store rate fraction {fraction}: it is a share of the store's raw commit \
+                 rate, more than 0 and at most 1 (0.5 paces the store to half its rate)"
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -159,6 +179,10 @@ pub struct Report {
     pub placements_per_s: f64,
     /// Single-put transactions/s of the same store, 64 writers, this run.
     pub store_txn_per_s: f64,
+    /// Commits/s the control plane's store was paced to (a share of
+    /// `store_txn_per_s`); absent when it ran at full speed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub store_paced_txn_per_s: Option<f64>,
     /// Node failure: from the kill to the first lease expiry.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub detection_seconds: Option<f64>,
@@ -224,13 +248,24 @@ pub async fn run_scenario(
     config: &BenchConfig,
     progress: &dyn Progress,
 ) -> Result<Report, BenchError> {
+    config.check()?;
     let (raw, _data) = open_store(&config.store, scenario).await?;
     progress.phase("measuring the store's transaction rate", 0);
     let txn_rate = store_txn_per_s(&raw, config.probe_window).await?;
-    let store: Arc<dyn Store> = match scenario {
-        Scenario::StoreLatency => Arc::new(SlowStore::new(raw, config.store_latency)),
-        _ => raw,
-    };
+    let paced = config
+        .store_rate_fraction
+        .map(|fraction| fraction * txn_rate);
+    let mut store = raw;
+    if let Some(rate) = paced {
+        store = Arc::new(SlowStore::paced(store, rate).ok_or_else(|| {
+            BenchError::Config(format!(
+                "the store measured {txn_rate} txn/s: no rate to pace its commits to"
+            ))
+        })?);
+    }
+    if scenario == Scenario::StoreLatency {
+        store = Arc::new(SlowStore::new(store, config.store_latency));
+    }
     let tracker = Tracker::start(Arc::clone(&store)).await?;
     progress.phase("starting the control plane and agents", config.nodes as u64);
     let mut cluster = Cluster::start(store, cluster_config(config)).await?;
@@ -253,7 +288,9 @@ pub async fn run_scenario(
     progress.phase("stopping", 0);
     cluster.stop().await;
     let outcome = outcome?;
-    Ok(report(scenario, config, txn_rate, outcome))
+    let mut report = report(scenario, config, txn_rate, outcome);
+    report.store_paced_txn_per_s = paced;
+    Ok(report)
 }
 
 async fn drive(
@@ -621,6 +658,7 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         success_rate: outcome.success_rate,
         placements_per_s: started as f64 / outcome.seconds.max(1e-9),
         store_txn_per_s: txn_rate,
+        store_paced_txn_per_s: None,
         detection_seconds: outcome.detection_seconds,
         total_seconds: outcome.total_seconds,
         violations: outcome.violations,
@@ -677,6 +715,21 @@ mod tests {
         let chosen = victims(&nodes, 2);
         assert_eq!(chosen, HashSet::from(["n0".to_owned(), "n5".to_owned()]));
         assert_eq!(victims(&nodes[..1], 3).len(), 1);
+    }
+
+    #[test]
+    fn a_store_rate_fraction_is_a_share_of_at_most_the_whole() {
+        let mut config = BenchConfig::new(2, 2, StoreTarget::Embedded(None));
+        assert!(config.check().is_ok());
+        for good in [0.01, 0.5, 1.0] {
+            config.store_rate_fraction = Some(good);
+            assert!(config.check().is_ok(), "{good}");
+        }
+        for bad in [0.0, -0.5, 1.01, f64::NAN] {
+            config.store_rate_fraction = Some(bad);
+            let text = config.check().expect_err("refused").to_string();
+            assert!(text.contains("more than 0 and at most 1"), "{bad}: {text}");
+        }
     }
 
     fn placed(node: &str, created: Revision) -> Placed {

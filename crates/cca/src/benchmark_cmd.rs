@@ -52,6 +52,12 @@ pub(crate) struct BenchmarkArgs {
     /// Delay added to every store operation in `store-latency`.
     #[arg(long, default_value = "5ms", value_name = "DURATION", value_parser = flags::duration)]
     store_latency: Duration,
+    /// Pace the control plane's store to this share of the raw commit
+    /// rate measured first (0 < FRACTION ≤ 1; commits wait for a slot,
+    /// reads, watches and lease keep-alives do not). Every scenario;
+    /// `overload-slow-store` uses 0.5 without it.
+    #[arg(long, value_name = "FRACTION", value_parser = rate_fraction)]
+    store_rate_fraction: Option<f64>,
     /// Nodes killed in `node-failure` (default: 10%, at least one).
     #[arg(long)]
     kill: Option<usize>,
@@ -100,6 +106,7 @@ fn bench_config(args: &BenchmarkArgs) -> Result<BenchConfig> {
     config.startup_grace = args.startup_grace;
     config.start_latency = args.start_latency;
     config.store_latency = args.store_latency;
+    config.store_rate_fraction = args.store_rate_fraction;
     config.scale_factor = args.scale_factor;
     config.timeout = args.timeout;
     config.seed = args.seed;
@@ -107,6 +114,17 @@ fn bench_config(args: &BenchmarkArgs) -> Result<BenchConfig> {
         config.killed_nodes = kill;
     }
     Ok(config)
+}
+
+/// `--store-rate-fraction`: a share of the store's raw commit rate.
+fn rate_fraction(text: &str) -> Result<f64, String> {
+    let share = "a share of the store's raw commit rate: more than 0 and at most 1 \
+                 (0.5 paces the store to half its rate)";
+    match text.trim().parse::<f64>() {
+        Ok(fraction) if fraction > 0.0 && fraction <= 1.0 => Ok(fraction),
+        Ok(_) => Err(format!("`{text}` is out of range; expected {share}")),
+        Err(_) => Err(format!("`{text}` is not a number; expected {share}")),
+    }
 }
 
 fn store_target(text: &str) -> Result<StoreTarget> {
@@ -192,7 +210,10 @@ fn table_row(report: &Report) -> Vec<String> {
         seconds(report.max),
         format!("{:.4}", report.success_rate),
         format!("{:.0}", report.placements_per_s),
-        format!("{:.0}", report.store_txn_per_s),
+        match report.store_paced_txn_per_s {
+            Some(paced) => format!("{:.0} (paced {paced:.0})", report.store_txn_per_s),
+            None => format!("{:.0}", report.store_txn_per_s),
+        },
         report.total_seconds.map_or("-".to_owned(), seconds),
         format!(
             "{} ({})",
@@ -238,5 +259,49 @@ impl Progress for Bar {
 
     fn advance(&self, done: u64) {
         self.bar.set_position(done);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: BenchmarkArgs,
+    }
+
+    #[test]
+    fn the_store_rate_fraction_is_a_share_from_above_0_to_1() {
+        let parse = |value: &str| {
+            Cli::try_parse_from(["cca".to_owned(), format!("--store-rate-fraction={value}")])
+        };
+        let args = parse("0.5").expect("half").args;
+        let config = bench_config(&args).expect("a config");
+        assert_eq!(config.store_rate_fraction, Some(0.5));
+        assert_eq!(parse("1").expect("all").args.store_rate_fraction, Some(1.0));
+        for (bad, why) in [
+            ("0", "out of range"),
+            ("1.5", "out of range"),
+            ("-0.5", "out of range"),
+            ("NaN", "out of range"),
+            ("half", "not a number"),
+        ] {
+            let error = parse(bad).expect_err(bad).to_string();
+            assert!(
+                error.contains("--store-rate-fraction <FRACTION>") && error.contains(why),
+                "{bad}: {error}"
+            );
+        }
+        let without = Cli::try_parse_from(["cca"]).expect("no flag").args;
+        assert_eq!(
+            bench_config(&without)
+                .expect("a config")
+                .store_rate_fraction,
+            None
+        );
     }
 }
