@@ -6,8 +6,12 @@
 //! serve no agent API (nothing here asks simulated instances for logs or
 //! exec): 5,000 nodes cost ~170 descriptors instead of two per node and
 //! per request in flight, which would not fit under this machine's
-//! open-file limit of 20,000. The harness can kill nodes, restart the controllers, and
-//! stop everything; everything else happens through production code.
+//! open-file limit of 20,000. The control plane runs on a runtime of its
+//! own ([`PlaneRuntime`], as many workers as the machine has cores), the
+//! store and the agents on the caller's — as a server process is apart
+//! from its etcd and its machines. The harness can kill nodes, restart
+//! the controllers, freeze the control plane and stop everything;
+//! everything else happens through production code.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
@@ -26,6 +30,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::BenchError;
+use crate::plane_runtime::PlaneRuntime;
 use crate::workload::GOLD_LABEL;
 
 /// Agents sharing one HTTP/2 connection: each holds one long-lived
@@ -65,6 +70,9 @@ struct SimNode {
 /// A control plane and its simulated nodes, all in this process.
 pub struct Cluster {
     plane: ControlPlane,
+    /// Where the control plane's tasks run (declared after `plane`: it
+    /// drops first, then the runtime is shut down).
+    runtime: PlaneRuntime,
     config: ClusterConfig,
     client: Client,
     api_stop: watch::Sender<bool>,
@@ -90,21 +98,37 @@ impl Cluster {
     /// the API listens (agents register in the background: see
     /// [`Cluster::wait_ready`]).
     pub async fn start(store: Arc<dyn Store>, config: ClusterConfig) -> Result<Self, BenchError> {
-        let plane = ControlPlane::start(store, control_plane_config(&config)).await?;
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        let runtime = PlaneRuntime::new(plane_workers())?;
+        let plane_config = control_plane_config(&config);
+        // Started on its runtime, so that every task it spawns (cache,
+        // runner, API connections, hub) and the listener's socket live
+        // there.
+        let (plane, address, api_stop, api_task) = runtime
+            .handle()
+            .spawn(async move {
+                let plane = ControlPlane::start(store, plane_config).await?;
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                    .await
+                    .map_err(BenchError::io("binding the API listener"))?;
+                let address = listener
+                    .local_addr()
+                    .map_err(BenchError::io("reading the API address"))?;
+                let (api_stop, mut api_stopping) = watch::channel(false);
+                let state = plane.state().clone();
+                let api_task = tokio::spawn(cca_api::serve(listener, state, async move {
+                    let _ = api_stopping.wait_for(|stop| *stop).await;
+                }));
+                Ok::<_, BenchError>((plane, address, api_stop, api_task))
+            })
             .await
-            .map_err(BenchError::io("binding the API listener"))?;
-        let address = listener
-            .local_addr()
-            .map_err(BenchError::io("reading the API address"))?;
-        let (api_stop, mut api_stopping) = watch::channel(false);
-        let state = plane.state().clone();
-        let api_task = tokio::spawn(cca_api::serve(listener, state, async move {
-            let _ = api_stopping.wait_for(|stop| *stop).await;
-        }));
+            .map_err(|error| BenchError::Task {
+                what: "control plane start".into(),
+                problem: error.to_string(),
+            })??;
         let agent_dirs = agent_dirs()?;
         let mut cluster = Self {
             plane,
+            runtime,
             config,
             client: Client::new(&format!("http://{address}")),
             api_stop,
@@ -222,7 +246,27 @@ impl Cluster {
 
     /// Starts a runner (leader election, then the controllers).
     pub fn start_controllers(&mut self) {
+        let _on_the_plane = self.runtime.handle().enter();
         self.plane.start_controllers();
+    }
+
+    /// Freezes the control plane for `duration`, as SIGSTOP would freeze a
+    /// server process: every worker thread of its runtime is blocked, and
+    /// the clock starts only once all of them are. Frozen: the cache and
+    /// its watch, the runner and every controller (the leader lease is
+    /// not renewed), the API server, its connections and the assignment
+    /// hub — so no heartbeat reaches the store. Not frozen: the store (it
+    /// expires leases on time; its writer and watch fan-out do not run on
+    /// the control plane's runtime), the agents (their instances keep
+    /// running; their requests wait or time out and are retried), the
+    /// harness's tracker, blocking work the control plane had already
+    /// handed to its blocking pool, and the kernel, which queues new
+    /// connections in the listener's backlog as for a stopped process.
+    pub async fn freeze(&self, duration: Duration) -> Result<(), BenchError> {
+        let held = self.runtime.hold().await?;
+        tokio::time::sleep(duration).await;
+        drop(held);
+        Ok(())
     }
 
     /// Stops the runner; it resigns leadership on the way out.
@@ -230,8 +274,8 @@ impl Cluster {
         self.plane.stop_controllers().await;
     }
 
-    /// Stops every agent (leaving instances as they are), the runner and
-    /// the API.
+    /// Stops every agent (leaving instances as they are), the runner, the
+    /// API and the control plane's runtime.
     pub async fn stop(mut self) {
         for node in &self.nodes {
             node.stop.send_replace(true);
@@ -246,6 +290,9 @@ impl Cluster {
             Ok(Err(error)) => tracing::warn!(%error, "the API stopped with an error"),
             Err(error) => tracing::warn!(%error, "the API task failed"),
         }
+        let Self { plane, runtime, .. } = self;
+        drop(plane);
+        runtime.shut_down().await;
     }
 
     fn start_agents(&mut self, api: SocketAddr) -> Result<(), BenchError> {
@@ -290,6 +337,12 @@ async fn join_agent(node: &mut SimNode) {
         Ok(Err(error)) => tracing::warn!(node = %node.name, %error, "the agent failed"),
         Err(error) => tracing::warn!(node = %node.name, %error, "the agent task failed"),
     }
+}
+
+/// Worker threads of the control plane's runtime: as many as a server
+/// process would start here, one per core.
+fn plane_workers() -> usize {
+    std::thread::available_parallelism().map_or(2, std::num::NonZero::get)
 }
 
 /// The production control plane with the cluster's timings.

@@ -4,8 +4,9 @@
 //! to it over loopback HTTP with the real `Client`, each driving a
 //! [`cca_runtime::sim::SimRuntime`] instead of processes. Nothing bypasses
 //! a production path: the harness only starts things, injects faults
-//! (kills nodes, restarts the controllers, slows the store) and watches
-//! the store to time what happens.
+//! (kills nodes, restarts the controllers, slows the store, freezes the
+//! control plane on its own runtime) and watches the store to time what
+//! happens.
 //!
 //! [`run_scenario`] runs one [`Scenario`] on a fresh cluster and returns a
 //! [`Report`]: convergence time, per-instance latency percentiles, success
@@ -15,6 +16,7 @@
 mod cluster;
 mod error;
 mod measure;
+mod plane_runtime;
 mod scenario;
 pub mod slow_store;
 mod stats;
