@@ -58,6 +58,14 @@ pub struct ClusterConfig {
     pub agent_tick: Duration,
 }
 
+/// An instance a node's runtime runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RunningInstance {
+    pub(crate) id: String,
+    pub(crate) service: String,
+    pub(crate) node: String,
+}
+
 /// One simulated node: its agent task and its runtime.
 #[derive(Debug)]
 struct SimNode {
@@ -242,6 +250,33 @@ impl Cluster {
             .iter()
             .find(|node| node.name == name)
             .map(|node| Arc::clone(&node.runtime))
+    }
+
+    /// Every instance running on a node that is not dead, as its runtime
+    /// says (not as the store does): what really runs where.
+    pub(crate) async fn running_instances(&self) -> Vec<RunningInstance> {
+        let mut running = Vec::new();
+        for node in self
+            .nodes
+            .iter()
+            .filter(|node| !self.dead.contains(&node.name))
+        {
+            // A dead node's runtime refuses every call; it runs nothing.
+            let Ok(statuses) = cca_runtime::Runtime::list(node.runtime.as_ref()).await else {
+                continue;
+            };
+            running.extend(
+                statuses
+                    .into_iter()
+                    .filter(|status| status.state == cca_runtime::InstanceState::Running)
+                    .map(|status| RunningInstance {
+                        id: status.id,
+                        service: status.spec.service,
+                        node: node.name.clone(),
+                    }),
+            );
+        }
+        running
     }
 
     /// Starts a runner (leader election, then the controllers).

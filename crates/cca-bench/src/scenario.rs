@@ -2,9 +2,11 @@
 //! store and a fresh cluster: measure the store's raw transaction rate,
 //! start the control plane and the agents, wait for every node to be
 //! ready, then deploy the workload and do what the scenario is about,
-//! timing it with the [`Tracker`].
+//! timing it with the [`Tracker`]. The overload scenarios deploy on a
+//! store paced below its raw rate, or freeze the control plane and check
+//! that the cluster comes back without moving or duplicating anything.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -16,7 +18,7 @@ use cca_store::{Revision, Store};
 use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::cluster::{Cluster, ClusterConfig};
+use crate::cluster::{Cluster, ClusterConfig, RunningInstance};
 use crate::measure::{peak_rss_bytes, store_txn_per_s};
 use crate::slow_store::SlowStore;
 use crate::stats::Summary;
@@ -42,17 +44,33 @@ pub enum Scenario {
     ControllerRestart,
     /// Deploy through a store that delays every operation.
     StoreLatency,
+    /// Deploy on a store whose commits are paced to a share of its raw
+    /// rate (`store_rate_fraction`, half when not given): no lease may
+    /// expire.
+    OverloadSlowStore,
+    /// Deploy, freeze the control plane for twice the node TTL (every
+    /// lease expires meanwhile), then wait until every node is ready
+    /// again and everything runs; time from the thaw. Any instance moved
+    /// or replaced, and any duplicate, is a violation.
+    OverloadFreeze,
 }
 
 impl Scenario {
-    pub const ALL: [Scenario; 6] = [
+    /// Every scenario, in the order `all` runs them.
+    pub const ALL: &'static [Scenario] = &[
         Scenario::Deploy,
         Scenario::Placement,
         Scenario::NodeFailure,
         Scenario::ScaleUp,
         Scenario::ControllerRestart,
         Scenario::StoreLatency,
+        Scenario::OverloadSlowStore,
+        Scenario::OverloadFreeze,
     ];
+
+    /// The overload scenarios, which `overload` runs.
+    pub const OVERLOAD: &'static [Scenario] =
+        &[Scenario::OverloadSlowStore, Scenario::OverloadFreeze];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -62,14 +80,39 @@ impl Scenario {
             Scenario::ScaleUp => "scale-up",
             Scenario::ControllerRestart => "controller-restart",
             Scenario::StoreLatency => "store-latency",
+            Scenario::OverloadSlowStore => "overload-slow-store",
+            Scenario::OverloadFreeze => "overload-freeze",
         }
     }
 
     /// The scenario called `name`.
     pub fn named(name: &str) -> Option<Self> {
         Self::ALL
-            .into_iter()
+            .iter()
+            .copied()
             .find(|scenario| scenario.name() == name)
+    }
+
+    /// The scenarios `name` stands for: one scenario's name, `overload`
+    /// (every overload scenario) or `all`.
+    pub fn select(name: &str) -> Option<Vec<Self>> {
+        match name {
+            "all" => Some(Self::ALL.to_vec()),
+            "overload" => Some(Self::OVERLOAD.to_vec()),
+            _ => Self::named(name).map(|scenario| vec![scenario]),
+        }
+    }
+
+    /// Every name [`Scenario::select`] accepts, for messages.
+    pub fn choices() -> String {
+        let mut names: Vec<&str> = Self::ALL.iter().map(|scenario| scenario.name()).collect();
+        names.extend(["overload", "all"]);
+        names.join(", ")
+    }
+
+    /// Whether `overload` runs it.
+    pub fn is_overload(self) -> bool {
+        Self::OVERLOAD.contains(&self)
     }
 }
 
@@ -147,6 +190,14 @@ impl BenchConfig {
             )));
         }
         Ok(())
+    }
+
+    /// The share of its raw rate `scenario` paces the store to, if any.
+    fn store_rate_fraction(&self, scenario: Scenario) -> Option<f64> {
+        match scenario {
+            Scenario::OverloadSlowStore => Some(self.store_rate_fraction.unwrap_or(0.5)),
+            _ => self.store_rate_fraction,
+        }
     }
 }
 
@@ -253,7 +304,7 @@ pub async fn run_scenario(
     progress.phase("measuring the store's transaction rate", 0);
     let txn_rate = store_txn_per_s(&raw, config.probe_window).await?;
     let paced = config
-        .store_rate_fraction
+        .store_rate_fraction(scenario)
         .map(|fraction| fraction * txn_rate);
     let mut store = raw;
     if let Some(rate) = paced {
@@ -303,7 +354,7 @@ async fn drive(
     let workload = Workload::new(config.instances);
     let deployed = deploy(cluster, tracker, &workload, config, progress).await?;
     match scenario {
-        Scenario::Deploy | Scenario::StoreLatency => Ok(deployed),
+        Scenario::Deploy | Scenario::StoreLatency | Scenario::OverloadSlowStore => Ok(deployed),
         Scenario::Placement => {
             let violations = verify::placement(cluster.client(), &workload).await?;
             Ok(Outcome {
@@ -319,6 +370,9 @@ async fn drive(
         }
         Scenario::ControllerRestart => {
             controller_restart(cluster, tracker, &workload, config, progress).await
+        }
+        Scenario::OverloadFreeze => {
+            overload_freeze(cluster, tracker, &workload, config, progress).await
         }
     }
 }
@@ -493,21 +547,199 @@ async fn controller_restart(
         progress,
     )
     .await?;
-    let after = tracker.placements();
-    for (id, placed) in &before {
+    outcome.violations = moves(&before, &tracker.placements(), "the restart");
+    Ok(outcome)
+}
+
+/// Freezes the control plane for twice the node TTL — every lease
+/// expires meanwhile, as the store is not frozen — then waits until it
+/// has recovered: every node ready again and every instance running.
+/// Time from the thaw to that. Then watches for the lost-grace period
+/// and a little more, long enough for a replacement the freeze caused to
+/// be placed, and checks that nothing moved and nothing was duplicated
+/// (see [`moves`] and [`duplicates`]). The expiries from the freeze until
+/// every node is ready again are the harness's doing, not false ones.
+async fn overload_freeze(
+    cluster: &mut Cluster,
+    tracker: &Tracker,
+    workload: &Workload,
+    config: &BenchConfig,
+    progress: &dyn Progress,
+) -> Result<Outcome, BenchError> {
+    let before = tracker.placements();
+    let frozen_for = config.node_ttl * 2;
+    progress.phase(
+        &format!(
+            "freezing the control plane for {:.1} s",
+            frozen_for.as_secs_f64()
+        ),
+        0,
+    );
+    tracker.reset_peaks();
+    let frozen = Instant::now();
+    cluster.freeze(frozen_for).await?;
+    let thawed = Instant::now();
+    wait_recovered(cluster, tracker, config.timeout, progress).await?;
+    let recovered = Instant::now();
+    progress.phase("converging after the freeze", workload.instances() as u64);
+    let known = before.keys().cloned().collect();
+    let mut outcome = converge(
+        cluster,
+        tracker,
+        &known,
+        thawed,
+        workload.instances(),
+        config,
+        progress,
+    )
+    .await?;
+    progress.phase("watching for late replacements", 0);
+    tokio::time::sleep(config.lost_grace + LATE_REPLACEMENT_MARGIN).await;
+    outcome.suspended = vec![frozen..recovered];
+    outcome.violations = moves(&before, &tracker.placements(), "the freeze");
+    outcome.violations.extend(duplicates(
+        &workload.replicas,
+        &tracker.peaks(),
+        &cluster.running_instances().await,
+    ));
+    Ok(outcome)
+}
+
+/// After a recovery looks complete, how much longer than the lost-grace
+/// period a replacement may take to show: a scheduler pass and its commit.
+const LATE_REPLACEMENT_MARGIN: Duration = Duration::from_secs(2);
+
+/// Waits until every node's heartbeat key is back in the store, then
+/// until the API, with a view at least that recent, says every node is
+/// ready. The API alone would not do: right after a thaw its view is
+/// still the one from before the freeze, where every node was ready.
+async fn wait_recovered(
+    cluster: &Cluster,
+    tracker: &Tracker,
+    timeout: Duration,
+    progress: &dyn Progress,
+) -> Result<(), BenchError> {
+    let deadline = Instant::now() + timeout;
+    let nodes = cluster.node_names();
+    progress.phase("waiting for every node to register again", 0);
+    let revision = loop {
+        if let Some(problem) = tracker.broken() {
+            return Err(BenchError::Task {
+                what: "store watch".into(),
+                problem,
+            });
+        }
+        if let Some(revision) = tracker.heartbeats_back(&nodes) {
+            break revision;
+        }
+        if Instant::now() >= deadline {
+            return Err(BenchError::Timeout {
+                what: "every node registering again after the freeze".into(),
+                timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    progress.phase(
+        "waiting for every node to be ready again",
+        nodes.len() as u64,
+    );
+    loop {
+        if let Ok(status) = cluster.client().status().await {
+            progress.advance(status.nodes.ready as u64);
+            if status.revision >= revision && status.nodes.ready >= nodes.len() {
+                return Ok(());
+            }
+        }
+        if Instant::now() >= deadline {
+            return Err(BenchError::Timeout {
+                what: "every node ready again after the freeze".into(),
+                timeout,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Instances placed before that are not placed on the same node now, or
+/// are being stopped: moved, or replaced by a new instance. `across`
+/// names what happened in between.
+fn moves(
+    before: &HashMap<String, Placed>,
+    after: &HashMap<String, Placed>,
+    across: &str,
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    let mut ids: Vec<(&String, &Placed)> = before
+        .iter()
+        .filter(|(_, placed)| !placed.stopping)
+        .collect();
+    ids.sort_unstable_by_key(|(id, _)| *id);
+    for (id, placed) in ids {
         match after.get(id) {
             Some(now) if now.node == placed.node && !now.stopping => {}
-            Some(now) => outcome.violations.push(format!(
-                "{id} moved from {} to {} (stopping: {}) across the restart",
-                placed.node, now.node, now.stopping
+            Some(now) if now.node == placed.node => violations.push(format!(
+                "{id} on {} is being stopped after {across}: replaced",
+                placed.node
             )),
-            None => outcome.violations.push(format!(
-                "{id} on {} was lost across the restart",
+            Some(now) => violations.push(format!(
+                "{id} moved from {} to {} across {across}",
+                placed.node, now.node
+            )),
+            None => violations.push(format!(
+                "{id} on {} was replaced across {across}: its placement is gone",
                 placed.node
             )),
         }
     }
-    Ok(outcome)
+    violations
+}
+
+/// Duplicates: a service with more instances placed at once (its
+/// `peaks`, not stopping) or running (on the nodes' runtimes) than it
+/// asks for, and an instance id running on more than one node.
+fn duplicates(
+    desired: &[(String, u32)],
+    peaks: &HashMap<String, usize>,
+    running: &[RunningInstance],
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    let mut running_per_service: HashMap<&str, usize> = HashMap::new();
+    let mut nodes_per_id: BTreeMap<&str, BTreeSet<&str>> = BTreeMap::new();
+    for instance in running {
+        *running_per_service.entry(&instance.service).or_default() += 1;
+        nodes_per_id
+            .entry(&instance.id)
+            .or_default()
+            .insert(&instance.node);
+    }
+    for (service, replicas) in desired {
+        let replicas = *replicas as usize;
+        let peak = peaks.get(service).copied().unwrap_or(0);
+        if peak > replicas {
+            violations.push(format!(
+                "{service} had {peak} instances placed at once; it asks for {replicas}"
+            ));
+        }
+        let runs = running_per_service
+            .get(service.as_str())
+            .copied()
+            .unwrap_or(0);
+        if runs > replicas {
+            violations.push(format!(
+                "{runs} instances of {service} run on the nodes; it asks for {replicas}"
+            ));
+        }
+    }
+    for (id, nodes) in nodes_per_id.iter().filter(|(_, nodes)| nodes.len() > 1) {
+        let nodes: Vec<&str> = nodes.iter().copied().collect();
+        violations.push(format!(
+            "{id} runs on {} nodes: {}",
+            nodes.len(),
+            nodes.join(", ")
+        ));
+    }
+    violations
 }
 
 /// Waits until `target` instances run on live nodes; latencies of the
@@ -708,9 +940,17 @@ mod tests {
 
     #[test]
     fn scenarios_are_found_by_name_and_victims_spread() {
-        for scenario in Scenario::ALL {
+        for &scenario in Scenario::ALL {
             assert_eq!(Scenario::named(scenario.name()), Some(scenario));
+            assert_eq!(Scenario::select(scenario.name()), Some(vec![scenario]));
+            assert!(Scenario::choices().contains(scenario.name()));
         }
+        assert_eq!(Scenario::select("all").as_deref(), Some(Scenario::ALL));
+        let overload = Scenario::select("overload").expect("a group");
+        assert!(!overload.is_empty() && overload.iter().all(|s| s.is_overload()));
+        assert!(overload.iter().all(|s| Scenario::ALL.contains(s)));
+        assert!(!Scenario::Deploy.is_overload());
+        assert_eq!(Scenario::select("overload-"), None);
         let nodes: Vec<String> = (0..10).map(|i| format!("n{i}")).collect();
         let chosen = victims(&nodes, 2);
         assert_eq!(chosen, HashSet::from(["n0".to_owned(), "n5".to_owned()]));
@@ -734,10 +974,76 @@ mod tests {
 
     fn placed(node: &str, created: Revision) -> Placed {
         Placed {
+            service: "web".to_owned(),
             node: node.to_owned(),
             stopping: false,
             created,
         }
+    }
+
+    #[test]
+    fn a_moved_or_replaced_instance_is_a_violation_a_stopping_one_before_is_not() {
+        let before = HashMap::from([
+            ("a".to_owned(), placed("n1", 1)),
+            ("b".to_owned(), placed("n1", 2)),
+            ("c".to_owned(), placed("n2", 3)),
+            ("d".to_owned(), placed("n2", 4)),
+            (
+                "e".to_owned(),
+                Placed {
+                    stopping: true,
+                    ..placed("n3", 5)
+                },
+            ),
+        ]);
+        let same = before.clone();
+        assert!(moves(&before, &same, "the freeze").is_empty());
+        let mut after = before.clone();
+        after.insert("b".to_owned(), placed("n3", 2));
+        after.get_mut("c").expect("c").stopping = true;
+        after.remove("d");
+        after.remove("e");
+        after.insert("f".to_owned(), placed("n3", 9));
+        let violations = moves(&before, &after, "the freeze");
+        assert_eq!(
+            violations,
+            vec![
+                "b moved from n1 to n3 across the freeze".to_owned(),
+                "c on n2 is being stopped after the freeze: replaced".to_owned(),
+                "d on n2 was replaced across the freeze: its placement is gone".to_owned(),
+            ]
+        );
+    }
+
+    #[test]
+    fn more_instances_than_asked_for_or_one_id_on_two_nodes_are_duplicates() {
+        let desired = vec![("web".to_owned(), 2), ("db".to_owned(), 1)];
+        let on = |id: &str, service: &str, node: &str| RunningInstance {
+            id: id.to_owned(),
+            service: service.to_owned(),
+            node: node.to_owned(),
+        };
+        let peaks = HashMap::from([("web".to_owned(), 2), ("db".to_owned(), 1)]);
+        let running = vec![
+            on("a", "web", "n1"),
+            on("b", "web", "n2"),
+            on("c", "db", "n1"),
+        ];
+        assert!(duplicates(&desired, &peaks, &running).is_empty());
+        // Three web instances placed at once at some point; `a` runs on
+        // n1 and n3; a third web instance runs.
+        let peaks = HashMap::from([("web".to_owned(), 3), ("db".to_owned(), 1)]);
+        let mut running = running;
+        running.push(on("a", "web", "n3"));
+        let violations = duplicates(&desired, &peaks, &running);
+        assert_eq!(
+            violations,
+            vec![
+                "web had 3 instances placed at once; it asks for 2".to_owned(),
+                "3 instances of web run on the nodes; it asks for 2".to_owned(),
+                "a runs on 2 nodes: n1, n3".to_owned(),
+            ]
+        );
     }
 
     #[test]

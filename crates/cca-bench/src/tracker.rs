@@ -5,7 +5,10 @@
 //! each node's heartbeat lease expired. It also logs every lease expiry
 //! (a node's leased heartbeat key deleted) and every re-registration (the
 //! key put again for a node that had one before in this run), so that a
-//! scenario can count them over its measured part. Scenarios ask it
+//! scenario can count them over its measured part; and, per service, the
+//! most instances placed at once (after each revision), so that a
+//! duplicate placement is caught even when it is gone by the end.
+//! Scenarios ask it
 //! whether the cluster has converged and for per-instance latencies. A
 //! watch that falls behind compaction is repaired as the control plane's
 //! cache repairs its own: it relists and watches on from the list, and
@@ -28,6 +31,7 @@ use crate::BenchError;
 /// Where an instance is placed.
 #[derive(Clone, Debug)]
 pub(crate) struct Placed {
+    pub(crate) service: String,
     pub(crate) node: String,
     pub(crate) stopping: bool,
     /// Store revision that created the placement.
@@ -106,6 +110,15 @@ struct Seen {
     registered: HashMap<String, Revision>,
     /// Every expiry and re-registration, in the order seen.
     lease_log: Vec<LeaseEvent>,
+    /// Placed, not stopping, per service (wherever they are).
+    per_service: HashMap<String, usize>,
+    /// The most of `per_service` at the end of any revision since the
+    /// last [`Tracker::reset_peaks`].
+    peaks: HashMap<String, usize>,
+    /// Services whose count changed in the revision being applied.
+    touched: HashSet<String>,
+    /// The last revision applied (or listed).
+    revision: Revision,
     /// The watch failed and could not be repaired: figures would lie.
     broken: Option<String>,
     /// Times the watch fell behind compaction and was repaired by a list.
@@ -188,6 +201,26 @@ impl Tracker {
         lock(&self.seen).lease_counts(since, faults)
     }
 
+    /// From now on, each service's peak is counted from its current count.
+    pub(crate) fn reset_peaks(&self) {
+        let mut seen = lock(&self.seen);
+        seen.peaks = seen.per_service.clone();
+    }
+
+    /// The most instances of each service placed (not stopping) at once
+    /// since [`Tracker::reset_peaks`].
+    pub(crate) fn peaks(&self) -> HashMap<String, usize> {
+        lock(&self.seen).peaks.clone()
+    }
+
+    /// The last revision seen when none of `nodes` is without its
+    /// heartbeat key (every one registered since its lease last expired).
+    pub(crate) fn heartbeats_back(&self, nodes: &[String]) -> Option<Revision> {
+        let seen = lock(&self.seen);
+        let gone = nodes.iter().any(|node| seen.expired.contains_key(node));
+        (!gone).then_some(seen.revision)
+    }
+
     /// When each of `nodes` lost its heartbeat lease (those that did).
     pub(crate) fn expiries(&self, nodes: &HashSet<String>) -> HashMap<String, Expiry> {
         let seen = lock(&self.seen);
@@ -203,12 +236,8 @@ impl Tracker {
 async fn follow(store: Arc<dyn Store>, mut stream: cca_store::WatchStream, seen: Arc<Mutex<Seen>>) {
     loop {
         match stream.next().await {
-            Some(Ok(WatchMessage::Events { events, .. })) => {
-                let now = Instant::now();
-                let mut seen = lock(&seen);
-                for event in events {
-                    seen.apply(event, now);
-                }
+            Some(Ok(WatchMessage::Events { revision, events })) => {
+                lock(&seen).apply_revision(revision, events, Instant::now());
             }
             Some(Ok(WatchMessage::Compacted { compact_revision })) => {
                 tracing::info!(
@@ -323,6 +352,7 @@ impl Seen {
     /// was put after the last put seen registered (again, if it had been
     /// seen before) at `now`.
     fn resync(&mut self, listed: Listed, revision: Revision, now: Instant) {
+        self.revision = revision;
         self.placements.clear();
         for kv in &listed.placements {
             if let Some(Key::Instance { id, .. }) = Key::parse(&kv.key) {
@@ -349,12 +379,33 @@ impl Seen {
         self.recount();
     }
 
-    /// Rebuilds `per_node` from the placements.
+    /// Rebuilds `per_node` and `per_service` from the placements.
     fn recount(&mut self) {
         self.per_node.clear();
+        self.per_service.clear();
         let ids: Vec<String> = self.placements.keys().cloned().collect();
         for id in ids {
             self.count(&id, true);
+        }
+        self.note_peaks();
+    }
+
+    /// Applies one revision's events, then notes the services' peaks: a
+    /// replacement written with the stop of what it replaces is never a
+    /// duplicate, whatever the order of the two within the revision.
+    fn apply_revision(&mut self, revision: Revision, events: Vec<WatchEvent>, now: Instant) {
+        for event in events {
+            self.apply(event, now);
+        }
+        self.revision = revision;
+        self.note_peaks();
+    }
+
+    fn note_peaks(&mut self) {
+        for service in self.touched.drain() {
+            let count = self.per_service.get(&service).copied().unwrap_or(0);
+            let peak = self.peaks.entry(service).or_default();
+            *peak = (*peak).max(count);
         }
     }
 
@@ -429,13 +480,17 @@ impl Seen {
         }
         let running = usize::from(self.running_since.contains_key(id));
         let counts = self.per_node.entry(placed.node.clone()).or_default();
+        let of_service = self.per_service.entry(placed.service.clone()).or_default();
         if add {
             counts.placed += 1;
             counts.running += running;
+            *of_service += 1;
         } else {
             counts.placed -= 1;
             counts.running -= running;
+            *of_service -= 1;
         }
+        self.touched.insert(placed.service.clone());
     }
 
     fn change(&mut self, event: WatchEvent, now: Instant) {
@@ -467,6 +522,7 @@ impl Seen {
         self.placements.insert(
             instance.id,
             Placed {
+                service: instance.service,
                 node: instance.node,
                 stopping: instance.stopping,
                 created,
@@ -626,6 +682,42 @@ mod tests {
         assert!(!seen.placements.contains_key("b"));
         assert_eq!(seen.expired["n2"].revision, 42);
         assert!(!seen.expired.contains_key("n1"));
+    }
+
+    #[test]
+    fn a_service_peaks_only_across_revisions_and_from_a_reset_on() {
+        let mut seen = Seen::default();
+        let now = Instant::now();
+        seen.apply_revision(
+            1,
+            vec![placement("a", "n1", false), placement("b", "n2", false)],
+            now,
+        );
+        assert_eq!(seen.peaks["web"], 2);
+        // A replacement and the stop of what it replaces in one revision,
+        // the new one first: never three at once.
+        seen.apply_revision(
+            2,
+            vec![placement("c", "n2", false), placement("a", "n1", true)],
+            now,
+        );
+        assert_eq!(seen.peaks["web"], 2);
+        assert_eq!(seen.per_service["web"], 2);
+        // The same in two revisions: three placed at once in between.
+        seen.apply_revision(3, vec![placement("d", "n3", false)], now);
+        seen.apply_revision(4, vec![placement("b", "n2", true)], now);
+        assert_eq!(seen.peaks["web"], 3);
+        assert_eq!(seen.per_service["web"], 2);
+        // Reset to the current count, then a removal and a placement.
+        seen.peaks = seen.per_service.clone();
+        seen.apply_revision(
+            5,
+            vec![delete(cca_model::keys::derived_instance("web", "c"))],
+            now,
+        );
+        seen.apply_revision(6, vec![placement("e", "n1", false)], now);
+        assert_eq!(seen.peaks["web"], 2);
+        assert_eq!(seen.revision, 6);
     }
 
     fn heartbeat(node: &str, revision: Revision) -> WatchEvent {

@@ -1,7 +1,9 @@
-//! CI keeps the benchmark honest: every scenario on a small cluster (20
-//! nodes, 200 instances) with short lease and grace times, checking
-//! correctness — placement verified, nothing moved across a controller
-//! restart, success rate 1.0 — never timings.
+//! CI keeps the benchmark honest: every scenario but the overload ones on
+//! a small cluster (20 nodes, 200 instances) with short lease and grace
+//! times, checking correctness — placement verified, nothing moved across
+//! a controller restart, success rate 1.0, no false lease expiry — never
+//! timings. The overload scenarios need a cluster large enough to load
+//! the control plane: `tests/overload.rs` runs them.
 
 use std::time::Duration;
 
@@ -29,6 +31,7 @@ fn check(report: &Report, instances: usize) {
     assert!(report.violations.is_empty(), "{report:#?}");
     assert_eq!(report.success_rate, 1.0, "{report:#?}");
     assert_eq!(report.instances, instances, "{report:#?}");
+    assert_eq!(report.false_lease_expiries, 0, "{report:#?}");
     assert!(report.passed());
     assert!(report.store_txn_per_s > 0.0);
     assert!(report.p50 <= report.p99 && report.p99 <= report.max);
@@ -37,7 +40,10 @@ fn check(report: &Report, instances: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_scenario_converges_correctly_on_a_small_cluster() {
     let config = small_cluster();
-    for scenario in Scenario::ALL {
+    for &scenario in Scenario::ALL
+        .iter()
+        .filter(|scenario| !scenario.is_overload())
+    {
         let report = run_scenario(scenario, &config, &Quiet)
             .await
             .unwrap_or_else(|error| panic!("{}: {error}", scenario.name()));

@@ -31,7 +31,8 @@ pub(crate) struct BenchmarkArgs {
     #[arg(long, default_value = "embedded")]
     store: String,
     /// deploy, placement, node-failure, scale-up, controller-restart,
-    /// store-latency, or all.
+    /// store-latency, overload-slow-store, overload-freeze; overload (every
+    /// overload scenario) or all.
     #[arg(long, default_value = "deploy")]
     scenario: String,
     /// One JSON object per scenario instead of a table.
@@ -139,15 +140,11 @@ fn store_target(text: &str) -> Result<StoreTarget> {
 }
 
 fn scenarios(name: &str) -> Result<Vec<Scenario>> {
-    if name == "all" {
-        return Ok(Scenario::ALL.to_vec());
-    }
-    let names: Vec<&str> = Scenario::ALL.iter().map(|s| s.name()).collect();
-    match Scenario::named(name) {
-        Some(scenario) => Ok(vec![scenario]),
+    match Scenario::select(name) {
+        Some(scenarios) => Ok(scenarios),
         None => bail!(
-            "--scenario `{name}`: expected one of {} or all",
-            names.join(", ")
+            "--scenario `{name}`: expected one of {}",
+            Scenario::choices()
         ),
     }
 }
@@ -272,6 +269,20 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: BenchmarkArgs,
+    }
+
+    #[test]
+    fn overload_names_its_scenarios_and_an_unknown_name_lists_the_choices() {
+        assert_eq!(
+            scenarios("overload").expect("a group"),
+            Scenario::OVERLOAD.to_vec()
+        );
+        assert_eq!(scenarios("all").expect("a group"), Scenario::ALL.to_vec());
+        let error = scenarios("overlaod").expect_err("unknown").to_string();
+        assert!(
+            error.contains("overload-freeze") && error.contains("overload, all"),
+            "{error}"
+        );
     }
 
     #[test]
