@@ -56,6 +56,9 @@ pub struct ClusterConfig {
     /// How often each agent's supervisor looks even without changes
     /// (`cca agent` uses 500 ms).
     pub agent_tick: Duration,
+    /// When a pause of lost-node replacement ends on its own (`None`:
+    /// only returning heartbeats or an operator end it).
+    pub resume_replacement_after: Option<Duration>,
 }
 
 /// An instance a node's runtime runs.
@@ -386,6 +389,7 @@ fn control_plane_config(config: &ClusterConfig) -> ControlPlaneConfig {
     plane.runner.leader.ttl = Duration::from_secs(15);
     plane.scheduler.startup_grace = config.startup_grace;
     plane.scheduler.lost_grace = config.lost_grace;
+    plane.disruption.resume_after = config.resume_replacement_after;
     plane.api = api_config(config);
     plane
 }

@@ -53,6 +53,14 @@ pub enum Scenario {
     /// again and everything runs; time from the thaw. Any instance moved
     /// or replaced, and any duplicate, is a violation.
     OverloadFreeze,
+    /// Deploy, kill 40 % of the nodes at once (`mass_kill_percent`): more
+    /// than the node controller trusts, so it pauses replacement. Nothing
+    /// may be replaced during the pause (watched for the lost grace and a
+    /// little more) and no surviving node's lease may expire; then an
+    /// operator resumes (or the safeguard, with
+    /// `resume_replacement_after`), and the time runs from the resume to
+    /// every replacement running.
+    OverloadMassKill,
 }
 
 impl Scenario {
@@ -66,11 +74,15 @@ impl Scenario {
         Scenario::StoreLatency,
         Scenario::OverloadSlowStore,
         Scenario::OverloadFreeze,
+        Scenario::OverloadMassKill,
     ];
 
     /// The overload scenarios, which `overload` runs.
-    pub const OVERLOAD: &'static [Scenario] =
-        &[Scenario::OverloadSlowStore, Scenario::OverloadFreeze];
+    pub const OVERLOAD: &'static [Scenario] = &[
+        Scenario::OverloadSlowStore,
+        Scenario::OverloadFreeze,
+        Scenario::OverloadMassKill,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -82,6 +94,7 @@ impl Scenario {
             Scenario::StoreLatency => "store-latency",
             Scenario::OverloadSlowStore => "overload-slow-store",
             Scenario::OverloadFreeze => "overload-freeze",
+            Scenario::OverloadMassKill => "overload-mass-kill",
         }
     }
 
@@ -153,6 +166,11 @@ pub struct BenchConfig {
     /// store at full speed, except in `overload-slow-store`, which paces
     /// it to half.
     pub store_rate_fraction: Option<f64>,
+    /// Share of the nodes `overload-mass-kill` kills at once (40 %).
+    pub mass_kill_percent: u32,
+    /// When a pause of lost-node replacement ends on its own; `None` (the
+    /// default here): `overload-mass-kill` resumes it as an operator would.
+    pub resume_replacement_after: Option<Duration>,
 }
 
 impl BenchConfig {
@@ -162,8 +180,8 @@ impl BenchConfig {
             nodes,
             instances,
             store,
-            node_ttl: Duration::from_secs(15),
-            lost_grace: Duration::from_secs(5),
+            node_ttl: Duration::from_secs(6),
+            lost_grace: Duration::from_secs(2),
             startup_grace: Duration::ZERO,
             start_latency: StartLatency::Uniform {
                 min: Duration::from_millis(5),
@@ -176,6 +194,8 @@ impl BenchConfig {
             seed: 1,
             probe_window: Duration::from_secs(1),
             store_rate_fraction: None,
+            mass_kill_percent: 40,
+            resume_replacement_after: None,
         }
     }
 
@@ -373,6 +393,9 @@ async fn drive(
         }
         Scenario::OverloadFreeze => {
             overload_freeze(cluster, tracker, &workload, config, progress).await
+        }
+        Scenario::OverloadMassKill => {
+            overload_mass_kill(cluster, tracker, &workload, config, progress).await
         }
     }
 }
@@ -605,6 +628,144 @@ async fn overload_freeze(
     Ok(outcome)
 }
 
+/// Kills `mass_kill_percent` of the nodes at once and checks the pause:
+/// the node controller must pause replacement, nothing may be placed
+/// while the API says it is paused, and no other node's lease may expire
+/// (counted as false expiries). An operator resumes once the pause held
+/// for the lost grace and a little more after every victim's lease
+/// expired — or, with `resume_replacement_after`, the safeguard does —
+/// and the time runs from the resume to every replacement running; the
+/// total from the kill.
+async fn overload_mass_kill(
+    cluster: &mut Cluster,
+    tracker: &Tracker,
+    workload: &Workload,
+    config: &BenchConfig,
+    progress: &dyn Progress,
+) -> Result<Outcome, BenchError> {
+    let nodes = cluster.node_names();
+    let victims = victims(
+        &nodes,
+        nodes.len() * config.mass_kill_percent as usize / 100,
+    );
+    let before: HashSet<String> = tracker.placements().into_keys().collect();
+    progress.phase(
+        &format!("killing {} of {} nodes at once", victims.len(), nodes.len()),
+        victims.len() as u64,
+    );
+    let killed = Instant::now();
+    cluster.kill_nodes(&victims).await;
+    let expiries = wait_for_expiries(tracker, &victims, config.timeout, progress).await?;
+    let expired = expiries.values().map(|expiry| expiry.at).min();
+    progress.phase("watching that nothing is replaced while paused", 0);
+    let watch = match config.resume_replacement_after {
+        None => Watch::For(config.lost_grace + LATE_REPLACEMENT_MARGIN),
+        Some(after) => Watch::UntilResumed(after + config.timeout),
+    };
+    let pause = watch_pause(cluster, tracker, &before, watch).await?;
+    if config.resume_replacement_after.is_none() {
+        cluster.client().resume_replacement().await?;
+    }
+    let resumed = Instant::now();
+    progress.phase("replacing lost instances", workload.instances() as u64);
+    let mut outcome = converge(
+        cluster,
+        tracker,
+        &before,
+        resumed,
+        workload.instances(),
+        config,
+        progress,
+    )
+    .await?;
+    outcome.detection_seconds = expired.map(|at| at.duration_since(killed).as_secs_f64());
+    outcome.total_seconds = Some(killed.elapsed().as_secs_f64());
+    if !pause.seen {
+        outcome.violations.push(format!(
+            "{} of {} nodes died at once and replacement was never paused",
+            victims.len(),
+            nodes.len()
+        ));
+    }
+    outcome.violations.extend(
+        pause
+            .early
+            .iter()
+            .map(|id| format!("{id} was placed while replacement was paused")),
+    );
+    Ok(outcome)
+}
+
+/// How long [`watch_pause`] watches.
+enum Watch {
+    /// This long, then an operator resumes.
+    For(Duration),
+    /// Until the pause ends on its own, at most this long.
+    UntilResumed(Duration),
+}
+
+/// What [`watch_pause`] saw.
+struct PauseSeen {
+    /// The API said replacement was paused at least once.
+    seen: bool,
+    /// New instances created at a revision at which the API still said
+    /// it was paused.
+    early: BTreeSet<String>,
+}
+
+/// Polls the API's view of the pause and the tracker's placements: a new
+/// instance created no later than a revision the API called paused was
+/// placed during the pause.
+async fn watch_pause(
+    cluster: &Cluster,
+    tracker: &Tracker,
+    before: &HashSet<String>,
+    watch: Watch,
+) -> Result<PauseSeen, BenchError> {
+    let (limit, until_resumed) = match watch {
+        Watch::For(span) => (span, false),
+        Watch::UntilResumed(span) => (span, true),
+    };
+    let begun = Instant::now();
+    let deadline = begun + limit;
+    let mut seen = PauseSeen {
+        seen: false,
+        early: BTreeSet::new(),
+    };
+    loop {
+        if let Ok(status) = cluster.client().status().await {
+            let paused = status.disruption.as_ref().is_some_and(|d| d.paused);
+            if paused {
+                seen.seen = true;
+                seen.early.extend(
+                    tracker
+                        .placements()
+                        .into_iter()
+                        .filter(|(id, placed)| {
+                            !before.contains(id) && placed.created <= status.revision
+                        })
+                        .map(|(id, _)| id),
+                );
+            } else if until_resumed && seen.seen {
+                return Ok(seen);
+            }
+        }
+        // The pause comes with the victims' conditions, which came with
+        // their expiries: one not seen by now never came.
+        let never = !seen.seen && begun.elapsed() >= LATE_REPLACEMENT_MARGIN;
+        if never || Instant::now() >= deadline {
+            if until_resumed && !never {
+                return Err(BenchError::Timeout {
+                    what: "the safeguard resuming replacement".into(),
+                    timeout: limit,
+                });
+            }
+            return Ok(seen);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// After a recovery looks complete, how much longer than the lost-grace
 /// period a replacement may take to show: a scheduler pass and its commit.
 const LATE_REPLACEMENT_MARGIN: Duration = Duration::from_secs(2);
@@ -830,6 +991,7 @@ fn cluster_config(config: &BenchConfig) -> ClusterConfig {
         lost_grace: config.lost_grace,
         startup_grace: config.startup_grace,
         agent_tick: Duration::from_millis(500),
+        resume_replacement_after: config.resume_replacement_after,
     }
 }
 

@@ -31,19 +31,29 @@ pub(crate) struct BenchmarkArgs {
     #[arg(long, default_value = "embedded")]
     store: String,
     /// deploy, placement, node-failure, scale-up, controller-restart,
-    /// store-latency, overload-slow-store, overload-freeze; overload (every
-    /// overload scenario) or all.
+    /// store-latency, overload-slow-store, overload-freeze,
+    /// overload-mass-kill; overload (every overload scenario) or all.
     #[arg(long, default_value = "deploy")]
     scenario: String,
     /// One JSON object per scenario instead of a table.
     #[arg(long)]
     json: bool,
     /// The agents' heartbeat lease TTL.
-    #[arg(long, default_value = "15s", value_name = "DURATION", value_parser = flags::duration)]
+    #[arg(long, default_value = "6s", value_name = "DURATION", value_parser = flags::duration)]
     node_ttl: Duration,
     /// How long a node stays unreachable before its instances are replaced.
-    #[arg(long, default_value = "5s", value_name = "DURATION", value_parser = flags::duration)]
+    #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = flags::duration)]
     lost_grace: Duration,
+    /// Share of the nodes `overload-mass-kill` kills at once.
+    #[arg(long, default_value_t = 40, value_name = "PERCENT",
+          value_parser = clap::value_parser!(u32).range(1..=99))]
+    mass_kill_percent: u32,
+    /// End a pause of lost-node replacement on its own after this long
+    /// with no further node lost; `never` (the default here):
+    /// `overload-mass-kill` resumes it as an operator would.
+    #[arg(long, default_value = "never", value_name = "DURATION|never",
+          value_parser = flags::duration_or_never)]
+    resume_replacement_after: flags::SpanOrNever,
     /// No placement this long after the controllers become leader.
     #[arg(long, default_value = "0s", value_name = "DURATION", value_parser = flags::duration)]
     startup_grace: Duration,
@@ -108,6 +118,8 @@ fn bench_config(args: &BenchmarkArgs) -> Result<BenchConfig> {
     config.start_latency = args.start_latency;
     config.store_latency = args.store_latency;
     config.store_rate_fraction = args.store_rate_fraction;
+    config.mass_kill_percent = args.mass_kill_percent;
+    config.resume_replacement_after = args.resume_replacement_after.0;
     config.scale_factor = args.scale_factor;
     config.timeout = args.timeout;
     config.seed = args.seed;
