@@ -734,7 +734,7 @@ async fn start_instance(
             .inspect(&id)
             .await
             .ok()
-            .and_then(|status| status.spec.network);
+            .and_then(|status| status.spec.network.clone());
     }
     for step in init {
         run_init_step(&runtime, &main, &step).await?;

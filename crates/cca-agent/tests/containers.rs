@@ -167,7 +167,11 @@ async fn with_a_node_network_a_container_has_its_own_address_and_published_ports
         net.config.subnet
     );
     let status = set.inspect(ID).await.expect("inspect");
-    let attachment = status.spec.network.expect("the container is attached");
+    let attachment = status
+        .spec
+        .network
+        .clone()
+        .expect("the container is attached");
     assert_eq!(attachment.address, address);
     assert_eq!(net.netns_left().len(), 1);
 
@@ -344,6 +348,7 @@ async fn after_a_host_reboot_a_restarted_container_is_attached_again() {
         .expect("inspect")
         .spec
         .network
+        .clone()
         .expect("attached");
 
     // The host reboots: the container ends with it, the agent is gone, and

@@ -274,7 +274,7 @@ impl Cluster {
                     .filter(|status| status.state == cca_runtime::InstanceState::Running)
                     .map(|status| RunningInstance {
                         id: status.id,
-                        service: status.spec.service,
+                        service: status.spec.service.clone(),
                         node: node.name.clone(),
                     }),
             );
@@ -403,11 +403,13 @@ fn control_plane_config(config: &ClusterConfig) -> ControlPlaneConfig {
 fn api_config(config: &ClusterConfig) -> ApiConfig {
     let defaults = ApiConfig::default();
     let mut lanes = defaults.lanes.clone();
-    for lane in [Lane::Liveness, Lane::Reports] {
-        let limits = lanes.get_mut(lane);
-        limits.in_flight = limits.in_flight.max(config.nodes);
-        limits.queued = limits.queued.max(config.nodes);
-    }
+    let liveness = lanes.get_mut(Lane::Liveness);
+    liveness.in_flight = liveness.in_flight.max(config.nodes);
+    liveness.queued = liveness.queued.max(config.nodes);
+    // Reports wait their turn rather than all run at once: thousands in
+    // flight fill the runtime's queue, and a heartbeat behind them waits.
+    let reports = lanes.get_mut(Lane::Reports);
+    reports.queued = reports.queued.max(config.nodes);
     ApiConfig {
         max_streams: defaults.max_streams.max(config.nodes + 64),
         lanes,

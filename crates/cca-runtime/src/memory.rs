@@ -18,7 +18,7 @@ pub(crate) fn created_status(spec: InstanceSpec, by: &str) -> InstanceStatus {
     };
     InstanceStatus {
         id: spec.id.clone(),
-        spec,
+        spec: spec.into(),
         state: InstanceState::Created,
         pid: None,
         started_at_ms: None,

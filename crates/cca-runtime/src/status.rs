@@ -3,6 +3,7 @@
 //! the request and result of `exec`.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -35,7 +36,10 @@ impl fmt::Display for InstanceState {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct InstanceStatus {
     pub id: String,
-    pub spec: InstanceSpec,
+    /// Shared: a runtime lists its instances often (every agent tick), and
+    /// a deep copy of every spec per list was most of a 5,000-node
+    /// benchmark's allocation work.
+    pub spec: Arc<InstanceSpec>,
     pub state: InstanceState,
     /// The main process while running (also kept after exit, for the record).
     pub pid: Option<u32>,

@@ -651,7 +651,7 @@ impl Inner {
         let instance = dir.read_instance(operation)?;
         let mut status = InstanceStatus {
             id: id.to_owned(),
-            spec: instance.spec,
+            spec: instance.spec.into(),
             state: InstanceState::Created,
             pid: None,
             started_at_ms: None,

@@ -397,7 +397,7 @@ impl Inner {
         let run = dir.read_run(operation)?;
         let mut status = InstanceStatus {
             id: id.to_owned(),
-            spec: record.spec,
+            spec: record.spec.into(),
             state: InstanceState::Created,
             pid: None,
             started_at_ms: None,
