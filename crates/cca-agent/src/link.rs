@@ -5,9 +5,10 @@
 //! unreachable or sheds it (never sooner than its `Retry-After`); the
 //! supervisor keeps working from the cache meanwhile. Heartbeats are sent
 //! every 0.8–1.0 × a third of the TTL, drawn afresh each time, so nodes
-//! that registered together drift apart instead of renewing in lock-step;
-//! a failed one is retried within a second or so (backing off to a
-//! period), because its lease's deadline is coming.
+//! that registered together drift apart instead of renewing in lock-step,
+//! without waiting for the previous one's answer (a few may overlap); a
+//! failed one is retried within a second or so (backing off to a period),
+//! because its lease's deadline is coming.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,7 +16,10 @@ use std::time::Duration;
 
 use cca_wire::types::{AssignmentLine, RegisterReply, RegisterRequest};
 use cca_wire::{Client, ClientError, ClientResult, LineStream};
+use futures_util::StreamExt;
+use futures_util::stream::FuturesUnordered;
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::desired::{Applied, Desired};
 use crate::retry::Retry;
@@ -57,8 +61,16 @@ pub(crate) async fn keep_registered(
     }
 }
 
+/// Heartbeats sent but not yet answered, at most.
+const HEARTBEATS_IN_FLIGHT: usize = 3;
+
 /// Heartbeats the lease of `reply` until it is gone (true: register
-/// again) or `stop` (false).
+/// again) or `stop` (false). Heartbeats go out on their own schedule, not
+/// one answer after another: with a server slow to answer (a busy control
+/// plane), waiting for each answer before the next period added the
+/// answer's delay to every gap between renewals, and a 6 s lease ran out
+/// behind answers that each took 3 s. Up to [`HEARTBEATS_IN_FLIGHT`] may
+/// overlap; whichever arrives renews the lease.
 async fn keep_alive(
     client: &Client,
     node: &str,
@@ -68,26 +80,31 @@ async fn keep_alive(
 ) -> bool {
     let ttl = Duration::from_secs(reply.ttl_secs.max(1));
     let mut retry = Retry::between(HEARTBEAT_RETRY_FIRST, ttl / 3);
-    let mut wait = heartbeat_period(ttl, fastrand::f64());
+    let mut next = Instant::now() + heartbeat_period(ttl, fastrand::f64());
+    let mut in_flight = FuturesUnordered::new();
     loop {
-        if pause(wait, stop).await {
-            return false;
-        }
-        match client.heartbeat(node, reply.lease_id).await {
-            Ok(_) => {
-                let _ = connected.send(true);
-                retry.reset();
-                wait = heartbeat_period(ttl, fastrand::f64());
+        tokio::select! {
+            _ = stop.wait_for(|stop| *stop) => return false,
+            () = tokio::time::sleep_until(next), if in_flight.len() < HEARTBEATS_IN_FLIGHT => {
+                in_flight.push(client.heartbeat(node, reply.lease_id));
+                next = Instant::now() + heartbeat_period(ttl, fastrand::f64());
             }
-            Err(error) if lease_gone(&error) => {
-                tracing::warn!(%error, "the node's lease is gone; registering again");
-                return true;
-            }
-            Err(error) => {
-                let _ = connected.send(false);
-                wait = retry.next_delay(error.retry_after(), fastrand::f64());
-                tracing::warn!(%error, retry_in = ?wait, "heartbeat failed");
-            }
+            Some(answer) = in_flight.next() => match answer {
+                Ok(_) => {
+                    let _ = connected.send(true);
+                    retry.reset();
+                }
+                Err(error) if lease_gone(&error) => {
+                    tracing::warn!(%error, "the node's lease is gone; registering again");
+                    return true;
+                }
+                Err(error) => {
+                    let _ = connected.send(false);
+                    let wait = retry.next_delay(error.retry_after(), fastrand::f64());
+                    next = Instant::now() + wait;
+                    tracing::warn!(%error, retry_in = ?wait, "heartbeat failed");
+                }
+            },
         }
     }
 }

@@ -169,6 +169,27 @@ impl Driver {
         }
     }
 
+    /// Runs a reconcile on the blocking pool: a scheduler pass over 100,000
+    /// instances is hundreds of milliseconds of CPU, and on an async worker
+    /// it held every task queued behind it — heartbeats among them — for that
+    /// long; on its own thread the OS shares the cores with them instead.
+    /// `None` if the reconcile panicked (a bug: the cycle fails and is
+    /// retried like any failed cycle).
+    async fn reconcile_apart(
+        controller: &Arc<dyn Controller>,
+        view: &Arc<View>,
+        context: Context,
+    ) -> Option<Plan> {
+        let (controller, view) = (Arc::clone(controller), Arc::clone(view));
+        match tokio::task::spawn_blocking(move || controller.reconcile(&view, &context)).await {
+            Ok(plan) => Some(plan),
+            Err(error) => {
+                tracing::error!(%error, "a reconcile failed unexpectedly");
+                None
+            }
+        }
+    }
+
     /// Gauges that read the view its owner reconciled.
     fn record_gauges(&self, name: &str, view: &View) {
         let metrics = &self.runner.metrics;
@@ -203,7 +224,10 @@ impl Driver {
             now: now_millis(),
             leader_since: self.leader_since,
         };
-        let plan = self.controller.reconcile(&view, &context);
+        let plan = match Self::reconcile_apart(&self.controller, &view, context).await {
+            Some(plan) => plan,
+            None => return Cycle::Failed,
+        };
         self.record_gauges(name, &view);
         let cycle = if plan.is_noop() {
             Cycle::Idle {
