@@ -47,6 +47,9 @@ pub struct AgentConfig {
     pub node: String,
     /// The API server, e.g. `http://127.0.0.1:9770`.
     pub server: String,
+    /// Where registrations and heartbeats go when the server serves them
+    /// apart (`cca server --liveness-listen`); `None`: to `server`.
+    pub liveness_server: Option<String>,
     /// Where the desired-state cache lives.
     pub data_dir: PathBuf,
     pub cpu: Cpu,
@@ -84,6 +87,13 @@ pub struct LinkOptions {
     /// registers without an agent URL, so `cca logs`/`exec` say the node
     /// does not serve them.
     pub without_agent_api: bool,
+    /// A client for registrations and heartbeats, instead of one built
+    /// for `liveness_server` (or `client`).
+    pub liveness_client: Option<Client>,
+    /// Where the registration and heartbeat loop runs, instead of the
+    /// agent's own runtime: many agents in one process share a runtime
+    /// their other work keeps busy, and heartbeats must not wait behind it.
+    pub liveness_runtime: Option<tokio::runtime::Handle>,
 }
 
 /// Reports are re-sent this often even when nothing changed, so a server
@@ -115,13 +125,22 @@ pub async fn run(
         .unwrap_or_else(|| Client::new(&config.server));
     let (desired, mut desired_changes) = watch::channel(Arc::new(cached));
     let (connected, _) = watch::channel(false);
+    let liveness_client = match (&config.link.liveness_client, &config.liveness_server) {
+        (Some(liveness), _) => liveness.clone(),
+        (None, Some(server)) => Client::new(server),
+        (None, None) => client.clone(),
+    };
     let mut tasks = tokio::task::JoinSet::new();
-    tasks.spawn(link::keep_registered(
-        client.clone(),
+    let registration = link::keep_registered(
+        liveness_client,
         register_request(&config, agent_url),
         connected,
         shutdown.clone(),
-    ));
+    );
+    match &config.link.liveness_runtime {
+        Some(runtime) => tasks.spawn_on(registration, runtime),
+        None => tasks.spawn(registration),
+    };
     tasks.spawn(link::follow_assignments(
         client.clone(),
         config.node.clone(),

@@ -31,7 +31,7 @@ pub use admission::{Lane, LaneLimits, LaneSettings};
 pub use cca_wire::{DEFAULT_LISTEN, types};
 pub use control_plane::{ControlPlane, ControlPlaneConfig};
 pub use error::ApiError;
-pub use routes::app;
+pub use routes::{app, liveness_app};
 pub use secrets::{SecretKey, SecretKeyError};
 pub use state::{ApiConfig, ApiState, MetricsRenderer, no_extra_metrics};
 
@@ -56,6 +56,23 @@ pub async fn serve(
     retention.abort();
     settling.abort();
     result
+}
+
+/// Serves only the agents' liveness routes (register, heartbeat) on
+/// `listener` until `shutdown` resolves. Run on a thread of its own
+/// (`cca server --liveness-listen`), heartbeats then never wait behind
+/// the rest of the API's work on a busy control plane: their requests
+/// neither share a connection with assignment streams nor a run queue
+/// with reports, reads and the controllers. Admission is the same
+/// `liveness` lane as on the main listener.
+pub async fn serve_liveness(
+    listener: TcpListener,
+    state: ApiState,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, routes::liveness_app(state))
+        .with_graceful_shutdown(shutdown)
+        .await
 }
 
 #[doc(hidden)]

@@ -381,6 +381,37 @@ async fn resuming_replacement_needs_a_pause_and_records_the_word() {
     );
 }
 
+/// The liveness listener's router (`cca server --liveness-listen`) serves
+/// registration and heartbeats against the same state, and nothing else.
+#[tokio::test]
+async fn the_liveness_router_serves_registration_and_heartbeats_only() {
+    let h = harness().await;
+    let liveness = cca_api::liveness_app(h.state.clone());
+    let register = json!({"name": "n1", "cpu": 4000, "memory": 8_589_934_592_u64, "arch": "amd64"});
+    let (status, registered) =
+        support::call(&liveness, "POST", "/v1/agent/register", Some(register)).await;
+    assert_eq!(status, StatusCode::OK, "{registered}");
+    let beat = json!({"lease_id": registered["lease_id"]});
+    let (status, renewed) = support::call(
+        &liveness,
+        "POST",
+        "/v1/agent/nodes/n1/heartbeat",
+        Some(beat),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{renewed}");
+    let (status, _) = h.call("GET", "/v1/nodes/n1", None).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the main router sees the registration"
+    );
+    for (method, path) in [("GET", "/v1/status"), ("POST", "/v1/apply")] {
+        let (status, body) = support::call(&liveness, method, path, None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}: {body}");
+    }
+}
+
 #[tokio::test]
 async fn events_are_listed_filtered_and_pruned() {
     let h = harness().await;

@@ -84,8 +84,18 @@ pub struct Cluster {
     /// Where the control plane's tasks run (declared after `plane`: it
     /// drops first, then the runtime is shut down).
     runtime: PlaneRuntime,
+    /// The control plane's liveness listener (register, heartbeat) runs
+    /// on a thread of its own, as `cca server --liveness-listen` does.
+    liveness: PlaneRuntime,
+    liveness_task: JoinHandle<std::io::Result<()>>,
+    /// Where every agent's registration and heartbeat loop runs: apart
+    /// from the agents' other work, as on machines of their own.
+    agents_liveness: PlaneRuntime,
     config: ClusterConfig,
     client: Client,
+    /// The liveness client of the agents started last (a restarted agent
+    /// shares it).
+    liveness_client: Client,
     api_stop: watch::Sender<bool>,
     api_task: JoinHandle<std::io::Result<()>>,
     nodes: Vec<SimNode>,
@@ -136,19 +146,27 @@ impl Cluster {
                 what: "control plane start".into(),
                 problem: error.to_string(),
             })??;
+        let liveness = PlaneRuntime::named(1, "cca-bench-liveness")?;
+        let (liveness_address, liveness_task) =
+            serve_liveness(&liveness, plane.state().clone(), api_stop.subscribe()).await?;
+        let agents_liveness = PlaneRuntime::named(1, "cca-bench-heartbeats")?;
         let agent_dirs = agent_dirs()?;
         let mut cluster = Self {
             plane,
             runtime,
+            liveness,
+            liveness_task,
+            agents_liveness,
             config,
             client: Client::new(&format!("http://{address}")),
+            liveness_client: Client::new(&format!("http://{liveness_address}")),
             api_stop,
             api_task,
             nodes: Vec::new(),
             dead: HashSet::new(),
             _agent_dirs: agent_dirs,
         };
-        cluster.start_agents(address)?;
+        cluster.start_agents(address, liveness_address)?;
         Ok(cluster)
     }
 
@@ -234,6 +252,8 @@ impl Cluster {
         config.link = LinkOptions {
             client: Some(self.client.clone()),
             without_agent_api: true,
+            liveness_client: Some(self.liveness_client.clone()),
+            liveness_runtime: Some(self.agents_liveness.handle().clone()),
         };
         let (stop, stopping) = watch::channel(false);
         let driven: Arc<dyn cca_runtime::Runtime> = Arc::clone(&node.runtime) as _;
@@ -302,8 +322,9 @@ impl Cluster {
     /// connections in the listener's backlog as for a stopped process.
     pub async fn freeze(&self, duration: Duration) -> Result<(), BenchError> {
         let held = self.runtime.hold().await?;
+        let liveness_held = self.liveness.hold().await?;
         tokio::time::sleep(duration).await;
-        drop(held);
+        drop((held, liveness_held));
         Ok(())
     }
 
@@ -323,22 +344,35 @@ impl Cluster {
         }
         self.stop_controllers().await;
         self.api_stop.send_replace(true);
-        match (&mut self.api_task).await {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(%error, "the API stopped with an error"),
-            Err(error) => tracing::warn!(%error, "the API task failed"),
+        for task in [&mut self.api_task, &mut self.liveness_task] {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(error)) => tracing::warn!(%error, "the API stopped with an error"),
+                Err(error) => tracing::warn!(%error, "the API task failed"),
+            }
         }
-        let Self { plane, runtime, .. } = self;
+        let Self {
+            plane,
+            runtime,
+            liveness,
+            agents_liveness,
+            ..
+        } = self;
         drop(plane);
         runtime.shut_down().await;
+        liveness.shut_down().await;
+        agents_liveness.shut_down().await;
     }
 
-    fn start_agents(&mut self, api: SocketAddr) -> Result<(), BenchError> {
+    fn start_agents(&mut self, api: SocketAddr, liveness: SocketAddr) -> Result<(), BenchError> {
         let server = format!("http://{api}");
+        let liveness = format!("http://{liveness}");
         let mut client = Client::http2(&server)?;
+        self.liveness_client = Client::http2(&liveness)?;
         for index in 0..self.config.nodes {
             if index > 0 && index.is_multiple_of(AGENTS_PER_CONNECTION) {
                 client = Client::http2(&server)?;
+                self.liveness_client = Client::http2(&liveness)?;
             }
             let name = format!("sim-{index:05}");
             let sim = SimConfig {
@@ -351,6 +385,8 @@ impl Cluster {
             config.link = LinkOptions {
                 client: Some(client.clone()),
                 without_agent_api: true,
+                liveness_client: Some(self.liveness_client.clone()),
+                liveness_runtime: Some(self.agents_liveness.handle().clone()),
             };
             let (stop, stopping) = watch::channel(false);
             let driven: Arc<dyn cca_runtime::Runtime> = Arc::clone(&runtime) as _;
@@ -364,6 +400,34 @@ impl Cluster {
         }
         Ok(())
     }
+}
+
+/// Serves the liveness routes of `state` on a loopback listener on
+/// `runtime` until `stop` turns true.
+async fn serve_liveness(
+    runtime: &PlaneRuntime,
+    state: cca_api::ApiState,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(SocketAddr, JoinHandle<std::io::Result<()>>), BenchError> {
+    runtime
+        .handle()
+        .spawn(async move {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .map_err(BenchError::io("binding the liveness listener"))?;
+            let address = listener
+                .local_addr()
+                .map_err(BenchError::io("reading the liveness address"))?;
+            let task = tokio::spawn(cca_api::serve_liveness(listener, state, async move {
+                let _ = stop.wait_for(|stop| *stop).await;
+            }));
+            Ok::<_, BenchError>((address, task))
+        })
+        .await
+        .map_err(|error| BenchError::Task {
+            what: "liveness listener start".into(),
+            problem: error.to_string(),
+        })?
 }
 
 async fn join_agent(node: &mut SimNode) {
@@ -433,6 +497,7 @@ fn agent_config(
     AgentConfig {
         node: name.to_owned(),
         server: server.to_owned(),
+        liveness_server: None,
         data_dir: dirs.join(name),
         cpu: config.node_cpu,
         memory: config.node_memory,

@@ -33,10 +33,15 @@ pub(crate) struct PlaneRuntime {
 impl PlaneRuntime {
     /// Starts a runtime of `workers` worker threads (at least one).
     pub(crate) fn new(workers: usize) -> Result<Self, BenchError> {
+        Self::named(workers, "cca-bench-plane")
+    }
+
+    /// The same, its threads named `name`.
+    pub(crate) fn named(workers: usize, name: &str) -> Result<Self, BenchError> {
         let workers = workers.max(1);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(workers)
-            .thread_name("cca-bench-plane")
+            .thread_name(name)
             .enable_all()
             .build()
             .map_err(BenchError::io("starting the control plane's runtime"))?;

@@ -26,6 +26,10 @@ pub(crate) struct AgentArgs {
     /// The API server.
     #[arg(long, env = "CCA_SERVER", default_value = "http://127.0.0.1:9770")]
     server: String,
+    /// Where registrations and heartbeats go, when the server serves them
+    /// on a listener of their own (`cca server --liveness-listen`).
+    #[arg(long, env = "CCA_LIVENESS_SERVER", value_name = "URL")]
+    liveness_server: Option<String>,
     /// This node's name (default: the hostname).
     #[arg(long)]
     node: Option<String>,
@@ -82,6 +86,7 @@ impl AgentArgs {
     pub(crate) fn for_dev(server: String, data_dir: PathBuf) -> Self {
         Self {
             server,
+            liveness_server: None,
             node: None,
             data_dir,
             cpu: None,
@@ -165,6 +170,7 @@ pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentCon
             .clone()
             .unwrap_or_else(crate::server_cmd::hostname),
         server: args.server.clone(),
+        liveness_server: args.liveness_server.clone(),
         data_dir: data_dir.to_owned(),
         cpu,
         memory,

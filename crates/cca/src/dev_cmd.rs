@@ -80,6 +80,7 @@ async fn dev(args: DevArgs) -> Result<()> {
         Arc::new(store),
         dev_setup(secret_key),
         listener,
+        None,
         stopped(stopping.clone()),
     ));
     let agent = start_agent(&args, address, stopping).await?;

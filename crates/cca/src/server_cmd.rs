@@ -54,6 +54,12 @@ pub(crate) struct ServerArgs {
     /// expired) are replaced elsewhere.
     #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = flags::duration)]
     lost_grace: Duration,
+    /// Also serve agents' registrations and heartbeats on this address,
+    /// on a thread of its own, so that they never wait behind the rest of
+    /// the API's work; agents reach it with `cca agent --liveness-server`.
+    /// The same loopback rule as `--listen` applies.
+    #[arg(long, value_name = "ADDR")]
+    liveness_listen: Option<SocketAddr>,
     /// Pause lost-node replacement when more than this percentage of the
     /// nodes miss their leases within one node TTL: so many at once points
     /// at the control plane, the store or the network, not at the nodes.
@@ -153,7 +159,65 @@ async fn serve(args: ServerArgs) -> Result<()> {
         .local_addr()
         .context("reading the listen address")?;
     announce(address);
-    run_control_plane(store, setup, listener, shutdown_signal()).await
+    let liveness = match args.liveness_listen {
+        Some(address) => {
+            check_listen(address, args.insecure)?;
+            let listener = std::net::TcpListener::bind(address)
+                .with_context(|| format!("listening on {address}"))?;
+            listener
+                .set_nonblocking(true)
+                .context("preparing the liveness listener")?;
+            Some(listener)
+        }
+        None => None,
+    };
+    run_control_plane(store, setup, listener, liveness, shutdown_signal()).await
+}
+
+/// Serves the liveness routes on `listener` on a thread and runtime of
+/// their own until `stop` turns true.
+fn spawn_liveness(
+    listener: std::net::TcpListener,
+    state: cca_api::ApiState,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> Result<std::thread::JoinHandle<()>> {
+    let address = listener
+        .local_addr()
+        .context("reading the liveness address")?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the liveness runtime")?;
+    announce_liveness(address);
+    std::thread::Builder::new()
+        .name("cca-liveness".into())
+        .spawn(move || {
+            runtime.block_on(async move {
+                let listener = match tokio::net::TcpListener::from_std(listener) {
+                    Ok(listener) => listener,
+                    Err(error) => {
+                        tracing::error!(%error, "the liveness listener failed");
+                        return;
+                    }
+                };
+                let stopped = async move {
+                    let _ = stop.wait_for(|stop| *stop).await;
+                };
+                if let Err(error) = cca_api::serve_liveness(listener, state, stopped).await {
+                    tracing::error!(%error, "serving liveness failed");
+                }
+            });
+        })
+        .context("starting the liveness thread")
+}
+
+#[allow(
+    clippy::print_stderr,
+    reason = "tells the operator (and tests) where agents send heartbeats"
+)]
+fn announce_liveness(address: SocketAddr) {
+    tracing::info!(%address, "liveness listener");
+    eprintln!("cca server serving registrations and heartbeats on http://{address}");
 }
 
 /// The API's settings: the defaults and what the flags change.
@@ -203,15 +267,27 @@ pub(crate) async fn run_control_plane(
     store: Arc<dyn Store>,
     setup: ControlPlaneConfig,
     listener: tokio::net::TcpListener,
+    liveness: Option<std::net::TcpListener>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let plane = ControlPlane::start(store, setup)
         .await
         .context("reading the store into the cache")?;
-    plane
-        .serve(listener, shutdown)
-        .await
-        .context("serving the API")?;
+    let (stop_liveness, liveness_stopping) = tokio::sync::watch::channel(false);
+    let liveness = match liveness {
+        Some(listener) => Some(spawn_liveness(
+            listener,
+            plane.state().clone(),
+            liveness_stopping,
+        )?),
+        None => None,
+    };
+    let served = plane.serve(listener, shutdown).await;
+    stop_liveness.send_replace(true);
+    if let Some(thread) = liveness {
+        let _ = tokio::task::spawn_blocking(move || thread.join()).await;
+    }
+    served.context("serving the API")?;
     plane.stop().await;
     Ok(())
 }

@@ -27,8 +27,22 @@ pub(crate) use events::{prune_events, retention_task};
 
 /// The API's router over `state`.
 pub fn app(state: ApiState) -> Router {
+    with_layers(routes(), state)
+}
+
+/// A router of only the `liveness` lane's routes (register, heartbeat),
+/// with the same layers: what [`crate::serve_liveness`] serves.
+pub fn liveness_app(state: ApiState) -> Router {
+    let liveness = routes()
+        .into_iter()
+        .filter(|(path, _)| Lane::of(path) == Lane::Liveness)
+        .collect();
+    with_layers(liveness, state)
+}
+
+fn with_layers(routes: Vec<(&'static str, MethodRouter<ApiState>)>, state: ApiState) -> Router {
     let body_limit = state.config().max_body_bytes;
-    routes()
+    routes
         .into_iter()
         .fold(Router::new(), |router, (path, methods)| {
             router.route(path, methods)
