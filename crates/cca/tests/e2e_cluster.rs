@@ -9,8 +9,10 @@
 //! converges without duplicates when it returns; `cca logs` and `cca exec`
 //! reach the agent; a `kill -9`ed agent's
 //! node goes unreachable and its instances are replaced elsewhere; scale
-//! up and down; drain. Every process this test starts is killed when it
-//! ends, pass or fail — workloads included.
+//! up and down; drain. Registrations and heartbeats travel the server's
+//! liveness listener (`--liveness-listen`, `--liveness-server`), kept at
+//! its address across the server's restart. Every process this test
+//! starts is killed when it ends, pass or fail — workloads included.
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
@@ -80,6 +82,8 @@ struct Cluster {
     dir: tempfile::TempDir,
     server: Option<Proc>,
     url: String,
+    /// Where agents send registrations and heartbeats.
+    liveness_url: String,
     agents: BTreeMap<String, Proc>,
 }
 
@@ -118,19 +122,21 @@ impl Cluster {
             dir: tempfile::tempdir().expect("temp dir"),
             server: None,
             url: String::new(),
+            liveness_url: String::new(),
             agents: BTreeMap::new(),
         }
     }
 
     fn start_server(&mut self) {
         let store = format!("embedded:{}", self.dir.path().join("server").display());
-        let listen = if self.url.is_empty() {
-            "127.0.0.1:0".to_owned()
-        } else {
-            self.url.trim_start_matches("http://").to_owned()
+        let address = |url: &str| match url {
+            "" => "127.0.0.1:0".to_owned(),
+            url => url.trim_start_matches("http://").to_owned(),
         };
+        let (listen, liveness) = (address(&self.url), address(&self.liveness_url));
         let mut child = Command::new(CCA)
             .args(["server", "--store", &store, "--listen", &listen])
+            .args(["--liveness-listen", &liveness])
             .args([
                 "--startup-grace",
                 "0s",
@@ -146,7 +152,7 @@ impl Cluster {
             .spawn()
             .expect("cca server starts");
         let stderr = child.stderr.take().expect("stderr");
-        self.url = announced_url(stderr);
+        (self.url, self.liveness_url) = announced_urls(stderr);
         // For the diagnostics `eventually` prints when it gives up.
         // SAFETY-free: tests in this file run one at a time in their process.
         unsafe_free_set_server(&self.url);
@@ -163,6 +169,8 @@ impl Cluster {
                 "agent",
                 "--server",
                 &self.url,
+                "--liveness-server",
+                &self.liveness_url,
                 "--node",
                 node,
                 "--address",
@@ -219,19 +227,26 @@ static SERVER_URL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
 
 /// Reads `cca server listening on http://ADDR` from stderr, then keeps
 /// draining stderr so the server never blocks on a full pipe.
-fn announced_url(stderr: std::process::ChildStderr) -> String {
+/// The API's and the liveness listener's URLs, as the server announces
+/// them on stderr.
+fn announced_urls(stderr: std::process::ChildStderr) -> (String, String) {
     let mut lines = BufReader::new(stderr).lines();
-    let url = loop {
+    let (mut api, mut liveness) = (None, None);
+    while api.is_none() || liveness.is_none() {
         let line = lines
             .next()
-            .expect("server announces its address")
+            .expect("server announces its addresses")
             .expect("stderr line");
         if let Some(url) = line.strip_prefix("cca server listening on ") {
-            break url.trim().to_owned();
+            api = Some(url.trim().to_owned());
         }
-    };
+        if let Some(url) = line.strip_prefix("cca server serving registrations and heartbeats on ")
+        {
+            liveness = Some(url.trim().to_owned());
+        }
+    }
     std::thread::spawn(move || for _ in lines {});
-    url
+    (api.unwrap_or_default(), liveness.unwrap_or_default())
 }
 
 async fn eventually<T>(
