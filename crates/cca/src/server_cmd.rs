@@ -131,6 +131,9 @@ pub(crate) fn run(args: ServerArgs) -> Result<ExitCode> {
 
 async fn serve(args: ServerArgs) -> Result<()> {
     check_listen(args.listen, args.insecure)?;
+    if let Some(liveness) = args.liveness_listen {
+        check_listen(liveness, args.insecure)?;
+    }
     // Before the store: a bad key must not cost a store open.
     let secret_key = load_secret_key(&secret_key_path(&args)?)?;
     let store = cca_store::open(&args.store)
@@ -161,7 +164,6 @@ async fn serve(args: ServerArgs) -> Result<()> {
     announce(address);
     let liveness = match args.liveness_listen {
         Some(address) => {
-            check_listen(address, args.insecure)?;
             let listener = std::net::TcpListener::bind(address)
                 .with_context(|| format!("listening on {address}"))?;
             listener

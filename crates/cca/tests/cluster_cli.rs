@@ -230,6 +230,10 @@ fn a_bad_duration_is_a_usage_error_naming_the_flag() {
             &["benchmark", "--start-latency", "uniform:5ms"][..],
             "--start-latency <START_LATENCY>",
         ),
+        (
+            &["server", "--resume-replacement-after", "soon"][..],
+            "--resume-replacement-after <DURATION|never>",
+        ),
     ] {
         let output = Command::new(CCA).args(args).output().expect("runs");
         assert_eq!(output.status.code(), Some(2), "{args:?}");
@@ -239,6 +243,24 @@ fn a_bad_duration_is_a_usage_error_naming_the_flag() {
             "{args:?}: {stderr}"
         );
         assert!(stderr.contains("500ms"), "{args:?}: {stderr}");
+    }
+}
+
+/// The pause's share is a percentage of the nodes: 0 or over 100 is a
+/// usage error naming the flag, before anything runs.
+#[test]
+fn a_pause_share_out_of_range_is_a_usage_error() {
+    for value in ["0", "101", "a third"] {
+        let output = Command::new(CCA)
+            .args(["server", "--pause-replacement-above", value])
+            .output()
+            .expect("runs");
+        assert_eq!(output.status.code(), Some(2), "{value}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("--pause-replacement-above <PERCENT>"),
+            "{value}: {stderr}"
+        );
     }
 }
 
@@ -273,6 +295,19 @@ fn listening_beyond_loopback_needs_insecure() {
         "{stderr}"
     );
     assert!(stderr.contains("pass --insecure"), "{stderr}");
+    assert!(!store.exists(), "nothing may be opened before the check");
+
+    let refused = Command::new(CCA)
+        .args(["server", "--store", &store_url, "--listen", "127.0.0.1:0"])
+        .args(["--liveness-listen", "0.0.0.0:0"])
+        .output()
+        .expect("cca runs");
+    assert_eq!(refused.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        stderr.contains("refusing to listen on 0.0.0.0:0"),
+        "the liveness listener too: {stderr}"
+    );
     assert!(!store.exists(), "nothing may be opened before the check");
 
     let data_dir = dir.path().join("dev");
