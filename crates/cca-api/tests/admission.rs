@@ -12,7 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cca_api::{ApiConfig, LaneLimits};
-use cca_store::{Op, Store};
+use cca_store::Op;
+use cca_store::decorate::{Call, Decorated, Hook};
 use cca_wire::Client;
 use serde_json::Value;
 use support::{Harness, harness_wrapping, node_request};
@@ -120,18 +121,20 @@ async fn held_harness(queue_timeout: Duration) -> (Harness, Held) {
     let (gate, opened) = watch::channel(false);
     let (entered, arrived) = watch::channel(0_usize);
     let h = harness_wrapping(config, move |inner| {
-        Arc::new(HoldingStore {
+        Arc::new(Decorated::wrap(
             inner,
-            gate: opened,
-            entered,
-        })
+            NodeControlHold {
+                gate: opened,
+                entered,
+            },
+        ))
     })
     .await;
     let held = Held { gate, arrived };
     (h, held)
 }
 
-/// The test's side of a [`HoldingStore`].
+/// The test's side of a [`NodeControlHold`].
 struct Held {
     gate: watch::Sender<bool>,
     arrived: watch::Receiver<usize>,
@@ -160,10 +163,9 @@ impl Held {
     }
 }
 
-/// A store whose transactions writing a node control (`desired/node/…`)
-/// wait until the gate opens; everything else goes straight through.
-struct HoldingStore {
-    inner: Arc<dyn Store>,
+/// Holds transactions writing a node control (`desired/node/…`) until the
+/// gate opens; everything else goes straight through.
+struct NodeControlHold {
     gate: watch::Receiver<bool>,
     entered: watch::Sender<usize>,
 }
@@ -176,47 +178,15 @@ fn writes_node_control(txn: &cca_store::Txn) -> bool {
 }
 
 #[async_trait::async_trait]
-impl Store for HoldingStore {
-    async fn get(&self, key: &str) -> cca_store::Result<Option<cca_store::KeyValue>> {
-        self.inner.get(key).await
-    }
-    async fn range(
-        &self,
-        request: cca_store::RangeRequest,
-    ) -> cca_store::Result<cca_store::RangePage> {
-        self.inner.range(request).await
-    }
-    async fn txn(&self, txn: cca_store::Txn) -> cca_store::Result<cca_store::TxnOutcome> {
-        if writes_node_control(&txn) {
+impl Hook for NodeControlHold {
+    async fn before(&self, call: Call<'_>) -> cca_store::Result<()> {
+        if let Call::Txn { txn } = call
+            && writes_node_control(txn)
+        {
             self.entered.send_modify(|held| *held += 1);
             let _ = self.gate.clone().wait_for(|open| *open).await;
         }
-        self.inner.txn(txn).await
-    }
-    async fn watch(
-        &self,
-        prefix: &str,
-        from_revision: cca_store::Revision,
-    ) -> cca_store::Result<cca_store::WatchStream> {
-        self.inner.watch(prefix, from_revision).await
-    }
-    async fn grant_lease(&self, ttl: Duration) -> cca_store::Result<cca_store::LeaseId> {
-        self.inner.grant_lease(ttl).await
-    }
-    async fn keep_alive(&self, lease: cca_store::LeaseId) -> cca_store::Result<Duration> {
-        self.inner.keep_alive(lease).await
-    }
-    async fn revoke_lease(&self, lease: cca_store::LeaseId) -> cca_store::Result<()> {
-        self.inner.revoke_lease(lease).await
-    }
-    async fn compact(&self, revision: cca_store::Revision) -> cca_store::Result<()> {
-        self.inner.compact(revision).await
-    }
-    async fn current_revision(&self) -> cca_store::Result<cca_store::Revision> {
-        self.inner.current_revision().await
-    }
-    fn max_txn_ops(&self) -> usize {
-        self.inner.max_txn_ops()
+        Ok(())
     }
 }
 

@@ -363,10 +363,7 @@ async fn a_report_batch_is_not_misled_by_a_view_that_lags() {
         .await
         .expect("reported");
     let (_never_opened, gate) = tokio::sync::watch::channel(false);
-    let gated: std::sync::Arc<dyn cca_store::Store> = std::sync::Arc::new(support::GatedStore {
-        inner: std::sync::Arc::clone(&store),
-        gate,
-    });
+    let gated = support::gated(std::sync::Arc::clone(&store), gate);
     let cache = std::sync::Arc::new(
         cca_control::Cache::start(std::sync::Arc::clone(&gated))
             .await

@@ -295,10 +295,7 @@ async fn assignments_name_grants_committed_with_or_before_their_placement() {
             .expect("store opens"),
     );
     let (open_gate, gate) = tokio::sync::watch::channel(false);
-    let store: Arc<dyn cca_store::Store> = Arc::new(support::GatedStore {
-        inner: embedded,
-        gate,
-    });
+    let store = support::gated(embedded, gate);
     let cache = Arc::new(
         cca_control::Cache::start(Arc::clone(&store))
             .await

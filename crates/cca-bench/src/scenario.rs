@@ -20,7 +20,7 @@ use tokio::time::Instant;
 
 use crate::cluster::{Cluster, ClusterConfig, RunningInstance};
 use crate::measure::{peak_rss_bytes, store_txn_per_s};
-use crate::slow_store::SlowStore;
+use crate::slow_store;
 use crate::stats::Summary;
 use crate::tracker::{Expiry, Faults, LeaseCounts, Placed, Tracker};
 use crate::workload::{INSTANCE_CPU_MILLIS, INSTANCE_MEMORY_MIB, Workload};
@@ -328,14 +328,14 @@ pub async fn run_scenario(
         .map(|fraction| fraction * txn_rate);
     let mut store = raw;
     if let Some(rate) = paced {
-        store = Arc::new(SlowStore::paced(store, rate).ok_or_else(|| {
+        store = Arc::new(slow_store::paced(store, rate).ok_or_else(|| {
             BenchError::Config(format!(
                 "the store measured {txn_rate} txn/s: no rate to pace its commits to"
             ))
         })?);
     }
     if scenario == Scenario::StoreLatency {
-        store = Arc::new(SlowStore::new(store, config.store_latency));
+        store = Arc::new(slow_store::delayed(store, config.store_latency));
     }
     let tracker = Tracker::start(Arc::clone(&store)).await?;
     progress.phase("starting the control plane and agents", config.nodes as u64);

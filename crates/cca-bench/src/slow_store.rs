@@ -1,11 +1,11 @@
 //! [`SlowStore`]: a [`Store`] decorator that slows the store behind it in
-//! one of two ways. With a fixed latency ([`SlowStore::new`]) every
+//! one of two ways. With a fixed latency ([`delayed`]) every
 //! operation waits that long before passing on — a store on a slow disk
 //! or across a WAN, for the `store-latency` scenario and resilience tests;
 //! a watch pays the latency once when it opens, not per event (events
 //! travel on an open stream). A latency does not lower throughput under
 //! concurrency, though: many callers wait side by side. Paced
-//! ([`SlowStore::paced`]) the store commits at most R times per second,
+//! ([`paced`]) the store commits at most R times per second,
 //! whatever the concurrency — a disk that fsyncs more slowly: every commit
 //! (`txn`, `grant_lease`, `revoke_lease`, `compact`) takes the next free
 //! slot of a schedule 1/R apart and waits for it, while reads, watches and
@@ -14,73 +14,54 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use cca_store::{
-    KeyValue, LeaseId, RangePage, RangeRequest, Result, Revision, Store, Txn, TxnOutcome,
-    WatchStream,
-};
+use cca_store::decorate::{Call, Decorated, Hook};
+use cca_store::{Result, Store};
 use tokio::time::Instant;
 
 /// Wraps a store, slowing it by a latency per operation or by pacing its
 /// commits.
-#[derive(Clone)]
-pub struct SlowStore {
-    inner: Arc<dyn Store>,
-    slowing: Slowing,
-}
+pub type SlowStore = Decorated<Slowing>;
 
-#[derive(Clone, Debug)]
-enum Slowing {
+/// The [`Hook`] of a [`SlowStore`]: how it slows the store.
+#[derive(Debug)]
+pub struct Slowing(Mode);
+
+#[derive(Debug)]
+enum Mode {
     /// Every operation waits this long first.
     Latency(Duration),
     /// Commits wait for their slot; everything else passes through.
-    Paced(Arc<Pacer>),
+    Paced(Pacer),
 }
 
-impl std::fmt::Debug for SlowStore {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SlowStore")
-            .field("slowing", &self.slowing)
-            .finish_non_exhaustive()
-    }
+/// `inner`, every operation of which waits `latency` before passing on.
+pub fn delayed(inner: Arc<dyn Store>, latency: Duration) -> SlowStore {
+    Decorated::wrap(inner, Slowing(Mode::Latency(latency)))
 }
 
-impl SlowStore {
-    /// Every operation waits `latency` before passing on.
-    pub fn new(inner: Arc<dyn Store>, latency: Duration) -> Self {
-        Self {
-            inner,
-            slowing: Slowing::Latency(latency),
-        }
-    }
+/// `inner` with its commits paced to at most `commits_per_s` per second;
+/// `None` when that is not a positive, finite rate.
+pub fn paced(inner: Arc<dyn Store>, commits_per_s: f64) -> Option<SlowStore> {
+    let pacer = Pacer::new(commits_per_s)?;
+    Some(Decorated::wrap(inner, Slowing(Mode::Paced(pacer))))
+}
 
-    /// Commits are paced to at most `commits_per_s` per second; `None`
-    /// when that is not a positive, finite rate.
-    pub fn paced(inner: Arc<dyn Store>, commits_per_s: f64) -> Option<Self> {
-        Some(Self {
-            inner,
-            slowing: Slowing::Paced(Arc::new(Pacer::new(commits_per_s)?)),
-        })
-    }
-
-    /// Waits before any operation (a latency only).
-    async fn delay(&self) {
-        if let Slowing::Latency(latency) = &self.slowing
-            && !latency.is_zero()
-        {
-            tokio::time::sleep(*latency).await;
-        }
-    }
-
-    /// Waits before a commit: the latency, or the commit's slot.
-    async fn delay_commit(&self) {
-        match &self.slowing {
-            Slowing::Latency(_) => self.delay().await,
-            Slowing::Paced(pacer) => {
-                let slot = pacer.reserve(Instant::now());
-                tokio::time::sleep_until(slot).await;
+#[async_trait::async_trait]
+impl Hook for Slowing {
+    /// The latency before any operation, or a commit's slot.
+    async fn before(&self, call: Call<'_>) -> Result<()> {
+        match &self.0 {
+            Mode::Latency(latency) => {
+                if !latency.is_zero() {
+                    tokio::time::sleep(*latency).await;
+                }
             }
+            Mode::Paced(pacer) if call.commits() => {
+                tokio::time::sleep_until(pacer.reserve(Instant::now())).await;
+            }
+            Mode::Paced(_) => {}
         }
+        Ok(())
     }
 }
 
@@ -117,65 +98,17 @@ impl Pacer {
     }
 }
 
-#[async_trait]
-impl Store for SlowStore {
-    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
-        self.delay().await;
-        self.inner.get(key).await
-    }
-
-    async fn range(&self, request: RangeRequest) -> Result<RangePage> {
-        self.delay().await;
-        self.inner.range(request).await
-    }
-
-    async fn txn(&self, txn: Txn) -> Result<TxnOutcome> {
-        self.delay_commit().await;
-        self.inner.txn(txn).await
-    }
-
-    async fn watch(&self, prefix: &str, from_revision: Revision) -> Result<WatchStream> {
-        self.delay().await;
-        self.inner.watch(prefix, from_revision).await
-    }
-
-    async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId> {
-        self.delay_commit().await;
-        self.inner.grant_lease(ttl).await
-    }
-
-    async fn keep_alive(&self, lease: LeaseId) -> Result<Duration> {
-        self.delay().await;
-        self.inner.keep_alive(lease).await
-    }
-
-    async fn revoke_lease(&self, lease: LeaseId) -> Result<()> {
-        self.delay_commit().await;
-        self.inner.revoke_lease(lease).await
-    }
-
-    async fn compact(&self, revision: Revision) -> Result<()> {
-        self.delay_commit().await;
-        self.inner.compact(revision).await
-    }
-
-    async fn current_revision(&self) -> Result<Revision> {
-        self.delay().await;
-        self.inner.current_revision().await
-    }
-
-    fn max_txn_ops(&self) -> usize {
-        self.inner.max_txn_ops()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use async_trait::async_trait;
     use cca_store::embedded::{Config, EmbeddedStore};
-    use cca_store::{Op, StoreError};
+    use cca_store::{
+        KeyValue, LeaseId, Op, RangePage, RangeRequest, Revision, StoreError, Txn, TxnOutcome,
+        WatchStream,
+    };
 
     #[tokio::test]
     async fn every_operation_waits_the_latency_then_passes_through() {
@@ -183,7 +116,7 @@ mod tests {
         let inner = EmbeddedStore::open(Config::new(dir.path()))
             .await
             .expect("open");
-        let slow = SlowStore::new(Arc::new(inner), Duration::from_millis(30));
+        let slow = delayed(Arc::new(inner), Duration::from_millis(30));
         let begun = std::time::Instant::now();
         let put = Txn::new().then(Op::put("desired/x", b"1".to_vec()));
         assert!(slow.txn(put).await.expect("txn").is_committed());
@@ -284,10 +217,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn concurrent_commits_pass_at_the_paced_rate_and_reads_do_not_wait() {
         let inner = Arc::new(Counting::default());
-        let paced = SlowStore::paced(Arc::clone(&inner) as Arc<dyn Store>, 10.0).expect("paced");
+        let paced = Arc::new(paced(Arc::clone(&inner) as Arc<dyn Store>, 10.0).expect("paced"));
         let mut commits = tokio::task::JoinSet::new();
         for index in 0..40 {
-            let paced = paced.clone();
+            let paced = Arc::clone(&paced);
             commits.spawn(async move {
                 match index % 4 {
                     0 => drop(paced.txn(Txn::new()).await),

@@ -4,6 +4,7 @@
 //! in-memory map made durable in one file) and [`etcd`] (for HA). Only this
 //! crate knows how facts are persisted; only its `etcd` module knows etcd.
 
+pub mod decorate;
 pub mod embedded;
 pub mod error;
 pub mod etcd;

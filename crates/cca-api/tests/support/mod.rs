@@ -5,7 +5,6 @@
 #![allow(dead_code, reason = "each test file uses a different part")]
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -251,54 +250,29 @@ pub(crate) fn json<T: serde::Serialize>(value: &T) -> Value {
     serde_json::to_value(value).expect("encodes")
 }
 
-/// A store whose whole-keyspace watch (the cache's) opens only when the
-/// gate does: the cache, and the assignment hub indexing it, lag behind
+/// `inner`, but its whole-keyspace watch (the cache's) opens only when
+/// `gate` does: the cache, and the assignment hub indexing it, lag behind
 /// the store for as long as the test wants.
-pub(crate) struct GatedStore {
-    pub(crate) inner: Arc<dyn cca_store::Store>,
-    pub(crate) gate: tokio::sync::watch::Receiver<bool>,
+pub(crate) fn gated(
+    inner: Arc<dyn cca_store::Store>,
+    gate: tokio::sync::watch::Receiver<bool>,
+) -> Arc<dyn cca_store::Store> {
+    Arc::new(cca_store::decorate::Decorated::wrap(
+        inner,
+        WatchGate { gate },
+    ))
+}
+
+struct WatchGate {
+    gate: tokio::sync::watch::Receiver<bool>,
 }
 
 #[async_trait::async_trait]
-impl cca_store::Store for GatedStore {
-    async fn get(&self, key: &str) -> cca_store::Result<Option<cca_store::KeyValue>> {
-        self.inner.get(key).await
-    }
-    async fn range(
-        &self,
-        request: cca_store::RangeRequest,
-    ) -> cca_store::Result<cca_store::RangePage> {
-        self.inner.range(request).await
-    }
-    async fn txn(&self, txn: cca_store::Txn) -> cca_store::Result<cca_store::TxnOutcome> {
-        self.inner.txn(txn).await
-    }
-    async fn watch(
-        &self,
-        prefix: &str,
-        from_revision: cca_store::Revision,
-    ) -> cca_store::Result<cca_store::WatchStream> {
-        if prefix.is_empty() {
+impl cca_store::decorate::Hook for WatchGate {
+    async fn before(&self, call: cca_store::decorate::Call<'_>) -> cca_store::Result<()> {
+        if let cca_store::decorate::Call::Watch { prefix: "", .. } = call {
             let _ = self.gate.clone().wait_for(|open| *open).await;
         }
-        self.inner.watch(prefix, from_revision).await
-    }
-    async fn grant_lease(&self, ttl: Duration) -> cca_store::Result<cca_store::LeaseId> {
-        self.inner.grant_lease(ttl).await
-    }
-    async fn keep_alive(&self, lease: cca_store::LeaseId) -> cca_store::Result<Duration> {
-        self.inner.keep_alive(lease).await
-    }
-    async fn revoke_lease(&self, lease: cca_store::LeaseId) -> cca_store::Result<()> {
-        self.inner.revoke_lease(lease).await
-    }
-    async fn compact(&self, revision: cca_store::Revision) -> cca_store::Result<()> {
-        self.inner.compact(revision).await
-    }
-    async fn current_revision(&self) -> cca_store::Result<cca_store::Revision> {
-        self.inner.current_revision().await
-    }
-    fn max_txn_ops(&self) -> usize {
-        self.inner.max_txn_ops()
+        Ok(())
     }
 }

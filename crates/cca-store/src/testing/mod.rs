@@ -6,4 +6,4 @@
 pub mod crash;
 pub mod etcd;
 
-pub use crash::CrashAfter;
+pub use crash::{CrashAfter, CrashBudget};
