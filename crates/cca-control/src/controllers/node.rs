@@ -182,60 +182,78 @@ impl NodeController {
         observed: &[Observed<'_>],
         plan: &mut Plan,
     ) -> bool {
-        let held = view.disruption.as_ref().map(|held| &*held.value);
-        let window = span_millis(self.config.lease_ttl);
-        match held {
+        match view.disruption.as_ref().map(|held| &*held.value) {
             Some(pause) if pause.paused => {
-                // Every node missing since the window that started the pause.
-                let from = pause.since - window;
-                let (missing, nodes) = (missing_since(observed, from), at_risk(observed, from));
-                match self.resume_cause(view, context, pause, &missing, nodes) {
-                    Ok(cause) => {
-                        let resumed = Disruption {
-                            paused: false,
-                            since: context.now,
-                            missing: count(missing.len()),
-                            nodes,
-                            resumed_by: Some(cause),
-                        };
-                        plan.events.push(resume_event(&resumed, cause));
-                        plan.writes
-                            .insert(0, Write::put_json(keys::derived_disruption(), &resumed));
-                        true
-                    }
-                    Err(requeue) => {
-                        if let Some(after) = requeue {
-                            plan.requeue(after);
-                        }
-                        true
-                    }
-                }
-            }
-            _ => {
-                // Nodes lost before the last pause ended were judged then.
-                let resumed_at = held.map_or(Millis::MIN, |resumed| resumed.since);
-                let from = (context.now - window).max(resumed_at + 1);
-                let missing = count(missing_since(observed, from).len());
-                let nodes = at_risk(observed, from);
-                if !self.config.disruption.suspicious(missing, nodes) {
-                    return false;
-                }
-                let pause = Disruption {
-                    paused: true,
-                    since: context.now,
-                    missing,
-                    nodes,
-                    resumed_by: None,
-                };
-                plan.events.push(self.pause_event(&pause));
-                plan.writes
-                    .insert(0, Write::put_json(keys::derived_disruption(), &pause));
-                if let Some(after) = self.config.disruption.resume_after {
-                    plan.requeue(span_millis(after));
-                }
+                self.hold_or_resume(view, context, pause, observed, plan);
                 true
             }
+            resumed => self.maybe_pause(context, resumed, observed, plan),
         }
+    }
+
+    /// During a pause: ends it when a cause says so, else asks to look
+    /// again when the safeguard would end it.
+    fn hold_or_resume(
+        &self,
+        view: &View,
+        context: &Context,
+        pause: &Disruption,
+        observed: &[Observed<'_>],
+        plan: &mut Plan,
+    ) {
+        // Every node missing since the window that started the pause.
+        let from = pause.since - span_millis(self.config.lease_ttl);
+        let (missing, nodes) = (missing_since(observed, from), at_risk(observed, from));
+        match self.resume_cause(view, context, pause, &missing, nodes) {
+            Ok(cause) => {
+                let resumed = Disruption {
+                    paused: false,
+                    since: context.now,
+                    missing: count(missing.len()),
+                    nodes,
+                    resumed_by: Some(cause),
+                };
+                plan.events.push(resume_event(&resumed, cause));
+                plan.writes
+                    .insert(0, Write::put_json(keys::derived_disruption(), &resumed));
+            }
+            Err(Some(after)) => plan.requeue(after),
+            Err(None) => {}
+        }
+    }
+
+    /// Not paused (`resumed`: how the last pause ended, if any): pauses
+    /// when too many nodes went missing within one TTL. True if it did.
+    fn maybe_pause(
+        &self,
+        context: &Context,
+        resumed: Option<&Disruption>,
+        observed: &[Observed<'_>],
+        plan: &mut Plan,
+    ) -> bool {
+        // Nodes lost before the last pause ended were judged then.
+        let resumed_at = resumed.map_or(Millis::MIN, |resumed| resumed.since);
+        let window = span_millis(self.config.lease_ttl);
+        let from = (context.now - window).max(resumed_at + 1);
+        let missing = count(missing_since(observed, from).len());
+        let nodes = at_risk(observed, from);
+        if !self.config.disruption.suspicious(missing, nodes) {
+            return false;
+        }
+        let pause = Disruption {
+            paused: true,
+            since: context.now,
+            missing,
+            nodes,
+            resumed_by: None,
+        };
+        plan.events.push(self.pause_event(&pause));
+        plan.writes
+            .insert(0, Write::put_json(keys::derived_disruption(), &pause));
+        if let Some(after) = self.config.disruption.resume_after {
+            plan.requeue(span_millis(after));
+        }
+        true
     }
 
     /// Why the pause ends now, or when to look again (`Err`).
