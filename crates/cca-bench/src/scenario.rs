@@ -496,7 +496,8 @@ async fn node_failure(
 }
 
 /// Replacements placed before enough of the killed nodes' leases had
-/// expired. In the order of the store revisions that created them, the
+/// expired (moves — a rebalancing pass between two expiries — replace
+/// nothing lost and do not count). In the order of the store revisions that created them, the
 /// k-th new instance needs at least k instances lost on killed nodes whose
 /// lease expired at an earlier revision; one placed sooner answered a
 /// report from a killed node's agent, which a dead machine never sends.
@@ -516,9 +517,10 @@ fn early_replacements(
         })
         .collect();
     lost.sort_unstable();
+    // A move (drain, rebalancing) takes over from a running instance.
     let mut new: Vec<(&String, &Placed)> = after
         .iter()
-        .filter(|(id, _)| !before.contains_key(*id))
+        .filter(|(id, placed)| !before.contains_key(*id) && !placed.moves)
         .collect();
     new.sort_unstable_by_key(|(id, placed)| (placed.created, *id));
     let mut violations = Vec::new();
@@ -1139,6 +1141,7 @@ mod tests {
             service: "web".to_owned(),
             node: node.to_owned(),
             stopping: false,
+            moves: false,
             created,
         }
     }
@@ -1237,6 +1240,13 @@ mod tests {
         assert_eq!(violations.len(), 1, "{violations:?}");
         // A replacement before any lease expired.
         after.insert("v".to_owned(), placed("live", 5));
+        assert_eq!(early_replacements(&before, &after, &expiries).len(), 3);
+        // A rebalancing move meanwhile replaces nothing lost.
+        let moving = Placed {
+            moves: true,
+            ..placed("live", 6)
+        };
+        after.insert("m".to_owned(), moving);
         assert_eq!(early_replacements(&before, &after, &expiries).len(), 3);
     }
 }

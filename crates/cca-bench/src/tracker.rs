@@ -34,6 +34,9 @@ pub(crate) struct Placed {
     pub(crate) service: String,
     pub(crate) node: String,
     pub(crate) stopping: bool,
+    /// It takes over from a running instance (a drain or rebalancing
+    /// move), not from a lost one.
+    pub(crate) moves: bool,
     /// Store revision that created the placement.
     pub(crate) created: Revision,
 }
@@ -525,6 +528,7 @@ impl Seen {
                 service: instance.service,
                 node: instance.node,
                 stopping: instance.stopping,
+                moves: instance.replaces.is_some(),
                 created,
             },
         );
