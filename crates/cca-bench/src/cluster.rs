@@ -459,10 +459,10 @@ fn control_plane_config(config: &ClusterConfig) -> ControlPlaneConfig {
 }
 
 /// The API's defaults, sized by node count: one assignment stream per
-/// node, and room in the `liveness` and `reports` lanes for every node's
-/// heartbeat (or registration) and report at once; the defaults (1,024
-/// streams, 1,024 heartbeats and 256 reports in flight) are sized for a
-/// few hundred nodes. The other lanes, and every queue timeout, are the
+/// node, room in the `liveness` lane for every node's heartbeat (or
+/// registration) at once, and a `reports` queue for every node's report
+/// (its 256 in flight stay: more at once only lengthen the run queue the
+/// heartbeats wait in). The other lanes, and every queue timeout, are the
 /// production defaults.
 fn api_config(config: &ClusterConfig) -> ApiConfig {
     let defaults = ApiConfig::default();
