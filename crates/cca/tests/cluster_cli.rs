@@ -277,6 +277,13 @@ fn completions_are_generated_for_each_shell() {
     }
 }
 
+/// Runs `cca ARGS`, which must fail with exit 1; its stderr.
+fn refused(args: &[&str]) -> String {
+    let output = Command::new(CCA).args(args).output().expect("cca runs");
+    assert_eq!(output.status.code(), Some(1), "{args:?}");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
 /// The API has no TLS yet: `cca server` and `cca dev` refuse an address
 /// other than loopback (before opening any store) unless `--insecure`.
 #[test]
@@ -284,12 +291,7 @@ fn listening_beyond_loopback_needs_insecure() {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = dir.path().join("store");
     let store_url = format!("embedded:{}", store.display());
-    let refused = Command::new(CCA)
-        .args(["server", "--store", &store_url, "--listen", "0.0.0.0:0"])
-        .output()
-        .expect("cca runs");
-    assert_eq!(refused.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let stderr = refused(&["server", "--store", &store_url, "--listen", "0.0.0.0:0"]);
     assert!(
         stderr.starts_with("error: refusing to listen on 0.0.0.0:0: the API has no TLS"),
         "{stderr}"
@@ -297,13 +299,15 @@ fn listening_beyond_loopback_needs_insecure() {
     assert!(stderr.contains("pass --insecure"), "{stderr}");
     assert!(!store.exists(), "nothing may be opened before the check");
 
-    let refused = Command::new(CCA)
-        .args(["server", "--store", &store_url, "--listen", "127.0.0.1:0"])
-        .args(["--liveness-listen", "0.0.0.0:0"])
-        .output()
-        .expect("cca runs");
-    assert_eq!(refused.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let stderr = refused(&[
+        "server",
+        "--store",
+        &store_url,
+        "--listen",
+        "127.0.0.1:0",
+        "--liveness-listen",
+        "0.0.0.0:0",
+    ]);
     assert!(
         stderr.contains("refusing to listen on 0.0.0.0:0"),
         "the liveness listener too: {stderr}"
@@ -311,13 +315,8 @@ fn listening_beyond_loopback_needs_insecure() {
     assert!(!store.exists(), "nothing may be opened before the check");
 
     let data_dir = dir.path().join("dev");
-    let refused = Command::new(CCA)
-        .args(["dev", "--listen", "0.0.0.0:0", "--data-dir"])
-        .arg(&data_dir)
-        .output()
-        .expect("cca runs");
-    assert_eq!(refused.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&refused.stderr);
+    let data_dir_text = data_dir.display().to_string();
+    let stderr = refused(&["dev", "--listen", "0.0.0.0:0", "--data-dir", &data_dir_text]);
     assert!(
         stderr.contains("refusing to listen on 0.0.0.0:0"),
         "{stderr}"
