@@ -17,6 +17,7 @@ use cca_model::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
     ServiceSpec, ServiceVersion,
 };
+use cca_model::net::{NodeSubnet, ServiceVip};
 use cca_model::{Key, Kind, Revision, Value};
 use imbl::OrdMap;
 use serde::de::DeserializeOwned;
@@ -87,6 +88,10 @@ pub struct View {
     pub replacement_resume: Option<Versioned<ReplacementResume>>,
     /// Service → port name → ready backends.
     pub endpoints: Grouped<Endpoints>,
+    /// Node subnets by node (held, released or wanted).
+    pub subnets: Table<NodeSubnet>,
+    /// Service VIPs by service (held, released or wanted).
+    pub vips: Table<ServiceVip>,
     pub nodes: Table<NodeInfo>,
     /// Present while the node's lease lives.
     pub heartbeats: Table<Heartbeat>,
@@ -334,6 +339,8 @@ impl View {
                 rev,
                 Value::Endpoint,
             )?,
+            Key::Subnet { node } => put(&mut self.subnets, node, bytes, rev, Value::Subnet)?,
+            Key::Vip { service } => put(&mut self.vips, service, bytes, rev, Value::Vip)?,
             Key::Node { node } => put(&mut self.nodes, node, bytes, rev, Value::Node)?,
             Key::Heartbeat { node } => {
                 put(&mut self.heartbeats, node, bytes, rev, Value::Heartbeat)?
@@ -415,6 +422,8 @@ impl View {
             Key::Endpoint { service, port } => {
                 remove_grouped(&mut self.endpoints, service, port, rev, Value::Endpoint)
             }
+            Key::Subnet { node } => remove(&mut self.subnets, node, rev, Value::Subnet),
+            Key::Vip { service } => remove(&mut self.vips, service, rev, Value::Vip),
             Key::Node { node } => remove(&mut self.nodes, node, rev, Value::Node),
             Key::Heartbeat { node } => remove(&mut self.heartbeats, node, rev, Value::Heartbeat),
             Key::InstanceStatus { id } => {
@@ -460,6 +469,8 @@ impl View {
             Key::Unplaced { service } => at(&self.unplaced, service),
             Key::NodeStatus { node } => at(&self.node_statuses, node),
             Key::Endpoint { service, port } => at2(&self.endpoints, service, port),
+            Key::Subnet { node } => at(&self.subnets, node),
+            Key::Vip { service } => at(&self.vips, service),
             Key::Node { node } => at(&self.nodes, node),
             Key::Heartbeat { node } => at(&self.heartbeats, node),
             Key::InstanceStatus { id } => at(&self.statuses, id),

@@ -18,6 +18,7 @@ use crate::cluster::{
     InstanceStatus, LeaderRecord, NodeControl, NodeInfo, NodeStatus, ReplacementResume,
     ServiceMeta, Unplaced,
 };
+use crate::net::{NodeSubnet, ServiceVip};
 use crate::ownership::Owner;
 use crate::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
@@ -195,6 +196,12 @@ fact_kinds! {
     /// The ready backends of one service port.
     Endpoint { service, port } = "derived/endpoint/{}/{}",
         Endpoints, Owner::Controller("endpoint"), applied: false;
+    /// A node's slice of the cluster CIDR.
+    Subnet { node } = "derived/subnet/{}",
+        NodeSubnet, Owner::Controller("network"), applied: false;
+    /// A service's virtual IP from the service CIDR.
+    Vip { service } = "derived/vip/{}",
+        ServiceVip, Owner::Controller("network"), applied: false;
     /// A node's registration: capacity, labels, addresses.
     Node { node } = "observed/node/{}",
         NodeInfo, Owner::Agent, applied: false;

@@ -175,6 +175,22 @@ pub fn derived_endpoint(service: &str, port: &str) -> String {
     .to_string()
 }
 
+/// `derived/subnet/{node}`: a node's slice of the cluster CIDR.
+pub fn derived_subnet(node: &str) -> String {
+    Key::Subnet {
+        node: node.to_owned(),
+    }
+    .to_string()
+}
+
+/// `derived/vip/{svc}`: a service's virtual IP.
+pub fn derived_vip(service: &str) -> String {
+    Key::Vip {
+        service: service.to_owned(),
+    }
+    .to_string()
+}
+
 /// `observed/node/{node}`: a node's registration.
 pub fn observed_node(node: &str) -> String {
     Key::Node {

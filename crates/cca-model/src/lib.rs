@@ -7,6 +7,7 @@ pub mod clock;
 pub mod cluster;
 pub mod facts;
 pub mod keys;
+pub mod net;
 pub mod ownership;
 pub mod spec;
 pub mod validity;
