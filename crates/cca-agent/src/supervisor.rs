@@ -652,6 +652,7 @@ impl Supervisor {
                     Some(RtState::Exited) => (InstanceState::Restarting, None),
                 }
             };
+        let own_network = actual.and_then(|status| status.spec.network.as_ref());
         InstanceStatus {
             id: instance.id.clone(),
             service: instance.service.clone(),
@@ -662,10 +663,9 @@ impl Supervisor {
             // An instance with its own network is reached at its own
             // address; the others at the node's.
             address: Some(
-                actual
-                    .and_then(|status| status.spec.network.as_ref())
-                    .map_or_else(|| self.address.clone(), |net| net.address.to_string()),
+                own_network.map_or_else(|| self.address.clone(), |net| net.address.to_string()),
             ),
+            own_network: own_network.is_some(),
             host_ports: instance.host_ports.clone(),
             restarts: record.map_or(0, |record| record.restarts),
             last_exit: record.and_then(|record| record.last_exit.clone()),

@@ -7,7 +7,9 @@
 use std::sync::Arc;
 
 use cca_control::Cache;
-use cca_control::controllers::{self, DisruptionConfig, NodeConfig, SchedulerConfig};
+use cca_control::controllers::{
+    self, DisruptionConfig, NetworkConfig, NodeConfig, SchedulerConfig,
+};
 use cca_control::metrics::Metrics;
 use cca_control::runner::{Runner, RunnerConfig};
 use cca_store::{Store, StoreError};
@@ -25,6 +27,9 @@ pub struct ControlPlaneConfig {
     pub scheduler: SchedulerConfig,
     /// When the node controller pauses lost-node replacement.
     pub disruption: DisruptionConfig,
+    /// The address plan (checked by the caller with
+    /// [`NetworkConfig::validate`]).
+    pub network: NetworkConfig,
     pub api: ApiConfig,
     /// Seals and opens secret values; without one the secret endpoints
     /// answer 503.
@@ -38,6 +43,7 @@ impl ControlPlaneConfig {
             runner: RunnerConfig::new(server_id),
             scheduler: SchedulerConfig::default(),
             disruption: DisruptionConfig::default(),
+            network: NetworkConfig::default(),
             api: ApiConfig::default(),
             secret_key: None,
         }
@@ -53,6 +59,7 @@ pub struct ControlPlane {
     runner: RunnerConfig,
     scheduler: SchedulerConfig,
     node: NodeConfig,
+    network: NetworkConfig,
     /// Runners started so far: a restarted one campaigns under a new name.
     generation: u32,
     running: Option<(watch::Sender<bool>, JoinHandle<()>)>,
@@ -100,6 +107,7 @@ impl ControlPlane {
             runner: config.runner,
             scheduler: config.scheduler,
             node,
+            network: config.network,
             generation: 0,
             running: None,
         };
@@ -147,7 +155,7 @@ impl ControlPlane {
         let runner = Runner::new(
             Arc::clone(&self.store),
             Arc::clone(&self.cache),
-            controllers::all(&self.node, &self.scheduler),
+            controllers::all(&self.node, &self.scheduler, &self.network),
             Arc::clone(&self.metrics),
             identity,
         );

@@ -525,6 +525,7 @@ async fn report(h: &Harness, id: &str, state: cca_model::cluster::InstanceState)
         healthy: None,
         pid: None,
         address: None,
+        own_network: false,
         host_ports: BTreeMap::new(),
         restarts: 0,
         last_exit: None,

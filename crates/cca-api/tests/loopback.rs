@@ -29,6 +29,7 @@ fn report(id: &str, node: &str, state: InstanceState) -> InstanceStatus {
         healthy: None,
         pid: Some(42),
         address: None,
+        own_network: false,
         host_ports: BTreeMap::new(),
         restarts: 0,
         last_exit: None,

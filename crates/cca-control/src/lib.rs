@@ -9,6 +9,7 @@ pub mod controller;
 pub mod controllers;
 pub mod leader;
 pub mod metrics;
+pub mod netmap;
 mod pacing;
 pub mod runner;
 pub mod view;

@@ -13,11 +13,11 @@ use cca_model::cluster::{
     InstanceStatus, NodeControl, NodeInfo, NodeStatus, ReplacementResume, ServiceMeta, StagedWrite,
     Unplaced,
 };
+use cca_model::net::{NodeSubnet, ServiceVip};
 use cca_model::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
     ServiceSpec, ServiceVersion,
 };
-use cca_model::net::{NodeSubnet, ServiceVip};
 use cca_model::{Key, Kind, Revision, Value};
 use imbl::OrdMap;
 use serde::de::DeserializeOwned;

@@ -174,6 +174,12 @@ pub struct InstanceStatus {
     pub pid: Option<u32>,
     /// Address the instance is reachable at (container IP or node address).
     pub address: Option<String>,
+    /// The address is the instance's own, on its node's subnet, and its
+    /// declared ports answer there (a container in its own network
+    /// namespace); otherwise it shares the node's address and answers on
+    /// its host ports.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub own_network: bool,
     /// Host ports actually bound, by service port name or number.
     pub host_ports: BTreeMap<String, u16>,
     pub restarts: u32,

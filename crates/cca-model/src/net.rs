@@ -115,7 +115,10 @@ impl Ipv4Net {
     /// Which `/per` subnet of the prefix `subnet` is, if it is one.
     pub fn subnet_index(&self, per: u8, subnet: &Ipv4Net) -> Option<u64> {
         (subnet.prefix == per && self.contains(subnet.network))
-            .then(|| self.index_of(subnet.network).map(|offset| offset >> (32 - per)))
+            .then(|| {
+                self.index_of(subnet.network)
+                    .map(|offset| offset >> (32 - per))
+            })
             .flatten()
     }
 
@@ -328,41 +331,51 @@ impl Touched {
 
 impl NetworkMap {
     /// Applies `change`, noting what it touched in `touched` (a put equal
-    /// to what is held touches nothing).
-    pub fn apply(&mut self, change: NetworkChange, touched: &mut Touched) {
+    /// to what is held touches nothing). True when it changed the map.
+    pub fn apply(&mut self, change: NetworkChange, touched: &mut Touched) -> bool {
         match change {
             NetworkChange::Node(route) => {
-                if self.nodes.get(&route.node) != Some(&route) {
+                let changed = self.nodes.get(&route.node) != Some(&route);
+                if changed {
                     touched.nodes.insert(route.node.clone());
                     self.nodes.insert(route.node.clone(), route);
                 }
+                changed
             }
             NetworkChange::NodeGone { node } => {
-                if self.nodes.remove(&node).is_some() {
+                let changed = self.nodes.remove(&node).is_some();
+                if changed {
                     touched.nodes.insert(node);
                 }
+                changed
             }
             NetworkChange::Service(service) => {
-                if self.services.get(&service.name) != Some(&service) {
+                let changed = self.services.get(&service.name) != Some(&service);
+                if changed {
                     touched.services.insert(service.name.clone());
                     self.services.insert(service.name.clone(), service);
                 }
+                changed
             }
             NetworkChange::ServiceGone { service } => {
-                if self.services.remove(&service).is_some() {
+                let changed = self.services.remove(&service).is_some();
+                if changed {
                     touched.services.insert(service);
                 }
+                changed
             }
             NetworkChange::Policy(policy) => {
-                if self.policies.get(&policy.name) != Some(&policy) {
+                let changed = self.policies.get(&policy.name) != Some(&policy);
+                if changed {
                     touched.policies = true;
                     self.policies.insert(policy.name.clone(), policy);
                 }
+                changed
             }
             NetworkChange::PolicyGone { policy } => {
-                if self.policies.remove(&policy).is_some() {
-                    touched.policies = true;
-                }
+                let changed = self.policies.remove(&policy).is_some();
+                touched.policies |= changed;
+                changed
             }
         }
     }
@@ -467,12 +480,7 @@ mod tests {
         let mut again = Touched::default();
         map.apply(NetworkChange::Node(route), &mut again);
         assert!(again.is_empty());
-        map.apply(
-            NetworkChange::NodeGone {
-                node: "n1".into(),
-            },
-            &mut again,
-        );
+        map.apply(NetworkChange::NodeGone { node: "n1".into() }, &mut again);
         assert!(map.nodes.is_empty());
         assert!(again.nodes.contains("n1"));
     }

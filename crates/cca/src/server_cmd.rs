@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use cca_api::{ApiConfig, ControlPlane, ControlPlaneConfig, Lane, LaneLimits, SecretKey};
-use cca_control::controllers::{DisruptionConfig, SchedulerConfig};
+use cca_control::controllers::{DisruptionConfig, NetworkConfig, SchedulerConfig};
 use cca_control::runner::RunnerConfig;
+use cca_model::net::Ipv4Net;
 use cca_store::{Store, StoreUrl};
 use clap::Args;
 
@@ -90,6 +91,38 @@ pub(crate) struct ServerArgs {
     /// with etcd.
     #[arg(long, env = "CCA_SECRET_KEY_FILE", value_name = "PATH")]
     secret_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    network: NetworkArgs,
+}
+
+/// The address plan: where node subnets and service VIPs come from.
+#[derive(Debug, Args)]
+pub(crate) struct NetworkArgs {
+    /// Every node gets a subnet of this range for its instances.
+    #[arg(long, default_value = "10.42.0.0/16", value_name = "CIDR")]
+    cluster_cidr: Ipv4Net,
+    /// The prefix length of each node's subnet (24: 254 instance
+    /// addresses per node, 256 nodes in a /16).
+    #[arg(long, default_value_t = 24, value_name = "LENGTH",
+          value_parser = clap::value_parser!(u8).range(1..=30))]
+    node_subnet_size: u8,
+    /// Every service with ports gets a virtual IP from this range.
+    #[arg(long, default_value = "10.43.0.0/16", value_name = "CIDR")]
+    service_cidr: Ipv4Net,
+}
+
+impl NetworkArgs {
+    /// The plan, checked: the ranges must be usable and disjoint.
+    pub(crate) fn config(&self) -> Result<NetworkConfig> {
+        let config = NetworkConfig {
+            cluster_cidr: self.cluster_cidr,
+            node_prefix: self.node_subnet_size,
+            service_cidr: self.service_cidr,
+            ..NetworkConfig::default()
+        };
+        config.validate()?;
+        Ok(config)
+    }
 }
 
 /// Refuses an API address other than loopback unless `insecure` says the
@@ -134,6 +167,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
     if let Some(liveness) = args.liveness_listen {
         check_listen(liveness, args.insecure)?;
     }
+    let network = args.network.config()?;
     // Before the store: a bad key must not cost a store open.
     let secret_key = load_secret_key(&secret_key_path(&args)?)?;
     let store = cca_store::open(&args.store)
@@ -152,6 +186,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
             max_missing_nodes: args.pause_replacement_nodes,
             resume_after: args.resume_replacement_after.0,
         },
+        network,
         api: api_config(&args),
         secret_key: Some(secret_key),
     };

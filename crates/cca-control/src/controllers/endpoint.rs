@@ -1,13 +1,26 @@
 //! The endpoint controller: for every port of every service, the backends
 //! that can take traffic now. A backend is an instance the scheduler has
-//! not asked to stop, whose agent reports it running on the node it was
-//! placed on and not unhealthy, with the address and host port the agent
-//! bound. The data plane and DNS read these facts; the order of backends
-//! is deterministic so an unchanged set never rewrites the fact.
+//! not asked to stop (a stopping instance drains: no new flows reach it,
+//! established ones finish), whose agent reports it running on the node it
+//! was placed on and not unhealthy, on a node not held unreachable. Its
+//! address and port are where it answers: its own address and the declared
+//! port for an instance with its own network, else the node's address and
+//! the host port the agent bound.
+//!
+//! Backends of an unreachable node leave at once, not after the
+//! scheduler's replacement grace: a node that missed its lease is likelier
+//! dead than slow, and every flow sent to it until its replacement runs
+//! would be lost. Except while lost-node replacement is paused
+//! (`derived/disruption`): many nodes missing at once points at the control
+//! plane, not at them, and dropping a third of every service's backends on
+//! that guess would do the harm the pause exists to prevent.
+//!
+//! The data plane and DNS read these facts; the order of backends is
+//! deterministic so an unchanged set never rewrites the fact.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use cca_model::cluster::{Backend, Endpoints, Instance, InstanceState};
+use cca_model::cluster::{Backend, Endpoints, Instance, InstanceState, NodeCondition};
 use cca_model::spec::PortSpec;
 use cca_model::{Kind, keys};
 
@@ -29,6 +42,8 @@ impl Controller for EndpointController {
             Kind::Instance,
             Kind::InstanceStatus,
             Kind::Endpoint,
+            Kind::NodeStatus,
+            Kind::Disruption,
         ]
     }
 
@@ -45,7 +60,7 @@ impl Controller for EndpointController {
                 let endpoints = Endpoints {
                     service: service.clone(),
                     port: port_name.clone(),
-                    backends: backends(view, instances, &port_name),
+                    backends: backends(view, instances, port),
                 };
                 let held = view
                     .endpoints
@@ -87,17 +102,28 @@ fn instances_by_service(view: &View) -> BTreeMap<&str, Vec<&Instance>> {
     by_service
 }
 
-fn backends(view: &View, instances: &[&Instance], port: &str) -> Vec<Backend> {
+fn backends(view: &View, instances: &[&Instance], port: &PortSpec) -> Vec<Backend> {
+    let paused = view
+        .disruption
+        .as_ref()
+        .is_some_and(|disruption| disruption.paused);
     let mut backends: Vec<Backend> = instances
         .iter()
         .filter(|instance| !instance.stopping)
+        .filter(|instance| paused || !unreachable(view, &instance.node))
         .filter_map(|instance| backend(view, instance, port))
         .collect();
     backends.sort();
     backends
 }
 
-fn backend(view: &View, instance: &Instance, port: &str) -> Option<Backend> {
+fn unreachable(view: &View, node: &str) -> bool {
+    view.node_statuses
+        .get(node)
+        .is_some_and(|status| status.condition == NodeCondition::Unreachable)
+}
+
+fn backend(view: &View, instance: &Instance, port: &PortSpec) -> Option<Backend> {
     let status = view.statuses.get(&instance.id)?;
     // A status from another node is a stale report of an earlier placement.
     let serving = status.state == InstanceState::Running
@@ -106,11 +132,16 @@ fn backend(view: &View, instance: &Instance, port: &str) -> Option<Backend> {
     if !serving {
         return None;
     }
+    let port = if status.own_network {
+        port.number
+    } else {
+        *status.host_ports.get(&port_key(port))?
+    };
     Some(Backend {
         instance: instance.id.clone(),
         node: instance.node.clone(),
         address: status.address.clone()?,
-        port: *status.host_ports.get(port)?,
+        port,
     })
 }
 
@@ -188,6 +219,70 @@ mod tests {
         };
         assert_eq!(backend.address, "10.0.0.1");
         assert_eq!(backend.port, 1);
+    }
+
+    #[test]
+    fn own_network_backends_answer_on_their_declared_port() {
+        let mut own = running("web-a", "n1", 20000);
+        own.own_network = true;
+        own.address = Some("10.42.0.5".into());
+        let view = ViewBuilder::new()
+            .service(service("web", 1))
+            .instance(instance("web-a", "web", "n1"))
+            .status(own)
+            .build();
+        let plan = EndpointController.reconcile(&view, &context(0));
+        let Write::Put { value, .. } = &plan.writes[0] else {
+            panic!("expected a put")
+        };
+        let endpoints: Endpoints = serde_json::from_slice(value).expect("decodes");
+        assert_eq!(endpoints.backends[0].address, "10.42.0.5");
+        assert_eq!(endpoints.backends[0].port, 8080, "the declared port");
+    }
+
+    #[test]
+    fn an_unreachable_node_loses_its_backends_at_once_unless_replacement_is_paused() {
+        use cca_model::cluster::{Disruption, NodeStatus};
+        let lost = NodeStatus {
+            condition: NodeCondition::Unreachable,
+            since: 5,
+        };
+        let view = ViewBuilder::new()
+            .service(service("web", 2))
+            .instance(instance("web-a", "web", "n1"))
+            .status(running("web-a", "n1", 1))
+            .instance(instance("web-b", "web", "n2"))
+            .status(running("web-b", "n2", 2))
+            .node_status("n2", &lost)
+            .build();
+        let plan = EndpointController.reconcile(&view, &context(10));
+        assert_eq!(
+            backends_of(&plan),
+            vec![(
+                "derived/endpoint/web/http".to_owned(),
+                vec!["web-a".to_owned()]
+            )]
+        );
+        let paused = ViewBuilder::from(view)
+            .put(
+                &cca_model::keys::derived_disruption(),
+                &Disruption {
+                    paused: true,
+                    since: 5,
+                    missing: 2,
+                    nodes: 3,
+                    resumed_by: None,
+                },
+            )
+            .build();
+        let plan = EndpointController.reconcile(&paused, &context(10));
+        assert_eq!(
+            backends_of(&plan),
+            vec![(
+                "derived/endpoint/web/http".to_owned(),
+                vec!["web-a".to_owned(), "web-b".to_owned()]
+            )]
+        );
     }
 
     #[test]

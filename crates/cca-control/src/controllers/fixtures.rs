@@ -83,6 +83,7 @@ pub(crate) fn status(id: &str, service: &str, node: &str, state: InstanceState) 
         healthy: None,
         pid: None,
         address: Some("127.0.0.1".into()),
+        own_network: false,
         host_ports: BTreeMap::new(),
         restarts: 0,
         last_exit: None,

@@ -4,7 +4,8 @@
 //! (and pauses lost-node replacement when too many go missing at once),
 //! [`SchedulerController`] turns desired replicas into placed instances
 //! (and moves, replaces and stops them), [`EndpointController`] publishes
-//! the ready backends of every service port. Every controller writes only
+//! the ready backends of every service port, [`NetworkController`]
+//! gives nodes their subnets and services their VIPs. Every controller writes only
 //! what differs from the view, so a converged cluster yields empty plans.
 //!
 //! [`View`]: crate::view::View
@@ -12,6 +13,7 @@
 //! [`Plan`]: crate::controller::Plan
 
 mod endpoint;
+mod network;
 mod node;
 pub mod scheduler;
 
@@ -21,6 +23,7 @@ pub(crate) mod fixtures;
 use std::sync::Arc;
 
 pub use endpoint::EndpointController;
+pub use network::{NetworkConfig, NetworkController, PlanError};
 pub use node::{DisruptionConfig, MIN_MISSING, NodeConfig, NodeController};
 pub use scheduler::{SchedulerConfig, SchedulerController};
 
@@ -28,7 +31,11 @@ use crate::controller::Controller;
 
 /// Every controller of the control plane, in the order the runner starts
 /// them: the one list every server (and the benchmark) runs.
-pub fn all(node: &NodeConfig, scheduler: &SchedulerConfig) -> Vec<Arc<dyn Controller>> {
+pub fn all(
+    node: &NodeConfig,
+    scheduler: &SchedulerConfig,
+    network: &NetworkConfig,
+) -> Vec<Arc<dyn Controller>> {
     vec![
         Arc::new(NodeController {
             config: node.clone(),
@@ -37,5 +44,8 @@ pub fn all(node: &NodeConfig, scheduler: &SchedulerConfig) -> Vec<Arc<dyn Contro
             config: scheduler.clone(),
         }),
         Arc::new(EndpointController),
+        Arc::new(NetworkController {
+            config: network.clone(),
+        }),
     ]
 }

@@ -103,6 +103,8 @@ impl Compiler<'_> {
             autoscale: draft.autoscale,
             stateful: draft.stateful,
             scale_to_zero: draft.scale_to_zero,
+            host_network: false,
+            affinity: cca_model::net::Affinity::None,
         };
         self.program.services.insert(name, spec);
     }

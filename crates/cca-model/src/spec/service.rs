@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::quantity::{Cpu, Duration, Memory, Percent};
+use crate::net::Affinity;
 
 /// `desired/service/{name}`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -31,6 +32,19 @@ pub struct ServiceSpec {
     /// Scale to zero instances after this long without traffic; the gate
     /// or VIP activates the service again on the next request.
     pub scale_to_zero: Option<Duration>,
+    /// Containers share their node's network instead of getting their own
+    /// namespace and address on the node subnet (`network = "host"`).
+    /// Processes always share it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_network: bool,
+    /// How the service's VIP spreads new flows over its backends
+    /// (`affinity = "client-ip"`).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub affinity: Affinity,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
 }
 
 impl ServiceSpec {
@@ -57,6 +71,8 @@ impl ServiceSpec {
             autoscale: None,
             stateful: false,
             scale_to_zero: None,
+            host_network: false,
+            affinity: Affinity::None,
         }
     }
 }
