@@ -115,6 +115,7 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     // A node runs nothing new without it; it holds the permit only until
     // its snapshot starts.
     ("/v1/agent/nodes/{node}/assignments", Lane::Reports),
+    ("/v1/agent/nodes/{node}/network", Lane::Reports),
     ("/v1/apply", Lane::User),
     ("/v1/diff", Lane::User),
     ("/v1/services/{name}", Lane::User),

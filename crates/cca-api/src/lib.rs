@@ -14,6 +14,7 @@ pub mod control_plane;
 pub mod error;
 mod hub;
 mod metrics;
+mod netfeed;
 mod read;
 mod routes;
 pub mod secrets;

@@ -18,6 +18,7 @@ use crate::admission::{Admission, LaneSettings};
 use crate::error::{ApiError, ApiResult};
 use crate::hub::AssignmentHub;
 use crate::metrics::RequestMetrics;
+use crate::netfeed::NetworkFeed;
 use crate::secrets::SecretKey;
 
 /// Renders extra Prometheus text for `/metrics` (the controller runner's).
@@ -78,6 +79,7 @@ struct Inner {
     shutdown: watch::Sender<bool>,
     event_ids: EventIds,
     assignments: Arc<AssignmentHub>,
+    network: Arc<NetworkFeed>,
     secret_key: RwLock<Option<Arc<SecretKey>>>,
 }
 
@@ -110,6 +112,7 @@ impl ApiState {
             shutdown,
             event_ids: EventIds::new(fastrand::u32(..)),
             assignments: Arc::default(),
+            network: Arc::default(),
             secret_key: RwLock::new(None),
         };
         Self {
@@ -185,6 +188,17 @@ impl ApiState {
     /// The one watch of placements every assignment stream is fed from.
     pub(crate) fn assignment_hub(&self) -> &Arc<AssignmentHub> {
         &self.inner.assignments
+    }
+
+    /// The network map every node follows, kept from the cache.
+    pub(crate) fn network_feed(&self) -> &Arc<NetworkFeed> {
+        &self.inner.network
+    }
+
+    /// The cluster's network map as this server sees it, updated after
+    /// every revision that changes it (what the server's DNS answers from).
+    pub async fn network_maps(&self) -> watch::Receiver<cca_model::net::NetworkMap> {
+        self.inner.network.maps(self).await
     }
 
     /// Resolves when the server begins shutting down.

@@ -466,3 +466,79 @@ async fn concurrent_scales_of_one_service_all_land() {
         serde_json::from_slice(&stored.value).expect("decodes");
     assert_eq!(spec.replicas, expected_previous);
 }
+
+async fn put_fact<T: serde::Serialize>(store: &dyn cca_store::Store, key: String, value: &T) -> i64 {
+    let value = serde_json::to_vec(value).expect("encodes");
+    store
+        .txn(Txn::new().then(Op::put(key, value)))
+        .await
+        .expect("written")
+        .revision()
+}
+
+#[tokio::test]
+async fn nodes_follow_the_network_map_from_a_snapshot_and_resume() {
+    use cca_model::net::{Allocation, Ipv4Net, NetworkChange};
+    use cca_wire::types::NetworkLine;
+    use std::net::Ipv4Addr;
+
+    let h = harness().await;
+    let (client, _stop) = h.serve().await;
+    client
+        .apply(&program(&[("web", 2)]), false)
+        .await
+        .expect("applies");
+    client
+        .register(&support::node_request("n1"))
+        .await
+        .expect("registers");
+    let subnet: Ipv4Net = "10.42.0.0/24".parse().expect("a prefix");
+    put_fact(
+        h.store.as_ref(),
+        keys::derived_subnet("n1"),
+        &Allocation::Held { address: subnet },
+    )
+    .await;
+    let vip = |last: u8| Allocation::Held {
+        address: Ipv4Addr::new(10, 43, 0, last),
+    };
+    let written = put_fact(h.store.as_ref(), keys::derived_vip("web"), &vip(1)).await;
+    // The feed may start before the last write reached the cache: wait for
+    // a snapshot that holds it.
+    let (revision, changes) = loop {
+        let mut stream = client.network("n1", 0).await.expect("stream");
+        let NetworkLine::Snapshot { revision, changes } = next(&mut stream).await else {
+            panic!("the stream starts with a snapshot");
+        };
+        if revision >= written {
+            break (revision, changes);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let node = changes.iter().find_map(|change| match change {
+        NetworkChange::Node(route) => Some(route),
+        _ => None,
+    });
+    assert_eq!(node.map(|route| route.subnet), Some(subnet));
+    let service = changes.iter().find_map(|change| match change {
+        NetworkChange::Service(net) => Some(net),
+        _ => None,
+    });
+    assert_eq!(
+        service.and_then(|net| net.vip),
+        Some(Ipv4Addr::new(10, 43, 0, 1))
+    );
+
+    let mut stream = client.network("n1", revision + 1).await.expect("stream");
+    put_fact(h.store.as_ref(), keys::derived_vip("web"), &vip(2)).await;
+    let line = next(&mut stream).await;
+    let NetworkLine::Changes { changes, .. } = line else {
+        panic!("a change line: {line:?}");
+    };
+    assert!(
+        matches!(&changes[..], [NetworkChange::Service(net)] if net.vip == Some(Ipv4Addr::new(10, 43, 0, 2))),
+        "{changes:?}"
+    );
+    let mut resumed = client.network("n1", revision + 1).await.expect("stream");
+    assert!(matches!(next(&mut resumed).await, NetworkLine::Changes { .. }));
+}

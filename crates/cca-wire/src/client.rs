@@ -347,6 +347,19 @@ impl Client {
         self.stream(request).await
     }
 
+    /// The cluster's network map as `node` follows it: a snapshot then
+    /// each revision's changes, or with `from > 0` the changes from that
+    /// revision on.
+    pub async fn network(
+        &self,
+        node: &str,
+        from: Revision,
+    ) -> ClientResult<LineStream<NetworkLine>> {
+        let path = format!("/v1/agent/nodes/{}/network", segment(node));
+        let request = self.request(Method::GET, &path).query(&[("from", from)]);
+        self.stream(request).await
+    }
+
     pub async fn report(&self, node: &str, status: &InstanceStatus) -> ClientResult<WriteReply> {
         let path = format!(
             "/v1/agent/nodes/{}/instances/{}",

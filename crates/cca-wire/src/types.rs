@@ -8,6 +8,7 @@ use cca_model::cluster::{
     Disruption, Endpoints, Event, Heartbeat, Instance, InstanceStatus, Millis, NodeControl,
     NodeInfo, NodeStatus, Unplaced,
 };
+use cca_model::net::NetworkChange;
 use cca_model::spec::{Cpu, Memory, ServiceSpec};
 use cca_model::{LeaseId, Revision};
 use serde::{Deserialize, Serialize};
@@ -337,6 +338,25 @@ pub enum AssignmentLine {
     },
     /// The instance is no longer placed on the node: stop it.
     Delete { revision: Revision, id: String },
+    /// Resuming is impossible; reconnect without `from` for a snapshot.
+    Compacted { compact_revision: Revision },
+}
+
+/// One line of the network stream every node follows
+/// (`GET /v1/agent/nodes/{node}/network`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum NetworkLine {
+    /// The whole map at `revision` (first line unless resuming).
+    Snapshot {
+        revision: Revision,
+        changes: Vec<NetworkChange>,
+    },
+    /// What one revision changed.
+    Changes {
+        revision: Revision,
+        changes: Vec<NetworkChange>,
+    },
     /// Resuming is impossible; reconnect without `from` for a snapshot.
     Compacted { compact_revision: Revision },
 }

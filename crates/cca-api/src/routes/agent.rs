@@ -15,10 +15,11 @@ use serde::Deserialize;
 
 use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
 use crate::hub::Subscription;
+use crate::netfeed as network;
 use crate::routes::watch::ndjson;
 use crate::state::{ApiState, encode, now_millis};
 use crate::types::{
-    AssignmentLine, HeartbeatReply, HeartbeatRequest, MAX_REPORT_BATCH, RefusedReport,
+    AssignmentLine, HeartbeatReply, HeartbeatRequest, MAX_REPORT_BATCH, NetworkLine, RefusedReport,
     RegisterReply, RegisterRequest, ReportBatch, ReportBatchReply, WriteReply,
 };
 use crate::validate::check_name;
@@ -177,6 +178,49 @@ pub(crate) async fn assignments(
             // relists) ends it: the agent resumes or resnapshots.
             let Some(line) = line else { return };
             if !lines.send(&*line).await {
+                return;
+            }
+        }
+    }))
+}
+
+/// Streams the cluster's network map to `node`: a snapshot (unless
+/// resuming), then each revision's changes. Every stream is fed by the
+/// server's one [`NetworkFeed`](crate::netfeed::NetworkFeed), which encodes
+/// each line once for all of them.
+pub(crate) async fn network(
+    State(state): State<ApiState>,
+    Path(node): Path<String>,
+    QueryArgs(query): QueryArgs<AssignmentQuery>,
+) -> ApiResult<Response> {
+    check_name("node", &node)?;
+    let permit = state.stream_permit()?;
+    let subscription = state
+        .network_feed()
+        .subscribe(&state, query.from.max(0))
+        .await;
+    Ok(ndjson(&state, permit, move |lines| async move {
+        let (first, mut live) = match subscription {
+            network::Subscription::Live { first, live } => (first, live),
+            network::Subscription::Compacted { compact_revision } => {
+                lines
+                    .send(&NetworkLine::Compacted { compact_revision })
+                    .await;
+                return;
+            }
+        };
+        for line in first {
+            if !lines.send_encoded(line).await {
+                return;
+            }
+        }
+        loop {
+            let line = tokio::select! {
+                line = live.recv() => line,
+                () = lines.stopped() => return,
+            };
+            let Some(line) = line else { return };
+            if !lines.send_encoded(line).await {
                 return;
             }
         }

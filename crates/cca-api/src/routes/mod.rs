@@ -98,6 +98,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
             "/v1/agent/nodes/{node}/assignments",
             get(agent::assignments),
         ),
+        ("/v1/agent/nodes/{node}/network", get(agent::network)),
         ("/v1/agent/nodes/{node}/reports", post(agent::report_batch)),
         (
             "/v1/agent/nodes/{node}/instances/{id}",

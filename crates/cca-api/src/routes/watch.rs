@@ -38,6 +38,12 @@ impl LineSender {
         self.lines.send(Bytes::from(bytes)).await.is_ok()
     }
 
+    /// Sends one line already encoded (with its newline); false once the
+    /// client is gone.
+    pub(crate) async fn send_encoded(&self, line: Bytes) -> bool {
+        self.lines.send(line).await.is_ok()
+    }
+
     /// Resolves when the client is gone or the server is shutting down:
     /// the producer should stop.
     pub(crate) async fn stopped(&self) {
