@@ -100,6 +100,11 @@ pub(crate) fn service_summary(view: &View, name: &str, spec: &ServiceSpec) -> Se
             })
             .unwrap_or_default(),
         created_at: view.service_meta.get(name).map(|meta| meta.created_at),
+        vip: view.vips.get(name).map(|vip| (*vip.value).clone()),
+        dns: view
+            .vips
+            .get(name)
+            .and_then(|vip| vip.value.held().map(|_| cca_model::net::service_name(name))),
     }
 }
 
@@ -194,6 +199,7 @@ pub(crate) fn node_summary(view: &View, name: &str) -> Option<NodeSummary> {
         labels: info.labels.clone(),
         addresses: info.addresses.clone(),
         registered_at: info.registered_at,
+        subnet: view.subnets.get(name).map(|subnet| (*subnet.value).clone()),
     })
 }
 

@@ -467,7 +467,11 @@ async fn concurrent_scales_of_one_service_all_land() {
     assert_eq!(spec.replicas, expected_previous);
 }
 
-async fn put_fact<T: serde::Serialize>(store: &dyn cca_store::Store, key: String, value: &T) -> i64 {
+async fn put_fact<T: serde::Serialize>(
+    store: &dyn cca_store::Store,
+    key: String,
+    value: &T,
+) -> i64 {
     let value = serde_json::to_vec(value).expect("encodes");
     store
         .txn(Txn::new().then(Op::put(key, value)))
@@ -540,5 +544,8 @@ async fn nodes_follow_the_network_map_from_a_snapshot_and_resume() {
         "{changes:?}"
     );
     let mut resumed = client.network("n1", revision + 1).await.expect("stream");
-    assert!(matches!(next(&mut resumed).await, NetworkLine::Changes { .. }));
+    assert!(matches!(
+        next(&mut resumed).await,
+        NetworkLine::Changes { .. }
+    ));
 }

@@ -8,7 +8,7 @@ use cca_model::cluster::{
     Disruption, Endpoints, Event, Heartbeat, Instance, InstanceStatus, Millis, NodeControl,
     NodeInfo, NodeStatus, Unplaced,
 };
-use cca_model::net::NetworkChange;
+use cca_model::net::{NetworkChange, NodeSubnet, ServiceVip};
 use cca_model::spec::{Cpu, Memory, ServiceSpec};
 use cca_model::{LeaseId, Revision};
 use serde::{Deserialize, Serialize};
@@ -72,6 +72,13 @@ pub struct ServiceSummary {
     /// When the service was first applied (absent for services written
     /// around the API).
     pub created_at: Option<Millis>,
+    /// Its virtual IP: held, released, or why there is none (absent for a
+    /// service without ports, or before the network controller ran).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip: Option<ServiceVip>,
+    /// The DNS name that resolves to the VIP, while it holds one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<String>,
 }
 
 /// `history service`: the versions of a service's spec the cluster keeps,
@@ -160,6 +167,9 @@ pub struct NodeSummary {
     pub labels: BTreeMap<String, String>,
     pub addresses: Vec<String>,
     pub registered_at: Millis,
+    /// The node's slice of the cluster CIDR.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subnet: Option<NodeSubnet>,
 }
 
 /// `describe node`.

@@ -276,6 +276,7 @@ fn service_table(rows: &[ServiceSummary]) {
                 format!("{}/{}", s.running, s.replicas),
                 s.instances.to_string(),
                 s.unplaced.to_string(),
+                output::vip(s.vip.as_ref()),
                 or_dash(Some(tags.join(","))),
                 age(s.created_at, now),
             ]
@@ -288,6 +289,7 @@ fn service_table(rows: &[ServiceSummary]) {
             "running",
             "instances",
             "unplaced",
+            "vip",
             "tags",
             "age",
         ],

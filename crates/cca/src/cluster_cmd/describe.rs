@@ -75,6 +75,10 @@ fn service(detail: &ServiceDetail) {
         })
         .collect();
     field("Ports", &or_dash(Some(ports.join(", "))));
+    if summary.vip.is_some() {
+        field("VIP", &output::vip(summary.vip.as_ref()));
+        field("DNS", &or_dash(summary.dns.clone()));
+    }
     let resources = format!(
         "cpu {}, memory {}",
         spec.resources.cpu.map_or("-".into(), output::cpu),
@@ -232,6 +236,7 @@ fn node(detail: &NodeDetail) {
         .collect();
     field("Labels", &or_dash(Some(labels.join(", "))));
     field("Addresses", &or_dash(Some(summary.addresses.join(", "))));
+    field("Subnet", &output::subnet(summary.subnet.as_ref()));
     field(
         "CPU",
         &format!(

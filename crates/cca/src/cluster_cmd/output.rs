@@ -8,6 +8,7 @@
 
 use anyhow::{Context, Result};
 use cca_model::cluster::Millis;
+use cca_model::net::{Allocation, NodeSubnet, ServiceVip};
 use cca_model::spec::Cpu;
 use clap::ValueEnum;
 use comfy_table::{ColumnConstraint, Table, presets};
@@ -166,9 +167,44 @@ pub(crate) fn or_dash(value: Option<String>) -> String {
         .unwrap_or_else(|| "-".into())
 }
 
+/// An address allocation as a cell: the address, `released …`, or
+/// `none (POOL full)`.
+fn allocation<A: std::fmt::Display>(allocation: Option<&Allocation<A>>) -> String {
+    match allocation {
+        None => "-".into(),
+        Some(Allocation::Held { address }) => address.to_string(),
+        Some(Allocation::Released { address, .. }) => format!("{address} (released)"),
+        Some(Allocation::Exhausted { pool, .. }) => format!("none ({pool} full)"),
+    }
+}
+
+/// A service's VIP as a cell.
+pub(crate) fn vip(vip: Option<&ServiceVip>) -> String {
+    allocation(vip)
+}
+
+/// A node's subnet as a cell.
+pub(crate) fn subnet(subnet: Option<&NodeSubnet>) -> String {
+    allocation(subnet)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn allocations_read_as_cells() {
+        let held: ServiceVip = Allocation::Held {
+            address: [10, 43, 0, 1].into(),
+        };
+        assert_eq!(vip(Some(&held)), "10.43.0.1");
+        let full: ServiceVip = Allocation::Exhausted {
+            pool: "10.43.0.0/30".parse().expect("a prefix"),
+            since: 0,
+        };
+        assert_eq!(vip(Some(&full)), "none (10.43.0.0/30 full)");
+        assert_eq!(vip(None), "-");
+    }
 
     #[test]
     fn ages_read_like_kubectl() {
