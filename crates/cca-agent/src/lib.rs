@@ -11,6 +11,7 @@ pub mod error;
 pub mod files;
 pub mod health;
 mod link;
+pub mod netmap;
 pub mod network;
 pub mod node;
 mod restart;

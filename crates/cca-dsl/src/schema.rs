@@ -121,6 +121,8 @@ const SERVICE: &[Key] = &[
     block("autoscale", Context::Autoscale),
     flag("stateful"),
     setting("scale_to_zero"),
+    setting("network"),
+    setting("affinity"),
 ];
 
 const RESOURCES: &[Key] = &[setting("cpu"), setting("memory")];

@@ -380,11 +380,43 @@ impl NetworkMap {
         }
     }
 
+    /// The entries that differ between `before` and this map: what a data
+    /// plane that last programmed `before` must update. Cheap when the two
+    /// share most entries (each shared service compares by pointer).
+    pub fn touched_since(&self, before: &NetworkMap) -> Touched {
+        let mut touched = Touched::default();
+        for item in before.nodes.diff(&self.nodes) {
+            touched.nodes.insert(diff_key(item).clone());
+        }
+        for item in before.services.diff(&self.services) {
+            touched.services.insert(diff_key(item).clone());
+        }
+        touched.policies = before.policies != self.policies;
+        touched
+    }
+
+    /// Every entry, as a data plane starting from nothing must program it.
+    pub fn everything(&self) -> Touched {
+        Touched {
+            nodes: self.nodes.keys().cloned().collect(),
+            services: self.services.keys().cloned().collect(),
+            policies: true,
+        }
+    }
+
     /// The service whose VIP is `address`.
     pub fn service_by_vip(&self, address: Ipv4Addr) -> Option<&Arc<ServiceNet>> {
         self.services
             .values()
             .find(|service| service.vip == Some(address))
+    }
+}
+
+fn diff_key<'a, V>(item: imbl::ordmap::DiffItem<'a, 'a, String, V>) -> &'a String {
+    match item {
+        imbl::ordmap::DiffItem::Add(key, _)
+        | imbl::ordmap::DiffItem::Remove(key, _)
+        | imbl::ordmap::DiffItem::Update { new: (key, _), .. } => key,
     }
 }
 
@@ -483,6 +515,41 @@ mod tests {
         map.apply(NetworkChange::NodeGone { node: "n1".into() }, &mut again);
         assert!(map.nodes.is_empty());
         assert!(again.nodes.contains("n1"));
+    }
+
+    #[test]
+    fn a_map_says_what_changed_since_another() {
+        let mut before = NetworkMap::default();
+        let service = |name: &str, vip: u8| {
+            Arc::new(ServiceNet {
+                name: name.into(),
+                vip: Some(Ipv4Addr::new(10, 43, 0, vip)),
+                ports: vec![],
+                affinity: Affinity::None,
+                endpoints: BTreeMap::new(),
+                members: vec![],
+            })
+        };
+        let mut ignored = Touched::default();
+        for name in ["a", "b", "c"] {
+            before.apply(NetworkChange::Service(service(name, 1)), &mut ignored);
+        }
+        let mut after = before.clone();
+        after.apply(NetworkChange::Service(service("b", 2)), &mut ignored);
+        after.apply(
+            NetworkChange::ServiceGone {
+                service: "c".into(),
+            },
+            &mut ignored,
+        );
+        after.apply(NetworkChange::Service(service("d", 3)), &mut ignored);
+        let touched = after.touched_since(&before);
+        assert_eq!(
+            touched.services.into_iter().collect::<Vec<_>>(),
+            ["b", "c", "d"]
+        );
+        assert!(touched.nodes.is_empty() && !touched.policies);
+        assert_eq!(before.everything().services.len(), 3);
     }
 
     #[test]

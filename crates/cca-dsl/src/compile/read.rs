@@ -317,6 +317,32 @@ impl Compiler<'_> {
         self.text_of(&value)
     }
 
+    /// A setting whose value is one of `choices` (written exactly so).
+    pub(crate) fn setting_choice<T: Copy>(
+        &mut self,
+        entry: Entry<'_>,
+        choices: &[(&str, T)],
+    ) -> Option<T> {
+        let value = self.single(entry)?;
+        let text = self.text_of(&value)?;
+        if let Some((_, choice)) = choices.iter().find(|(name, _)| *name == text) {
+            return Some(*choice);
+        }
+        let expected: Vec<String> = choices
+            .iter()
+            .map(|(name, _)| format!("\"{name}\""))
+            .collect();
+        self.report(
+            Diagnostic::error(
+                codes::WRONG_TYPE,
+                value.span,
+                format!("unknown `{}` value `{text}`", entry.key()),
+            )
+            .with_label(format!("expected {}", expected.join(" or "))),
+        );
+        None
+    }
+
     pub(crate) fn setting_count(&mut self, entry: Entry<'_>) -> Option<u32> {
         let value = self.single(entry)?;
         if let Scalar::Number(text) = &value.value

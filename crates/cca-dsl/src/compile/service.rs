@@ -11,6 +11,7 @@ use cca_model::spec::{
     UpdateStrategy, VerticalScale, VolumeSpec, Workload,
 };
 
+use cca_model::net::Affinity;
 use cca_model::validity::Field;
 
 use super::read::{Scalar, Spanned};
@@ -45,9 +46,26 @@ struct Draft {
     autoscale: Option<Autoscale>,
     stateful: bool,
     scale_to_zero: Option<Duration>,
+    /// `network = "own"|"host"`, where it was written.
+    network: Option<(NetworkMode, Span)>,
+    affinity: Affinity,
     /// `image` or `run` was written, even if its value was invalid.
     wrote_workload: bool,
 }
+
+/// Where a service's containers live: `network = "own"` (the default for
+/// images) or `"host"`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum NetworkMode {
+    Own,
+    Host,
+}
+
+const NETWORK_MODES: &[(&str, NetworkMode)] =
+    &[("own", NetworkMode::Own), ("host", NetworkMode::Host)];
+
+const AFFINITIES: &[(&str, Affinity)] =
+    &[("none", Affinity::None), ("client-ip", Affinity::ClientIp)];
 
 impl Compiler<'_> {
     pub(crate) fn service(&mut self, entry: Entry<'_>) {
@@ -71,6 +89,7 @@ impl Compiler<'_> {
         let workload = self
             .workload(&draft, entry.key_span())
             .unwrap_or(Workload::Process { run: String::new() });
+        self.own_network_needs_an_image(&draft, &workload);
         self.replicas_within_autoscale(&draft);
         if !fresh {
             return;
@@ -103,8 +122,10 @@ impl Compiler<'_> {
             autoscale: draft.autoscale,
             stateful: draft.stateful,
             scale_to_zero: draft.scale_to_zero,
-            host_network: false,
-            affinity: cca_model::net::Affinity::None,
+            host_network: draft
+                .network
+                .is_some_and(|(mode, _)| mode == NetworkMode::Host),
+            affinity: draft.affinity,
         };
         self.program.services.insert(name, spec);
     }
@@ -159,7 +180,37 @@ impl Compiler<'_> {
                 draft.scale_to_zero =
                     self.setting_quantity(item, "an idle duration", Duration::parse);
             }
+            "network" => {
+                self.mark("host_network", item.span());
+                draft.network = self
+                    .setting_choice(item, NETWORK_MODES)
+                    .map(|mode| (mode, item.span()));
+            }
+            "affinity" => {
+                self.mark("affinity", item.span());
+                if let Some(affinity) = self.setting_choice(item, AFFINITIES) {
+                    draft.affinity = affinity;
+                }
+            }
             _ => {}
+        }
+    }
+
+    /// A process always shares its node's network: asking for its own is a
+    /// mistake worth saying, not a setting to drop silently.
+    fn own_network_needs_an_image(&mut self, draft: &Draft, workload: &Workload) {
+        if let (Some((NetworkMode::Own, span)), Workload::Process { .. }) =
+            (&draft.network, workload)
+        {
+            self.report(
+                Diagnostic::error(
+                    codes::CONFLICT,
+                    *span,
+                    "a `run` service is a host process and shares its node's network",
+                )
+                .with_label("only `image` services get a network of their own")
+                .with_help("remove this line, or run the service from an image"),
+            );
         }
     }
 
