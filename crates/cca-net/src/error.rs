@@ -27,6 +27,29 @@ pub enum Error {
     /// A host command printed something we could not parse.
     #[error("could not parse the output of `{command}`: {reason}")]
     Output { command: String, reason: String },
+    /// A netlink request to the kernel failed. `action` names the request,
+    /// its link and, outside the caller's own, the network namespace.
+    #[error("could not {action}: {reason}")]
+    Netlink { action: String, reason: String },
+    /// A link an operation needs does not exist.
+    #[error("no link named {name}{place}: {hint}")]
+    NoLink {
+        name: String,
+        place: String,
+        hint: String,
+    },
+    /// No link holds the address the overlay should tunnel from.
+    #[error(
+        "no link{place} holds the underlay address {address}: the node's overlay address must be one of this host's own addresses"
+    )]
+    NoUnderlay { address: Ipv4Addr, place: String },
+    /// Creating, entering or removing a network namespace failed.
+    #[error("could not {action} network namespace {path}: {error}")]
+    Netns {
+        action: &'static str,
+        path: PathBuf,
+        error: io::Error,
+    },
     /// Writing a kernel setting under /proc/sys failed.
     #[error("could not set {path} to {value}: {error}")]
     Sysctl {

@@ -1,15 +1,22 @@
-//! [`FakeHost`]: a recording [`HostNetwork`] for unit tests. It keeps the
-//! state the calls would leave on a real host (links, namespaces, tables,
-//! ports) so listing and idempotent teardown behave like the kernel, records
-//! every call with its typed arguments, and fails the operations it is told
-//! to fail.
+//! [`FakeHost`]: a recording [`HostNetwork`] and [`OverlayHost`] for unit
+//! tests. It keeps the state the calls would leave on a real host (links,
+//! namespaces, tables, ports, the VXLAN device and its entries) so listing
+//! and idempotent teardown behave like the kernel, records every call that
+//! changes something with its typed arguments, and fails the operations it
+//! is told to fail.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use crate::error::{Error, Result};
-use crate::host::{BridgeSpec, HostNetwork, NatSpec, PortMapping, VethSpec};
+use cca_model::net::Ipv4Net;
+
+use crate::host::{
+    BridgeSpec, FdbEntry, HostNetwork, Mac, NatSpec, NeighbourEntry, OverlayHost, PeerRoute,
+    PortMapping, VethSpec, VxlanSpec,
+};
 
 /// One recorded call.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,6 +31,15 @@ pub enum Call {
     DeleteNat(String),
     AddPort(String, PortMapping),
     DeletePort(String, PortMapping),
+    EnsureVxlan(VxlanSpec),
+    DeleteVxlan(String),
+    SetMtu(String, u32),
+    AddFdb(String, FdbEntry),
+    DeleteFdb(String, FdbEntry),
+    AddNeighbour(String, NeighbourEntry),
+    DeleteNeighbour(String, NeighbourEntry),
+    AddRoute(String, PeerRoute),
+    DeleteRoute(String, PeerRoute),
 }
 
 impl Call {
@@ -40,6 +56,15 @@ impl Call {
             Call::DeleteNat(_) => "delete_nat",
             Call::AddPort(..) => "add_port",
             Call::DeletePort(..) => "delete_port",
+            Call::EnsureVxlan(_) => "ensure_vxlan",
+            Call::DeleteVxlan(_) => "delete_vxlan",
+            Call::SetMtu(..) => "set_mtu",
+            Call::AddFdb(..) => "add_fdb",
+            Call::DeleteFdb(..) => "delete_fdb",
+            Call::AddNeighbour(..) => "add_neighbour",
+            Call::DeleteNeighbour(..) => "delete_neighbour",
+            Call::AddRoute(..) => "add_route",
+            Call::DeleteRoute(..) => "delete_route",
         }
     }
 }
@@ -53,6 +78,34 @@ struct State {
     /// Peer links inside each namespace, gone with the namespace.
     peers: BTreeMap<String, String>,
     tables: BTreeMap<String, BTreeSet<PortMapping>>,
+    /// The MTU `underlay_mtu` answers (1500 unless set).
+    underlay_mtu: Option<u32>,
+    vxlans: BTreeMap<String, VxlanSpec>,
+    mtus: BTreeMap<String, u32>,
+    fdb: BTreeMap<(String, Mac), Ipv4Addr>,
+    neighbours: BTreeMap<(String, Ipv4Addr), Mac>,
+    routes: BTreeMap<(String, Ipv4Net), Ipv4Addr>,
+}
+
+impl State {
+    /// The error the kernel gives for an entry on a missing device.
+    fn device(&self, device: &str) -> Result<()> {
+        if self.vxlans.contains_key(device) {
+            Ok(())
+        } else {
+            Err(Error::NoLink {
+                name: device.into(),
+                place: String::new(),
+                hint: "(fake) no such device".into(),
+            })
+        }
+    }
+
+    fn forget_entries(&mut self, device: &str) {
+        self.fdb.retain(|(d, _), _| d != device);
+        self.neighbours.retain(|(d, _), _| d != device);
+        self.routes.retain(|(d, _), _| d != device);
+    }
 }
 
 /// A recording, failure-injecting host network.
@@ -105,6 +158,57 @@ impl FakeHost {
     /// The published ports of `table` (`None`: no such table).
     pub fn ports(&self, table: &str) -> Option<BTreeSet<PortMapping>> {
         self.lock().tables.get(table).cloned()
+    }
+
+    /// Makes `underlay_mtu` answer `mtu`.
+    pub fn set_underlay_mtu(&self, mtu: u32) {
+        self.lock().underlay_mtu = Some(mtu);
+    }
+
+    /// The VXLAN devices that exist now.
+    pub fn vxlans(&self) -> BTreeMap<String, VxlanSpec> {
+        self.lock().vxlans.clone()
+    }
+
+    /// The MTUs `set_mtu` gave links.
+    pub fn mtus(&self) -> BTreeMap<String, u32> {
+        self.lock().mtus.clone()
+    }
+
+    /// Every overlay entry now on `device`: forwarding, neighbour, route.
+    pub fn overlay_entries(
+        &self,
+        device: &str,
+    ) -> (Vec<FdbEntry>, Vec<NeighbourEntry>, Vec<PeerRoute>) {
+        let state = self.lock();
+        let fdb = state
+            .fdb
+            .iter()
+            .filter(|((d, _), _)| d == device)
+            .map(|((_, mac), underlay)| FdbEntry {
+                mac: *mac,
+                underlay: *underlay,
+            })
+            .collect();
+        let neighbours = state
+            .neighbours
+            .iter()
+            .filter(|((d, _), _)| d == device)
+            .map(|((_, address), mac)| NeighbourEntry {
+                address: *address,
+                mac: *mac,
+            })
+            .collect();
+        let routes = state
+            .routes
+            .iter()
+            .filter(|((d, _), _)| d == device)
+            .map(|((_, subnet), via)| PeerRoute {
+                subnet: *subnet,
+                via: *via,
+            })
+            .collect();
+        (fdb, neighbours, routes)
     }
 
     /// Simulates a namespace left behind by a crashed agent.
@@ -231,5 +335,122 @@ impl HostNetwork for FakeHost {
             .get(table)
             .map(|ports| ports.iter().copied().collect())
             .unwrap_or_default())
+    }
+}
+
+impl OverlayHost for FakeHost {
+    fn underlay_mtu(&self, _address: Ipv4Addr) -> Result<u32> {
+        let state = self.lock();
+        if state.failing.contains("underlay_mtu") {
+            return Err(Error::Injected {
+                operation: "underlay_mtu".into(),
+            });
+        }
+        Ok(state.underlay_mtu.unwrap_or(1500))
+    }
+
+    fn ensure_vxlan(&self, vxlan: &VxlanSpec) -> Result<()> {
+        let spec = vxlan.clone();
+        self.record(Call::EnsureVxlan(vxlan.clone()), |s| {
+            let recreate = s.vxlans.get(&spec.name).is_some_and(|old| {
+                (old.vni, old.port, old.local) != (spec.vni, spec.port, spec.local)
+            });
+            if recreate {
+                // A new device starts without entries, as the kernel's does.
+                s.forget_entries(&spec.name);
+            }
+            s.links.insert(spec.name.clone());
+            s.vxlans.insert(spec.name.clone(), spec);
+        })
+    }
+
+    fn delete_vxlan(&self, name: &str) -> Result<()> {
+        self.record(Call::DeleteVxlan(name.into()), |s| {
+            s.vxlans.remove(name);
+            s.links.remove(name);
+            s.forget_entries(name);
+        })
+    }
+
+    fn set_mtu(&self, link: &str, mtu: u32) -> Result<()> {
+        self.record(Call::SetMtu(link.into(), mtu), |s| {
+            if !s.links.contains(link) {
+                return Err(Error::NoLink {
+                    name: link.into(),
+                    place: String::new(),
+                    hint: "(fake) no such link".into(),
+                });
+            }
+            s.mtus.insert(link.into(), mtu);
+            Ok(())
+        })?
+    }
+
+    fn list_fdb(&self, device: &str) -> Result<Vec<FdbEntry>> {
+        Ok(self.overlay_entries(device).0)
+    }
+
+    fn add_fdb(&self, device: &str, entry: &FdbEntry) -> Result<()> {
+        let entry = *entry;
+        self.record(Call::AddFdb(device.into(), entry), |s| {
+            s.device(device)?;
+            s.fdb.insert((device.into(), entry.mac), entry.underlay);
+            Ok(())
+        })?
+    }
+
+    fn delete_fdb(&self, device: &str, entry: &FdbEntry) -> Result<()> {
+        let entry = *entry;
+        self.record(Call::DeleteFdb(device.into(), entry), |s| {
+            let key = (device.to_owned(), entry.mac);
+            if s.fdb.get(&key) == Some(&entry.underlay) {
+                s.fdb.remove(&key);
+            }
+        })
+    }
+
+    fn list_neighbours(&self, device: &str) -> Result<Vec<NeighbourEntry>> {
+        Ok(self.overlay_entries(device).1)
+    }
+
+    fn add_neighbour(&self, device: &str, entry: &NeighbourEntry) -> Result<()> {
+        let entry = *entry;
+        self.record(Call::AddNeighbour(device.into(), entry), |s| {
+            s.device(device)?;
+            s.neighbours
+                .insert((device.into(), entry.address), entry.mac);
+            Ok(())
+        })?
+    }
+
+    fn delete_neighbour(&self, device: &str, entry: &NeighbourEntry) -> Result<()> {
+        let entry = *entry;
+        self.record(Call::DeleteNeighbour(device.into(), entry), |s| {
+            // The kernel deletes a neighbour by its address alone.
+            s.neighbours.remove(&(device.to_owned(), entry.address));
+        })
+    }
+
+    fn list_routes(&self, device: &str) -> Result<Vec<PeerRoute>> {
+        Ok(self.overlay_entries(device).2)
+    }
+
+    fn add_route(&self, device: &str, route: &PeerRoute) -> Result<()> {
+        let route = *route;
+        self.record(Call::AddRoute(device.into(), route), |s| {
+            s.device(device)?;
+            s.routes.insert((device.into(), route.subnet), route.via);
+            Ok(())
+        })?
+    }
+
+    fn delete_route(&self, device: &str, route: &PeerRoute) -> Result<()> {
+        let route = *route;
+        self.record(Call::DeleteRoute(device.into(), route), |s| {
+            let key = (device.to_owned(), route.subnet);
+            if s.routes.get(&key) == Some(&route.via) {
+                s.routes.remove(&key);
+            }
+        })
     }
 }

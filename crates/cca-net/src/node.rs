@@ -49,6 +49,9 @@ pub struct NetConfig {
     pub veth_prefix: String,
     /// Where `network.json` lives (the agent's data dir).
     pub state_dir: PathBuf,
+    /// The MTU of the bridge and of every veth pair (the overlay's,
+    /// [`crate::Overlay::mtu`]); `None` leaves the kernel's.
+    pub mtu: Option<u32>,
 }
 
 impl NetConfig {
@@ -61,6 +64,7 @@ impl NetConfig {
             netns_prefix: "cca-".into(),
             veth_prefix: "vcca".into(),
             state_dir: state_dir.into(),
+            mtu: None,
         }
     }
 
@@ -226,6 +230,7 @@ impl<H: HostNetwork> NodeNetwork<H> {
         host.ensure_bridge(&BridgeSpec {
             name: config.bridge.clone(),
             subnet: config.subnet,
+            mtu: config.mtu,
         })?;
         host.ensure_nat(&NatSpec {
             table: config.table.clone(),
@@ -316,6 +321,7 @@ impl<H: HostNetwork> NodeNetwork<H> {
                 bridge: self.config.bridge.clone(),
                 address,
                 subnet: self.config.subnet,
+                mtu: self.config.mtu,
             })
         });
         if let Err(error) = created {
@@ -554,6 +560,7 @@ mod tests {
                 Call::EnsureBridge(BridgeSpec {
                     name: "cca0".into(),
                     subnet: "10.88.0.0/24".parse().unwrap(),
+                    mtu: None,
                 }),
                 Call::EnsureNat(NatSpec {
                     table: "cca".into(),
@@ -592,6 +599,7 @@ mod tests {
                     bridge: "cca0".into(),
                     address: Ipv4Addr::new(10, 88, 0, 2),
                     subnet: "10.88.0.0/24".parse().unwrap(),
+                    mtu: None,
                 }),
             ]
         );

@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use cca_net::{HostNetwork, IpNft, NetConfig, NodeNetwork, Proto};
+use cca_net::{HostNetwork, KernelNetwork, NetConfig, NodeNetwork, Proto};
 
 /// Whether `test` can run: skipped (saying why) when not root; as root,
 /// `ip` and `nft` must be installed or the test fails.
@@ -70,7 +70,7 @@ impl Drop for Guard {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let host = IpNft::new();
+        let host = KernelNetwork::new();
         for netns in host.list_netns().unwrap_or_default() {
             if netns.starts_with(&self.config.netns_prefix) {
                 let _ = host.delete_netns(&netns);
@@ -125,7 +125,7 @@ fn get(netns: Option<&str>, url: &str) -> String {
 }
 
 fn links() -> Vec<String> {
-    IpNft::new().list_links().expect("ip -j link show")
+    KernelNetwork::new().list_links().expect("ip -j link show")
 }
 
 #[test]
@@ -135,7 +135,7 @@ fn two_instances_talk_publish_and_leave_nothing_behind() {
     }
     let mut guard = Guard::new();
     let config = guard.config.clone();
-    let net = NodeNetwork::open(config.clone(), IpNft::new()).unwrap();
+    let net = NodeNetwork::open(config.clone(), KernelNetwork::new()).unwrap();
 
     let a = net.attach("a").unwrap();
     let b = net.attach("b").unwrap();
@@ -216,7 +216,12 @@ fn two_instances_talk_publish_and_leave_nothing_behind() {
         !remaining.iter().any(|l| l.starts_with(&config.veth_prefix)),
         "{remaining:?}"
     );
-    assert!(IpNft::new().list_ports(&config.table).unwrap().is_empty());
+    assert!(
+        KernelNetwork::new()
+            .list_ports(&config.table)
+            .unwrap()
+            .is_empty()
+    );
     assert!(net.leases().is_empty());
     // The bridge is the node's and outlives its last instance.
     assert!(remaining.contains(&config.bridge));
@@ -234,7 +239,7 @@ fn restart_keeps_addresses_and_cleanup_removes_orphans() {
     }
     let guard = Guard::new();
     let config = guard.config.clone();
-    let net = NodeNetwork::open(config.clone(), IpNft::new()).unwrap();
+    let net = NodeNetwork::open(config.clone(), KernelNetwork::new()).unwrap();
     let keep = net.attach("keep").unwrap();
     let gone = net.attach("gone").unwrap();
     net.publish("gone", fastrand::u16(40001..60000), 80, Proto::Udp)
@@ -242,13 +247,19 @@ fn restart_keeps_addresses_and_cleanup_removes_orphans() {
     drop(net);
 
     // The restarted agent finds its leases, namespaces and ports again.
-    let net = NodeNetwork::open(config.clone(), IpNft::new()).unwrap();
+    let net = NodeNetwork::open(config.clone(), KernelNetwork::new()).unwrap();
     assert_eq!(net.attach("keep").unwrap(), keep);
     assert_eq!(net.attachment_of("gone"), Some(gone.clone()));
-    assert_eq!(IpNft::new().list_ports(&config.table).unwrap().len(), 1);
+    assert_eq!(
+        KernelNetwork::new()
+            .list_ports(&config.table)
+            .unwrap()
+            .len(),
+        1
+    );
 
     // A namespace from a crashed attach that never got a lease.
-    IpNft::new()
+    KernelNetwork::new()
         .create_netns(&config.netns_name("crashed"))
         .unwrap();
     let report = net.cleanup_orphans(["keep"]).unwrap();
@@ -261,7 +272,12 @@ fn restart_keeps_addresses_and_cleanup_removes_orphans() {
             .join(config.netns_name("crashed"))
             .exists()
     );
-    assert!(IpNft::new().list_ports(&config.table).unwrap().is_empty());
+    assert!(
+        KernelNetwork::new()
+            .list_ports(&config.table)
+            .unwrap()
+            .is_empty()
+    );
     assert!(!links().contains(&config.veth_name("gone")));
     assert!(links().contains(&config.veth_name("keep")));
 
@@ -347,7 +363,7 @@ fn a_published_port_carries_only_its_protocol() {
     }
     let guard = Guard::new();
     let config = guard.config.clone();
-    let net = NodeNetwork::open(config.clone(), IpNft::new()).unwrap();
+    let net = NodeNetwork::open(config.clone(), KernelNetwork::new()).unwrap();
     let a = net.attach("a").unwrap();
     let tcp_port = fastrand::u16(20000..30000);
     let udp_port = fastrand::u16(30001..40000);
@@ -374,7 +390,13 @@ fn a_published_port_carries_only_its_protocol() {
         !listing.contains(&format!("tcp . {udp_port} ")),
         "no tcp rule for the udp port: {listing}"
     );
-    assert_eq!(IpNft::new().list_ports(&config.table).unwrap().len(), 2);
+    assert_eq!(
+        KernelNetwork::new()
+            .list_ports(&config.table)
+            .unwrap()
+            .len(),
+        2
+    );
 
     // The traffic: both protocols listen on both ports inside, yet each
     // host port reaches only its own protocol's socket.
@@ -420,5 +442,10 @@ fn a_published_port_carries_only_its_protocol() {
 
     drop(inside);
     net.detach("a").unwrap();
-    assert!(IpNft::new().list_ports(&config.table).unwrap().is_empty());
+    assert!(
+        KernelNetwork::new()
+            .list_ports(&config.table)
+            .unwrap()
+            .is_empty()
+    );
 }
