@@ -100,6 +100,13 @@ fn neighbour_parts(message: &NeighbourMessage) -> (Option<Ipv4Addr>, Option<Mac>
     for attribute in &message.attributes {
         match attribute {
             NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)) => address = Some(*ip),
+            // An FDB entry's (AF_BRIDGE) destination is not parsed by
+            // family: it arrives as four raw bytes.
+            NeighbourAttribute::Destination(NeighbourAddress::Other(bytes)) => {
+                address = <[u8; 4]>::try_from(bytes.as_slice())
+                    .ok()
+                    .map(Ipv4Addr::from);
+            }
             NeighbourAttribute::LinkLayerAddress(bytes) => mac = mac_of(bytes),
             _ => {}
         }
