@@ -5,7 +5,12 @@
 //! only its own protocol (TCP or UDP). Every name carries a random
 //! suffix and a guard removes bridge, table and namespaces even when an
 //! assertion fails. Without root the tests skip (and say so); as root
-//! (how `scripts/test` runs them) a missing `ip` or `nft` fails them.
+//! (how `scripts/test` runs them) a missing `ip` or `nft` fails them: the
+//! library talks netlink, but `nft` drives the table and the tests read the
+//! kernel through `ip` as an independent client. Named namespaces made
+//! without `ip`, a whole node network inside a namespace of its own, error
+//! texts naming link and namespace, and calls from inside an async runtime
+//! are checked too.
 
 use std::fs;
 use std::io::{ErrorKind, Read, Write};
@@ -448,4 +453,188 @@ fn a_published_port_carries_only_its_protocol() {
             .unwrap()
             .is_empty()
     );
+}
+
+#[test]
+fn named_namespaces_are_made_and_removed_without_ip() {
+    if !root_test("named_namespaces_are_made_and_removed_without_ip") {
+        return;
+    }
+    let guard = Guard::new();
+    let name = format!("{}ns", guard.config.netns_prefix);
+    let path = cca_net::netns::create(&name).unwrap();
+    assert_eq!(path, Path::new("/run/netns").join(&name));
+    // iproute2 sees ours, and it is a namespace of its own: only `lo`.
+    let (_, listed) = output("ip", &["netns", "list"]);
+    assert!(listed.lines().any(|l| l.starts_with(&name)), "{listed}");
+    let (ok, inside) = output("ip", &["-n", &name, "-br", "link"]);
+    assert!(ok);
+    assert_eq!(
+        inside
+            .lines()
+            .map(|l| l.split_whitespace().next())
+            .collect::<Vec<_>>(),
+        vec![Some("lo")]
+    );
+    // Creating again is fine and keeps the same namespace.
+    cca_net::netns::create(&name).unwrap();
+    assert!(KernelNetwork::new().list_netns().unwrap().contains(&name));
+
+    // A mount point left by a crash before the mount becomes a namespace.
+    let leftover = format!("{}crashed", guard.config.netns_prefix);
+    fs::write(Path::new("/run/netns").join(&leftover), "").unwrap();
+    cca_net::netns::create(&leftover).unwrap();
+    assert!(
+        output("ip", &["-n", &leftover, "link"]).0,
+        "usable after create"
+    );
+
+    for gone in [&name, &leftover] {
+        cca_net::netns::delete(gone).unwrap();
+        assert!(!Path::new("/run/netns").join(gone).exists());
+        cca_net::netns::delete(gone).unwrap();
+    }
+    let error = cca_net::netns::enter(&path, || ()).unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "could not open network namespace {}: No such file or directory (os error 2)",
+            path.display()
+        )
+    );
+}
+
+#[test]
+fn a_node_network_runs_inside_a_namespace_of_its_own() {
+    if !root_test("a_node_network_runs_inside_a_namespace_of_its_own") {
+        return;
+    }
+    let guard = Guard::new();
+    let node_ns = format!("{}node", guard.config.netns_prefix);
+    let node_path = cca_net::netns::create(&node_ns).unwrap();
+    let mut config = guard.config.clone();
+    config.mtu = Some(1400);
+    let host = KernelNetwork::in_netns(&node_path);
+    let net = NodeNetwork::open(config.clone(), host.clone()).unwrap();
+    let a = net.attach("a").unwrap();
+
+    // Bridge, veth host end and nftables table are the node namespace's.
+    let (_, bridge) = output("ip", &["-n", &node_ns, "link", "show", &config.bridge]);
+    assert!(bridge.contains("mtu 1400"), "{bridge}");
+    assert!(!links().contains(&config.bridge), "not on the host");
+    assert!(!links().contains(&config.veth_name("a")), "not on the host");
+    assert!(host.list_links().unwrap().contains(&config.veth_name("a")));
+    let (in_node, _) = output(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &node_ns,
+            "nft",
+            "list",
+            "table",
+            "ip",
+            &config.table,
+        ],
+    );
+    assert!(in_node, "the table is in the node namespace");
+    let (on_host, _) = output("nft", &["list", "table", "ip", &config.table]);
+    assert!(!on_host, "and not on the host");
+    let (_, forwarding) = output(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &node_ns,
+            "cat",
+            "/proc/sys/net/ipv4/ip_forward",
+        ],
+    );
+    assert_eq!(forwarding.trim(), "1");
+
+    // The instance: the MTU on both ends, address and route as on a host.
+    let instance_ns = config.netns_name("a");
+    let (_, eth0) = output("ip", &["-n", &instance_ns, "link", "show", "eth0"]);
+    assert!(eth0.contains("mtu 1400"), "{eth0}");
+    let (_, routes) = output("ip", &["-n", &instance_ns, "route", "show", "default"]);
+    assert!(
+        routes.contains(&format!("default via {}", a.gateway)),
+        "{routes}"
+    );
+    let (ok, _) = output(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &instance_ns,
+            "busybox",
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "2",
+            &a.gateway.to_string(),
+        ],
+    );
+    assert!(
+        ok,
+        "the instance reaches its gateway inside the node namespace"
+    );
+
+    net.destroy().unwrap();
+    assert!(!a.netns_path.exists());
+    assert!(!host.list_links().unwrap().contains(&config.bridge));
+    cca_net::netns::delete(&node_ns).unwrap();
+}
+
+#[test]
+fn errors_name_the_link_and_the_namespace() {
+    if !root_test("errors_name_the_link_and_the_namespace") {
+        return;
+    }
+    let guard = Guard::new();
+    let node_ns = format!("{}errs", guard.config.netns_prefix);
+    let node_path = cca_net::netns::create(&node_ns).unwrap();
+    let instance_ns = format!("{}errs-i", guard.config.netns_prefix);
+    KernelNetwork::new().create_netns(&instance_ns).unwrap();
+    let host = KernelNetwork::in_netns(&node_path);
+    let error = host
+        .create_veth(&cca_net::VethSpec {
+            host_name: format!("{}x", guard.config.veth_prefix),
+            netns: instance_ns.clone(),
+            peer_name: "eth0".into(),
+            bridge: "nobridge".into(),
+            address: Ipv4Addr::new(10, 199, 0, 2),
+            subnet: "10.199.0.0/24".parse().unwrap(),
+            mtu: None,
+        })
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!(
+            "no link named nobridge in network namespace {}: the node bridge is missing: open the node network first",
+            node_path.display()
+        )
+    );
+    // Removing what is not there is fine, in a namespace as on the host.
+    host.delete_link("nolink").unwrap();
+    host.delete_bridge("nobridge").unwrap();
+    KernelNetwork::new().delete_netns(&instance_ns).unwrap();
+    cca_net::netns::delete(&node_ns).unwrap();
+}
+
+#[test]
+fn calls_from_inside_an_async_runtime_work() {
+    if !root_test("calls_from_inside_an_async_runtime_work") {
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    // The netlink session's own runtime cannot nest in the caller's: the
+    // call moves to a plain thread of the same namespace.
+    let links = runtime
+        .block_on(async { KernelNetwork::new().list_links() })
+        .unwrap();
+    assert!(links.contains(&"lo".to_owned()), "{links:?}");
 }
