@@ -5,11 +5,12 @@
 //! node bridge, an address, a default route and its published ports — and
 //! to remove all of it again on detach or orphan cleanup.
 //!
-//! Later issues fit on top without changing this shape: the VXLAN overlay is
-//! another link on the same bridge plus routes to the other nodes' subnets
-//! (the node subnet comes from the cluster CIDR split), and service VIPs are
-//! more maps and chains in the same nftables table, fed from the
-//! attachments' addresses.
+//! The VXLAN overlay ([`crate::Overlay`]) sits beside it without changing
+//! this shape: another link in the node's namespace and routes to the
+//! other nodes' subnets, while instances keep their default route via the
+//! bridge; [`NetConfig::mtu`] gives the bridge and every veth the
+//! overlay's MTU. Service VIPs are more maps and chains in the same
+//! nftables table, fed from the attachments' addresses.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
