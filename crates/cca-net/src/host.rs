@@ -101,9 +101,9 @@ pub trait HostNetwork: Send + Sync + fmt::Debug {
     /// the peer into the namespace, addresses it, brings up `lo` and the
     /// peer, and routes by default via the gateway.
     fn create_veth(&self, veth: &VethSpec) -> Result<()>;
-    /// Deletes a link in the host namespace; gone already is fine.
+    /// Deletes a link (in the node's namespace); gone already is fine.
     fn delete_link(&self, name: &str) -> Result<()>;
-    /// The names of the links in the host namespace.
+    /// The names of the links in the node's namespace.
     fn list_links(&self) -> Result<Vec<String>>;
     /// Creates the table if missing and rewrites its chains' rules (one
     /// atomic transaction), keeping the published-port map's elements.

@@ -58,6 +58,7 @@ const ENOENT: i32 = 2;
 const ESRCH: i32 = 3;
 const EEXIST: i32 = 17;
 const ENODEV: i32 = 19;
+const EADDRNOTAVAIL: i32 = 99;
 
 /// The kernel's reason in the words `ip` prints ("File exists (os error
 /// 17)"), or the library's own description.
@@ -246,9 +247,8 @@ impl Netlink {
             .push(AddressAttribute::Address(IpAddr::V4(address)));
         match self.handle.address().del(message).execute().await {
             Ok(()) => Ok(()),
-            Err(error) if matches!(errno(&error), Some(ENOENT | ENODEV)) => Ok(()),
-            // EADDRNOTAVAIL: the address is not there.
-            Err(error) if errno(&error) == Some(99) => Ok(()),
+            // EADDRNOTAVAIL: the address is not on the link.
+            Err(error) if matches!(errno(&error), Some(ENOENT | ENODEV | EADDRNOTAVAIL)) => Ok(()),
             Err(error) => Err(self.failed(
                 format_args!("remove address {address}/{prefix} from link {name}"),
                 &error,
