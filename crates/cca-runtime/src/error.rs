@@ -86,6 +86,16 @@ pub enum Error {
         message: String,
     },
 
+    /// Something the node is still setting up (its subnet, for an
+    /// instance with its own network): try again later; not the
+    /// instance's failure.
+    #[error("instance {id}: cannot {operation} yet: {reason}")]
+    NotYet {
+        id: String,
+        operation: Operation,
+        reason: String,
+    },
+
     #[error("runtime directory {path}: {error}")]
     RuntimeDir {
         path: PathBuf,
@@ -109,7 +119,8 @@ impl Error {
             | Self::InvalidState { id, .. }
             | Self::Io { id, .. }
             | Self::Corrupt { id, .. }
-            | Self::Failed { id, .. } => id,
+            | Self::Failed { id, .. }
+            | Self::NotYet { id, .. } => id,
             Self::RuntimeDir { .. } | Self::OciBinary(_) => "",
         }
     }

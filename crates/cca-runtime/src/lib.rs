@@ -30,8 +30,8 @@ pub use logs::{LogOptions, LogStream};
 pub use oci::{OciConfig, OciRuntime};
 pub use process::{ProcessConfig, ProcessRuntime};
 pub use spec::{
-    DEFAULT_LOG_LIMIT_BYTES, InstanceSpec, Mount, NetworkAttachment, PortBinding, Protocol,
-    env_name_for_port, env_name_part,
+    DEFAULT_LOG_LIMIT_BYTES, DnsConfig, InstanceSpec, Mount, NetworkAttachment, PortBinding,
+    Protocol, env_name_for_port, env_name_part,
 };
 pub use status::{
     ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceState, InstanceStatus, LimitsEnforcement,

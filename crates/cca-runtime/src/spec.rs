@@ -57,6 +57,26 @@ pub struct InstanceSpec {
     /// target may sit inside an earlier one).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<Mount>,
+    /// The service asked for the node's network (`network = "host"`): no
+    /// namespace of its own even on a node that gives containers one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub host_network: bool,
+    /// The resolver the instance's `/etc/resolv.conf` names: the node's
+    /// cluster DNS, which answers `{svc}.cca.local` and forwards the
+    /// rest. `None`: the host's resolv.conf, unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<DnsConfig>,
+}
+
+/// The `/etc/resolv.conf` an instance sees.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DnsConfig {
+    /// Nameservers, on port 53 (the resolv.conf format has no port).
+    pub nameservers: Vec<Ipv4Addr>,
+    /// Search domains, so `postgres` resolves as `postgres.cca.local`.
+    pub search: Vec<String>,
+    /// `options ndots:N`.
+    pub ndots: u8,
 }
 
 /// A host file or directory bound at `target` inside the instance.
@@ -180,6 +200,8 @@ impl InstanceSpec {
             log_limit_bytes: DEFAULT_LOG_LIMIT_BYTES,
             network: None,
             mounts: Vec::new(),
+            host_network: false,
+            dns: None,
         }
     }
 
