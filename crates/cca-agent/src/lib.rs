@@ -12,6 +12,7 @@ pub mod files;
 pub mod health;
 mod link;
 pub mod netmap;
+pub mod netplane;
 pub mod network;
 pub mod node;
 mod restart;
@@ -35,6 +36,7 @@ use tokio::sync::watch;
 
 pub use desired::Desired;
 pub use error::AgentError;
+pub use netplane::{AgentNetwork, NodeNet};
 pub use network::InstanceNetwork;
 pub use runtimes::{Containers, RuntimeSet};
 pub use supervisor::{Supervisor, SupervisorConfig};
@@ -73,6 +75,10 @@ pub struct AgentConfig {
     /// How the agent talks to the server and is reached; the default is
     /// `cca agent`'s.
     pub link: LinkOptions,
+    /// The node's part of the cluster network (`node::node_runtime` builds
+    /// it as root); `None`: the agent follows no network map, and
+    /// instances share the host's network and resolver.
+    pub network: Option<AgentNetwork>,
 }
 
 /// Options for running many agents in one process (`cca benchmark`), where
@@ -149,6 +155,22 @@ pub async fn run(
         desired,
         shutdown.clone(),
     ));
+    if let Some(network) = &config.network {
+        let cached = netmap::load_cached(&config.data_dir).unwrap_or_default();
+        let (views, view_changes) = watch::channel(Arc::new(cached));
+        tasks.spawn(netmap::follow_network(
+            client.clone(),
+            config.node.clone(),
+            config.data_dir.clone(),
+            views,
+            shutdown.clone(),
+        ));
+        tasks.spawn(netplane::run_plane(
+            Arc::clone(&network.plane),
+            view_changes,
+            shutdown.clone(),
+        ));
+    }
     let mut supervisor = Supervisor::new(
         &config.node,
         &config.address,
@@ -158,6 +180,9 @@ pub async fn run(
     )
     .with_volumes_dir(config.data_dir.join("volumes"))
     .with_files(config.data_dir.join("files"), Arc::new(client.clone()));
+    if let Some(network) = &config.network {
+        supervisor = supervisor.with_node_net(Arc::clone(&network.node_net));
+    }
     let mut reporter = Reporter::new(client, config.node.clone());
     let mut stop = shutdown;
     loop {

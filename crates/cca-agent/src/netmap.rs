@@ -160,15 +160,13 @@ pub(crate) async fn follow_network(
         };
         loop {
             let line = tokio::select! {
-                line = stream.next() => line,
-                () = saver.due() => {
-                    saver.save(&view).await;
-                    continue;
-                }
-                _ = stop.wait_for(|stop| *stop) => {
-                    saver.save(&view).await;
-                    return;
-                }
+                line = stream.next() => Some(line),
+                () = saver.due() => None,
+                _ = stop.wait_for(|stop| *stop) => break,
+            };
+            let Some(line) = line else {
+                saver.save(&view).await;
+                continue;
             };
             let line = match line {
                 Some(Ok(line)) => line,
@@ -192,7 +190,7 @@ pub(crate) async fn follow_network(
             }
             resume_from = view.revision + 1;
         }
-        if pause(retry.next_delay(None, fastrand::f64()), &mut stop).await {
+        if *stop.borrow() || pause(retry.next_delay(None, fastrand::f64()), &mut stop).await {
             break;
         }
     }

@@ -17,7 +17,12 @@
 //! start attaches a container with a namespace of its own again (a no-op
 //! when intact), so one restarted after a host reboot, which took its
 //! namespace and veth, gets them back with its address and ports.
-//! Without one, containers share the host's network.
+//! Without one, containers share the host's network. With the cluster
+//! network (`Containers::with_node_net`) the node network exists once the
+//! node has a subnet; a container with a network of its own created or
+//! started before that fails with `Error::NotYet`, which the supervisor
+//! retries rather than counts. A service that asked for the host's
+//! network (`network = "host"`) is never attached.
 //!
 //! A node without a usable container runtime (no runc or crun, crun on
 //! hybrid cgroups, not root) still runs processes; its image workloads fail
@@ -35,6 +40,7 @@ use cca_runtime::{
     Result, Runtime,
 };
 
+use crate::netplane::NodeNet;
 use crate::network::{self, InstanceNetwork};
 
 /// Which runtime an instance lives in.
@@ -69,7 +75,38 @@ pub struct Containers {
     /// when the next pull ends.
     gc_pending: AtomicBool,
     /// The node network containers are attached to; `None`: the host's.
-    network: Option<Arc<dyn InstanceNetwork>>,
+    network: Option<NetSource>,
+}
+
+/// Where the node network comes from.
+#[derive(Clone, Debug)]
+enum NetSource {
+    /// Given at start (tests, a fixed subnet).
+    Fixed(Arc<dyn InstanceNetwork>),
+    /// The cluster network's, once the node's subnet is known.
+    Node(Arc<NodeNet>),
+}
+
+impl NetSource {
+    fn current(&self) -> Option<Arc<dyn InstanceNetwork>> {
+        match self {
+            NetSource::Fixed(network) => Some(Arc::clone(network)),
+            NetSource::Node(node_net) => node_net.ready().map(|ready| ready.network),
+        }
+    }
+
+    /// The network, or why a container with a network of its own cannot
+    /// be created or started yet.
+    fn require(&self, id: &str, operation: Operation) -> Result<Arc<dyn InstanceNetwork>> {
+        self.current().ok_or_else(|| Error::NotYet {
+            id: id.to_owned(),
+            operation,
+            reason: match self {
+                NetSource::Node(node_net) => node_net.waiting().unwrap_or_default().to_owned(),
+                NetSource::Fixed(_) => String::new(),
+            },
+        })
+    }
 }
 
 impl Containers {
@@ -93,7 +130,15 @@ impl Containers {
     /// the host's.
     #[must_use]
     pub fn with_network(mut self, network: Arc<dyn InstanceNetwork>) -> Self {
-        self.network = Some(network);
+        self.network = Some(NetSource::Fixed(network));
+        self
+    }
+
+    /// Containers get their own network on the node's subnet, once the
+    /// cluster network gives the node one; until then they wait.
+    #[must_use]
+    pub fn with_node_net(mut self, node_net: Arc<NodeNet>) -> Self {
+        self.network = Some(NetSource::Node(node_net));
         self
     }
 
@@ -225,7 +270,7 @@ impl RuntimeSet {
         let Ok(containers) = &self.containers else {
             return Ok(None);
         };
-        let Some(net) = &containers.network else {
+        let Some(net) = containers.network.as_ref().and_then(NetSource::current) else {
             return Ok(None);
         };
         // Never clean up without knowing every live container.
@@ -237,7 +282,7 @@ impl RuntimeSet {
             .into_iter()
             .map(|status| status.id)
             .collect();
-        network::cleanup_orphans(net, known).await.map(Some)
+        network::cleanup_orphans(&net, known).await.map(Some)
     }
 
     /// Why image workloads cannot run here, `None` when they can.
@@ -315,9 +360,10 @@ impl Runtime for RuntimeSet {
         })?;
         spec.image = Some(containers.pinned_image(&spec.id, &image).await?);
         let attached = match &containers.network {
-            Some(net) if spec.network.is_none() => {
+            Some(source) if spec.network.is_none() && !spec.host_network => {
+                let net = source.require(&spec.id, Operation::Create)?;
                 let attachment =
-                    network::attach(net, &spec)
+                    network::attach(&net, &spec)
                         .await
                         .map_err(|message| Error::Failed {
                             id: spec.id.clone(),
@@ -338,7 +384,7 @@ impl Runtime for RuntimeSet {
             Err(error) => {
                 // Nothing half-created: the namespace goes with the failure.
                 if let Some(net) = attached
-                    && let Err(problem) = network::detach(net, &id).await
+                    && let Err(problem) = network::detach(&net, &id).await
                 {
                     tracing::warn!(instance = %id, %problem, "detaching after a failed create");
                 }
@@ -351,9 +397,9 @@ impl Runtime for RuntimeSet {
         let (route, runtime) = self.route(id).await?;
         if route == Route::Container
             && let Ok(containers) = &self.containers
-            && let Some(net) = &containers.network
+            && let Some(source) = &containers.network
         {
-            reattach(net, runtime, id).await?;
+            reattach(source, runtime, id).await?;
         }
         runtime.start(id).await
     }
@@ -376,8 +422,8 @@ impl Runtime for RuntimeSet {
             // in its instance's namespace) removes nothing. A failure is
             // only logged: the container is gone, and the agent's next
             // start removes what is left.
-            if let Some(net) = &containers.network
-                && let Err(problem) = network::detach(net, id).await
+            if let Some(net) = containers.network.as_ref().and_then(NetSource::current)
+                && let Err(problem) = network::detach(&net, id).await
             {
                 tracing::warn!(instance = %id, %problem, "detaching from the node network failed");
             }
@@ -428,11 +474,7 @@ impl Runtime for RuntimeSet {
 /// instance's leased address, so the container comes back at the address
 /// and with the published ports it was created with. An instance that
 /// joins another's namespace (an init step) is left alone.
-async fn reattach(
-    net: &Arc<dyn InstanceNetwork>,
-    runtime: &Arc<dyn Runtime>,
-    id: &str,
-) -> Result<()> {
+async fn reattach(source: &NetSource, runtime: &Arc<dyn Runtime>, id: &str) -> Result<()> {
     let spec = runtime.inspect(id).await?.spec;
     let Some(created) = &spec.network else {
         return Ok(());
@@ -440,6 +482,7 @@ async fn reattach(
     if !owns_namespace(id, created) {
         return Ok(());
     }
+    let net = &source.require(id, Operation::Start)?;
     let failed = |message: String| Error::Failed {
         id: id.to_owned(),
         operation: Operation::Start,

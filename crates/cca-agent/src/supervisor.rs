@@ -37,6 +37,7 @@ use tokio::time::Instant;
 use crate::desired::Desired;
 use crate::files::{self, FileSource};
 use crate::health::{self, HealthTracker, ProbeTarget};
+use crate::netplane::NodeNet;
 use crate::restart::{self, AfterExit};
 
 /// How hard the supervisor tries.
@@ -121,7 +122,13 @@ pub struct Supervisor {
     files: Option<(PathBuf, Arc<dyn FileSource>)>,
     records: HashMap<String, Record>,
     starting: HashMap<String, JoinHandle<Result<(), StartProblem>>>,
+    /// The node's part of the cluster network, when it has one: instances
+    /// wait for its subnet before they first start, and get its resolver.
+    node_net: Option<Arc<NodeNet>>,
 }
+
+/// How often an instance waiting for the node's subnet looks again.
+const NETWORK_WAIT: Duration = Duration::from_millis(200);
 
 /// Why a start did not get the instance running.
 #[derive(Debug)]
@@ -167,7 +174,16 @@ impl Supervisor {
             files: None,
             records: HashMap::new(),
             starting: HashMap::new(),
+            node_net: None,
         }
+    }
+
+    /// Starts instances only once the node network is up, each with the
+    /// node's cluster DNS as its resolver.
+    #[must_use]
+    pub fn with_node_net(mut self, node_net: Arc<NodeNet>) -> Self {
+        self.node_net = Some(node_net);
+        self
     }
 
     /// Keeps volume directories under `dir` (created as needed).
@@ -404,15 +420,31 @@ impl Supervisor {
         }
         if restart::restart_due(record.next_start_at, now) {
             record.next_start_at = None;
-            record.restarts += 1;
-            if let Err(error) = self.runtime.start(id).await {
-                record.failed = Some(format!("restart failed: {error}"));
+            match self.runtime.start(id).await {
+                Ok(()) => {
+                    record.restarts += 1;
+                    record.waiting = None;
+                }
+                // The node network is not back yet (agent restarted before
+                // its subnet was known): not the instance's failure.
+                Err(error @ cca_runtime::Error::NotYet { .. }) => {
+                    record.waiting = Some(error.to_string());
+                    record.next_start_at = Some(now + NETWORK_WAIT);
+                }
+                Err(error) => record.failed = Some(format!("restart failed: {error}")),
             }
         }
     }
 
     /// Creates (when needed), runs init steps, and starts, in the background.
     fn begin_start(&mut self, id: &str, assignment: &Assignment) {
+        if let Some(waiting) = self.node_net.as_ref().and_then(|net| net.waiting()) {
+            if let Some(record) = self.records.get_mut(id) {
+                record.waiting = Some(waiting.to_owned());
+                record.next_start_at = Some(Instant::now() + NETWORK_WAIT);
+            }
+            return;
+        }
         let spec = match self.instance_spec(assignment) {
             Ok(spec) => spec,
             Err(problem) => {
@@ -462,6 +494,12 @@ impl Supervisor {
         let mut spec = InstanceSpec::new(&instance.id, &instance.service, command);
         spec.image = image;
         spec.node = self.node.clone();
+        spec.host_network = service.host_network;
+        spec.dns = self
+            .node_net
+            .as_ref()
+            .and_then(|net| net.ready())
+            .map(|ready| ready.dns);
         spec.env = self.base_env.clone();
         // Instances of nodes sharing a host (tests, several agents on one
         // machine) bind their node's address, not every address.
@@ -723,7 +761,10 @@ async fn start_instance(
             runtime
                 .create(spec.clone())
                 .await
-                .map_err(|err| err.to_string())?;
+                .map_err(|error| match error {
+                    cca_runtime::Error::NotYet { .. } => StartProblem::Retry(error.to_string()),
+                    error => StartProblem::Failed(error.to_string()),
+                })?;
         }
     }
     // Init steps run in the instance's own network namespace when it has

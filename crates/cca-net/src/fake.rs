@@ -108,10 +108,11 @@ impl State {
     }
 }
 
-/// A recording, failure-injecting host network.
-#[derive(Debug, Default)]
+/// A recording, failure-injecting host network. Clones share one state:
+/// the node network and the overlay of one node see one kernel.
+#[derive(Clone, Debug, Default)]
 pub struct FakeHost {
-    state: Mutex<State>,
+    state: std::sync::Arc<Mutex<State>>,
 }
 
 impl FakeHost {

@@ -48,6 +48,10 @@ pub struct NatSpec {
     pub table: String,
     pub bridge: String,
     pub subnet: Subnet,
+    /// The overlay device: flows to other nodes' instances keep their
+    /// source address (policy judges them by it), so they are not
+    /// masqueraded either.
+    pub overlay: Option<String>,
 }
 
 /// A transport protocol of a published port.

@@ -53,6 +53,9 @@ pub struct NetConfig {
     /// The MTU of the bridge and of every veth pair (the overlay's,
     /// [`crate::Overlay::mtu`]); `None` leaves the kernel's.
     pub mtu: Option<u32>,
+    /// The overlay device (`cca-vxlan`), when the node has one: traffic
+    /// leaving through it is not masqueraded.
+    pub overlay: Option<String>,
 }
 
 impl NetConfig {
@@ -66,6 +69,7 @@ impl NetConfig {
             veth_prefix: "vcca".into(),
             state_dir: state_dir.into(),
             mtu: None,
+            overlay: None,
         }
     }
 
@@ -237,6 +241,7 @@ impl<H: HostNetwork> NodeNetwork<H> {
             table: config.table.clone(),
             bridge: config.bridge.clone(),
             subnet: config.subnet,
+            overlay: config.overlay.clone(),
         })?;
         for published in &state.ports {
             host.add_port(&config.table, &published.mapping)?;
@@ -567,6 +572,7 @@ mod tests {
                     table: "cca".into(),
                     bridge: "cca0".into(),
                     subnet: "10.88.0.0/24".parse().unwrap(),
+                    overlay: None,
                 }),
             ]
         );

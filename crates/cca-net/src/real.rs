@@ -363,7 +363,12 @@ fn nat_script(nat: &NatSpec) -> String {
         table,
         bridge,
         subnet,
+        overlay,
     } = nat;
+    let local = match overlay {
+        Some(overlay) => format!("{{ \"{bridge}\", \"{overlay}\" }}"),
+        None => format!("\"{bridge}\""),
+    };
     format!(
         "add table ip {table}
 add map ip {table} {PORTS_MAP} {{ type inet_proto . inet_service : ipv4_addr . inet_service; }}
@@ -375,7 +380,7 @@ flush chain ip {table} output
 flush chain ip {table} postrouting
 add rule ip {table} prerouting fib daddr type local meta l4proto {{ tcp, udp }} dnat ip to meta l4proto . th dport map @{PORTS_MAP} comment \"published ports\"
 add rule ip {table} output fib daddr type local meta l4proto {{ tcp, udp }} dnat ip to meta l4proto . th dport map @{PORTS_MAP} comment \"published ports, locally originated\"
-add rule ip {table} postrouting ip saddr {subnet} oifname != \"{bridge}\" masquerade comment \"outbound NAT\"
+add rule ip {table} postrouting ip saddr {subnet} oifname != {local} masquerade comment \"outbound NAT\"
 add rule ip {table} postrouting ip saddr 127.0.0.0/8 oifname \"{bridge}\" masquerade comment \"published ports on loopback\"
 add rule ip {table} postrouting ct status dnat ip saddr {subnet} oifname \"{bridge}\" masquerade comment \"hairpin to a published port\"
 "
@@ -457,8 +462,21 @@ mod tests {
             table: "cca".into(),
             bridge: "cca0".into(),
             subnet: "10.88.0.0/24".parse().unwrap(),
+            overlay: None,
         });
         assert!(script.contains("ip saddr 10.88.0.0/24 oifname != \"cca0\" masquerade"));
+        let script = nat_script(&NatSpec {
+            table: "cca".into(),
+            bridge: "cca0".into(),
+            subnet: "10.88.0.0/24".parse().unwrap(),
+            overlay: Some("cca-vxlan".into()),
+        });
+        assert!(
+            script.contains(
+                "ip saddr 10.88.0.0/24 oifname != { \"cca0\", \"cca-vxlan\" } masquerade"
+            ),
+            "{script}"
+        );
         assert!(script.contains("flush chain ip cca postrouting"));
         assert!(script.contains("dnat ip to meta l4proto . th dport map @ports"));
     }

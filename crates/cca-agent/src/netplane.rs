@@ -1,0 +1,353 @@
+//! The node's part of the cluster network, driven by its [`NetworkView`]:
+//! once the view holds this node's subnet, the plane opens the node
+//! network on it (the bridge with the subnet's gateway, instances' veths
+//! and addresses, published ports) and the VXLAN overlay; on every view
+//! after, it syncs the overlay's routes and forwarding entries to the
+//! other nodes.
+//!
+//! [`NodeNet`] is what the rest of the agent sees of it: nothing until the
+//! subnet is known, then the instance network containers attach to and
+//! the resolver instances are given. Until then containers with a network
+//! of their own, and every instance's first start, wait (they are not
+//! failures: the subnet arrives a moment after the node registers, or at
+//! once from the cached view after an agent restart).
+
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use std::time::Duration;
+
+use cca_model::net::{DNS_ZONE, Ipv4Net, NetworkMap};
+use cca_net::{
+    HostNetwork, LocalNode, NetConfig, NodeNetwork, Overlay, OverlayConfig, OverlayHost,
+};
+use cca_runtime::DnsConfig;
+use tokio::sync::watch;
+
+use crate::netmap::NetworkView;
+use crate::network::InstanceNetwork;
+
+/// A failed apply is tried again after this long even if no new view
+/// arrives.
+const RETRY: Duration = Duration::from_secs(5);
+
+/// What instances get once the node's subnet is known.
+#[derive(Clone, Debug)]
+pub struct Ready {
+    /// Where containers with their own network attach.
+    pub network: Arc<dyn InstanceNetwork>,
+    pub subnet: Ipv4Net,
+    /// The resolver every instance is given: the node's cluster DNS on its
+    /// bridge's gateway address.
+    pub dns: DnsConfig,
+}
+
+/// The node network as the supervisor and the runtimes see it; see the
+/// module docs.
+#[derive(Debug, Default)]
+pub struct NodeNet {
+    ready: RwLock<Option<Ready>>,
+}
+
+impl NodeNet {
+    /// The node network, once the subnet is known.
+    pub fn ready(&self) -> Option<Ready> {
+        self.ready
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn set(&self, ready: Ready) {
+        *self.ready.write().unwrap_or_else(PoisonError::into_inner) = Some(ready);
+    }
+
+    /// Why an instance cannot start yet, while the subnet is unknown.
+    pub fn waiting(&self) -> Option<&'static str> {
+        self.ready()
+            .is_none()
+            .then_some("this node has no subnet yet: waiting for the control plane to allocate one")
+    }
+}
+
+/// The resolver of a node whose bridge has `gateway`.
+pub fn node_dns(gateway: Ipv4Addr) -> DnsConfig {
+    DnsConfig {
+        nameservers: vec![gateway],
+        search: vec![DNS_ZONE.to_owned()],
+        // `postgres` (no dot) tries `postgres.cca.local` first; any name
+        // with a dot is asked as written first.
+        ndots: 1,
+    }
+}
+
+/// Where and how the plane builds the node's network.
+#[derive(Clone, Debug)]
+pub struct PlaneConfig {
+    /// This node's name (its entry in the map).
+    pub node: String,
+    /// Where other nodes' tunnels reach this one.
+    pub underlay: Ipv4Addr,
+    /// Where the node network keeps its state (`network.json`).
+    pub state_dir: PathBuf,
+    pub overlay: OverlayConfig,
+}
+
+/// The node's network plane over a kernel `H` (the real one, or a
+/// recording fake in tests).
+#[derive(Debug)]
+pub struct Plane<H: HostNetwork + OverlayHost + Clone + 'static> {
+    config: PlaneConfig,
+    host: H,
+    node_net: Arc<NodeNet>,
+    overlay: Option<Overlay<H>>,
+    /// The map the kernel was last synced to.
+    applied: Option<NetworkMap>,
+}
+
+impl<H: HostNetwork + OverlayHost + Clone + 'static> Plane<H> {
+    pub fn new(config: PlaneConfig, host: H, node_net: Arc<NodeNet>) -> Self {
+        Self {
+            config,
+            host,
+            node_net,
+            overlay: None,
+            applied: None,
+        }
+    }
+
+    /// Brings the node in line with `view` (blocking: netlink and nft).
+    pub fn apply(&mut self, view: &NetworkView) -> Result<(), String> {
+        let Some(route) = view.map.nodes.get(&self.config.node) else {
+            return Ok(());
+        };
+        if self.overlay.is_none() {
+            self.open(route.subnet)?;
+        } else if let Some(ready) = self.node_net.ready()
+            && ready.subnet != route.subnet
+        {
+            // The controller never moves a live subnet; a node deleted and
+            // registered again after its hold gets a new one, and its
+            // instances' addresses would all change under them.
+            return Err(format!(
+                "this node's subnet changed from {} to {}: its instances keep their addresses \
+                 on {}; restart the agent after removing {} to move them",
+                ready.subnet,
+                route.subnet,
+                ready.subnet,
+                self.config.state_dir.join(cca_net::STATE_FILE).display()
+            ));
+        }
+        if self.applied.as_ref() != Some(&view.map)
+            && let Some(overlay) = &self.overlay
+        {
+            let report = overlay
+                .sync(view.map.nodes.values())
+                .map_err(|error| format!("syncing the overlay: {error}"))?;
+            tracing::debug!(?report, "overlay synced");
+            self.applied = Some(view.map.clone());
+        }
+        Ok(())
+    }
+
+    /// Opens the overlay and the node network on `subnet`.
+    fn open(&mut self, subnet: Ipv4Net) -> Result<(), String> {
+        let local = LocalNode {
+            name: self.config.node.clone(),
+            subnet,
+            underlay: self.config.underlay,
+        };
+        let overlay = Overlay::open(local, self.config.overlay.clone(), self.host.clone())
+            .map_err(|error| format!("opening the overlay on {subnet}: {error}"))?;
+        let net_subnet = cca_net::Subnet::new(subnet.network(), subnet.prefix())
+            .map_err(|error| format!("node subnet {subnet}: {error}"))?;
+        let mut config = NetConfig::new(net_subnet, &self.config.state_dir);
+        config.mtu = Some(overlay.mtu());
+        config.overlay = Some(self.config.overlay.device.clone());
+        if let Some(bridge) = &self.config.overlay.bridge {
+            config.bridge.clone_from(bridge);
+        }
+        let network = NodeNetwork::open(config, self.host.clone())
+            .map_err(|error| format!("opening the node network on {subnet}: {error}"))?;
+        tracing::info!(%subnet, mtu = overlay.mtu(), "node network open");
+        self.overlay = Some(overlay);
+        self.node_net.set(Ready {
+            network: Arc::new(network),
+            subnet,
+            dns: node_dns(subnet.gateway()),
+        });
+        Ok(())
+    }
+}
+
+/// What follows the network map on a node (a [`Plane`] over some kernel).
+pub trait ApplyView: Send + std::fmt::Debug {
+    /// Brings the node in line with `view` (blocking).
+    fn apply(&mut self, view: &NetworkView) -> Result<(), String>;
+}
+
+impl<H: HostNetwork + OverlayHost + Clone + Send + 'static> ApplyView for Plane<H> {
+    fn apply(&mut self, view: &NetworkView) -> Result<(), String> {
+        Plane::apply(self, view)
+    }
+}
+
+/// The agent's part of the cluster network: what instances see of it and
+/// the plane that follows the map.
+#[derive(Clone, Debug)]
+pub struct AgentNetwork {
+    pub node_net: Arc<NodeNet>,
+    pub plane: Arc<Mutex<dyn ApplyView>>,
+}
+
+impl AgentNetwork {
+    /// Applies `view` now, on the calling thread (blocking): the agent's
+    /// start brings the node network up from the cached view before it
+    /// cleans up what dead containers left.
+    pub fn apply_now(&self, view: &NetworkView) -> Result<(), String> {
+        self.plane
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .apply(view)
+    }
+}
+
+/// Applies every view `views` publishes to `plane` until `stop`, on the
+/// blocking pool; a failure is retried after [`RETRY`] or with the next
+/// view.
+pub(crate) async fn run_plane(
+    plane: Arc<Mutex<dyn ApplyView>>,
+    mut views: watch::Receiver<Arc<NetworkView>>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let mut failed = false;
+    loop {
+        let view = Arc::clone(&views.borrow_and_update());
+        let plane = Arc::clone(&plane);
+        let applied = tokio::task::spawn_blocking(move || {
+            plane
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .apply(&view)
+        })
+        .await;
+        let outcome = applied.unwrap_or_else(|error| Err(format!("the apply panicked: {error}")));
+        match &outcome {
+            Ok(()) if failed => tracing::info!("node network in line with the map again"),
+            Ok(()) => {}
+            Err(problem) => tracing::warn!(%problem, "applying the network map failed"),
+        }
+        failed = outcome.is_err();
+        let retry = async {
+            if failed {
+                tokio::time::sleep(RETRY).await;
+            } else {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            changed = views.changed() => if changed.is_err() { return },
+            () = retry => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cca_model::net::{NetworkChange, NodeRoute, Touched};
+    use cca_net::fake::{Call, FakeHost};
+
+    use super::*;
+
+    fn route(node: &str, subnet: &str, underlay: [u8; 4]) -> NodeRoute {
+        NodeRoute {
+            node: node.into(),
+            subnet: subnet.parse().expect("a prefix"),
+            underlay: underlay.into(),
+            ready: true,
+        }
+    }
+
+    fn view(routes: &[NodeRoute]) -> NetworkView {
+        let mut map = NetworkMap::default();
+        let mut touched = Touched::default();
+        for route in routes {
+            map.apply(NetworkChange::Node(route.clone()), &mut touched);
+        }
+        NetworkView { revision: 1, map }
+    }
+
+    fn plane(dir: &std::path::Path) -> (Plane<FakeHost>, Arc<NodeNet>, FakeHost) {
+        let host = FakeHost::default();
+        let node_net = Arc::new(NodeNet::default());
+        let config = PlaneConfig {
+            node: "n1".into(),
+            underlay: [192, 168, 0, 1].into(),
+            state_dir: dir.to_owned(),
+            overlay: OverlayConfig {
+                mtu: Some(1450),
+                ..OverlayConfig::default()
+            },
+        };
+        (
+            Plane::new(config, host.clone(), Arc::clone(&node_net)),
+            node_net,
+            host,
+        )
+    }
+
+    #[test]
+    fn the_node_network_opens_once_the_map_holds_the_subnet() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (mut plane, node_net, host) = plane(dir.path());
+        assert!(node_net.waiting().is_some());
+        plane.apply(&view(&[])).expect("nothing to do");
+        assert!(node_net.ready().is_none());
+        let n1 = route("n1", "10.42.1.0/24", [192, 168, 0, 1]);
+        let n2 = route("n2", "10.42.2.0/24", [192, 168, 0, 2]);
+        plane.apply(&view(&[n1.clone(), n2])).expect("opens");
+        let ready = node_net.ready().expect("ready");
+        assert_eq!(ready.subnet.to_string(), "10.42.1.0/24");
+        assert_eq!(ready.dns.nameservers, vec![Ipv4Addr::new(10, 42, 1, 1)]);
+        assert_eq!(ready.dns.search, vec!["cca.local".to_owned()]);
+        let calls = host.calls();
+        assert!(
+            calls
+                .iter()
+                .any(|call| matches!(call, Call::EnsureBridge(bridge) if bridge.mtu == Some(1450))),
+            "{calls:?}"
+        );
+        assert!(
+            calls.iter().any(|call| matches!(call, Call::AddRoute(_, route) if route.subnet.to_string() == "10.42.2.0/24")),
+            "{calls:?}"
+        );
+        // n2 leaves: its route goes.
+        plane.apply(&view(&[n1])).expect("syncs");
+        assert!(
+            host.calls()
+                .iter()
+                .any(|call| matches!(call, Call::DeleteRoute(_, route) if route.subnet.to_string() == "10.42.2.0/24")),
+        );
+    }
+
+    #[test]
+    fn a_moved_subnet_is_refused_with_the_way_out() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (mut plane, node_net, _) = plane(dir.path());
+        plane
+            .apply(&view(&[route("n1", "10.42.1.0/24", [192, 168, 0, 1])]))
+            .expect("opens");
+        let error = plane
+            .apply(&view(&[route("n1", "10.42.9.0/24", [192, 168, 0, 1])]))
+            .expect_err("refused");
+        assert!(
+            error.contains("changed from 10.42.1.0/24 to 10.42.9.0/24"),
+            "{error}"
+        );
+        assert_eq!(
+            node_net.ready().map(|ready| ready.subnet.to_string()),
+            Some("10.42.1.0/24".into())
+        );
+    }
+}
