@@ -19,6 +19,7 @@
 //! does. Every record has the TTL [`TTL`]: VIPs and members change.
 
 use std::net::Ipv4Addr;
+use std::sync::LazyLock;
 
 use cca_model::net::{DNS_ZONE, NetworkMap, ServiceNet, service_name};
 use cca_model::spec::Protocol;
@@ -273,9 +274,28 @@ fn a_record(name: Name, address: Ipv4Addr) -> Record {
     Record::from_rdata(name, TTL, RData::A(A(address)))
 }
 
+/// The zone's fixed names and its SOA data, built once.
+struct Zone {
+    apex: Name,
+    soa: SOA,
+}
+
+static ZONE: LazyLock<Zone> = LazyLock::new(|| Zone {
+    apex: zone_name(""),
+    soa: SOA::new(
+        zone_name("ns."),
+        zone_name("hostmaster."),
+        1,
+        3600,
+        600,
+        86400,
+        TTL,
+    ),
+});
+
 /// The zone apex, `cca.local.`.
 fn apex() -> Name {
-    zone_name("")
+    ZONE.apex.clone()
 }
 
 /// `{prefix}cca.local.` (prefix empty or ending in a dot).
@@ -285,19 +305,7 @@ fn zone_name(prefix: &str) -> Name {
 }
 
 fn soa_record(owner: Name) -> Record {
-    Record::from_rdata(
-        owner,
-        TTL,
-        RData::SOA(SOA::new(
-            zone_name("ns."),
-            zone_name("hostmaster."),
-            1,
-            3600,
-            600,
-            86400,
-            TTL,
-        )),
-    )
+    Record::from_rdata(owner, TTL, RData::SOA(ZONE.soa.clone()))
 }
 
 /// The response skeleton: ID, opcode, flags and question of the request,

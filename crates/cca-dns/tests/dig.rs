@@ -82,7 +82,7 @@ struct Running {
     address: SocketAddr,
     handle: DnsHandle,
     stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
+    task: tokio::task::JoinHandle<Result<(), cca_dns::DnsError>>,
 }
 
 impl Running {
@@ -118,7 +118,8 @@ impl Running {
         }
         (&mut self.task)
             .await
-            .expect("the server task ends cleanly");
+            .expect("the server task ends cleanly")
+            .expect("the server ran");
     }
 }
 
@@ -446,7 +447,7 @@ fn upstreams_come_from_resolv_conf_without_this_server() {
         );
         drop(own);
         let _ = stop.send(());
-        task.await.unwrap();
+        task.await.unwrap().unwrap();
     });
 }
 
