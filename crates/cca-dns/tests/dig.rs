@@ -87,9 +87,15 @@ struct Running {
 
 impl Running {
     async fn start(upstreams: Upstreams) -> Running {
+        Running::with(upstreams, |_| {}).await
+    }
+
+    /// A server with the tests' defaults changed by `adjust`.
+    async fn with(upstreams: Upstreams, adjust: impl FnOnce(&mut DnsConfig)) -> Running {
         let mut config = DnsConfig::new(vec!["127.0.0.1:0".parse().expect("a listen address")]);
         config.upstreams = upstreams;
         config.forward_timeout = Duration::from_millis(500);
+        adjust(&mut config);
         let server = DnsServer::bind(config, Arc::new(map()))
             .await
             .expect("the server binds a free loopback port");
@@ -391,6 +397,72 @@ fn a_silent_upstream_is_servfail_not_a_timeout() {
         assert_eq!(no_upstream.handle.metrics().snapshot().errors, 1);
         server.shutdown().await;
         no_upstream.shutdown().await;
+    });
+}
+
+#[test]
+fn forwards_past_the_bound_are_servfail_at_once() {
+    if !have_dig("forwards_past_the_bound_are_servfail_at_once") {
+        return;
+    }
+    run(async {
+        let silent = UdpSocket::bind("127.0.0.1:0").await.expect("a free port");
+        let upstream = silent.local_addr().expect("its address");
+        let server = Running::with(Upstreams::Fixed(vec![upstream]), |config| {
+            config.max_forwards = 1;
+            config.forward_timeout = Duration::from_secs(2);
+        })
+        .await;
+        let address = server.address;
+        // The one slot, held for the whole timeout by a silent upstream.
+        let first = tokio::spawn(async move { dig(address, &["+time=5", "example.org"]).await });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let started = Instant::now();
+        let second = server.dig(&["example.net"]).await;
+        assert_eq!(status(&second), "SERVFAIL");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "not queued behind the first: {:?}",
+            started.elapsed()
+        );
+        let first = first.await.expect("the first dig ran");
+        assert_eq!(status(&first), "SERVFAIL", "the upstream never answered");
+        assert_eq!(server.handle.metrics().snapshot().forwarded, 1);
+        server.shutdown().await;
+    });
+}
+
+#[test]
+fn garbage_over_udp_and_tcp_does_not_stop_the_server() {
+    if !have_dig("garbage_over_udp_and_tcp_does_not_stop_the_server") {
+        return;
+    }
+    run(async {
+        let server = Running::start(Upstreams::Fixed(Vec::new())).await;
+        let client = UdpSocket::bind("127.0.0.1:0")
+            .await
+            .expect("a client socket");
+        let mut rng = fastrand::Rng::with_seed(7);
+        for _ in 0..2_000 {
+            let packet: Vec<u8> = (0..rng.usize(..300)).map(|_| rng.u8(..)).collect();
+            client
+                .send_to(&packet, server.address)
+                .await
+                .expect("a datagram is sent");
+        }
+        for _ in 0..20 {
+            let mut stream = tokio::net::TcpStream::connect(server.address)
+                .await
+                .expect("a TCP connection");
+            let garbage: Vec<u8> = (0..rng.usize(..600)).map(|_| rng.u8(..)).collect();
+            // The server may close the connection halfway: that is fine.
+            let _ = stream.write_all(&garbage).await;
+        }
+        let out = server.dig(&["web.cca.local"]).await;
+        assert_eq!(section(&out, "ANSWER"), ["web.cca.local. 5 IN A 10.43.0.7"]);
+        let out = server.dig(&["+tcp", "web.cca.local"]).await;
+        assert_eq!(section(&out, "ANSWER"), ["web.cca.local. 5 IN A 10.43.0.7"]);
+        server.shutdown().await;
     });
 }
 
