@@ -91,6 +91,17 @@ pub struct PlaneConfig {
     /// Where the node network keeps its state (`network.json`).
     pub state_dir: PathBuf,
     pub overlay: OverlayConfig,
+    /// The node's DNS server listens on the gateway address at this port
+    /// (and the gateway's port 53 is redirected to it); `None`: no DNS.
+    pub dns_port: Option<u16>,
+}
+
+/// The node's running DNS server.
+#[derive(Debug)]
+struct Dns {
+    handle: cca_dns::DnsHandle,
+    /// Ends the server when the plane goes.
+    _stop: tokio::sync::oneshot::Sender<()>,
 }
 
 /// The node's network plane over a kernel `H` (the real one, or a
@@ -101,6 +112,9 @@ pub struct Plane<H: HostNetwork + OverlayHost + Clone + 'static> {
     host: H,
     node_net: Arc<NodeNet>,
     overlay: Option<Overlay<H>>,
+    dns: Option<Dns>,
+    /// Where the DNS server's tasks run (the agent's runtime).
+    runtime: Option<tokio::runtime::Handle>,
     /// The map the kernel was last synced to.
     applied: Option<NetworkMap>,
 }
@@ -112,6 +126,8 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static> Plane<H> {
             host,
             node_net,
             overlay: None,
+            dns: None,
+            runtime: tokio::runtime::Handle::try_current().ok(),
             applied: None,
         }
     }
@@ -145,8 +161,43 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static> Plane<H> {
                 .sync(view.map.nodes.values())
                 .map_err(|error| format!("syncing the overlay: {error}"))?;
             tracing::debug!(?report, "overlay synced");
+            // Names are published after the rules they lead to.
+            if let Some(dns) = &self.dns {
+                dns.handle.set_map(Arc::new(view.map.clone()));
+            }
             self.applied = Some(view.map.clone());
         }
+        Ok(())
+    }
+
+    /// Starts the node's DNS server on `gateway`.
+    fn start_dns(&mut self, gateway: Ipv4Addr, port: u16) -> Result<(), String> {
+        let runtime = self
+            .runtime
+            .clone()
+            .ok_or("the node's DNS server needs the agent's async runtime")?;
+        let mut config = cca_dns::DnsConfig::new(vec![(gateway, port).into()]);
+        config.also_self = vec![gateway.into()];
+        let server = runtime
+            .block_on(cca_dns::DnsServer::bind(config, Arc::default()))
+            .map_err(|error| {
+                format!("starting the node's DNS server on {gateway}:{port}: {error}")
+            })?;
+        let handle = server.handle();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        runtime.spawn(async move {
+            let shutdown = async {
+                let _ = stopped.await;
+            };
+            if let Err(error) = server.run(shutdown).await {
+                tracing::error!(%error, "the node's DNS server stopped");
+            }
+        });
+        tracing::info!(%gateway, port, "node DNS server listening");
+        self.dns = Some(Dns {
+            handle,
+            _stop: stop,
+        });
         Ok(())
     }
 
@@ -164,12 +215,16 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static> Plane<H> {
         let mut config = NetConfig::new(net_subnet, &self.config.state_dir);
         config.mtu = Some(overlay.mtu());
         config.overlay = Some(self.config.overlay.device.clone());
+        config.dns_port = self.config.dns_port;
         if let Some(bridge) = &self.config.overlay.bridge {
             config.bridge.clone_from(bridge);
         }
         let network = NodeNetwork::open(config, self.host.clone())
             .map_err(|error| format!("opening the node network on {subnet}: {error}"))?;
         tracing::info!(%subnet, mtu = overlay.mtu(), "node network open");
+        if let Some(port) = self.config.dns_port {
+            self.start_dns(subnet.gateway(), port)?;
+        }
         self.overlay = Some(overlay);
         self.node_net.set(Ready {
             network: Arc::new(network),
@@ -289,6 +344,7 @@ mod tests {
                 mtu: Some(1450),
                 ..OverlayConfig::default()
             },
+            dns_port: None,
         };
         (
             Plane::new(config, host.clone(), Arc::clone(&node_net)),

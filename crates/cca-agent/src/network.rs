@@ -1,12 +1,12 @@
 //! Per-instance networking of containers: the narrow [`InstanceNetwork`]
 //! trait the [`crate::RuntimeSet`] drives (implemented by
 //! [`cca_net::NodeNetwork`] over any host), and the async wrappers that run
-//! its blocking calls (`ip`, `nft`, the state file) on the blocking pool.
+//! its blocking calls (netlink, `nft`, the state file) on the blocking pool.
 //!
 //! A container gets its own namespace, address and published host ports at
 //! create, and loses them after remove; the agent removes what crashed
 //! instances left behind at start (`cleanup_orphans`). A node without a
-//! pod subnet has no `InstanceNetwork`, and its containers keep the host's
+//! subnet has no `InstanceNetwork`, and its containers keep the host's
 //! network.
 
 use std::fmt;

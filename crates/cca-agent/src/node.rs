@@ -12,7 +12,11 @@ use cca_image::{ImageStore, RegistrySettings};
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::{OciConfig, OciRuntime, ProcessConfig, ProcessRuntime, Runtime};
 
-use crate::network::{CleanupReport, node_network};
+pub use cca_net::OverlayConfig;
+
+use crate::netmap::load_cached;
+use crate::netplane::{AgentNetwork, NodeNet, Plane, PlaneConfig};
+use crate::network::CleanupReport;
 use crate::{Containers, RuntimeSet};
 
 /// Why the node could not be assembled.
@@ -24,7 +28,7 @@ pub enum NodeError {
     Registry(String),
     #[error("opening the process runtime in {dir}: {error}")]
     ProcessRuntime { dir: PathBuf, error: String },
-    #[error("--pod-subnet: {0}")]
+    #[error("the cluster network: {0}")]
     Network(String),
 }
 
@@ -38,11 +42,33 @@ pub struct NodeOptions {
     pub insecure_registries: Vec<String>,
     /// The OCI runtime binary; found on PATH when `None`.
     pub oci_runtime: Option<PathBuf>,
-    /// Containers get addresses from this subnet on a node bridge.
-    pub pod_subnet: Option<String>,
+    /// Join the cluster network (overlay, VIPs, DNS; containers with
+    /// networks of their own on the node's subnet); needs root. `None`:
+    /// instances share the host's network and resolver.
+    pub cluster_network: Option<ClusterNetwork>,
     /// Put first on host processes' PATH (where `cca` itself lives, so that
     /// `run = "cca whoami"` works).
     pub path_first: Option<PathBuf>,
+}
+
+/// How the node joins the cluster network.
+#[derive(Clone, Debug)]
+pub struct ClusterNetwork {
+    /// The node's name (its entry in the network map).
+    pub node: String,
+    /// Where other nodes' tunnels reach this node (its `--address`).
+    pub underlay: std::net::Ipv4Addr,
+    pub overlay: OverlayConfig,
+    /// The node DNS server's port on the bridge's gateway address.
+    pub dns_port: u16,
+}
+
+/// The node's runtimes, and its part of the cluster network when it has
+/// one.
+#[derive(Debug)]
+pub struct NodeParts {
+    pub runtime: Arc<dyn Runtime>,
+    pub network: Option<AgentNetwork>,
 }
 
 /// Where pulled images live: `DATA/images`.
@@ -116,35 +142,30 @@ pub fn registry_settings(
 }
 
 /// The node's runtimes behind one [`Runtime`]: processes, and containers
-/// when the host can run them (else image workloads fail with the reason).
-/// Leftovers of the node network from gone containers are removed.
-pub async fn node_runtime(options: &NodeOptions) -> Result<Arc<dyn Runtime>, NodeError> {
+/// when the host can run them (else image workloads fail with the reason);
+/// with `cluster_network`, the node's network plane, brought up at once
+/// from the cached network map when there is one. Leftovers of the node
+/// network from gone containers are removed.
+pub async fn node_runtime(options: &NodeOptions) -> Result<NodeParts, NodeError> {
     let registries = registry_settings(
         options.registry_config.as_deref(),
         &options.insecure_registries,
     )?;
     let process = process_runtime(options).await?;
+    let network = match &options.cluster_network {
+        Some(cluster) => cluster_network(cluster, &options.data_dir).await?,
+        None => None,
+    };
     let set = match containers(options, registries).await {
-        Ok(containers) => match &options.pod_subnet {
-            // An explicit subnet that cannot be set up stops the agent:
-            // running containers on the host network instead would be a
-            // silent change of what was asked for.
-            Some(subnet) => {
-                let subnet = subnet.clone();
-                let state_dir = options.data_dir.clone();
-                let network = tokio::task::spawn_blocking(move || node_network(&subnet, state_dir))
-                    .await
-                    .map_err(|error| NodeError::Network(error.to_string()))?
-                    .map_err(NodeError::Network)?;
-                RuntimeSet::new(process, containers.with_network(network))
-            }
+        Ok(containers) => match &network {
+            Some(network) => RuntimeSet::new(
+                process,
+                containers.with_node_net(Arc::clone(&network.node_net)),
+            ),
             None => RuntimeSet::new(process, containers),
         },
         Err(reason) => {
             tracing::warn!(%reason, "no container runtime: image workloads will fail");
-            if options.pod_subnet.is_some() {
-                tracing::warn!("--pod-subnet is unused: this node runs no containers");
-            }
             RuntimeSet::processes_only(process, reason)
         }
     };
@@ -155,7 +176,59 @@ pub async fn node_runtime(options: &NodeOptions) -> Result<Arc<dyn Runtime>, Nod
         Ok(_) => {}
         Err(problem) => tracing::warn!(%problem, "cleaning up the node network failed"),
     }
-    Ok(Arc::new(set))
+    Ok(NodeParts {
+        runtime: Arc::new(set),
+        network,
+    })
+}
+
+/// Why this process cannot join the cluster network, if it cannot.
+pub fn cluster_network_unavailable() -> Option<String> {
+    let uid = rustix::process::geteuid();
+    (!uid.is_root()).then(|| {
+        format!(
+            "the cluster network (overlay, service VIPs, cluster DNS, containers' own \
+             networks) needs root; the agent runs as uid {}",
+            uid.as_raw()
+        )
+    })
+}
+
+/// The node's network plane on the real kernel, brought up from the
+/// cached map when it holds this node's subnet (so instances restarted
+/// before the control plane answers keep their network). `None` (with a
+/// warning saying why) when this process cannot run it.
+async fn cluster_network(
+    cluster: &ClusterNetwork,
+    data_dir: &Path,
+) -> Result<Option<AgentNetwork>, NodeError> {
+    if let Some(reason) = cluster_network_unavailable() {
+        tracing::warn!(%reason, "cluster network off");
+        return Ok(None);
+    }
+    let node_net = Arc::new(NodeNet::default());
+    let config = PlaneConfig {
+        node: cluster.node.clone(),
+        underlay: cluster.underlay,
+        state_dir: data_dir.to_owned(),
+        overlay: cluster.overlay.clone(),
+        dns_port: Some(cluster.dns_port),
+    };
+    let plane = Plane::new(config, cca_net::KernelNetwork::new(), Arc::clone(&node_net));
+    let network = AgentNetwork {
+        node_net,
+        plane: Arc::new(std::sync::Mutex::new(plane)),
+    };
+    if let Some(cached) = load_cached(data_dir) {
+        let early = network.clone();
+        let applied = tokio::task::spawn_blocking(move || early.apply_now(&cached))
+            .await
+            .map_err(|error| NodeError::Network(error.to_string()))?;
+        if let Err(problem) = applied {
+            tracing::warn!(%problem, "bringing the node network up from the cached map failed");
+        }
+    }
+    Ok(Some(network))
 }
 
 async fn containers(

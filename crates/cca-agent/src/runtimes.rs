@@ -9,8 +9,8 @@
 //! After a container is removed, images no instance uses are collected;
 //! after a failed pull, whatever it stored that no image uses goes too.
 //!
-//! With a node network (`Containers::with_network`, `cca agent
-//! --pod-subnet`) a container is attached before it is created — its own
+//! With a node network (`Containers::with_network`, or the cluster
+//! network's, below) a container is attached before it is created — its own
 //! namespace and address, its host ports published to its declared ports —
 //! and detached after it is removed; a spec that already names a network
 //! (an init step joining its instance's namespace) is left as it is. Every

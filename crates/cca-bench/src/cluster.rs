@@ -517,6 +517,8 @@ fn agent_config(
         base_env: BTreeMap::new(),
         stop_instances_on_exit: false,
         link: LinkOptions::default(),
+        // Simulated nodes have no kernel network to program.
+        network: None,
     }
 }
 

@@ -52,6 +52,10 @@ pub struct NatSpec {
     /// source address (policy judges them by it), so they are not
     /// masqueraded either.
     pub overlay: Option<String>,
+    /// The port the node's DNS server listens on at the gateway address:
+    /// queries to the gateway's port 53 (what instances' resolv.conf
+    /// names) go there, from instances and from host processes alike.
+    pub dns_port: Option<u16>,
 }
 
 /// A transport protocol of a published port.

@@ -56,6 +56,9 @@ pub struct NetConfig {
     /// The overlay device (`cca-vxlan`), when the node has one: traffic
     /// leaving through it is not masqueraded.
     pub overlay: Option<String>,
+    /// The node's DNS server's port on the gateway address, when it runs
+    /// one: the gateway's port 53 is redirected to it.
+    pub dns_port: Option<u16>,
 }
 
 impl NetConfig {
@@ -70,6 +73,7 @@ impl NetConfig {
             state_dir: state_dir.into(),
             mtu: None,
             overlay: None,
+            dns_port: None,
         }
     }
 
@@ -242,6 +246,7 @@ impl<H: HostNetwork> NodeNetwork<H> {
             bridge: config.bridge.clone(),
             subnet: config.subnet,
             overlay: config.overlay.clone(),
+            dns_port: config.dns_port,
         })?;
         for published in &state.ports {
             host.add_port(&config.table, &published.mapping)?;
@@ -573,6 +578,7 @@ mod tests {
                     bridge: "cca0".into(),
                     subnet: "10.88.0.0/24".parse().unwrap(),
                     overlay: None,
+                    dns_port: None,
                 }),
             ]
         );

@@ -364,7 +364,19 @@ fn nat_script(nat: &NatSpec) -> String {
         bridge,
         subnet,
         overlay,
+        dns_port,
     } = nat;
+    let dns = match dns_port {
+        Some(port) => {
+            let gateway = subnet.gateway();
+            format!(
+                "add rule ip {table} prerouting ip daddr {gateway} meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {gateway}:{port} comment \"cluster DNS\"
+add rule ip {table} output ip daddr {gateway} meta l4proto {{ tcp, udp }} th dport 53 dnat ip to {gateway}:{port} comment \"cluster DNS, locally originated\"
+"
+            )
+        }
+        None => String::new(),
+    };
     let local = match overlay {
         Some(overlay) => format!("{{ \"{bridge}\", \"{overlay}\" }}"),
         None => format!("\"{bridge}\""),
@@ -383,7 +395,7 @@ add rule ip {table} output fib daddr type local meta l4proto {{ tcp, udp }} dnat
 add rule ip {table} postrouting ip saddr {subnet} oifname != {local} masquerade comment \"outbound NAT\"
 add rule ip {table} postrouting ip saddr 127.0.0.0/8 oifname \"{bridge}\" masquerade comment \"published ports on loopback\"
 add rule ip {table} postrouting ct status dnat ip saddr {subnet} oifname \"{bridge}\" masquerade comment \"hairpin to a published port\"
-"
+{dns}"
     )
 }
 
@@ -463,6 +475,7 @@ mod tests {
             bridge: "cca0".into(),
             subnet: "10.88.0.0/24".parse().unwrap(),
             overlay: None,
+            dns_port: None,
         });
         assert!(script.contains("ip saddr 10.88.0.0/24 oifname != \"cca0\" masquerade"));
         let script = nat_script(&NatSpec {
@@ -470,7 +483,12 @@ mod tests {
             bridge: "cca0".into(),
             subnet: "10.88.0.0/24".parse().unwrap(),
             overlay: Some("cca-vxlan".into()),
+            dns_port: Some(15353),
         });
+        assert!(
+            script.contains("ip daddr 10.88.0.1 meta l4proto { tcp, udp } th dport 53 dnat ip to 10.88.0.1:15353"),
+            "{script}"
+        );
         assert!(
             script.contains(
                 "ip saddr 10.88.0.0/24 oifname != { \"cca0\", \"cca-vxlan\" } masquerade"

@@ -6,17 +6,15 @@
 //! hostname).
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
-use cca_agent::node::{self, NodeOptions};
+use cca_agent::node::{self, ClusterNetwork, NodeOptions, NodeParts};
 use cca_agent::{AgentConfig, SupervisorConfig};
 use cca_model::spec::{Cpu, Memory};
-use cca_runtime::Runtime;
 use clap::Args;
 use tokio::sync::watch;
 
@@ -73,12 +71,21 @@ pub(crate) struct AgentArgs {
     /// from PATH).
     #[arg(long, value_name = "PATH")]
     oci_runtime: Option<PathBuf>,
-    /// Give each container its own network namespace and an address from
-    /// this node subnet (`10.88.0.0/24`) on the bridge `cca0`, with
-    /// outbound NAT and its host ports published to its declared ports.
-    /// Default: containers share the host's network.
-    #[arg(long, value_name = "CIDR")]
-    pod_subnet: Option<String>,
+    /// Stay out of the cluster network: no overlay, no service VIPs or
+    /// cluster DNS on this node, and containers share the host's network.
+    /// (Without root the agent stays out anyway, and says so.)
+    #[arg(long)]
+    pub(crate) no_cluster_network: bool,
+    /// The VXLAN network identifier of the overlay (the same on every node).
+    #[arg(long, default_value_t = 42, value_name = "VNI")]
+    vxlan_id: u32,
+    /// The UDP port of the overlay's tunnels (the same on every node).
+    #[arg(long, default_value_t = 4789, value_name = "PORT")]
+    vxlan_port: u16,
+    /// The port of the node's DNS server on its bridge address (instances
+    /// reach it on port 53 there).
+    #[arg(long, default_value_t = cca_model::net::DNS_PORT, value_name = "PORT")]
+    dns_port: u16,
 }
 
 impl AgentArgs {
@@ -100,7 +107,10 @@ impl AgentArgs {
             insecure_registries: Vec::new(),
             registry_config: None,
             oci_runtime: None,
-            pod_subnet: None,
+            no_cluster_network: false,
+            vxlan_id: 42,
+            vxlan_port: 4789,
+            dns_port: cca_model::net::DNS_PORT,
         }
     }
 }
@@ -108,8 +118,10 @@ impl AgentArgs {
 pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
-        let config = agent_config(&args, &args.data_dir)?;
-        let runtime = node_runtime(&args).await?;
+        let mut config = agent_config(&args, &args.data_dir)?;
+        let node = node_runtime(&args, &config).await?;
+        config.network = node.network;
+        let runtime = node.runtime;
         let (stop, stopping) = watch::channel(false);
         tokio::spawn(async move {
             crate::server_cmd::shutdown_signal().await;
@@ -123,23 +135,47 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
 /// The node's image store: `DATA/images`.
 impl AgentArgs {
     /// What the node's runtimes are built with.
-    pub(crate) fn node_options(&self) -> NodeOptions {
-        NodeOptions {
+    pub(crate) fn node_options(&self, config: &AgentConfig) -> Result<NodeOptions> {
+        Ok(NodeOptions {
             data_dir: self.data_dir.clone(),
             registry_config: self.registry_config.clone(),
             insecure_registries: self.insecure_registries.clone(),
             oci_runtime: self.oci_runtime.clone(),
-            pod_subnet: self.pod_subnet.clone(),
+            cluster_network: self.cluster_network(config)?,
             // `run = "cca whoami"` finds this very binary.
             path_first: std::env::current_exe()
                 .ok()
                 .and_then(|exe| exe.parent().map(Path::to_path_buf)),
+        })
+    }
+
+    /// How the node joins the cluster network, unless told not to.
+    fn cluster_network(&self, config: &AgentConfig) -> Result<Option<ClusterNetwork>> {
+        if self.no_cluster_network {
+            return Ok(None);
         }
+        let underlay: Ipv4Addr = self.address.parse().with_context(|| {
+            format!(
+                "--address `{}`: the cluster network tunnels to an IPv4 address; give one, \
+                 or pass --no-cluster-network",
+                self.address
+            )
+        })?;
+        Ok(Some(ClusterNetwork {
+            node: config.node.clone(),
+            underlay,
+            overlay: node::OverlayConfig {
+                vni: self.vxlan_id,
+                port: self.vxlan_port,
+                ..node::OverlayConfig::default()
+            },
+            dns_port: self.dns_port,
+        }))
     }
 }
 
-pub(crate) async fn node_runtime(args: &AgentArgs) -> Result<Arc<dyn Runtime>> {
-    Ok(node::node_runtime(&args.node_options()).await?)
+pub(crate) async fn node_runtime(args: &AgentArgs, config: &AgentConfig) -> Result<NodeParts> {
+    Ok(node::node_runtime(&args.node_options(config)?).await?)
 }
 
 pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentConfig> {
@@ -188,5 +224,6 @@ pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentCon
         base_env: BTreeMap::new(),
         stop_instances_on_exit: false,
         link: Default::default(),
+        network: None,
     })
 }

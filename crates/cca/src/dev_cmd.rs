@@ -45,6 +45,11 @@ pub(crate) struct DevArgs {
     /// Set one value; overrides values files.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
+    /// Stay out of the cluster network (as root it is on): containers
+    /// share the host's network, and services get no VIP routes or
+    /// cluster DNS on this machine.
+    #[arg(long)]
+    no_cluster_network: bool,
     /// `.cca` files to apply on start.
     #[arg(value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -81,8 +86,20 @@ async fn dev(args: DevArgs) -> Result<()> {
         dev_setup(secret_key),
         listener,
         None,
+        Some(SocketAddr::from(([127, 0, 0, 1], cca_model::net::DNS_PORT))),
         stopped(stopping.clone()),
     ));
+    if args.no_cluster_network {
+        say(
+            "cca dev: cluster network off (--no-cluster-network): containers share the host's network",
+        );
+    } else if let Some(reason) = cca_agent::node::cluster_network_unavailable() {
+        say(&format!(
+            "cca dev: cluster network off: {reason}. Services still run, but get no VIP \
+             routes or cluster DNS on this node, and containers share the host's network \
+             (run as root to have them)."
+        ));
+    }
     let agent = start_agent(&args, address, stopping).await?;
     let client = Client::new(&format!("http://{address}"));
     // Apply once the agent's node is ready: the scheduler places at once
@@ -150,12 +167,14 @@ async fn start_agent(
     stopping: watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<Result<(), cca_agent::AgentError>>> {
     let data_dir = args.data_dir.join("agent");
-    let agent_args =
+    let mut agent_args =
         crate::agent_cmd::AgentArgs::for_dev(format!("http://{api}"), data_dir.clone());
+    agent_args.no_cluster_network = args.no_cluster_network;
     let mut config = crate::agent_cmd::agent_config(&agent_args, &data_dir)?;
     config.stop_instances_on_exit = true;
-    let runtime = crate::agent_cmd::node_runtime(&agent_args).await?;
-    Ok(tokio::spawn(cca_agent::run(config, runtime, stopping)))
+    let node = crate::agent_cmd::node_runtime(&agent_args, &config).await?;
+    config.network = node.network;
+    Ok(tokio::spawn(cca_agent::run(config, node.runtime, stopping)))
 }
 
 /// Prints the instances and the URLs of running ports whenever they change.

@@ -93,6 +93,11 @@ pub(crate) struct ServerArgs {
     secret_key_file: Option<PathBuf>,
     #[command(flatten)]
     network: NetworkArgs,
+    /// Where the server answers DNS for the cluster (`{svc}.cca.local`,
+    /// other names forwarded to this host's resolvers). A port already
+    /// taken is a warning, not a failure: the API matters more.
+    #[arg(long, default_value = "127.0.0.1:15353", value_name = "ADDR")]
+    dns_listen: SocketAddr,
 }
 
 /// The address plan: where node subnets and service VIPs come from.
@@ -208,7 +213,8 @@ async fn serve(args: ServerArgs) -> Result<()> {
         }
         None => None,
     };
-    run_control_plane(store, setup, listener, liveness, shutdown_signal()).await
+    let dns = Some(args.dns_listen);
+    run_control_plane(store, setup, listener, liveness, dns, shutdown_signal()).await
 }
 
 /// Serves the liveness routes on `listener` on a thread and runtime of
@@ -305,11 +311,16 @@ pub(crate) async fn run_control_plane(
     setup: ControlPlaneConfig,
     listener: tokio::net::TcpListener,
     liveness: Option<std::net::TcpListener>,
+    dns: Option<SocketAddr>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {
     let plane = ControlPlane::start(store, setup)
         .await
         .context("reading the store into the cache")?;
+    let (stop_dns, dns_stopping) = tokio::sync::watch::channel(false);
+    if let Some(address) = dns {
+        tokio::spawn(serve_dns(address, plane.state().clone(), dns_stopping));
+    }
     let (stop_liveness, liveness_stopping) = tokio::sync::watch::channel(false);
     let liveness = match liveness {
         Some(listener) => Some(spawn_liveness(
@@ -324,9 +335,45 @@ pub(crate) async fn run_control_plane(
     if let Some(thread) = liveness {
         let _ = tokio::task::spawn_blocking(move || thread.join()).await;
     }
+    stop_dns.send_replace(true);
     served.context("serving the API")?;
     plane.stop().await;
     Ok(())
+}
+
+/// Answers the cluster's names on `address` from the server's own network
+/// map until `stop`. Failing to bind is logged, not fatal.
+async fn serve_dns(
+    address: SocketAddr,
+    state: cca_api::ApiState,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut maps = state.network_maps().await;
+    let first = Arc::new(maps.borrow_and_update().clone());
+    let server = match cca_dns::DnsServer::bind(cca_dns::DnsConfig::new(vec![address]), first).await
+    {
+        Ok(server) => server,
+        Err(error) => {
+            tracing::warn!(%address, %error, "not serving cluster DNS");
+            return;
+        }
+    };
+    tracing::info!(%address, "cluster DNS listening");
+    let dns = server.handle();
+    let mut stopping = stop.clone();
+    let running = tokio::spawn(server.run(async move {
+        let _ = stopping.wait_for(|stop| *stop).await;
+    }));
+    loop {
+        tokio::select! {
+            changed = maps.changed() => if changed.is_err() { break },
+            _ = stop.wait_for(|stop| *stop) => break,
+        }
+        dns.set_map(Arc::new(maps.borrow_and_update().clone()));
+    }
+    if let Ok(Err(error)) = running.await {
+        tracing::warn!(%error, "the cluster DNS server stopped");
+    }
 }
 
 #[allow(

@@ -50,6 +50,8 @@ fn dev_starts_without_warning_that_no_nodes_are_registered() {
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .args(["--listen", "127.0.0.1:0"])
+        // The host's own network is not a test's to change.
+        .arg("--no-cluster-network")
         .arg(&file)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

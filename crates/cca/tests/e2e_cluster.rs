@@ -175,6 +175,9 @@ impl Cluster {
                 node,
                 "--address",
                 address,
+                // Agents share this host: its network is not theirs to
+                // change (the cluster network has tests in namespaces).
+                "--no-cluster-network",
             ])
             .arg("--data-dir")
             .arg(self.agent_dir(node))
