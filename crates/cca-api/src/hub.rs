@@ -44,14 +44,15 @@ const SUBSCRIBER_BUFFER: usize = 1024;
 /// A routed line, shared between the history and the subscribers.
 pub(crate) type Line = Arc<AssignmentLine>;
 
-/// What a new assignment stream starts with.
+/// What a new stream of an index (the assignment hub, the network feed)
+/// starts with.
 #[derive(Debug)]
-pub(crate) enum Subscription {
+pub(crate) enum Subscription<L> {
     /// Send `first` (the snapshot, or the lines replayed from the history),
     /// then every line `live` yields; `live` closing ends the stream.
     Live {
-        first: Vec<Line>,
-        live: mpsc::Receiver<Line>,
+        first: Vec<L>,
+        live: mpsc::Receiver<L>,
     },
     /// The history does not reach back to the revision asked for.
     Compacted { compact_revision: Revision },
@@ -91,7 +92,7 @@ impl AssignmentHub {
         api: &ApiState,
         node: &str,
         from: Revision,
-    ) -> ApiResult<Subscription> {
+    ) -> ApiResult<Subscription<Line>> {
         self.started.get_or_init(|| async { self.start(api) }).await;
         let mut state = self.lock();
         let first = if from == 0 {

@@ -22,6 +22,7 @@ use cca_model::Revision;
 use cca_model::net::NetworkMap;
 use tokio::sync::{OnceCell, broadcast, mpsc, watch};
 
+use crate::hub::Subscription;
 use crate::state::ApiState;
 use crate::types::NetworkLine;
 
@@ -30,19 +31,6 @@ const HISTORY: usize = 4096;
 
 /// Lines buffered per stream before the feed gives up on it.
 const SUBSCRIBER_BUFFER: usize = 1024;
-
-/// What a new network stream starts with.
-#[derive(Debug)]
-pub(crate) enum Subscription {
-    /// Send `first`, then every line `live` yields; `live` closing ends
-    /// the stream.
-    Live {
-        first: Vec<Bytes>,
-        live: mpsc::Receiver<Bytes>,
-    },
-    /// The history does not reach back to the revision asked for.
-    Compacted { compact_revision: Revision },
-}
 
 /// The feed; lives in the [`ApiState`], started by its first user.
 #[derive(Debug)]
@@ -87,7 +75,7 @@ impl NetworkFeed {
         self: &Arc<Self>,
         api: &ApiState,
         from: Revision,
-    ) -> Subscription {
+    ) -> Subscription<Bytes> {
         self.start_once(api).await;
         let mut state = self.lock();
         let first = if from == 0 {

@@ -15,8 +15,7 @@ use serde::Deserialize;
 
 use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
 use crate::hub::Subscription;
-use crate::netfeed as network;
-use crate::routes::watch::ndjson;
+use crate::routes::watch::{LineSender, ndjson};
 use crate::state::{ApiState, encode, now_millis};
 use crate::types::{
     AssignmentLine, HeartbeatReply, HeartbeatRequest, MAX_REPORT_BATCH, NetworkLine, RefusedReport,
@@ -155,32 +154,10 @@ pub(crate) async fn assignments(
         .subscribe(&state, &node, query.from.max(0))
         .await?;
     Ok(ndjson(&state, permit, move |lines| async move {
-        let (first, mut live) = match subscription {
-            Subscription::Live { first, live } => (first, live),
-            Subscription::Compacted { compact_revision } => {
-                lines
-                    .send(&AssignmentLine::Compacted { compact_revision })
-                    .await;
-                return;
-            }
-        };
-        for line in first {
-            if !lines.send(&*line).await {
-                return;
-            }
-        }
-        loop {
-            let line = tokio::select! {
-                line = live.recv() => line,
-                () = lines.stopped() => return,
-            };
-            // The hub dropping the stream (it fell behind, or the hub
-            // relists) ends it: the agent resumes or resnapshots.
-            let Some(line) = line else { return };
-            if !lines.send(&*line).await {
-                return;
-            }
-        }
+        relay(lines, subscription, |compact_revision| {
+            AssignmentLine::Compacted { compact_revision }
+        })
+        .await;
     }))
 }
 
@@ -200,31 +177,64 @@ pub(crate) async fn network(
         .subscribe(&state, query.from.max(0))
         .await;
     Ok(ndjson(&state, permit, move |lines| async move {
-        let (first, mut live) = match subscription {
-            network::Subscription::Live { first, live } => (first, live),
-            network::Subscription::Compacted { compact_revision } => {
-                lines
-                    .send(&NetworkLine::Compacted { compact_revision })
-                    .await;
-                return;
-            }
-        };
-        for line in first {
-            if !lines.send_encoded(line).await {
-                return;
-            }
-        }
-        loop {
-            let line = tokio::select! {
-                line = live.recv() => line,
-                () = lines.stopped() => return,
-            };
-            let Some(line) = line else { return };
-            if !lines.send_encoded(line).await {
-                return;
-            }
-        }
+        relay(lines, subscription, |compact_revision| {
+            NetworkLine::Compacted { compact_revision }
+        })
+        .await;
     }))
+}
+
+/// Sends a subscription's lines until it or the client ends: its first
+/// lines, then each live one; a compacted subscription gets the one line
+/// `compacted` makes.
+async fn relay<L: Line, C: serde::Serialize>(
+    lines: LineSender,
+    subscription: Subscription<L>,
+    compacted: impl FnOnce(Revision) -> C,
+) {
+    let (first, mut live) = match subscription {
+        Subscription::Live { first, live } => (first, live),
+        Subscription::Compacted { compact_revision } => {
+            lines.send(&compacted(compact_revision)).await;
+            return;
+        }
+    };
+    for line in first {
+        if !line.send_to(&lines).await {
+            return;
+        }
+    }
+    loop {
+        let line = tokio::select! {
+            line = live.recv() => line,
+            () = lines.stopped() => return,
+        };
+        // The index dropping the stream (it fell behind, or the index
+        // rebuilds) ends it: the agent resumes or resnapshots.
+        let Some(line) = line else { return };
+        if !line.send_to(&lines).await {
+            return;
+        }
+    }
+}
+
+/// A line an index hands its streams: a shared value, or bytes already
+/// encoded once for every stream.
+trait Line: Send {
+    /// Sends it; false once the client is gone.
+    fn send_to(self, lines: &LineSender) -> impl Future<Output = bool> + Send;
+}
+
+impl Line for crate::hub::Line {
+    async fn send_to(self, lines: &LineSender) -> bool {
+        lines.send(&*self).await
+    }
+}
+
+impl Line for bytes::Bytes {
+    async fn send_to(self, lines: &LineSender) -> bool {
+        lines.send_encoded(self).await
+    }
 }
 
 fn decode_instance(value: &[u8]) -> Option<Instance> {
