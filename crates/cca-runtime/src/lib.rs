@@ -17,6 +17,7 @@ mod memory;
 pub mod oci;
 pub mod process;
 mod records;
+mod resolv;
 pub mod sim;
 mod spec;
 mod status;

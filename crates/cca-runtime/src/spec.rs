@@ -71,12 +71,57 @@ pub struct InstanceSpec {
 /// The `/etc/resolv.conf` an instance sees.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DnsConfig {
-    /// Nameservers, on port 53 (the resolv.conf format has no port).
+    /// Nameservers, on port 53 (the resolv.conf format has no port); 1 to
+    /// 3 (glibc reads no more).
     pub nameservers: Vec<Ipv4Addr>,
     /// Search domains, so `postgres` resolves as `postgres.cca.local`.
     pub search: Vec<String>,
-    /// `options ndots:N`.
+    /// `options ndots:N`, at most 15 (glibc's cap): a name with fewer dots
+    /// is tried with the search domains first. 1 suits `{svc}.cca.local`:
+    /// a bare service name gets the search, any dotted name goes out as
+    /// written without first costing a failed query per search domain.
     pub ndots: u8,
+}
+
+/// glibc's `MAXNS`: further `nameserver` lines are ignored silently.
+const MAX_NAMESERVERS: usize = 3;
+/// glibc's `RES_MAXNDOTS`: a higher `ndots` is cut to it silently.
+const MAX_NDOTS: u8 = 15;
+
+impl DnsConfig {
+    /// Why this cannot be written as a `resolv.conf` a resolver reads as
+    /// meant, if it cannot: no nameserver would make glibc ask
+    /// 127.0.0.1, and what glibc would drop silently is refused instead.
+    pub fn problem(&self) -> Option<String> {
+        if self.nameservers.is_empty() {
+            return Some("the DNS config names no nameserver".to_owned());
+        }
+        if self.nameservers.len() > MAX_NAMESERVERS {
+            return Some(format!(
+                "the DNS config names {} nameservers; resolvers read at most {MAX_NAMESERVERS}",
+                self.nameservers.len()
+            ));
+        }
+        if self.ndots > MAX_NDOTS {
+            return Some(format!(
+                "ndots {} is above {MAX_NDOTS}, the most resolvers honour",
+                self.ndots
+            ));
+        }
+        let bad_domain = |domain: &&String| {
+            domain.is_empty()
+                || domain.len() > 253
+                || !domain
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.' | '_'))
+        };
+        if let Some(domain) = self.search.iter().find(bad_domain) {
+            return Some(format!(
+                "search domain {domain:?} must be 1-253 letters, digits, '-', '_' or '.'"
+            ));
+        }
+        None
+    }
 }
 
 /// A host file or directory bound at `target` inside the instance.
@@ -236,6 +281,9 @@ impl InstanceSpec {
             }
         }
         if let Some(problem) = self.mounts.iter().find_map(Mount::target_problem) {
+            return Err(invalid(problem));
+        }
+        if let Some(problem) = self.dns.as_ref().and_then(DnsConfig::problem) {
             return Err(invalid(problem));
         }
         Ok(())
@@ -445,6 +493,45 @@ mod tests {
         let bad = serde_json::json!({"name": "x", "host_port": 1, "protocol": "sctp"});
         let error = serde_json::from_value::<PortBinding>(bad).expect_err("unknown protocol");
         assert!(error.to_string().contains("sctp"), "{error}");
+    }
+
+    #[test]
+    fn dns_configs_a_resolver_would_misread_are_refused() {
+        let mut spec = InstanceSpec::new("web-1", "web", "true");
+        let good = DnsConfig {
+            nameservers: vec![Ipv4Addr::new(10, 42, 3, 1)],
+            search: vec!["cca.local".into()],
+            ndots: 1,
+        };
+        spec.dns = Some(good.clone());
+        assert!(spec.validate().is_ok());
+        spec.dns = Some(DnsConfig {
+            nameservers: Vec::new(),
+            ..good.clone()
+        });
+        check_invalid(&spec, "names no nameserver");
+        spec.dns = Some(DnsConfig {
+            nameservers: vec![Ipv4Addr::LOCALHOST; 4],
+            ..good.clone()
+        });
+        check_invalid(&spec, "4 nameservers; resolvers read at most 3");
+        spec.dns = Some(DnsConfig {
+            ndots: 16,
+            ..good.clone()
+        });
+        check_invalid(&spec, "ndots 16 is above 15");
+        spec.dns = Some(DnsConfig {
+            search: vec!["cca.local other".into()],
+            ..good.clone()
+        });
+        check_invalid(&spec, "search domain \"cca.local other\"");
+        spec.dns = Some(good);
+        let json = serde_json::to_value(&spec).expect("serialises");
+        assert_eq!(json["dns"]["nameservers"][0], "10.42.3.1");
+        let back: InstanceSpec = serde_json::from_value(json).expect("parses");
+        assert_eq!(back, spec);
+        let none = serde_json::to_value(InstanceSpec::new("a", "s", "true")).expect("json");
+        assert!(none.get("dns").is_none(), "no dns is not written");
     }
 
     #[test]

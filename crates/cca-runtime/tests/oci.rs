@@ -5,24 +5,27 @@
 //! PID 1 ignores SIGTERM), exit codes, logs, exec, restart, adoption by a
 //! second runtime object, removal leaving no mount, cgroup or state, and
 //! bind mounts (a volume outliving its containers, a read-only file, a
-//! root-only dir handed to the image's non-root user).
+//! root-only dir handed to the image's non-root user), and the resolver
+//! files of a container with a DNS config: the generated `resolv.conf` and
+//! `hosts` (also in an image without `/etc`).
 //! A guard force-deletes the test's containers and unmounts their rootfs,
 //! also when a test fails.
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{Ipv4Addr, TcpStream};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cca_image::testing::{
-    TestRegistry, busybox_layer, commands_available, free_port, root_test, write_oci_layout,
+    LayerBuilder, TestRegistry, busybox_layer, commands_available, free_port, root_test,
+    write_oci_layout,
 };
 use cca_image::{ImageStore, Puller, RegistrySettings};
 use cca_runtime::{
-    ExecRequest, ExitReason, InstanceSpec, InstanceState, LimitsEnforcement, LogOptions, Mount,
-    OciConfig, OciRuntime, PortBinding, Protocol, Runtime,
+    DnsConfig, ExecRequest, ExitReason, InstanceSpec, InstanceState, LimitsEnforcement, LogOptions,
+    Mount, OciConfig, OciRuntime, PortBinding, Protocol, Runtime,
 };
 
 /// A store holding the busybox test image, a runtime directory, and the
@@ -636,4 +639,122 @@ async fn a_mount_owned_by_the_workload_is_readable_by_the_images_user() {
     );
     test.runtime.remove("reader").await.expect("remove");
     test.assert_gone("reader");
+}
+
+fn cluster_dns(nameserver: Ipv4Addr) -> DnsConfig {
+    DnsConfig {
+        nameservers: vec![nameserver],
+        search: vec!["cca.local".into()],
+        ndots: 1,
+    }
+}
+
+impl Fixture {
+    /// Records an image of `layers` (uncompressed tars, base first) in the
+    /// store under `name`, as `cca image import` would.
+    fn import_image(&self, name: &str, layers: &[Vec<u8>]) -> String {
+        let layout = tempfile::tempdir().expect("tempdir");
+        write_oci_layout(layout.path(), "1", layers, &["sh"]).expect("layout");
+        self.store
+            .import(layout.path(), Some(name))
+            .expect("the image imports");
+        name.to_owned()
+    }
+
+    /// Runs `spec` to its end; its exit code and output lines.
+    async fn run_to_end(&self, spec: InstanceSpec) -> (Option<i32>, Vec<String>) {
+        let id = spec.id.clone();
+        self.run(spec).await;
+        let status = self.wait_exited(&id).await;
+        let lines = self
+            .runtime
+            .logs(&id, LogOptions::default())
+            .await
+            .expect("logs")
+            .collect()
+            .await
+            .expect("lines");
+        (status.exit.and_then(|exit| exit.code), lines)
+    }
+}
+
+#[tokio::test]
+async fn a_container_with_cluster_dns_reads_the_generated_resolv_conf_and_hosts() {
+    let Some(test) = Fixture::new("cluster_dns_resolv_conf").await else {
+        return;
+    };
+    let show = "cat /etc/resolv.conf /etc/hosts; hostname; \
+                if echo x >> /etc/resolv.conf; then echo WROTE; fi; echo done";
+    let mut spec = test.spec("dns-1", show);
+    spec.dns = Some(cluster_dns(Ipv4Addr::new(10, 42, 3, 1)));
+    let (code, lines) = test.run_to_end(spec).await;
+    assert_eq!(code, Some(0), "{lines:?}");
+    for expected in [
+        "nameserver 10.42.3.1",
+        "search cca.local",
+        "options ndots:1",
+        "127.0.0.1\tlocalhost",
+        "127.0.1.1\tdns-1",
+        "dns-1",
+        "done",
+    ] {
+        assert!(
+            lines.iter().any(|l| l == expected),
+            "{expected:?} in {lines:?}"
+        );
+    }
+    assert!(
+        lines.iter().any(|l| l.contains("Read-only file system"))
+            && !lines.contains(&"WROTE".into()),
+        "the workload cannot change its resolver: {lines:?}"
+    );
+    let generated = test.runtime.instance_dir("dns-1").join("resolv.conf");
+    assert!(
+        std::fs::read_to_string(&generated)
+            .expect("the instance's resolv.conf")
+            .contains("nameserver 10.42.3.1"),
+        "written into the instance's directory"
+    );
+    test.runtime.remove("dns-1").await.expect("remove");
+    test.assert_gone("dns-1");
+
+    // Without a DNS config the image's files stay (busybox has none).
+    let (code, lines) = test
+        .run_to_end(test.spec("plain", "cat /etc/resolv.conf"))
+        .await;
+    assert_ne!(code, Some(0));
+    assert!(
+        lines.iter().any(|l| l.contains("No such file")),
+        "{lines:?}"
+    );
+    test.runtime.remove("plain").await.expect("remove");
+}
+
+#[tokio::test]
+async fn an_image_without_etc_gets_the_resolver_files_too() {
+    let Some(test) = Fixture::new("image_without_etc").await else {
+        return;
+    };
+    let busybox = std::fs::read(cca_image::testing::find_command("busybox").expect("busybox"))
+        .expect("busybox binary");
+    let layer = LayerBuilder::new()
+        .dir("bin")
+        .and_then(|layer| layer.file("bin/busybox", &busybox, 0o755))
+        .and_then(|layer| layer.symlink("bin/sh", "busybox"))
+        .and_then(|layer| layer.symlink("bin/cat", "busybox"))
+        .and_then(LayerBuilder::finish)
+        .expect("layer");
+    let image = test.import_image("local/no-etc:1", &[layer]);
+    let mut spec = test.spec("bare", "cat /etc/resolv.conf /etc/hosts");
+    spec.image = Some(image);
+    spec.dns = Some(cluster_dns(Ipv4Addr::new(10, 42, 3, 1)));
+    let (code, lines) = test.run_to_end(spec).await;
+    assert_eq!(code, Some(0), "{lines:?}");
+    assert!(
+        lines.iter().any(|l| l == "nameserver 10.42.3.1"),
+        "{lines:?}"
+    );
+    assert!(lines.iter().any(|l| l == "127.0.1.1\tbare"), "{lines:?}");
+    test.runtime.remove("bare").await.expect("remove");
+    test.assert_gone("bare");
 }

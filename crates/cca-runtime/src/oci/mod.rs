@@ -30,6 +30,12 @@
 //! (the agent's node network creates and removes it around the container);
 //! without one the container shares the host's network namespace.
 //!
+//! Resolver: a spec with a [`crate::DnsConfig`] gets a `resolv.conf`
+//! naming the node's cluster DNS and an `/etc/hosts` naming `localhost`
+//! and the container itself, written into its directory at create and
+//! bound read-only over the image's (see `crate::resolv`); without one
+//! the container sees what its image has.
+//!
 //! Mounts: each [`crate::Mount`] becomes a recursive bind mount, `ro` when
 //! read-only. Sources must exist at create (checked before anything is
 //! written): the runtime never creates them, and a volume's directory is
@@ -53,6 +59,7 @@ use self::bundle::{CgroupPlan, ProcessPlan};
 use self::records::{OciDir, OciInstance, OciRun};
 use crate::logs::{self, LogOptions, LogStream};
 use crate::process::procfs;
+use crate::resolv;
 use crate::{
     Error, ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceSpec, InstanceState,
     InstanceStatus, LimitsEnforcement, Operation, Result, Runtime,
@@ -333,12 +340,16 @@ impl Inner {
             .network
             .as_ref()
             .map(|network| network.netns_path.as_path());
+        // The resolver files first: a service's own mount at the same
+        // target comes later and wins.
+        let mut mounts = resolver_mounts(dir, &instance.spec)?;
+        mounts.extend(instance.spec.mounts.iter().cloned());
         let spec = bundle::runtime_spec(
             id,
             &instance.process,
             &self.cgroup_plan(&instance.spec),
             netns,
-            &instance.spec.mounts,
+            &mounts,
         )
         .map_err(|reason| Error::InvalidSpec {
             id: id.clone(),
@@ -738,6 +749,43 @@ impl Inner {
             }),
         }
     }
+}
+
+/// With a [`crate::DnsConfig`]: writes the container's `resolv.conf` and
+/// `hosts` into its directory and returns their read-only binds over
+/// `/etc/resolv.conf` and `/etc/hosts`, whatever the image has there (the
+/// OCI runtime creates the targets, and `/etc`, when the image lacks
+/// them). Without one, none: the image's files stay.
+fn resolver_mounts(dir: &OciDir, spec: &InstanceSpec) -> Result<Vec<crate::Mount>> {
+    let Some(dns) = &spec.dns else {
+        return Ok(Vec::new());
+    };
+    let address = spec.network.as_ref().map(|network| network.address);
+    let files = [
+        (
+            resolv::RESOLV_CONF_FILE,
+            resolv::resolv_conf(dns),
+            resolv::ETC_RESOLV_CONF,
+        ),
+        (
+            resolv::HOSTS_FILE,
+            resolv::hosts(&spec.id, address),
+            resolv::ETC_HOSTS,
+        ),
+    ];
+    let mut mounts = Vec::new();
+    for (name, content, target) in files {
+        let source = dir.path.join(name);
+        resolv::write(&source, &content)
+            .map_err(|e| dir.io_error(Operation::Create, "writing", &source, e))?;
+        mounts.push(crate::Mount {
+            source,
+            target: target.to_owned(),
+            read_only: true,
+            owned_by_workload: false,
+        });
+    }
+    Ok(mounts)
 }
 
 /// The process of an instance: `sh -c COMMAND` when the spec gives a

@@ -15,6 +15,8 @@
 //!   runs: what `start` waits for.
 //! - `stop-requested` — present once `stop` began, so the exit reads as
 //!   `stopped`.
+//! - `resolv.conf`, `hosts` — the resolver files bound into a container
+//!   whose spec has a DNS config (written by `create`).
 //! - `output.log*`, `bundle/` (`config.json`, `rootfs/`), `upper/`,
 //!   `work/` — logs, the OCI bundle, the overlay's writable layer.
 //!
