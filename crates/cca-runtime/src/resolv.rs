@@ -1,9 +1,10 @@
 //! The resolver files of an instance whose spec has a [`DnsConfig`]: its
 //! `resolv.conf` (the node's cluster DNS, the search domains and `ndots`)
 //! and, for containers, an `/etc/hosts` in which the container's hostname
-//! and `localhost` resolve without asking any server. The `oci` runtime
-//! writes them into the instance's directory at `create` and binds them
-//! read-only over the container's `/etc/resolv.conf` and `/etc/hosts`. The content is
+//! and `localhost` resolve without asking any server. Both runtimes write
+//! them into the instance's directory at `create` and bind them read-only
+//! over the instance's `/etc/resolv.conf` (and `/etc/hosts` in a
+//! container), so the host's own files are never written. The content is
 //! a function of the spec alone, so it is the same for an instance, its
 //! init steps and every restart.
 

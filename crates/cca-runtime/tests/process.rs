@@ -1,16 +1,19 @@
 //! The process runtime against the real kernel: processes, sessions and
 //! process groups, signals, log files, cgroup v1 limits and OOM kills,
 //! adoption by a second runtime object on the same directory (a restarted
-//! agent), orphan listing and exec. Each test's guard kills what it started
-//! and removes its cgroups, also when the test fails.
+//! agent), orphan listing, exec, and a private mount namespace showing the
+//! instance's own `/etc/resolv.conf` (root). Each test's guard kills what
+//! it started and removes its cgroups, also when the test fails.
 
 mod support;
 
+use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
+use cca_image::testing::root_test;
 use cca_runtime::{
-    Error, ExecRequest, ExitReason, InstanceSpec, InstanceState, LimitsEnforcement, LogOptions,
-    PortBinding, Protocol, Runtime,
+    DnsConfig, Error, ExecRequest, ExitReason, InstanceSpec, InstanceState, LimitsEnforcement,
+    LogOptions, PortBinding, Protocol, Runtime,
 };
 use support::{TestRuntime, is_alive};
 
@@ -540,4 +543,173 @@ async fn a_spec_with_mounts_is_refused_naming_the_mount() {
         "{message}"
     );
     assert!(test.runtime.list().await.expect("list").is_empty());
+}
+
+fn cluster_dns() -> DnsConfig {
+    DnsConfig {
+        nameservers: vec![Ipv4Addr::new(10, 42, 3, 1)],
+        search: vec!["cca.local".into()],
+        ndots: 1,
+    }
+}
+
+/// The mount namespace `/proc/{pid}/ns/mnt` names (`mnt:[INODE]`).
+fn mount_namespace(pid: &str) -> String {
+    std::fs::read_link(format!("/proc/{pid}/ns/mnt"))
+        .expect("ns link")
+        .display()
+        .to_string()
+}
+
+async fn exec_stdout(runtime: &dyn Runtime, id: &str, argv: &[&str]) -> (Option<i32>, String) {
+    let request = ExecRequest::new(argv.iter().copied(), Duration::from_secs(5));
+    let output = runtime.exec(id, request).await.expect("exec");
+    (
+        output.code,
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_process_with_cluster_dns_reads_its_own_resolv_conf_in_its_own_mount_namespace() {
+    let test_name = "a_process_with_cluster_dns_reads_its_own_resolv_conf";
+    if !root_test(test_name, "mount namespaces", &["cat", "readlink"]) {
+        return;
+    }
+    let test = TestRuntime::new().await;
+    let host_file = std::fs::read("/etc/resolv.conf").expect("the host's resolv.conf");
+    let agent_namespace = mount_namespace("self");
+    let mut spec = spec("dns-1", "cat /etc/resolv.conf; echo read; sleep 30");
+    spec.dns = Some(cluster_dns());
+    let pid = test.run(spec).await.pid.expect("pid");
+
+    let lines = test.wait_for_log("dns-1", "read").await;
+    assert!(
+        lines.iter().any(|l| l == "nameserver 10.42.3.1")
+            && lines.iter().any(|l| l == "search cca.local")
+            && lines.iter().any(|l| l == "options ndots:1"),
+        "{lines:?}"
+    );
+    let instance_namespace = mount_namespace(&pid.to_string());
+    assert_ne!(
+        instance_namespace, agent_namespace,
+        "a namespace of its own"
+    );
+    assert_eq!(mount_namespace("self"), agent_namespace, "the agent stayed");
+    assert_eq!(
+        std::fs::read("/etc/resolv.conf").expect("read"),
+        host_file,
+        "the host's file is untouched"
+    );
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").expect("mountinfo");
+    let instance_dir = test.runtime.instance_dir("dns-1").display().to_string();
+    assert!(
+        !mountinfo.contains(&instance_dir),
+        "nothing propagated to the agent's namespace: {mountinfo}"
+    );
+
+    let (code, text) = exec_stdout(&test.runtime, "dns-1", &["cat", "/etc/resolv.conf"]).await;
+    assert_eq!(code, Some(0));
+    assert!(
+        text.contains("nameserver 10.42.3.1\n"),
+        "exec sees it: {text}"
+    );
+    let (_, exec_namespace) =
+        exec_stdout(&test.runtime, "dns-1", &["readlink", "/proc/self/ns/mnt"]).await;
+    assert_eq!(exec_namespace.trim(), instance_namespace, "exec joins it");
+    let (code, _) = exec_stdout(
+        &test.runtime,
+        "dns-1",
+        &["sh", "-c", "echo nameserver 192.0.2.1 >> /etc/resolv.conf"],
+    )
+    .await;
+    assert_ne!(code, Some(0), "the bound file is read-only, even for root");
+
+    // A restarted agent: the process kept its namespace, exec still joins it.
+    let restarted = test.reopen().await;
+    let (_, text) = exec_stdout(&restarted, "dns-1", &["cat", "/etc/resolv.conf"]).await;
+    assert!(text.contains("search cca.local\n"), "{text}");
+    let stopped = restarted
+        .stop("dns-1", Duration::from_secs(5))
+        .await
+        .expect("stop");
+    assert_eq!(stopped.exit.expect("exit").reason, ExitReason::Stopped);
+    assert_eq!(std::fs::read("/etc/resolv.conf").expect("read"), host_file);
+
+    // A restart gets a new namespace with the same file.
+    restarted.start("dns-1").await.expect("restart");
+    let (_, text) = exec_stdout(&restarted, "dns-1", &["cat", "/etc/resolv.conf"]).await;
+    assert!(text.contains("nameserver 10.42.3.1\n"), "{text}");
+    restarted.stop("dns-1", Duration::ZERO).await.expect("stop");
+    restarted.remove("dns-1").await.expect("remove");
+}
+
+#[tokio::test]
+async fn a_symlinked_host_resolv_conf_is_replaced_where_it_points_and_kept_on_the_host() {
+    let test_name = "a_symlinked_host_resolv_conf_is_replaced";
+    if !root_test(test_name, "mount namespaces", &["cat"]) {
+        return;
+    }
+    // A stand-in for a host whose /etc/resolv.conf is a symlink (as
+    // systemd-resolved and resolvconf make it).
+    let host = tempfile::tempdir().expect("tempdir");
+    let real = host.path().join("stub-resolv.conf");
+    let link = host.path().join("resolv.conf");
+    std::fs::write(&real, "nameserver 127.0.0.53\n").expect("write");
+    std::os::unix::fs::symlink(&real, &link).expect("symlink");
+    let test = TestRuntime::with_config(|config| config.resolv_conf = link.clone()).await;
+    let command = format!(
+        "cat {}; cat {}; echo read; sleep 30",
+        link.display(),
+        real.display()
+    );
+    let mut spec = spec("dns-link", &command);
+    spec.dns = Some(cluster_dns());
+    test.run(spec).await;
+    let lines = test.wait_for_log("dns-link", "read").await;
+    let seen = lines
+        .iter()
+        .filter(|line| *line == "nameserver 10.42.3.1")
+        .count();
+    assert_eq!(seen, 2, "through the link and at its target: {lines:?}");
+    assert!(
+        !lines.iter().any(|line| line.contains("127.0.0.53")),
+        "{lines:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&real).expect("read"),
+        "nameserver 127.0.0.53\n"
+    );
+    assert!(std::fs::symlink_metadata(&link).expect("link").is_symlink());
+}
+
+#[tokio::test]
+async fn a_process_with_cluster_dns_but_no_host_resolv_conf_is_refused_at_create() {
+    let test_name = "a_process_with_cluster_dns_but_no_host_resolv_conf";
+    if !root_test(test_name, "mount namespaces", &[]) {
+        return;
+    }
+    let host = tempfile::tempdir().expect("tempdir");
+    let missing = host.path().join("resolv.conf");
+    let test = TestRuntime::with_config(|config| config.resolv_conf = missing.clone()).await;
+    let mut spec = spec("dns-none", "true");
+    spec.dns = Some(cluster_dns());
+    let error = test.runtime.create(spec).await.expect_err("refused");
+    let text = error.to_string();
+    assert!(
+        text.starts_with("instance dns-none: create failed: the host's")
+            && text.contains("cannot be bound over"),
+        "{text}"
+    );
+    assert!(
+        !test.runtime.instance_dir("dns-none").exists(),
+        "a refused create leaves nothing"
+    );
+    let mut bad = InstanceSpec::new("dns-bad", "svc", "true");
+    bad.dns = Some(DnsConfig {
+        nameservers: Vec::new(),
+        ..cluster_dns()
+    });
+    let error = test.runtime.create(bad).await.expect_err("refused");
+    assert!(matches!(error, Error::InvalidSpec { .. }), "{error}");
 }

@@ -1,8 +1,9 @@
 //! `exec` for process instances: a command run with the instance's
-//! environment and working directory, in its cgroups (joined right after
-//! spawn: best effort, the first instants are not charged), in a process
-//! group of its own that is killed at the timeout and after the command
-//! ends, so an exec never leaves processes behind.
+//! environment and working directory, in its mount namespace when it has
+//! one of its own (its own `/etc/resolv.conf`), in its cgroups (joined
+//! right after spawn: best effort, the first instants are not charged), in
+//! a process group of its own that is killed at the timeout and after the
+//! command ends, so an exec never leaves processes behind.
 
 use std::process::Stdio;
 
@@ -10,8 +11,8 @@ use rustix::process::Signal;
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tokio::process::Command;
 
-use super::Inner;
-use super::procfs;
+use super::records::RunRecord;
+use super::{Inner, mountns, procfs};
 use crate::{Error, ExecOutput, ExecRequest, InstanceState, Operation, Result};
 use std::os::unix::process::ExitStatusExt;
 
@@ -34,7 +35,8 @@ pub(super) async fn exec(inner: &Inner, id: &str, request: ExecRequest) -> Resul
     let dir = inner.dir(id);
     let record = dir.read_instance(Operation::Exec)?;
     let run = dir.read_run(Operation::Exec)?;
-    let mut child = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(args)
         .env_clear()
         .envs(&record.env)
@@ -43,9 +45,19 @@ pub(super) async fn exec(inner: &Inner, id: &str, request: ExecRequest) -> Resul
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .process_group(0)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| Error::io(id, Operation::Exec, format!("spawning {program}"), e))?;
+        .kill_on_drop(true);
+    let namespace = match (&record.spec.dns, &run) {
+        (Some(_), Some(run)) => Some(own_mount_namespace(inner, id, run)?),
+        _ => None,
+    };
+    let mut child = match namespace {
+        Some(namespace) => {
+            mountns::spawn_in_namespace(id, command, program.clone(), namespace).await?
+        }
+        None => command
+            .spawn()
+            .map_err(|e| Error::io(id, Operation::Exec, format!("spawning {program}"), e))?,
+    };
     let pid = child.id().unwrap_or_default();
     if let Some(cgroups) = run.and_then(|run| run.cgroups)
         && let Err(reason) = cgroups.join(pid)
@@ -70,6 +82,27 @@ pub(super) async fn exec(inner: &Inner, id: &str, request: ExecRequest) -> Resul
         stderr: stderr.await.unwrap_or_default(),
         timed_out,
     })
+}
+
+/// The instance's mount namespace (its own `/etc/resolv.conf`), opened
+/// from its main process and checked to still be that process afterwards:
+/// the open descriptor holds the namespace, and a reused pid would have
+/// another start time.
+fn own_mount_namespace(inner: &Inner, id: &str, run: &RunRecord) -> Result<std::fs::File> {
+    let path = format!("/proc/{}/ns/mnt", run.pid);
+    let namespace = std::fs::File::open(&path)
+        .map_err(|e| Error::io(id, Operation::Exec, format!("opening {path}"), e))?;
+    if inner
+        .find_run_process(run)
+        .is_none_or(|stat| stat.is_zombie())
+    {
+        return Err(Error::InvalidState {
+            id: id.to_owned(),
+            operation: Operation::Exec,
+            state: InstanceState::Exited,
+        });
+    }
+    Ok(namespace)
 }
 
 async fn read_all(pipe: Option<impl AsyncRead + Unpin>) -> Vec<u8> {

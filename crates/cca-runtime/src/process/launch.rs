@@ -46,11 +46,36 @@ pub(crate) fn find_setsid() -> Option<PathBuf> {
 }
 
 /// Spawns the gated command; it waits at the gate until [`open_gate`].
-pub(crate) fn spawn_gated(
+/// With a DNS config it starts in a private mount namespace showing the
+/// instance's `resolv.conf` at `resolv_target` (see `mountns`).
+pub(crate) async fn spawn_gated(
     dir: &InstanceDir,
     record: &InstanceRecord,
     setsid: Option<&Path>,
+    resolv_target: &Path,
 ) -> Result<Child> {
+    let mut command = gated_command(dir, record, setsid)?;
+    let what = format!("sh in {}", record.working_dir.display());
+    if record.spec.dns.is_some() {
+        return super::mountns::spawn_with_resolv_conf(
+            &dir.id,
+            command,
+            what,
+            dir.resolv_conf(),
+            resolv_target.to_owned(),
+        )
+        .await;
+    }
+    command
+        .spawn()
+        .map_err(|e| Error::io(&dir.id, Operation::Start, format!("spawning {what}"), e))
+}
+
+fn gated_command(
+    dir: &InstanceDir,
+    record: &InstanceRecord,
+    setsid: Option<&Path>,
+) -> Result<Command> {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -86,14 +111,7 @@ pub(crate) fn spawn_gated(
         .stderr(log_for_stderr)
         // The instance must outlive this runtime object and the agent.
         .kill_on_drop(false);
-    command.spawn().map_err(|e| {
-        Error::io(
-            &dir.id,
-            Operation::Start,
-            format!("spawning sh in {}", record.working_dir.display()),
-            e,
-        )
-    })
+    Ok(command)
 }
 
 /// Waits (briefly) until the spawned process leads its own process group:

@@ -12,10 +12,16 @@
 //! Mounts are refused: a host process sees the host's filesystem, so there
 //! is nothing to bind into. The agent hands a process workload its volume
 //! directories as `CCA_VOLUME_{NAME}` variables instead.
+//!
+//! The one exception is the resolver: a spec with a DNS config runs in a
+//! private mount namespace in which `/etc/resolv.conf` is the instance's
+//! generated file (see `mountns`), and `exec` joins that namespace; the
+//! host's file and every other process are untouched. It needs root.
 
 mod cgroup;
 mod exec;
 mod launch;
+mod mountns;
 pub(crate) mod procfs;
 mod records;
 mod stop;
@@ -60,6 +66,10 @@ pub struct ProcessConfig {
     /// The base environment of every instance (the spec's variables and the
     /// runtime's `CCA_*`/`PORT` come on top).
     pub base_env: BTreeMap<String, String>,
+    /// The host's resolver file, normally `/etc/resolv.conf`: an instance
+    /// with a DNS config sees its own file there (bound over the file
+    /// this path resolves to, in the instance's own mount namespace).
+    pub resolv_conf: PathBuf,
 }
 
 impl ProcessConfig {
@@ -79,6 +89,7 @@ impl ProcessConfig {
             cgroup_parent: "cca".to_owned(),
             rotate_interval: Duration::from_secs(1),
             base_env,
+            resolv_conf: PathBuf::from(crate::resolv::ETC_RESOLV_CONF),
         }
     }
 }
@@ -250,6 +261,13 @@ impl Inner {
                 e,
             )
         })?;
+        if let Some(dns) = &spec.dns {
+            let prepared = self.prepare_resolv_conf(&dir, &spec.id, dns);
+            if prepared.is_err() {
+                let _ = std::fs::remove_dir_all(&dir.path);
+            }
+            prepared?;
+        }
         let mut env = self.config.base_env.clone();
         env.extend(spec.full_env());
         let record = InstanceRecord {
@@ -260,6 +278,27 @@ impl Inner {
         };
         dir.write_instance(&record, Operation::Create)?;
         Ok(dir.id)
+    }
+
+    /// Writes the instance's `resolv.conf` and checks that a start could
+    /// bind it (root, a host file to bind over), so `create` fails with the
+    /// reason rather than every start.
+    fn prepare_resolv_conf(
+        &self,
+        dir: &InstanceDir,
+        id: &str,
+        dns: &crate::DnsConfig,
+    ) -> Result<()> {
+        let path = dir.resolv_conf();
+        crate::resolv::write(&path, &crate::resolv::resolv_conf(dns)).map_err(|e| {
+            Error::io(
+                id,
+                Operation::Create,
+                format!("writing {}", path.display()),
+                e,
+            )
+        })?;
+        mountns::check(id, &path, &self.config.resolv_conf)
     }
 
     async fn start(&self, id: &str) -> Result<()> {
@@ -277,7 +316,14 @@ impl Inner {
         let (cgroups, mut limits) = self
             .cgroups
             .prepare(&self.config.cgroup_parent, &record.spec);
-        let mut child = match launch::spawn_gated(&dir, &record, self.setsid.as_deref()) {
+        let spawned = launch::spawn_gated(
+            &dir,
+            &record,
+            self.setsid.as_deref(),
+            &self.config.resolv_conf,
+        )
+        .await;
+        let mut child = match spawned {
             Ok(child) => child,
             Err(error) => {
                 if let Some(cgroups) = &cgroups {

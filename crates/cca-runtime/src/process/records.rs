@@ -9,6 +9,9 @@
 //! - `exit.json` — [`ExitInfo`] of the last run (written when it ends).
 //! - `stop-requested` — present while a stop is under way, so an exit it
 //!   causes reads as `stopped`.
+//! - `resolv.conf` — the resolver file a process with a DNS config sees at
+//!   `/etc/resolv.conf` in its private mount namespace (written by
+//!   `create`).
 //! - `output.log*` — the instance's output (see `logs`), `work/` — the
 //!   default working directory.
 //!
@@ -75,6 +78,10 @@ impl InstanceDir {
 
     pub(crate) fn default_working_dir(&self) -> PathBuf {
         self.path.join("work")
+    }
+
+    pub(crate) fn resolv_conf(&self) -> PathBuf {
+        self.path.join(crate::resolv::RESOLV_CONF_FILE)
     }
 
     pub(crate) fn read_instance(&self, operation: Operation) -> Result<InstanceRecord> {

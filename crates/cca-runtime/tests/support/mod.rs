@@ -23,6 +23,11 @@ pub(crate) struct TestRuntime {
 
 impl TestRuntime {
     pub(crate) async fn new() -> Self {
+        Self::with_config(|_| {}).await
+    }
+
+    /// A runtime whose config `adjust` changes first.
+    pub(crate) async fn with_config(adjust: impl FnOnce(&mut ProcessConfig)) -> Self {
         static COUNTER: AtomicUsize = AtomicUsize::new(0);
         let dir = tempfile::tempdir().expect("tempdir");
         let mut config = ProcessConfig::new(dir.path());
@@ -32,6 +37,7 @@ impl TestRuntime {
             COUNTER.fetch_add(1, Ordering::Relaxed)
         );
         config.rotate_interval = Duration::from_millis(50);
+        adjust(&mut config);
         let runtime = ProcessRuntime::new(config.clone()).await.expect("runtime");
         Self {
             runtime,
