@@ -9,7 +9,7 @@
 //! Architecture invariant: this crate knows registries and files, never
 //! runtimes or instances; the `oci` runtime asks it for layer directories
 //! and image configs. It spawns no processes (the `testing` feature's
-//! loopback registry aside).
+//! loopback registry and the tools it builds test images with aside).
 
 mod config;
 mod digest;

@@ -1,7 +1,8 @@
 //! Test support (feature `testing`): a `docker-registry` on a free
 //! loopback port with its storage in a temporary directory (killed when
 //! dropped), tar layer building, OCI image layouts written by hand, a
-//! busybox-static image, `skopeo` to push a layout to the registry, and a
+//! busybox-static image, a layer with the host's glibc `getent` and the
+//! libraries it needs, `skopeo` to push a layout to the registry, and a
 //! way to make the registry serve a blob that does not match its digest.
 //! Everything here returns `std::io::Result` with a message saying what
 //! failed: it runs in tests only.
@@ -305,6 +306,121 @@ pub fn busybox_layer() -> Result<Vec<u8>> {
     layer.finish()
 }
 
+/// The NSS modules and resolver library `getent hosts` loads at run time
+/// (through `dlopen`, so `ldd` does not list them). Since glibc 2.34 the
+/// first two are built into libc and ship as stubs; a host without them
+/// has them built in.
+const NSS_LIBRARIES: [&str; 3] = ["libnss_files.so.2", "libnss_dns.so.2", "libresolv.so.2"];
+
+/// A layer with the host's glibc `getent` at `/usr/bin/getent`, every
+/// shared library `ldd` lists for it and for glibc's NSS modules for files
+/// and DNS (`libnss_files`, `libnss_dns`, `libresolv`, found beside libc),
+/// each at the path `ldd` names (the dynamic loader too), and an
+/// `/etc/nsswitch.conf` saying `hosts: files dns`. Put it above
+/// [`busybox_layer`]: `/usr/bin/getent hosts NAME` in the container then
+/// resolves as any glibc program does — the container's `/etc/hosts`,
+/// then the nameservers and search domains of its `/etc/resolv.conf`.
+pub fn getent_layer() -> Result<Vec<u8>> {
+    let getent = find_command("getent").ok_or_else(|| {
+        Error::new(
+            ErrorKind::NotFound,
+            "getent (glibc, Debian's libc-bin) is not on PATH",
+        )
+    })?;
+    let mut libraries = std::collections::BTreeSet::new();
+    libraries.extend(shared_libraries(&getent)?);
+    let libc = libraries
+        .iter()
+        .find(|path| path.file_name().is_some_and(|name| name == "libc.so.6"))
+        .cloned()
+        .ok_or_else(|| {
+            Error::other(format!(
+                "ldd {} lists no libc.so.6: is it glibc's getent?",
+                getent.display()
+            ))
+        })?;
+    let libc_dir = libc.parent().unwrap_or(Path::new("/"));
+    for name in NSS_LIBRARIES {
+        let module = libc_dir.join(name);
+        if module.exists() {
+            libraries.extend(shared_libraries(&module)?);
+            libraries.insert(module);
+        }
+    }
+    let mut files: Vec<(PathBuf, u32)> = vec![(PathBuf::from("/usr/bin/getent"), 0o755)];
+    files.extend(libraries.iter().map(|path| (path.clone(), 0o755)));
+    let mut dirs = std::collections::BTreeSet::new();
+    for (path, _) in &files {
+        dirs.extend(path.ancestors().skip(1).map(Path::to_path_buf));
+    }
+    let mut layer = LayerBuilder::new().dir("etc")?;
+    for dir in dirs.iter().filter_map(|dir| layer_path(dir)) {
+        layer = layer.dir(&dir)?;
+    }
+    layer = layer.file("usr/bin/getent", &read(&getent)?, 0o755)?;
+    for library in &libraries {
+        if let Some(name) = layer_path(library) {
+            // Read through symlinks: the layer holds the file itself at
+            // the name the loader looks for.
+            layer = layer.file(&name, &read(library)?, 0o755)?;
+        }
+    }
+    layer = layer.file(
+        "etc/nsswitch.conf",
+        b"passwd: files
+group: files
+hosts: files dns
+",
+        0o644,
+    )?;
+    layer.finish()
+}
+
+/// The absolute paths `ldd` prints for `binary`'s libraries and loader.
+fn shared_libraries(binary: &Path) -> Result<Vec<PathBuf>> {
+    let output = Command::new("ldd")
+        .arg(binary)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| Error::new(e.kind(), format!("running ldd {}: {e}", binary.display())))?;
+    if !output.status.success() {
+        return Err(Error::other(format!(
+            "ldd {} failed ({}): {}",
+            binary.display(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )));
+    }
+    Ok(parse_ldd(&String::from_utf8_lossy(&output.stdout)))
+}
+
+/// `libc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x…)` and
+/// `/lib64/ld-linux-x86-64.so.2 (0x…)` give their paths; the vDSO
+/// (`linux-vdso.so.1 (0x…)`) has none.
+fn parse_ldd(text: &str) -> Vec<PathBuf> {
+    text.lines()
+        .filter_map(|line| {
+            let line = line.trim();
+            let path = line.split_once("=>").map_or(line, |(_, path)| path.trim());
+            let path = path.split_whitespace().next()?;
+            path.starts_with('/').then(|| PathBuf::from(path))
+        })
+        .collect()
+}
+
+/// An absolute host path as a layer entry name (no leading `/`); `None`
+/// for `/` itself.
+fn layer_path(path: &Path) -> Option<String> {
+    let relative = path.strip_prefix("/").ok()?;
+    let name = relative.to_str()?;
+    (!name.is_empty()).then(|| name.to_owned())
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path)
+        .map_err(|e| Error::new(e.kind(), format!("reading {}: {e}", path.display())))
+}
+
 /// The digest a layer tar has in a layout [`write_oci_layout`] writes (its
 /// gzip-compressed blob's), to find it in a registry.
 pub fn layer_blob_digest(tar: &[u8]) -> Result<Digest> {
@@ -361,4 +477,62 @@ fn write_blob(blobs: &Path, media_type: &str, bytes: &[u8]) -> Result<serde_json
     Ok(
         serde_json::json!({"mediaType": media_type, "digest": digest.to_string(), "size": bytes.len()}),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldd_lines_give_library_and_loader_paths_not_the_vdso() {
+        let text = "\tlinux-vdso.so.1 (0x00007ffd)\n\
+                    \tlibc.so.6 => /lib/x86_64-linux-gnu/libc.so.6 (0x00007fc4)\n\
+                    \t/lib64/ld-linux-x86-64.so.2 (0x00007fc5)\n\
+                    \tlibgone.so.1 => not found\n";
+        assert_eq!(
+            parse_ldd(text),
+            [
+                PathBuf::from("/lib/x86_64-linux-gnu/libc.so.6"),
+                PathBuf::from("/lib64/ld-linux-x86-64.so.2"),
+            ]
+        );
+    }
+
+    #[test]
+    fn the_getent_layer_holds_getent_its_libraries_nss_and_nsswitch() {
+        if find_command("getent").is_none() || find_command("ldd").is_none() {
+            skip(
+                "the_getent_layer_holds",
+                "no glibc getent or ldd on this host",
+            );
+            return;
+        }
+        let tar = getent_layer().expect("getent layer");
+        let mut archive = tar::Archive::new(tar.as_slice());
+        let names: Vec<String> = archive
+            .entries()
+            .expect("entries")
+            .map(|entry| {
+                let entry = entry.expect("entry");
+                entry.path().expect("path").display().to_string()
+            })
+            .collect();
+        for expected in ["usr/bin/getent", "etc/nsswitch.conf"] {
+            assert!(
+                names.iter().any(|n| n == expected),
+                "{expected} in {names:?}"
+            );
+        }
+        for library in [
+            "libc.so.6",
+            "ld-linux",
+            "libnss_dns.so.2",
+            "libnss_files.so.2",
+        ] {
+            assert!(
+                names.iter().any(|n| n.contains(library)),
+                "{library} in {names:?}"
+            );
+        }
+    }
 }

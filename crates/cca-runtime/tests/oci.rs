@@ -7,9 +7,14 @@
 //! bind mounts (a volume outliving its containers, a read-only file, a
 //! root-only dir handed to the image's non-root user), and the resolver
 //! files of a container with a DNS config: the generated `resolv.conf` and
-//! `hosts` (also in an image without `/etc`).
+//! `hosts` (also in an image without `/etc`), and glibc's `getent` in a
+//! container resolving a service name through a tiny DNS responder in a
+//! network namespace of the test's own.
 //! A guard force-deletes the test's containers and unmounts their rootfs,
 //! also when a test fails.
+
+#[path = "support/dns.rs"]
+mod dns;
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, TcpStream};
@@ -19,14 +24,15 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use cca_image::testing::{
-    LayerBuilder, TestRegistry, busybox_layer, commands_available, free_port, root_test,
-    write_oci_layout,
+    LayerBuilder, TestRegistry, busybox_layer, commands_available, free_port, getent_layer,
+    root_test, write_oci_layout,
 };
 use cca_image::{ImageStore, Puller, RegistrySettings};
 use cca_runtime::{
     DnsConfig, ExecRequest, ExitReason, InstanceSpec, InstanceState, LimitsEnforcement, LogOptions,
-    Mount, OciConfig, OciRuntime, PortBinding, Protocol, Runtime,
+    Mount, NetworkAttachment, OciConfig, OciRuntime, PortBinding, Protocol, Runtime,
 };
+use dns::{DnsResponder, TestNetns};
 
 /// A store holding the busybox test image, a runtime directory, and the
 /// cleanup of whatever the test started.
@@ -757,4 +763,79 @@ async fn an_image_without_etc_gets_the_resolver_files_too() {
     assert!(lines.iter().any(|l| l == "127.0.1.1\tbare"), "{lines:?}");
     test.runtime.remove("bare").await.expect("remove");
     test.assert_gone("bare");
+}
+
+#[tokio::test]
+async fn glibc_getent_in_a_container_resolves_service_names_through_the_cluster_dns() {
+    let Some(test) = Fixture::new("glibc_getent_resolves").await else {
+        return;
+    };
+    if !commands_available("glibc_getent_resolves", &["ip", "getent", "ldd"]) {
+        return;
+    }
+    let dns_address = Ipv4Addr::new(10, 99, 0, 1);
+    let netns = TestNetns::new("dns", dns_address);
+    let records = [("postgres.cca.local".to_owned(), Ipv4Addr::new(10, 43, 0, 7))];
+    let responder = DnsResponder::start(&netns, dns_address, records.into_iter().collect());
+    let image = test.import_image(
+        "local/getent:1",
+        &[
+            busybox_layer().expect("busybox layer"),
+            getent_layer().expect("getent layer"),
+        ],
+    );
+    let command = "getent=/usr/bin/getent; \
+                   $getent hosts postgres; echo \"postgres rc=$?\"; \
+                   $getent hosts nothere; echo \"nothere rc=$?\"; \
+                   $getent hosts dns-getent; $getent hosts localhost";
+    let mut spec = test.spec("dns-getent", command);
+    spec.image = Some(image);
+    spec.network = Some(NetworkAttachment {
+        netns_path: netns.path.clone(),
+        address: Ipv4Addr::new(10, 99, 0, 2),
+    });
+    spec.dns = Some(cluster_dns(dns_address));
+    let (code, lines) = test.run_to_end(spec).await;
+    assert_eq!(code, Some(0), "{lines:?}");
+    let fields = |line: &String| {
+        line.split_whitespace()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let answers: Vec<Vec<String>> = lines.iter().map(fields).collect();
+    for expected in [
+        ["10.43.0.7", "postgres.cca.local"],
+        ["10.99.0.2", "dns-getent"],
+    ] {
+        assert!(
+            answers.iter().any(|answer| answer == &expected),
+            "{expected:?} in {lines:?}"
+        );
+    }
+    assert!(lines.contains(&"postgres rc=0".to_owned()), "{lines:?}");
+    assert!(
+        lines.contains(&"nothere rc=2".to_owned()),
+        "an unknown name is not found: {lines:?}"
+    );
+    assert!(
+        answers
+            .iter()
+            .any(|answer| answer.get(1).map(String::as_str) == Some("localhost")),
+        "localhost from /etc/hosts (getent asks for IPv6 first): {lines:?}"
+    );
+    let asked = responder.asked();
+    assert!(
+        asked.contains(&"postgres.cca.local 1".to_owned()),
+        "the search domain was tried, an A query answered: {asked:?}"
+    );
+    // getent asks for IPv6 first (/etc/hosts has none for the container,
+    // so that goes to the server); the IPv4 address is the file's.
+    assert!(
+        !asked
+            .iter()
+            .any(|question| question.starts_with("dns-getent") && question.ends_with(" 1")),
+        "the container's own IPv4 address comes from /etc/hosts: {asked:?}"
+    );
+    test.runtime.remove("dns-getent").await.expect("remove");
+    test.assert_gone("dns-getent");
 }
