@@ -156,6 +156,18 @@ impl Netlink {
             .map_err(|error| self.failed(what, &error))
     }
 
+    /// Changes a bridge port's settings (`ip link set NAME type
+    /// bridge_slave …`: RTM_NEWLINK, which carries port data, not
+    /// RTM_SETLINK).
+    pub(crate) async fn set_port(&self, what: &str, message: LinkMessage) -> Result<()> {
+        self.handle
+            .link()
+            .set_port(message)
+            .execute()
+            .await
+            .map_err(|error| self.failed(what, &error))
+    }
+
     /// Deletes the link named `name`; gone already is fine.
     pub(crate) async fn delete_link(&self, name: &str) -> Result<()> {
         let Some(link) = self.link(name).await? else {

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use rtnetlink::packet_route::link::{InfoData, InfoVeth};
-use rtnetlink::{LinkBridge, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::{LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
@@ -267,6 +267,15 @@ impl HostNetwork for KernelNetwork {
             nl.set_link(
                 &format!("put {host} on bridge {} and bring it up", veth.bridge),
                 attach.build(),
+            )
+            .await?;
+            // An instance reaching its own service through the VIP is
+            // DNATed back to itself: the frame leaves by the port it came
+            // in on (the bridge passes it through the IP hooks first), which
+            // a bridge allows only in hairpin mode.
+            nl.set_port(
+                &format!("let {host} hairpin on bridge {}", veth.bridge),
+                LinkBridgePort::new(index).hairpin(true).build(),
             )
             .await
         })?;

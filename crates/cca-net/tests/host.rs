@@ -158,6 +158,14 @@ fn two_instances_talk_publish_and_leave_nothing_behind() {
     let (_, addrs) = output("ip", &["-n", &ns_a, "-br", "addr"]);
     assert!(addrs.contains(&format!("{}/24", a.address)), "{addrs}");
     assert!(addrs.contains("lo "), "{addrs}");
+    // The host side is a bridge port in hairpin mode (an instance DNATed
+    // back to itself through a VIP is sent out the port it came in on).
+    let hairpin = fs::read_to_string(format!(
+        "/sys/class/net/{}/brport/hairpin_mode",
+        config.veth_name("a")
+    ))
+    .expect("the veth is a bridge port");
+    assert_eq!(hairpin.trim(), "1");
 
     let www = tempfile::tempdir().unwrap();
     fs::write(www.path().join("index.html"), "hello from a\n").unwrap();
