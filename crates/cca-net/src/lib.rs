@@ -15,6 +15,7 @@
 //! [`Overlay`] plans the node's VXLAN entries from the network map and
 //! syncs them.
 
+pub mod dataplane;
 mod error;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;

@@ -1,0 +1,595 @@
+//! The pure compiler from [`NetworkMap`] entries to nftables commands, no
+//! IO. [`ServiceState`] and [`PolicyState`] are what one service and the
+//! policies put in the table; [`Programmed`] is what the table holds now
+//! and turns a change of one entry into the commands that make the table
+//! hold the new state — and nothing else. A full rebuild is the same
+//! updates applied to an empty [`Programmed`] after the [`skeleton`], so
+//! both paths share every rule the compiler writes.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+
+use nftables::expr::{CTDir, Expression, MetaKey};
+use nftables::schema::SetType;
+use nftables::stmt::{Operator, Statement, VerdictMap};
+use nftables::types::{NfChainType, NfHook};
+use sha2::{Digest, Sha256};
+
+use cca_model::net::{Affinity, NetworkMap, ServiceNet};
+use cca_model::spec::{NetworkPolicy, Peer, Protocol, RuleAction};
+
+use super::batch::{
+    Batch, Hook, accept, address, anonymous_set, concat, ct, dnat, equals, fib_saddr_type, goto,
+    goto_verdict, jump, l4proto, mapping, masquerade, matches, meta, number, payload,
+    port_unreachable, protocol_name, random, reset, set_ref, source_hash, string,
+};
+use super::kernel::UdpCleanup;
+use super::names;
+
+/// Where a VIP port sends flows: an instance's address and port.
+pub(crate) type Backend = (Ipv4Addr, u16);
+
+/// A VIP port: protocol and number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct PortKey {
+    pub protocol: Protocol,
+    pub port: u16,
+}
+
+/// One VIP port's chain and what it balances over.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct PortState {
+    pub chain: String,
+    /// Sorted, so the chain does not change when only the order of the
+    /// endpoint list does (and `jhash` keeps mapping clients alike).
+    pub backends: Vec<Backend>,
+    pub affinity: Affinity,
+    /// `jhash`'s seed, fixed per service so restarts keep the mapping.
+    pub seed: u32,
+}
+
+/// What one service puts in the table.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct ServiceState {
+    pub vip: Option<Ipv4Addr>,
+    /// Empty while the service has no VIP.
+    pub ports: BTreeMap<PortKey, PortState>,
+    /// Every member's address but host-network ones (policy sets).
+    pub members: BTreeSet<Ipv4Addr>,
+    /// The members on this node, host-network ones aside.
+    pub local: BTreeSet<Ipv4Addr>,
+}
+
+impl ServiceState {
+    /// The state of `service` as node `node` programs it.
+    pub(crate) fn of(service: &ServiceNet, node: &str) -> ServiceState {
+        let mut ports = BTreeMap::new();
+        if service.vip.is_some() {
+            let seed = seed(&service.name);
+            for spec in &service.ports {
+                let key = PortKey {
+                    protocol: spec.protocol,
+                    port: spec.number,
+                };
+                // A port written twice keeps its first endpoints.
+                ports.entry(key).or_insert_with(|| {
+                    let mut backends: Vec<Backend> = service
+                        .targets(spec)
+                        .iter()
+                        .map(|target| (target.address, target.port))
+                        .collect();
+                    backends.sort_unstable();
+                    backends.dedup();
+                    PortState {
+                        chain: names::service_chain(&service.name, key.protocol, key.port),
+                        backends,
+                        affinity: service.affinity,
+                        seed,
+                    }
+                });
+            }
+        }
+        let plain = service.members.iter().filter(|m| !m.host_network);
+        ServiceState {
+            vip: service.vip,
+            ports,
+            members: plain.clone().map(|m| m.address).collect(),
+            local: plain
+                .filter(|m| m.node == node)
+                .map(|m| m.address)
+                .collect(),
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.vip.is_none() && self.members.is_empty()
+    }
+
+    fn vmap_keys(&self) -> impl Iterator<Item = (Ipv4Addr, PortKey)> + '_ {
+        self.vip
+            .into_iter()
+            .flat_map(|vip| self.ports.keys().map(move |key| (vip, *key)))
+    }
+}
+
+fn seed(service: &str) -> u32 {
+    let digest = Sha256::digest(service.as_bytes());
+    u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
+}
+
+/// One policy rule, as the table holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct RuleState {
+    pub action: RuleAction,
+    /// `None`: any source.
+    pub from: Option<String>,
+    /// `None`: any service's member.
+    pub to: Option<String>,
+    /// Sorted; empty means every port.
+    pub ports: Vec<u16>,
+    pub protocol: Option<Protocol>,
+}
+
+/// The policy rules in the order they are judged, and the services they
+/// name (each has a member set).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PolicyState {
+    pub rules: Vec<RuleState>,
+    pub services: BTreeSet<String>,
+}
+
+impl PolicyState {
+    /// Every policy's rules, policies in name order, rules as written.
+    pub(crate) fn of<'a>(policies: impl IntoIterator<Item = &'a NetworkPolicy>) -> PolicyState {
+        let mut state = PolicyState::default();
+        for policy in policies {
+            for rule in &policy.rules {
+                let peer = |peer: &Peer| match peer {
+                    Peer::Any => None,
+                    Peer::Service(name) => Some(name.clone()),
+                };
+                let (from, to) = (peer(&rule.from), peer(&rule.to));
+                state.services.extend(from.iter().chain(&to).cloned());
+                let mut ports = rule.ports.clone();
+                ports.sort_unstable();
+                ports.dedup();
+                state.rules.push(RuleState {
+                    action: rule.action,
+                    from,
+                    to,
+                    ports,
+                    protocol: rule.protocol,
+                });
+            }
+        }
+        state
+    }
+
+    pub(crate) fn of_map(map: &NetworkMap) -> PolicyState {
+        PolicyState::of(map.policies.values().map(|policy| policy.as_ref()))
+    }
+}
+
+/// How many services hold an address in one shared set: the element goes
+/// in with the first and out with the last.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct Counts(BTreeMap<Ipv4Addr, usize>);
+
+impl Counts {
+    /// True when `address` just entered.
+    fn add(&mut self, address: Ipv4Addr) -> bool {
+        let count = self.0.entry(address).or_default();
+        *count += 1;
+        *count == 1
+    }
+
+    /// True when `address` just left.
+    fn remove(&mut self, address: Ipv4Addr) -> bool {
+        match self.0.get_mut(&address) {
+            Some(count) if *count > 1 => {
+                *count -= 1;
+                false
+            }
+            Some(_) => {
+                self.0.remove(&address);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// What the table holds now.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Programmed {
+    pub services: BTreeMap<String, ServiceState>,
+    /// Which service a `VIP . proto . port` key is programmed for.
+    owners: BTreeMap<(Ipv4Addr, PortKey), String>,
+    vips: Counts,
+    members: Counts,
+    local: Counts,
+    pub policy: PolicyState,
+}
+
+/// The hooks and priorities of the base chains: DNAT before the routing
+/// decision (`dstnat`, -100), masquerade after it (`srcnat`, 100), policy
+/// at the filter priority (0).
+const HOOK_NAT_PREROUTING: Hook = Hook {
+    kind: NfChainType::NAT,
+    hook: NfHook::Prerouting,
+    priority: -100,
+};
+const HOOK_NAT_OUTPUT: Hook = Hook {
+    kind: NfChainType::NAT,
+    hook: NfHook::Output,
+    priority: -100,
+};
+const HOOK_NAT_POSTROUTING: Hook = Hook {
+    kind: NfChainType::NAT,
+    hook: NfHook::Postrouting,
+    priority: 100,
+};
+const HOOK_FILTER_FORWARD: Hook = Hook {
+    kind: NfChainType::Filter,
+    hook: NfHook::Forward,
+    priority: 0,
+};
+const HOOK_FILTER_OUTPUT: Hook = Hook {
+    kind: NfChainType::Filter,
+    hook: NfHook::Output,
+    priority: 0,
+};
+
+/// The table with its fixed objects and empty sets: what every state is
+/// built on. Appended to `batch` after it replaced the old table.
+pub(crate) fn skeleton(batch: &mut Batch) {
+    use names::{
+        HAIRPIN, LOCAL, MEMBERS, POLICY, POLICY_DENY, POLICY_FORWARD, POLICY_OUTPUT, SERVICES, VIPS,
+    };
+    batch.add_table();
+    batch.add_set(VIPS, &[SetType::Ipv4Addr]);
+    batch.add_set(HAIRPIN, &[SetType::Ipv4Addr, SetType::Ipv4Addr]);
+    batch.add_set(LOCAL, &[SetType::Ipv4Addr]);
+    batch.add_set(MEMBERS, &[SetType::Ipv4Addr]);
+    batch.add_verdict_map(
+        SERVICES,
+        &[SetType::Ipv4Addr, SetType::InetProto, SetType::InetService],
+    );
+    batch.add_chain(POLICY, None);
+    batch.add_chain(POLICY_DENY, None);
+    batch.add_chain(names::NAT_PREROUTING, Some(HOOK_NAT_PREROUTING));
+    batch.add_chain(names::NAT_OUTPUT, Some(HOOK_NAT_OUTPUT));
+    batch.add_chain(names::NAT_POSTROUTING, Some(HOOK_NAT_POSTROUTING));
+    batch.add_chain(POLICY_FORWARD, Some(HOOK_FILTER_FORWARD));
+    batch.add_chain(POLICY_OUTPUT, Some(HOOK_FILTER_OUTPUT));
+
+    // One lookup per new flow, however many services there are.
+    let dispatch = || {
+        vec![Statement::VerdictMap(VerdictMap {
+            key: concat(vec![
+                payload("ip", "daddr"),
+                meta(MetaKey::L4proto),
+                payload("th", "dport"),
+            ]),
+            data: set_ref(SERVICES),
+        })]
+    };
+    batch.add_rule(names::NAT_PREROUTING, dispatch());
+    batch.add_rule(names::NAT_OUTPUT, dispatch());
+
+    let ours = || {
+        vec![
+            matches(ct("status", None), Operator::IN, string("dnat")),
+            equals(ct("ip daddr", Some(CTDir::Original)), set_ref(VIPS)),
+        ]
+    };
+    // Hairpin: a member DNATed back to itself would see its own address as
+    // the source and drop the packet as a martian.
+    let mut hairpin = ours();
+    hairpin.push(equals(
+        concat(vec![payload("ip", "saddr"), payload("ip", "daddr")]),
+        set_ref(HAIRPIN),
+    ));
+    hairpin.push(masquerade());
+    batch.add_rule(names::NAT_POSTROUTING, hairpin);
+    // This node's processes: their source is whatever address routing
+    // picked for the VIP (the underlay's, say), which a target behind the
+    // overlay or the bridge may not route back to this node; the outgoing
+    // interface's address always comes back.
+    let mut host = ours();
+    host.push(equals(fib_saddr_type(), string("local")));
+    host.push(matches(meta(MetaKey::Oifname), Operator::NEQ, string("lo")));
+    host.push(masquerade());
+    batch.add_rule(names::NAT_POSTROUTING, host);
+
+    let new_flow = || matches(ct("state", None), Operator::IN, string("new"));
+    batch.add_rule(POLICY_FORWARD, vec![new_flow(), jump(POLICY)]);
+    // The node always reaches the instances it runs (the agent probes
+    // their health); other flows it opens are judged like anyone's.
+    batch.add_rule(
+        POLICY_OUTPUT,
+        vec![equals(payload("ip", "daddr"), set_ref(LOCAL)), accept()],
+    );
+    batch.add_rule(POLICY_OUTPUT, vec![new_flow(), jump(POLICY)]);
+    batch.add_rule(POLICY_DENY, vec![l4proto(Protocol::Tcp), reset()]);
+    batch.add_rule(POLICY_DENY, vec![port_unreachable()]);
+}
+
+/// The rules of one VIP port's chain. With backends: a cascade where rule
+/// `i` takes the flow with probability 1/(N-i) (so each backend gets 1/N),
+/// or where `jhash ip saddr mod N` picks rule `i` for client affinity; the
+/// last rule takes what is left. Without: refuse at once.
+fn port_rules(key: PortKey, port: &PortState) -> Vec<Vec<Statement<'static>>> {
+    let n = port.backends.len();
+    if n == 0 {
+        let refuse = match key.protocol {
+            Protocol::Tcp => reset(),
+            Protocol::Udp => port_unreachable(),
+        };
+        return vec![vec![l4proto(key.protocol), refuse]];
+    }
+    port.backends
+        .iter()
+        .enumerate()
+        .map(|(i, &(to, target_port))| {
+            let mut rule = vec![l4proto(key.protocol)];
+            if i + 1 < n {
+                rule.push(match port.affinity {
+                    Affinity::None => equals(random((n - i) as u32), number(0)),
+                    Affinity::ClientIp => {
+                        equals(source_hash(n as u32, port.seed), number(i as u32))
+                    }
+                });
+            }
+            rule.push(dnat(to, target_port));
+            rule
+        })
+        .collect()
+}
+
+fn vmap_key(vip: Ipv4Addr, key: PortKey) -> Expression<'static> {
+    concat(vec![
+        address(vip),
+        string(protocol_name(key.protocol)),
+        number(u32::from(key.port)),
+    ])
+}
+
+fn policy_rule(rule: &RuleState) -> Vec<Statement<'static>> {
+    let mut statements = Vec::new();
+    if let Some(from) = &rule.from {
+        statements.push(equals(
+            payload("ip", "saddr"),
+            set_ref(&names::member_set(from)),
+        ));
+    }
+    let to = match &rule.to {
+        Some(service) => names::member_set(service),
+        None => names::MEMBERS.to_owned(),
+    };
+    statements.push(equals(payload("ip", "daddr"), set_ref(&to)));
+    match (rule.protocol, rule.ports.is_empty()) {
+        (Some(protocol), _) => statements.push(l4proto(protocol)),
+        // Ports without a protocol: either, but never ICMP's bytes.
+        (None, false) => statements.push(equals(
+            meta(MetaKey::L4proto),
+            anonymous_set(vec![string("tcp"), string("udp")]),
+        )),
+        (None, true) => {}
+    }
+    match rule.ports.as_slice() {
+        [] => {}
+        [port] => statements.push(equals(payload("th", "dport"), number(u32::from(*port)))),
+        ports => statements.push(equals(
+            payload("th", "dport"),
+            anonymous_set(ports.iter().map(|p| number(u32::from(*p))).collect()),
+        )),
+    }
+    statements.push(match rule.action {
+        RuleAction::Allow => accept(),
+        RuleAction::Deny => goto(names::POLICY_DENY),
+    });
+    statements
+}
+
+impl Programmed {
+    /// Makes the table hold `new` for service `name` (`None`: the service
+    /// is gone), appending the commands to `batch` and the UDP flows whose
+    /// backend went to `cleanup`.
+    pub(crate) fn update_service(
+        &mut self,
+        name: &str,
+        new: Option<ServiceState>,
+        batch: &mut Batch,
+        cleanup: &mut UdpCleanup,
+    ) {
+        let old = self.services.remove(name).unwrap_or_default();
+        let new = self.admit(name, new.unwrap_or_default());
+        if old == new {
+            if !new.is_empty() {
+                self.services.insert(name.to_owned(), new);
+            }
+            return;
+        }
+        let vip_moved = old.vip != new.vip;
+
+        // VIP ports that went, or whose VIP did: their keys leave the map
+        // before any chain they name goes.
+        for (vip, key) in old.vmap_keys() {
+            if vip_moved || !new.ports.contains_key(&key) {
+                batch.delete_elements(names::SERVICES, vec![vmap_key(vip, key)]);
+                self.owners.remove(&(vip, key));
+            }
+        }
+        for (key, port) in &old.ports {
+            let kept = new.ports.get(key);
+            match kept {
+                None => {
+                    batch.flush_chain(&port.chain);
+                    batch.delete_chain(&port.chain);
+                }
+                Some(next) if next != port => {
+                    batch.flush_chain(&port.chain);
+                    for rule in port_rules(*key, next) {
+                        batch.add_rule(&next.chain, rule);
+                    }
+                }
+                Some(_) => {}
+            }
+            // UDP flows keep their backend through conntrack: those whose
+            // backend left are cleared so the next datagram picks anew.
+            if let (Some(vip), Protocol::Udp) = (old.vip, key.protocol) {
+                let allowed: BTreeSet<Backend> = match kept {
+                    Some(next) if !vip_moved => next.backends.iter().copied().collect(),
+                    _ => BTreeSet::new(),
+                };
+                if port.backends.iter().any(|b| !allowed.contains(b)) {
+                    cleanup.ports.insert((vip, key.port), allowed);
+                }
+            }
+        }
+        for (key, port) in &new.ports {
+            if !old.ports.contains_key(key) {
+                batch.add_chain(&port.chain, None);
+                for rule in port_rules(*key, port) {
+                    batch.add_rule(&port.chain, rule);
+                }
+            }
+        }
+        for (vip, key) in new.vmap_keys() {
+            if vip_moved || !old.ports.contains_key(&key) {
+                let chain = &new.ports[&key].chain;
+                batch.add_elements(
+                    names::SERVICES,
+                    vec![mapping(vmap_key(vip, key), goto_verdict(chain))],
+                );
+                self.owners.insert((vip, key), name.to_owned());
+            }
+        }
+
+        // Masquerade only flows to VIPs that have rules.
+        let with_rules = |state: &ServiceState| state.vip.filter(|_| !state.ports.is_empty());
+        if with_rules(&old) != with_rules(&new) {
+            if let Some(vip) = with_rules(&old)
+                && self.vips.remove(vip)
+            {
+                batch.delete_elements(names::VIPS, vec![address(vip)]);
+            }
+            if let Some(vip) = with_rules(&new)
+                && self.vips.add(vip)
+            {
+                batch.add_elements(names::VIPS, vec![address(vip)]);
+            }
+        }
+
+        let policy_set = self
+            .policy
+            .services
+            .contains(name)
+            .then(|| names::member_set(name));
+        for &gone in old.members.difference(&new.members) {
+            if self.members.remove(gone) {
+                batch.delete_elements(names::MEMBERS, vec![address(gone)]);
+            }
+            if let Some(set) = &policy_set {
+                batch.delete_elements(set, vec![address(gone)]);
+            }
+        }
+        for &came in new.members.difference(&old.members) {
+            if self.members.add(came) {
+                batch.add_elements(names::MEMBERS, vec![address(came)]);
+            }
+            if let Some(set) = &policy_set {
+                batch.add_elements(set, vec![address(came)]);
+            }
+        }
+        for &gone in old.local.difference(&new.local) {
+            if self.local.remove(gone) {
+                batch.delete_elements(names::LOCAL, vec![address(gone)]);
+                batch.delete_elements(names::HAIRPIN, vec![pair(gone)]);
+            }
+        }
+        for &came in new.local.difference(&old.local) {
+            if self.local.add(came) {
+                batch.add_elements(names::LOCAL, vec![address(came)]);
+                batch.add_elements(names::HAIRPIN, vec![pair(came)]);
+            }
+        }
+
+        if !new.is_empty() {
+            self.services.insert(name.to_owned(), new);
+        }
+    }
+
+    /// `state` without the VIP ports another service already programs: a
+    /// VIP is one service's (the allocator's promise); should two claim
+    /// one, the first keeps it until it lets go (a resync settles it by
+    /// name order).
+    fn admit(&self, name: &str, mut state: ServiceState) -> ServiceState {
+        if let Some(vip) = state.vip {
+            state
+                .ports
+                .retain(|key, _| match self.owners.get(&(vip, *key)) {
+                    Some(owner) if owner != name => {
+                        tracing::warn!(
+                            service = name,
+                            %vip,
+                            port = key.port,
+                            owner = owner.as_str(),
+                            "VIP port already programmed for another service; skipped"
+                        );
+                        false
+                    }
+                    _ => true,
+                });
+        }
+        state
+    }
+
+    /// Makes the policy chain and member sets hold `new`.
+    pub(crate) fn update_policy(&mut self, new: PolicyState, batch: &mut Batch) {
+        if new == self.policy {
+            return;
+        }
+        for service in new.services.difference(&self.policy.services) {
+            let set = names::member_set(service);
+            batch.add_set(&set, &[SetType::Ipv4Addr]);
+            let members = self
+                .services
+                .get(service)
+                .map(|state| state.members.iter().map(|a| address(*a)).collect())
+                .unwrap_or_default();
+            batch.add_elements(&set, members);
+        }
+        batch.flush_chain(names::POLICY);
+        for rule in &new.rules {
+            batch.add_rule(names::POLICY, policy_rule(rule));
+        }
+        for service in self.policy.services.difference(&new.services) {
+            batch.delete_set(&names::member_set(service));
+        }
+        self.policy = new;
+    }
+
+    /// Every UDP VIP port with its backends: after a rebuild (an agent
+    /// restart) the old backends are unknown, so any flow through these
+    /// ports to another backend is stale.
+    pub(crate) fn udp_backends(&self) -> UdpCleanup {
+        let mut cleanup = UdpCleanup::default();
+        for state in self.services.values() {
+            let Some(vip) = state.vip else { continue };
+            for (key, port) in &state.ports {
+                if key.protocol == Protocol::Udp {
+                    cleanup
+                        .ports
+                        .insert((vip, key.port), port.backends.iter().copied().collect());
+                }
+            }
+        }
+        cleanup
+    }
+}
+
+fn pair(address_: Ipv4Addr) -> Expression<'static> {
+    concat(vec![address(address_), address(address_)])
+}

@@ -1,0 +1,265 @@
+//! Deleting stale UDP conntrack entries over netlink (`NETLINK_NETFILTER`,
+//! ctnetlink): dump the IPv4 table, pick the entries a [`UdpCleanup`]
+//! calls stale, delete each by its original tuple. The messages are
+//! `netlink-packet-netfilter`'s typed `ConntrackMessage`s on a
+//! `netlink-sys` socket — the same interface `conntrack -D` uses, without
+//! the tool. An entry that vanished between dump and delete (it expired)
+//! counts as gone, not as an error.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+
+use netlink_packet_core::{
+    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+};
+use netlink_packet_netfilter::conntrack::{
+    ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Protocol, Tuple,
+};
+use netlink_packet_netfilter::{
+    NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
+};
+use netlink_sys::{Socket, SocketAddr, protocols::NETLINK_NETFILTER};
+
+use super::error::{Error, Result};
+use super::kernel::UdpCleanup;
+
+/// One direction of a conntrack entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Flow {
+    pub protocol: u8,
+    pub source: (Ipv4Addr, u16),
+    pub destination: (Ipv4Addr, u16),
+}
+
+const UDP: u8 = 17;
+
+/// Deletes the UDP entries `cleanup` calls stale; returns how many went.
+pub(crate) fn delete_stale_udp(cleanup: &UdpCleanup) -> Result<usize> {
+    let socket = open()?;
+    let mut deleted = 0;
+    for (original, reply) in dump(&socket)? {
+        if original.protocol == UDP
+            && cleanup.is_stale(original.destination, reply.source)
+            && delete(&socket, &original)?
+        {
+            deleted += 1;
+        }
+    }
+    Ok(deleted)
+}
+
+fn open() -> Result<Socket> {
+    let failed = |error: io::Error| Error::Conntrack {
+        action: "socket",
+        error,
+    };
+    let mut socket = Socket::new(NETLINK_NETFILTER).map_err(failed)?;
+    socket.bind_auto().map_err(failed)?;
+    socket.connect(&SocketAddr::new(0, 0)).map_err(failed)?;
+    Ok(socket)
+}
+
+fn send(
+    socket: &Socket,
+    flags: u16,
+    message: ConntrackMessage,
+    action: &'static str,
+) -> Result<()> {
+    let mut header = NetlinkHeader::default();
+    header.flags = flags;
+    let mut packet = NetlinkMessage::new(
+        header,
+        NetlinkPayload::from(NetfilterMessage::new(
+            NetfilterHeader::new(NetfilterProtoFamily::IPv4, 0, 0),
+            message,
+        )),
+    );
+    packet.finalize();
+    let mut buffer = vec![0; packet.buffer_len()];
+    packet.serialize(&mut buffer);
+    socket
+        .send(&buffer, 0)
+        .map_err(|error| Error::Conntrack { action, error })?;
+    Ok(())
+}
+
+/// Every IPv4 entry as (original, reply) flows; entries that are not
+/// TCP/UDP-shaped (no ports) or fail to decode are skipped.
+fn dump(socket: &Socket) -> Result<Vec<(Flow, Flow)>> {
+    const ACTION: &str = "dump";
+    send(
+        socket,
+        NLM_F_REQUEST | NLM_F_DUMP,
+        ConntrackMessage::Get(Vec::new()),
+        ACTION,
+    )?;
+    let mut flows = Vec::new();
+    loop {
+        let (datagram, _) = socket.recv_from_full().map_err(|error| Error::Conntrack {
+            action: ACTION,
+            error,
+        })?;
+        let mut offset = 0;
+        while offset < datagram.len() {
+            let bytes = &datagram[offset..];
+            let message =
+                NetlinkMessage::<NetfilterMessage>::deserialize(bytes).map_err(|error| {
+                    Error::ConntrackDecode {
+                        action: ACTION,
+                        reason: error.to_string(),
+                    }
+                })?;
+            let length = message.header.length as usize;
+            match message.payload {
+                NetlinkPayload::Done(_) => return Ok(flows),
+                NetlinkPayload::Error(error) if error.code.is_some() => {
+                    return Err(Error::Conntrack {
+                        action: ACTION,
+                        error: error.to_io(),
+                    });
+                }
+                NetlinkPayload::InnerMessage(NetfilterMessage {
+                    inner: NetfilterMessageInner::Conntrack(ConntrackMessage::New(attributes)),
+                    ..
+                }) => flows.extend(entry(&attributes)),
+                _ => {}
+            }
+            if length == 0 {
+                break;
+            }
+            // Messages are 4-byte aligned in a datagram.
+            offset += (length + 3) & !3;
+        }
+    }
+}
+
+/// Deletes the entry whose original direction is `original`; false when
+/// it was already gone.
+fn delete(socket: &Socket, original: &Flow) -> Result<bool> {
+    const ACTION: &str = "delete";
+    let tuple = vec![
+        Tuple::Ip(vec![
+            IPTuple::SourceAddress(IpAddr::V4(original.source.0)),
+            IPTuple::DestinationAddress(IpAddr::V4(original.destination.0)),
+        ]),
+        Tuple::Proto(vec![
+            ProtoTuple::Protocol(Protocol::from(original.protocol)),
+            ProtoTuple::SourcePort(original.source.1),
+            ProtoTuple::DestinationPort(original.destination.1),
+        ]),
+    ];
+    send(
+        socket,
+        NLM_F_REQUEST | NLM_F_ACK,
+        ConntrackMessage::Delete(vec![ConntrackAttribute::CtaTupleOrig(tuple)]),
+        ACTION,
+    )?;
+    loop {
+        let (datagram, _) = socket.recv_from_full().map_err(|error| Error::Conntrack {
+            action: ACTION,
+            error,
+        })?;
+        let message =
+            NetlinkMessage::<NetfilterMessage>::deserialize(&datagram).map_err(|error| {
+                Error::ConntrackDecode {
+                    action: ACTION,
+                    reason: error.to_string(),
+                }
+            })?;
+        if let NetlinkPayload::Error(error) = message.payload {
+            return match error.code {
+                None => Ok(true),
+                Some(code) if code.get() == -ENOENT => Ok(false),
+                Some(_) => Err(Error::Conntrack {
+                    action: ACTION,
+                    error: error.to_io(),
+                }),
+            };
+        }
+    }
+}
+
+/// Linux's ENOENT: the entry is gone already.
+const ENOENT: i32 = 2;
+
+/// The (original, reply) flows of one dumped entry.
+fn entry(attributes: &[ConntrackAttribute]) -> Option<(Flow, Flow)> {
+    let mut original = None;
+    let mut reply = None;
+    for attribute in attributes {
+        match attribute {
+            ConntrackAttribute::CtaTupleOrig(tuple) => original = flow(tuple),
+            ConntrackAttribute::CtaTupleReply(tuple) => reply = flow(tuple),
+            _ => {}
+        }
+    }
+    Some((original?, reply?))
+}
+
+fn flow(tuple: &[Tuple]) -> Option<Flow> {
+    let (mut source, mut destination) = (None, None);
+    let (mut protocol, mut source_port, mut destination_port) = (None, None, None);
+    for part in tuple {
+        match part {
+            Tuple::Ip(addresses) => {
+                for address in addresses {
+                    match address {
+                        IPTuple::SourceAddress(IpAddr::V4(a)) => source = Some(*a),
+                        IPTuple::DestinationAddress(IpAddr::V4(a)) => destination = Some(*a),
+                        _ => {}
+                    }
+                }
+            }
+            Tuple::Proto(parts) => {
+                for part in parts {
+                    match part {
+                        ProtoTuple::Protocol(p) => protocol = Some(u8::from(*p)),
+                        ProtoTuple::SourcePort(p) => source_port = Some(*p),
+                        ProtoTuple::DestinationPort(p) => destination_port = Some(*p),
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Some(Flow {
+        protocol: protocol?,
+        source: (source?, source_port?),
+        destination: (destination?, destination_port?),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_reads_both_directions() {
+        let tuple = |src: [u8; 4], sport, dst: [u8; 4], dport| {
+            vec![
+                Tuple::Ip(vec![
+                    IPTuple::SourceAddress(IpAddr::V4(src.into())),
+                    IPTuple::DestinationAddress(IpAddr::V4(dst.into())),
+                ]),
+                Tuple::Proto(vec![
+                    ProtoTuple::Protocol(Protocol::Udp),
+                    ProtoTuple::SourcePort(sport),
+                    ProtoTuple::DestinationPort(dport),
+                ]),
+            ]
+        };
+        let attributes = vec![
+            ConntrackAttribute::CtaTupleOrig(tuple([10, 42, 0, 2], 40000, [10, 43, 0, 1], 53)),
+            ConntrackAttribute::CtaTupleReply(tuple([10, 42, 0, 3], 5353, [10, 42, 0, 2], 40000)),
+            ConntrackAttribute::CtaMark(0),
+        ];
+        let (original, reply) = entry(&attributes).expect("both directions");
+        assert_eq!(original.protocol, UDP);
+        assert_eq!(original.destination, (Ipv4Addr::new(10, 43, 0, 1), 53));
+        assert_eq!(reply.source, (Ipv4Addr::new(10, 42, 0, 3), 5353));
+        // An ICMP-like entry without ports is not a flow we judge.
+        let icmp = vec![ConntrackAttribute::CtaTupleOrig(vec![Tuple::Ip(vec![])])];
+        assert_eq!(entry(&icmp), None);
+    }
+}

@@ -1,0 +1,233 @@
+//! The node's packet-filter data plane: service VIPs to ready backends,
+//! hairpin, and network policy, programmed from the
+//! [`NetworkMap`](cca_model::net::NetworkMap) into one nftables table of
+//! its own (`ip cca-svc` by default). [`DataPlane::resync`] rebuilds the
+//! table in one transaction (at start, and by itself after any failed
+//! change); [`DataPlane::sync`] changes only what the touched entries own,
+//! also in one transaction. [`PacketFilter`] is the seam to the kernel
+//! ([`Nft`] for real, `fake::FakeFilter` with feature `fake`).
+//!
+//! # Layout
+//!
+//! - map `services` (`VIP . l4proto . port : goto svc-…`) — the one lookup
+//!   per new flow, from base chains `nat-prerouting` (containers, other
+//!   hosts) and `nat-output` (this node's processes), both at `dstnat`.
+//! - chain `svc-{service}-{proto}-{port}` per VIP port: a cascade of DNAT
+//!   rules over the ready backends (rule `i` takes a flow with `numgen
+//!   random mod (N-i) == 0`, so each backend gets 1/N; with
+//!   `Affinity::ClientIp`, `jhash ip saddr mod N` picks the rule); with no
+//!   backends, a TCP reset or ICMP port-unreachable. A per-chain anonymous
+//!   `numgen … map { i : addr . port }` would be one lookup too, but the
+//!   kernel names anonymous sets by scanning the table's sets, which made
+//!   a rebuild at 10,000 services take 17 s (quadratic); the cascade costs
+//!   N compares for that service's N backends and nothing per service.
+//! - `nat-postrouting`: masquerade of (a) hairpin flows — `ip saddr . ip
+//!   daddr` in set `hairpin` (`a . a` for this node's members), a member
+//!   DNATed back to itself — and (b) DNATed flows of this node's own
+//!   processes (`fib saddr type local`) leaving by any interface but `lo`:
+//!   the overlay's device (address `node_subnet.network()`) or the bridge
+//!   (the gateway), so a remote target answers to an address that routes
+//!   back here. Both only for flows to a VIP in set `vips`. Flows from
+//!   containers keep their source address.
+//! - sets `members` (every non-host-network member in the cluster), `local`
+//!   (this node's), `m-{service}` (one per service a policy names); chains
+//!   `policy-forward`, `policy-output`, `policy`, `policy-deny`.
+//!
+//! Endpoints that leave the map get no new flows from the moment `sync`
+//! returns; established flows keep their conntrack binding. UDP entries
+//! whose backend left are deleted ([`UdpCleanup`]), so the next datagram
+//! is balanced afresh instead of following a dead binding.
+//!
+//! # Network policy: what is judged
+//!
+//! The rules of every policy, policies in name order and rules as written,
+//! become one rule each in chain `policy`; the first that matches a new
+//! flow decides (allow: accept; deny: TCP reset, else ICMP
+//! port-unreachable); a flow no rule matches passes, so a service no rule
+//! names is open. A service peer matches the addresses of that service's
+//! members (all nodes, not host-network ones); `*` as a source matches
+//! anything, as a destination any service's member. Flows are judged when
+//! they start (`ct state new`) on the `forward` hook — between containers
+//! on this node (bridged traffic passes the IPv4 hooks: the kernel's
+//! `bridge-nf-call-iptables`, on by default) and to or from other nodes —
+//! and on `output` for flows this node's processes open, except to members
+//! on this node (the agent probes them). What cannot be judged:
+//! host-network members share their node's address, so as a source they
+//! match only `*` rules (like any host process or outside client), and as
+//! a destination no service rule protects them; a flow that started
+//! before a rule changed keeps its verdict.
+
+mod batch;
+mod compile;
+mod conntrack;
+mod error;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
+mod kernel;
+mod names;
+#[cfg(test)]
+mod tests;
+
+use cca_model::net::{NetworkMap, Touched};
+
+pub use batch::{AddVerdictMap, Batch, Command};
+pub use error::{Error, Result};
+pub use kernel::{Nft, PacketFilter, UdpCleanup};
+
+use compile::{PolicyState, Programmed, ServiceState};
+
+/// The table's name unless configured otherwise.
+pub const DEFAULT_TABLE: &str = "cca-svc";
+
+/// What a node's data plane needs to know about itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataPlaneConfig {
+    /// The `ip` table the data plane owns (replaced whole on resync).
+    pub table: String,
+    /// This node's name, as members' `node` fields spell it: its members
+    /// get hairpin masquerade and are always reachable from the node.
+    pub node: String,
+}
+
+impl DataPlaneConfig {
+    /// The default table for node `node`.
+    pub fn new(node: impl Into<String>) -> Self {
+        Self {
+            table: DEFAULT_TABLE.to_owned(),
+            node: node.into(),
+        }
+    }
+}
+
+/// What one `sync` or `resync` did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SyncReport {
+    /// Commands in the transaction (0: nothing changed, nothing applied).
+    pub commands: usize,
+    /// The whole table was rebuilt.
+    pub resynced: bool,
+    /// UDP conntrack entries deleted because their backend left.
+    pub conntrack_deleted: usize,
+}
+
+/// The node's VIP rules and policy, kept equal to a [`NetworkMap`].
+#[derive(Debug)]
+pub struct DataPlane<F> {
+    config: DataPlaneConfig,
+    filter: F,
+    /// What the table holds; `None` until a resync succeeded, and again
+    /// after any failed change (the table may then hold anything).
+    programmed: Option<Programmed>,
+}
+
+impl<F: PacketFilter> DataPlane<F> {
+    /// A data plane that will program `config.table` through `filter`; it
+    /// touches nothing until the first `resync` or `sync`.
+    pub fn new(config: DataPlaneConfig, filter: F) -> Result<Self> {
+        let table = &config.table;
+        let valid = !table.is_empty()
+            && table.len() <= names::MAX_NAME
+            && table
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+        if !valid {
+            return Err(Error::Config(format!(
+                "table name {table:?} must be 1-{} letters, digits, '-' or '_'",
+                names::MAX_NAME
+            )));
+        }
+        Ok(Self {
+            config,
+            filter,
+            programmed: None,
+        })
+    }
+
+    pub fn config(&self) -> &DataPlaneConfig {
+        &self.config
+    }
+
+    /// The kernel side (the fake, in tests).
+    pub fn filter(&self) -> &F {
+        &self.filter
+    }
+
+    /// Replaces the table with one built from `map`, in one transaction
+    /// (traffic never sees it half built), then deletes UDP conntrack
+    /// entries through its VIP ports that lead to anything but their
+    /// current backends.
+    pub fn resync(&mut self, map: &NetworkMap) -> Result<SyncReport> {
+        self.programmed = None;
+        let mut programmed = Programmed::default();
+        let mut batch = Batch::new(&self.config.table);
+        // `add` first makes the `delete` succeed on a node without the table.
+        batch.add_table();
+        batch.delete_table();
+        compile::skeleton(&mut batch);
+        // Conntrack after a rebuild is judged below, against every port.
+        let mut ignored = UdpCleanup::default();
+        for (name, service) in &map.services {
+            let state = ServiceState::of(service, &self.config.node);
+            programmed.update_service(name, Some(state), &mut batch, &mut ignored);
+        }
+        programmed.update_policy(PolicyState::of_map(map), &mut batch);
+        self.filter.apply(&batch)?;
+        let cleanup = programmed.udp_backends();
+        self.programmed = Some(programmed);
+        let conntrack_deleted = self.filter.delete_conntrack(&cleanup)?;
+        tracing::debug!(
+            table = self.config.table,
+            services = map.services.len(),
+            commands = batch.len(),
+            conntrack_deleted,
+            "data plane rebuilt"
+        );
+        Ok(SyncReport {
+            commands: batch.len(),
+            resynced: true,
+            conntrack_deleted,
+        })
+    }
+
+    /// Makes the table hold `map`'s state for the `touched` entries only,
+    /// in one transaction; a resync instead when the table's state is not
+    /// known (first call, or after a failure). On error the next call
+    /// rebuilds the table.
+    pub fn sync(&mut self, map: &NetworkMap, touched: &Touched) -> Result<SyncReport> {
+        let Some(programmed) = self.programmed.as_mut() else {
+            return self.resync(map);
+        };
+        let mut batch = Batch::new(&self.config.table);
+        let mut cleanup = UdpCleanup::default();
+        for name in &touched.services {
+            let state = map
+                .services
+                .get(name)
+                .map(|service| ServiceState::of(service, &self.config.node));
+            programmed.update_service(name, state, &mut batch, &mut cleanup);
+        }
+        if touched.policies {
+            programmed.update_policy(PolicyState::of_map(map), &mut batch);
+        }
+        if batch.is_empty() {
+            return Ok(SyncReport::default());
+        }
+        if let Err(error) = self.filter.apply(&batch) {
+            self.programmed = None;
+            return Err(error);
+        }
+        let conntrack_deleted = self.filter.delete_conntrack(&cleanup)?;
+        Ok(SyncReport {
+            commands: batch.len(),
+            resynced: false,
+            conntrack_deleted,
+        })
+    }
+
+    /// Deletes the table (the node leaves, or the data plane is turned
+    /// off); gone already is fine.
+    pub fn remove(&mut self) -> Result<()> {
+        self.programmed = None;
+        self.filter.delete_table(&self.config.table)
+    }
+}
