@@ -105,6 +105,11 @@ impl ServiceState {
         self.vip.is_none() && self.members.is_empty()
     }
 
+    /// The addresses policy knows the service by: its members' and its VIP.
+    fn addresses(&self) -> BTreeSet<Ipv4Addr> {
+        self.members.iter().copied().chain(self.vip).collect()
+    }
+
     fn vmap_keys(&self) -> impl Iterator<Item = (Ipv4Addr, PortKey)> + '_ {
         self.vip
             .into_iter()
@@ -213,7 +218,10 @@ pub(crate) struct Programmed {
 
 /// The hooks and priorities of the base chains: DNAT before the routing
 /// decision (`dstnat`, -100), masquerade after it (`srcnat`, 100), policy
-/// at the filter priority (0).
+/// just before DNAT (-110): a flow to a VIP is judged by the VIP's service
+/// and ports, and a refusal then comes from the VIP the client asked (a
+/// reset sent after DNAT would come from the backend's address, which the
+/// client does not know, and would be ignored).
 const HOOK_NAT_PREROUTING: Hook = Hook {
     kind: NfChainType::NAT,
     hook: NfHook::Prerouting,
@@ -229,22 +237,23 @@ const HOOK_NAT_POSTROUTING: Hook = Hook {
     hook: NfHook::Postrouting,
     priority: 100,
 };
-const HOOK_FILTER_FORWARD: Hook = Hook {
+const HOOK_FILTER_PREROUTING: Hook = Hook {
     kind: NfChainType::Filter,
-    hook: NfHook::Forward,
-    priority: 0,
+    hook: NfHook::Prerouting,
+    priority: -110,
 };
 const HOOK_FILTER_OUTPUT: Hook = Hook {
     kind: NfChainType::Filter,
     hook: NfHook::Output,
-    priority: 0,
+    priority: -110,
 };
 
 /// The table with its fixed objects and empty sets: what every state is
 /// built on. Appended to `batch` after it replaced the old table.
 pub(crate) fn skeleton(batch: &mut Batch) {
     use names::{
-        HAIRPIN, LOCAL, MEMBERS, POLICY, POLICY_DENY, POLICY_FORWARD, POLICY_OUTPUT, SERVICES, VIPS,
+        HAIRPIN, LOCAL, MEMBERS, POLICY, POLICY_DENY, POLICY_OUTPUT, POLICY_PREROUTING, SERVICES,
+        VIPS,
     };
     batch.add_table();
     batch.add_set(VIPS, &[SetType::Ipv4Addr]);
@@ -260,7 +269,7 @@ pub(crate) fn skeleton(batch: &mut Batch) {
     batch.add_chain(names::NAT_PREROUTING, Some(HOOK_NAT_PREROUTING));
     batch.add_chain(names::NAT_OUTPUT, Some(HOOK_NAT_OUTPUT));
     batch.add_chain(names::NAT_POSTROUTING, Some(HOOK_NAT_POSTROUTING));
-    batch.add_chain(POLICY_FORWARD, Some(HOOK_FILTER_FORWARD));
+    batch.add_chain(POLICY_PREROUTING, Some(HOOK_FILTER_PREROUTING));
     batch.add_chain(POLICY_OUTPUT, Some(HOOK_FILTER_OUTPUT));
 
     // One lookup per new flow, however many services there are.
@@ -302,8 +311,10 @@ pub(crate) fn skeleton(batch: &mut Batch) {
     host.push(masquerade());
     batch.add_rule(names::NAT_POSTROUTING, host);
 
+    // Every new flow arriving, bridged between this node's containers
+    // (br_netfilter passes them through the IPv4 hooks) or routed.
     let new_flow = || matches(ct("state", None), Operator::IN, string("new"));
-    batch.add_rule(POLICY_FORWARD, vec![new_flow(), jump(POLICY)]);
+    batch.add_rule(POLICY_PREROUTING, vec![new_flow(), jump(POLICY)]);
     // The node always reaches the instances it runs (the agent probes
     // their health); other flows it opens are judged like anyone's.
     batch.add_rule(
@@ -487,7 +498,8 @@ impl Programmed {
             .services
             .contains(name)
             .then(|| names::member_set(name));
-        for &gone in old.members.difference(&new.members) {
+        let (old_addresses, new_addresses) = (old.addresses(), new.addresses());
+        for &gone in old_addresses.difference(&new_addresses) {
             if self.members.remove(gone) {
                 batch.delete_elements(names::MEMBERS, vec![address(gone)]);
             }
@@ -495,7 +507,7 @@ impl Programmed {
                 batch.delete_elements(set, vec![address(gone)]);
             }
         }
-        for &came in new.members.difference(&old.members) {
+        for &came in new_addresses.difference(&old_addresses) {
             if self.members.add(came) {
                 batch.add_elements(names::MEMBERS, vec![address(came)]);
             }
@@ -557,7 +569,7 @@ impl Programmed {
             let members = self
                 .services
                 .get(service)
-                .map(|state| state.members.iter().map(|a| address(*a)).collect())
+                .map(|state| state.addresses().into_iter().map(address).collect())
                 .unwrap_or_default();
             batch.add_elements(&set, members);
         }

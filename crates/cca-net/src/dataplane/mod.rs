@@ -29,9 +29,10 @@
 //!   (the gateway), so a remote target answers to an address that routes
 //!   back here. Both only for flows to a VIP in set `vips`. Flows from
 //!   containers keep their source address.
-//! - sets `members` (every non-host-network member in the cluster), `local`
-//!   (this node's), `m-{service}` (one per service a policy names); chains
-//!   `policy-forward`, `policy-output`, `policy`, `policy-deny`.
+//! - sets `members` (every service's VIP and non-host-network members, in
+//!   the whole cluster), `local` (this node's members), `m-{service}` (one
+//!   per service a policy names: its VIP and members); chains
+//!   `policy-prerouting`, `policy-output`, `policy`, `policy-deny`.
 //!
 //! Endpoints that leave the map get no new flows from the moment `sync`
 //! returns; established flows keep their conntrack binding. UDP entries
@@ -44,18 +45,26 @@
 //! become one rule each in chain `policy`; the first that matches a new
 //! flow decides (allow: accept; deny: TCP reset, else ICMP
 //! port-unreachable); a flow no rule matches passes, so a service no rule
-//! names is open. A service peer matches the addresses of that service's
-//! members (all nodes, not host-network ones); `*` as a source matches
-//! anything, as a destination any service's member. Flows are judged when
-//! they start (`ct state new`) on the `forward` hook — between containers
-//! on this node (bridged traffic passes the IPv4 hooks: the kernel's
-//! `bridge-nf-call-iptables`, on by default) and to or from other nodes —
-//! and on `output` for flows this node's processes open, except to members
-//! on this node (the agent probes them). What cannot be judged:
-//! host-network members share their node's address, so as a source they
-//! match only `*` rules (like any host process or outside client), and as
-//! a destination no service rule protects them; a flow that started
-//! before a rule changed keeps its verdict.
+//! names is open. A service peer matches that service's VIP and its
+//! members' addresses (on every node; not host-network members); `*` as a
+//! source matches anything, as a destination any service's VIP or member.
+//! Flows are judged once per node when they start (`ct state new`), just
+//! before DNAT: on `prerouting` for flows arriving from containers (also
+//! between two containers of this node: bridged traffic passes the IPv4
+//! hooks, the kernel's `bridge-nf-call-iptables`, on by default) and from
+//! other nodes, and on `output` for flows this node's processes open, except
+//! to members on this node (the agent probes them). A flow to a VIP is
+//! judged by the VIP's service and the VIP port, so a refusal comes from
+//! the address the client asked; a flow straight to a member, by the
+//! member's service and port. What cannot be judged: host-network members
+//! share their node's address, so as a source they match only `*` rules
+//! (like any host process or outside client), and as a destination no
+//! service rule protects them; a flow that started before a rule changed
+//! keeps its verdict.
+//!
+//! With `bridge-nf-call-iptables` on, a hairpin flow (a member DNATed back
+//! to itself) leaves by the bridge port it came in on: the node network
+//! must put its instances' bridge ports in hairpin mode.
 
 mod batch;
 mod compile;

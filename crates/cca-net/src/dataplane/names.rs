@@ -18,9 +18,10 @@ pub(crate) const NAT_PREROUTING: &str = "nat-prerouting";
 pub(crate) const NAT_OUTPUT: &str = "nat-output";
 /// Base chain: masquerade of hairpin and host-originated VIP flows.
 pub(crate) const NAT_POSTROUTING: &str = "nat-postrouting";
-/// Base chain: policy on forwarded flows.
-pub(crate) const POLICY_FORWARD: &str = "policy-forward";
-/// Base chain: policy on flows this node's processes open.
+/// Base chain: policy on flows arriving (from containers, other nodes),
+/// before DNAT.
+pub(crate) const POLICY_PREROUTING: &str = "policy-prerouting";
+/// Base chain: policy on flows this node's processes open, before DNAT.
 pub(crate) const POLICY_OUTPUT: &str = "policy-output";
 /// Regular chain: the policy rules in order.
 pub(crate) const POLICY: &str = "policy";
@@ -35,7 +36,7 @@ pub(crate) const VIPS: &str = "vips";
 pub(crate) const HAIRPIN: &str = "hairpin";
 /// Set of this node's member addresses.
 pub(crate) const LOCAL: &str = "local";
-/// Set of every member address in the cluster (policy's `to *`).
+/// Set of every member address and VIP in the cluster (policy's `to *`).
 pub(crate) const MEMBERS: &str = "members";
 
 /// The chain of one VIP port: `svc-{service}-{proto}-{port}`.

@@ -199,10 +199,17 @@ fn a_resync_builds_the_table_the_map_describes() {
         elements(&built, "vips"),
         vec!["\"10.43.0.1\"", "\"10.43.0.2\""]
     );
-    // Members: db-0 lives on n2, db-1 shares its node's address.
+    // Every VIP and member: db-0 lives on n2, db-1 shares its node's
+    // address and is in no set.
     assert_eq!(
         elements(&built, "members"),
-        vec!["\"10.42.0.2\"", "\"10.42.0.3\"", "\"10.42.1.2\""]
+        vec![
+            "\"10.42.0.2\"",
+            "\"10.42.0.3\"",
+            "\"10.42.1.2\"",
+            "\"10.43.0.1\"",
+            "\"10.43.0.2\""
+        ]
     );
     assert_eq!(
         elements(&built, "local"),
@@ -219,7 +226,7 @@ fn a_resync_builds_the_table_the_map_describes() {
         "nat-prerouting",
         "nat-output",
         "nat-postrouting",
-        "policy-forward",
+        "policy-prerouting",
         "policy-output",
     ] {
         assert!(built.chains[base].base, "{base}");
@@ -372,11 +379,14 @@ fn policies_keep_their_order_and_follow_members() {
             {"goto": {"target": "policy-deny"}},
         ])
     );
-    // Host-network members are in no set.
-    assert_eq!(elements(&built, "m-db"), vec!["\"10.42.1.2\""]);
+    // A service is its VIP and members; host-network members are in no set.
+    assert_eq!(
+        elements(&built, "m-db"),
+        vec!["\"10.42.1.2\"", "\"10.43.0.2\""]
+    );
     assert_eq!(
         elements(&built, "m-web"),
-        vec!["\"10.42.0.2\"", "\"10.42.0.3\""]
+        vec!["\"10.42.0.2\"", "\"10.42.0.3\"", "\"10.43.0.1\""]
     );
 
     // Rules follow instances: web moves to a new address.
@@ -393,7 +403,7 @@ fn policies_keep_their_order_and_follow_members() {
     plane.sync(&map, &touched).unwrap();
     assert_eq!(
         elements(&table(&plane), "m-web"),
-        vec!["\"10.42.0.2\"", "\"10.42.0.9\""]
+        vec!["\"10.42.0.2\"", "\"10.42.0.9\"", "\"10.43.0.1\""]
     );
     assert_eq!(table(&plane), rebuilt(&map));
     let commands = plane.filter().batches()[0].commands();
