@@ -14,13 +14,15 @@ use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 
 use nftables::expr::{
-    CT, CTDir, Expression, Fib, FibFlag, FibResult, JHash, Meta, MetaKey, NamedExpression, NgMode,
-    Numgen, Payload, PayloadField, SetItem, Verdict,
+    CT, CTDir, Expression, Fib, FibFlag, FibResult, JHash, Map as ExprMap, Meta, MetaKey,
+    NamedExpression, NgMode, Numgen, Payload, PayloadField, SetItem, Verdict,
 };
 use nftables::schema::{
-    Chain, Element, FlushObject, NfCmd, NfListObject, Rule, Set, SetType, SetTypeValue, Table,
+    Chain, Element, FlushObject, Map, NfCmd, NfListObject, Rule, Set, SetType, SetTypeValue, Table,
 };
-use nftables::stmt::{JumpTarget, Match, NAT, NATFamily, Operator, Reject, RejectType, Statement};
+use nftables::stmt::{
+    JumpTarget, Match, NAT, NATFamily, Operator, Reject, RejectType, Statement, VerdictMap,
+};
 use nftables::types::{NfChainPolicy, NfChainType, NfFamily, NfHook, RejectCode};
 use serde::Serialize;
 
@@ -253,6 +255,38 @@ impl Batch {
         self.push(NfCmd::Delete(NfListObject::Set(Box::new(set))));
     }
 
+    /// Declares a map from `key` to `data` (one type: nft 1.0.6's JSON
+    /// cannot declare a map to a concatenation).
+    pub(crate) fn add_map(&mut self, name: &str, key: &[SetType], data: SetType) {
+        let map = self.map_object(name, key, data);
+        self.push(NfCmd::Add(NfListObject::Map(Box::new(map))));
+    }
+
+    /// Deletes a map, and the additions to it this batch still held.
+    pub(crate) fn delete_map(&mut self, name: &str) {
+        self.adds.remove(name);
+        let map = self.map_object(name, &[SetType::Ipv4Addr], SetType::Ipv4Addr);
+        self.push(NfCmd::Delete(NfListObject::Map(Box::new(map))));
+    }
+
+    fn map_object(&self, name: &str, key: &[SetType], data: SetType) -> Map<'static> {
+        Map {
+            family: NfFamily::IP,
+            table: Cow::Owned(self.table.clone()),
+            name: Cow::Owned(name.to_owned()),
+            handle: None,
+            set_type: set_type(key),
+            map: SetTypeValue::Single(data),
+            policy: None,
+            flags: None,
+            elem: None,
+            timeout: None,
+            gc_interval: None,
+            size: None,
+            comment: None,
+        }
+    }
+
     pub(crate) fn add_verdict_map(&mut self, name: &str, key: &[SetType]) {
         self.commands.push(Command::AddVerdictMap(AddVerdictMap {
             add: VerdictMapObject {
@@ -433,14 +467,43 @@ pub(crate) fn accept() -> Statement<'static> {
     Statement::Accept(None)
 }
 
-/// `dnat ip to {address}:{port}`.
-pub(crate) fn dnat(to: Ipv4Addr, port: u16) -> Statement<'static> {
+/// `{key} map @{map}`: the value `key` maps to in a named map.
+pub(crate) fn lookup(key: Expression<'static>, map: &str) -> Expression<'static> {
+    Expression::Named(NamedExpression::Map(Box::new(ExprMap {
+        key,
+        data: set_ref(map),
+    })))
+}
+
+/// `dnat ip to {address}:{port}`, both expressions (map lookups).
+pub(crate) fn dnat(address: Expression<'static>, port: Expression<'static>) -> Statement<'static> {
     Statement::DNAT(Some(NAT {
-        addr: Some(address(to)),
+        addr: Some(address),
         family: Some(NATFamily::IP),
-        port: Some(number(u32::from(port))),
+        port: Some(port),
         flags: None,
     }))
+}
+
+/// `{key} vmap @{map}`.
+pub(crate) fn vmap(key: Expression<'static>, map: &str) -> Statement<'static> {
+    Statement::VerdictMap(VerdictMap {
+        key,
+        data: set_ref(map),
+    })
+}
+
+/// `{key} vmap { 0 : goto a, 1 : goto b, … }`: an anonymous verdict map.
+pub(crate) fn vmap_goto(key: Expression<'static>, chains: &[String]) -> Statement<'static> {
+    let items = chains
+        .iter()
+        .enumerate()
+        .map(|(i, chain)| SetItem::Mapping(number(i as u32), goto_verdict(chain)))
+        .collect();
+    Statement::VerdictMap(VerdictMap {
+        key,
+        data: Expression::Named(NamedExpression::Set(items)),
+    })
 }
 
 pub(crate) fn masquerade() -> Statement<'static> {

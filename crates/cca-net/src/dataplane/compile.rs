@@ -5,23 +5,30 @@
 //! hold the new state — and nothing else. A full rebuild is the same
 //! updates applied to an empty [`Programmed`] after the [`skeleton`], so
 //! both paths share every rule the compiler writes.
+//!
+//! A service's VIP ports are map elements only: `services` sends a port
+//! with N backends to a chain shared by every port with N backends, which
+//! picks an index and DNATs through the maps `addr-{i}`/`port-{i}` keyed
+//! by the port. So an endpoint change is a few element changes, whatever
+//! the number of services: no rule, no chain per service (nft fetches
+//! every chain of the ruleset before each transaction, and the kernel
+//! revalidates jumps on every rule change, both growing with chains).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
 
 use nftables::expr::{CTDir, Expression, MetaKey};
 use nftables::schema::SetType;
-use nftables::stmt::{Operator, Statement, VerdictMap};
+use nftables::stmt::{Operator, Statement};
 use nftables::types::{NfChainType, NfHook};
-use sha2::{Digest, Sha256};
 
 use cca_model::net::{Affinity, NetworkMap, ServiceNet};
 use cca_model::spec::{NetworkPolicy, Peer, Protocol, RuleAction};
 
 use super::batch::{
     Batch, Hook, accept, address, anonymous_set, concat, ct, dnat, equals, fib_saddr_type, goto,
-    goto_verdict, jump, l4proto, mapping, masquerade, matches, meta, number, payload,
-    port_unreachable, protocol_name, random, reset, set_ref, source_hash, string,
+    goto_verdict, jump, l4proto, lookup, mapping, masquerade, matches, meta, number, payload,
+    port_unreachable, protocol_name, random, reset, set_ref, source_hash, string, vmap, vmap_goto,
 };
 use super::kernel::UdpCleanup;
 use super::names;
@@ -36,16 +43,42 @@ pub(crate) struct PortKey {
     pub port: u16,
 }
 
-/// One VIP port's chain and what it balances over.
+/// What one VIP port balances over.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct PortState {
-    pub chain: String,
-    /// Sorted, so the chain does not change when only the order of the
-    /// endpoint list does (and `jhash` keeps mapping clients alike).
+    /// Sorted, so nothing changes when only the order of the endpoint
+    /// list does (and `jhash` keeps mapping clients alike).
     pub backends: Vec<Backend>,
     pub affinity: Affinity,
-    /// `jhash`'s seed, fixed per service so restarts keep the mapping.
-    pub seed: u32,
+}
+
+/// How a port with backends picks one: the dispatch chain it goes to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Dispatch {
+    pub by_client: bool,
+    pub protocol: Protocol,
+    pub count: usize,
+}
+
+impl PortState {
+    /// The dispatch of this port; `None` without backends (refused).
+    fn dispatch(&self, protocol: Protocol) -> Option<Dispatch> {
+        let count = self.backends.len();
+        (count > 0).then_some(Dispatch {
+            // One backend needs no choice, however it would be made.
+            by_client: self.affinity == Affinity::ClientIp && count > 1,
+            protocol,
+            count,
+        })
+    }
+
+    /// The chain the `services` map sends this port to.
+    fn target(&self, protocol: Protocol) -> String {
+        match self.dispatch(protocol) {
+            Some(d) => names::dispatch_chain(d.by_client, d.protocol, d.count),
+            None => names::refuse_chain(protocol),
+        }
+    }
 }
 
 /// What one service puts in the table.
@@ -65,7 +98,6 @@ impl ServiceState {
     pub(crate) fn of(service: &ServiceNet, node: &str) -> ServiceState {
         let mut ports = BTreeMap::new();
         if service.vip.is_some() {
-            let seed = seed(&service.name);
             for spec in &service.ports {
                 let key = PortKey {
                     protocol: spec.protocol,
@@ -81,10 +113,8 @@ impl ServiceState {
                     backends.sort_unstable();
                     backends.dedup();
                     PortState {
-                        chain: names::service_chain(&service.name, key.protocol, key.port),
                         backends,
                         affinity: service.affinity,
-                        seed,
                     }
                 });
             }
@@ -115,11 +145,6 @@ impl ServiceState {
             .into_iter()
             .flat_map(|vip| self.ports.keys().map(move |key| (vip, *key)))
     }
-}
-
-fn seed(service: &str) -> u32 {
-    let digest = Sha256::digest(service.as_bytes());
-    u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]])
 }
 
 /// One policy rule, as the table holds it.
@@ -213,6 +238,9 @@ pub(crate) struct Programmed {
     vips: Counts,
     members: Counts,
     local: Counts,
+    /// How many VIP ports use each dispatch chain: the shared chains and
+    /// maps exist while some port needs them.
+    dispatch: BTreeMap<Dispatch, usize>,
     pub policy: PolicyState,
 }
 
@@ -266,6 +294,15 @@ pub(crate) fn skeleton(batch: &mut Batch) {
     );
     batch.add_chain(POLICY, None);
     batch.add_chain(POLICY_DENY, None);
+    for protocol in [Protocol::Tcp, Protocol::Udp] {
+        let refuse = names::refuse_chain(protocol);
+        batch.add_chain(&refuse, None);
+        let refusal = match protocol {
+            Protocol::Tcp => reset(),
+            Protocol::Udp => port_unreachable(),
+        };
+        batch.add_rule(&refuse, vec![l4proto(protocol), refusal]);
+    }
     batch.add_chain(names::NAT_PREROUTING, Some(HOOK_NAT_PREROUTING));
     batch.add_chain(names::NAT_OUTPUT, Some(HOOK_NAT_OUTPUT));
     batch.add_chain(names::NAT_POSTROUTING, Some(HOOK_NAT_POSTROUTING));
@@ -273,18 +310,8 @@ pub(crate) fn skeleton(batch: &mut Batch) {
     batch.add_chain(POLICY_OUTPUT, Some(HOOK_FILTER_OUTPUT));
 
     // One lookup per new flow, however many services there are.
-    let dispatch = || {
-        vec![Statement::VerdictMap(VerdictMap {
-            key: concat(vec![
-                payload("ip", "daddr"),
-                meta(MetaKey::L4proto),
-                payload("th", "dport"),
-            ]),
-            data: set_ref(SERVICES),
-        })]
-    };
-    batch.add_rule(names::NAT_PREROUTING, dispatch());
-    batch.add_rule(names::NAT_OUTPUT, dispatch());
+    batch.add_rule(names::NAT_PREROUTING, vec![vmap(port_key(), SERVICES)]);
+    batch.add_rule(names::NAT_OUTPUT, vec![vmap(port_key(), SERVICES)]);
 
     let ours = || {
         vec![
@@ -326,36 +353,60 @@ pub(crate) fn skeleton(batch: &mut Batch) {
     batch.add_rule(POLICY_DENY, vec![port_unreachable()]);
 }
 
-/// The rules of one VIP port's chain. With backends: a cascade where rule
-/// `i` takes the flow with probability 1/(N-i) (so each backend gets 1/N),
-/// or where `jhash ip saddr mod N` picks rule `i` for client affinity; the
-/// last rule takes what is left. Without: refuse at once.
-fn port_rules(key: PortKey, port: &PortState) -> Vec<Vec<Statement<'static>>> {
-    let n = port.backends.len();
-    if n == 0 {
-        let refuse = match key.protocol {
-            Protocol::Tcp => reset(),
-            Protocol::Udp => port_unreachable(),
-        };
-        return vec![vec![l4proto(key.protocol), refuse]];
+/// `ip daddr . meta l4proto . th dport`: the key of a VIP port.
+fn port_key() -> Expression<'static> {
+    concat(vec![
+        payload("ip", "daddr"),
+        meta(MetaKey::L4proto),
+        payload("th", "dport"),
+    ])
+}
+
+/// The rule of a dispatch chain: pick one of `count` slots, uniformly at
+/// random or by a hash of the client's address.
+fn dispatch_rule(dispatch: Dispatch) -> Vec<Statement<'static>> {
+    let slots: Vec<String> = (0..dispatch.count)
+        .map(|i| names::slot_chain(dispatch.protocol, i))
+        .collect();
+    if let [only] = slots.as_slice() {
+        return vec![goto(only)];
     }
-    port.backends
+    let index = if dispatch.by_client {
+        source_hash(dispatch.count as u32, 0)
+    } else {
+        random(dispatch.count as u32)
+    };
+    vec![vmap_goto(index, &slots)]
+}
+
+/// The rule of a slot chain: DNAT to the port's `index`th backend.
+fn slot_rule(protocol: Protocol, index: usize) -> Vec<Statement<'static>> {
+    vec![
+        l4proto(protocol),
+        dnat(
+            lookup(port_key(), &names::address_map(index)),
+            lookup(port_key(), &names::port_map(index)),
+        ),
+    ]
+}
+
+/// What the shared dispatch objects are for a set of dispatches in use:
+/// the dispatch chains, the slot chains `(protocol, index)`, the map
+/// indexes.
+fn shared(
+    dispatch: &BTreeMap<Dispatch, usize>,
+) -> (
+    BTreeSet<Dispatch>,
+    BTreeSet<(Protocol, usize)>,
+    BTreeSet<usize>,
+) {
+    let chains: BTreeSet<Dispatch> = dispatch.keys().copied().collect();
+    let slots: BTreeSet<(Protocol, usize)> = chains
         .iter()
-        .enumerate()
-        .map(|(i, &(to, target_port))| {
-            let mut rule = vec![l4proto(key.protocol)];
-            if i + 1 < n {
-                rule.push(match port.affinity {
-                    Affinity::None => equals(random((n - i) as u32), number(0)),
-                    Affinity::ClientIp => {
-                        equals(source_hash(n as u32, port.seed), number(i as u32))
-                    }
-                });
-            }
-            rule.push(dnat(to, target_port));
-            rule
-        })
-        .collect()
+        .flat_map(|d| (0..d.count).map(move |i| (d.protocol, i)))
+        .collect();
+    let maps = slots.iter().map(|(_, i)| *i).collect();
+    (chains, slots, maps)
 }
 
 fn vmap_key(vip: Ipv4Addr, key: PortKey) -> Expression<'static> {
@@ -422,59 +473,81 @@ impl Programmed {
             }
             return;
         }
-        let vip_moved = old.vip != new.vip;
-
-        // VIP ports that went, or whose VIP did: their keys leave the map
-        // before any chain they name goes.
-        for (vip, key) in old.vmap_keys() {
-            if vip_moved || !new.ports.contains_key(&key) {
-                batch.delete_elements(names::SERVICES, vec![vmap_key(vip, key)]);
+        // Each VIP port: its `services` element (where it dispatches) and
+        // its backends' elements in `addr-{i}`/`port-{i}`, by key.
+        let old_ports: BTreeMap<(Ipv4Addr, PortKey), &PortState> = old
+            .vmap_keys()
+            .map(|(vip, key)| ((vip, key), &old.ports[&key]))
+            .collect();
+        let new_ports: BTreeMap<(Ipv4Addr, PortKey), &PortState> = new
+            .vmap_keys()
+            .map(|(vip, key)| ((vip, key), &new.ports[&key]))
+            .collect();
+        for (&(vip, key), &port) in &old_ports {
+            let next = new_ports.get(&(vip, key)).copied();
+            let element = vmap_key(vip, key);
+            if next.is_none_or(|next| next.target(key.protocol) != port.target(key.protocol)) {
+                batch.delete_elements(names::SERVICES, vec![element.clone()]);
+            }
+            if next.is_none() {
                 self.owners.remove(&(vip, key));
             }
-        }
-        for (key, port) in &old.ports {
-            let kept = new.ports.get(key);
-            match kept {
-                None => {
-                    batch.flush_chain(&port.chain);
-                    batch.delete_chain(&port.chain);
+            for (i, backend) in port.backends.iter().enumerate() {
+                let replaced = next.and_then(|next| next.backends.get(i));
+                if replaced.is_none_or(|b| b.0 != backend.0) {
+                    batch.delete_elements(&names::address_map(i), vec![element.clone()]);
                 }
-                Some(next) if next != port => {
-                    batch.flush_chain(&port.chain);
-                    for rule in port_rules(*key, next) {
-                        batch.add_rule(&next.chain, rule);
-                    }
-                }
-                Some(_) => {}
-            }
-            // UDP flows keep their backend through conntrack: those whose
-            // backend left are cleared so the next datagram picks anew.
-            if let (Some(vip), Protocol::Udp) = (old.vip, key.protocol) {
-                let allowed: BTreeSet<Backend> = match kept {
-                    Some(next) if !vip_moved => next.backends.iter().copied().collect(),
-                    _ => BTreeSet::new(),
-                };
-                if port.backends.iter().any(|b| !allowed.contains(b)) {
-                    cleanup.ports.insert((vip, key.port), allowed);
+                if replaced.is_none_or(|b| b.1 != backend.1) {
+                    batch.delete_elements(&names::port_map(i), vec![element.clone()]);
                 }
             }
-        }
-        for (key, port) in &new.ports {
-            if !old.ports.contains_key(key) {
-                batch.add_chain(&port.chain, None);
-                for rule in port_rules(*key, port) {
-                    batch.add_rule(&port.chain, rule);
-                }
+            if let Some(dispatch) = port.dispatch(key.protocol) {
+                release(&mut self.dispatch, dispatch);
             }
         }
-        for (vip, key) in new.vmap_keys() {
-            if vip_moved || !old.ports.contains_key(&key) {
-                let chain = &new.ports[&key].chain;
+        for (&(vip, key), &port) in &new_ports {
+            let before = old_ports.get(&(vip, key)).copied();
+            let element = vmap_key(vip, key);
+            let target = port.target(key.protocol);
+            if before.is_none_or(|before| before.target(key.protocol) != target) {
                 batch.add_elements(
                     names::SERVICES,
-                    vec![mapping(vmap_key(vip, key), goto_verdict(chain))],
+                    vec![mapping(element.clone(), goto_verdict(&target))],
                 );
-                self.owners.insert((vip, key), name.to_owned());
+            }
+            self.owners.insert((vip, key), name.to_owned());
+            for (i, backend) in port.backends.iter().enumerate() {
+                let was = before.and_then(|before| before.backends.get(i));
+                if was.is_none_or(|b| b.0 != backend.0) {
+                    batch.add_elements(
+                        &names::address_map(i),
+                        vec![mapping(element.clone(), address(backend.0))],
+                    );
+                }
+                if was.is_none_or(|b| b.1 != backend.1) {
+                    batch.add_elements(
+                        &names::port_map(i),
+                        vec![mapping(element.clone(), number(u32::from(backend.1)))],
+                    );
+                }
+            }
+            if let Some(dispatch) = port.dispatch(key.protocol) {
+                *self.dispatch.entry(dispatch).or_default() += 1;
+            }
+        }
+
+        // UDP flows keep their backend through conntrack: those whose
+        // backend left are cleared so the next datagram picks anew.
+        for (&(vip, key), &port) in &old_ports {
+            if key.protocol != Protocol::Udp {
+                continue;
+            }
+            let allowed: BTreeSet<Backend> = new_ports
+                .get(&(vip, key))
+                .map(|next| next.backends.iter().copied().collect())
+                .unwrap_or_default();
+            if port.backends.iter().any(|b| !allowed.contains(b)) {
+                cleanup.ports.insert((vip, key.port), allowed);
             }
         }
 
@@ -531,6 +604,53 @@ impl Programmed {
         if !new.is_empty() {
             self.services.insert(name.to_owned(), new);
         }
+    }
+
+    /// Creates the shared dispatch chains, slot chains and backend maps
+    /// that ports now need and deletes those no port needs any more; call
+    /// after the services' updates, with `before` the dispatches in use
+    /// before them. Creations come before the batch's element additions
+    /// (which go last), deletions after the element deletions that were
+    /// the last references.
+    pub(crate) fn update_shared(&mut self, before: &BTreeMap<Dispatch, usize>, batch: &mut Batch) {
+        let (old_chains, old_slots, old_maps) = shared(before);
+        let (new_chains, new_slots, new_maps) = shared(&self.dispatch);
+        for &index in new_maps.difference(&old_maps) {
+            let key = [SetType::Ipv4Addr, SetType::InetProto, SetType::InetService];
+            batch.add_map(&names::address_map(index), &key, SetType::Ipv4Addr);
+            batch.add_map(&names::port_map(index), &key, SetType::InetService);
+        }
+        for &(protocol, index) in new_slots.difference(&old_slots) {
+            let chain = names::slot_chain(protocol, index);
+            batch.add_chain(&chain, None);
+            batch.add_rule(&chain, slot_rule(protocol, index));
+        }
+        for &dispatch in new_chains.difference(&old_chains) {
+            let chain =
+                names::dispatch_chain(dispatch.by_client, dispatch.protocol, dispatch.count);
+            batch.add_chain(&chain, None);
+            batch.add_rule(&chain, dispatch_rule(dispatch));
+        }
+        for &dispatch in old_chains.difference(&new_chains) {
+            let chain =
+                names::dispatch_chain(dispatch.by_client, dispatch.protocol, dispatch.count);
+            batch.flush_chain(&chain);
+            batch.delete_chain(&chain);
+        }
+        for &(protocol, index) in old_slots.difference(&new_slots) {
+            let chain = names::slot_chain(protocol, index);
+            batch.flush_chain(&chain);
+            batch.delete_chain(&chain);
+        }
+        for &index in old_maps.difference(&new_maps) {
+            batch.delete_map(&names::address_map(index));
+            batch.delete_map(&names::port_map(index));
+        }
+    }
+
+    /// The dispatches in use now (for [`Programmed::update_shared`]).
+    pub(crate) fn dispatches(&self) -> BTreeMap<Dispatch, usize> {
+        self.dispatch.clone()
     }
 
     /// `state` without the VIP ports another service already programs: a
@@ -599,6 +719,15 @@ impl Programmed {
             }
         }
         cleanup
+    }
+}
+
+fn release(counts: &mut BTreeMap<Dispatch, usize>, dispatch: Dispatch) {
+    if let Some(count) = counts.get_mut(&dispatch) {
+        *count -= 1;
+        if *count == 0 {
+            counts.remove(&dispatch);
+        }
     }
 }
 

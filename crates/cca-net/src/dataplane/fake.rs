@@ -323,6 +323,23 @@ fn apply(tables: &mut Tables, command: &Command) -> Result<(), String> {
             let table = table_mut(tables, &set.table)?;
             table.sets.entry(set.name.to_string()).or_default();
         }
+        NfCmd::Add(NfListObject::Map(map)) => {
+            let table = table_mut(tables, &map.table)?;
+            table.sets.entry(map.name.to_string()).or_insert(FakeSet {
+                map: true,
+                elements: BTreeMap::new(),
+            });
+        }
+        NfCmd::Delete(NfListObject::Map(map)) => {
+            let table = table_mut(tables, &map.table)?;
+            match table.sets.remove(map.name.as_ref()) {
+                Some(held) if held.map => {}
+                _ => return Err(format!("delete of missing map {}", map.name)),
+            }
+            if referenced(table, None, Some(&map.name)) {
+                return Err(format!("delete of map {} still in use", map.name));
+            }
+        }
         NfCmd::Delete(NfListObject::Set(set)) => {
             let table = table_mut(tables, &set.table)?;
             table

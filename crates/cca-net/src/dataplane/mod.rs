@@ -9,18 +9,24 @@
 //!
 //! # Layout
 //!
-//! - map `services` (`VIP . l4proto . port : goto svc-…`) — the one lookup
+//! - map `services` (`VIP . l4proto . port : goto …`) — the one lookup
 //!   per new flow, from base chains `nat-prerouting` (containers, other
-//!   hosts) and `nat-output` (this node's processes), both at `dstnat`.
-//! - chain `svc-{service}-{proto}-{port}` per VIP port: a cascade of DNAT
-//!   rules over the ready backends (rule `i` takes a flow with `numgen
-//!   random mod (N-i) == 0`, so each backend gets 1/N; with
-//!   `Affinity::ClientIp`, `jhash ip saddr mod N` picks the rule); with no
-//!   backends, a TCP reset or ICMP port-unreachable. A per-chain anonymous
-//!   `numgen … map { i : addr . port }` would be one lookup too, but the
-//!   kernel names anonymous sets by scanning the table's sets, which made
-//!   a rebuild at 10,000 services take 17 s (quadratic); the cascade costs
-//!   N compares for that service's N backends and nothing per service.
+//!   hosts) and `nat-output` (this node's processes), both at `dstnat`. A
+//!   VIP port with N ready backends goes to chain `pick-{proto}-{N}`
+//!   (`numgen random mod N`) or, with `Affinity::ClientIp`, to
+//!   `hash-{proto}-{N}` (`jhash ip saddr mod N`); each picks slot `i` and
+//!   goes to `slot-{proto}-{i}`, which DNATs to the port's `i`th backend
+//!   through the maps `addr-{i}` and `port-{i}` (keyed by `VIP . l4proto .
+//!   port`, like `services`). A port without backends goes to
+//!   `refuse-{proto}`: TCP reset or ICMP port-unreachable, at once. These
+//!   chains are shared by every port with as many backends, so a service
+//!   is only map elements and an endpoint change is a few element changes
+//!   whatever the number of services: chains and rules per service would
+//!   make each change slower as services grow (`nft` fetches every chain
+//!   before each transaction, and the kernel named the anonymous map of
+//!   each per-service rule by scanning the table: 17 s to build 10,000),
+//!   and nft 1.0.6's JSON cannot declare one map `index : addr . port`, so
+//!   address and port are two maps.
 //! - `nat-postrouting`: masquerade of (a) hairpin flows — `ip saddr . ip
 //!   daddr` in set `hairpin` (`a . a` for this node's members), a member
 //!   DNATed back to itself — and (b) DNATed flows of this node's own
@@ -179,6 +185,7 @@ impl<F: PacketFilter> DataPlane<F> {
             let state = ServiceState::of(service, &self.config.node);
             programmed.update_service(name, Some(state), &mut batch, &mut ignored);
         }
+        programmed.update_shared(&Default::default(), &mut batch);
         programmed.update_policy(PolicyState::of_map(map), &mut batch);
         self.filter.apply(&batch)?;
         let cleanup = programmed.udp_backends();
@@ -208,6 +215,7 @@ impl<F: PacketFilter> DataPlane<F> {
         };
         let mut batch = Batch::new(&self.config.table);
         let mut cleanup = UdpCleanup::default();
+        let dispatches = programmed.dispatches();
         for name in &touched.services {
             let state = map
                 .services
@@ -215,6 +223,7 @@ impl<F: PacketFilter> DataPlane<F> {
                 .map(|service| ServiceState::of(service, &self.config.node));
             programmed.update_service(name, state, &mut batch, &mut cleanup);
         }
+        programmed.update_shared(&dispatches, &mut batch);
         if touched.policies {
             programmed.update_policy(PolicyState::of_map(map), &mut batch);
         }

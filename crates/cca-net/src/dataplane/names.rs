@@ -1,8 +1,10 @@
-//! The names of everything the data plane puts in its table, derived from
-//! service names and port numbers alone, so an agent that restarts finds
-//! (and replaces) its own objects. Names the kernel might refuse — too
-//! long, or with characters outside `[a-z0-9_-]` — are shortened to a
-//! readable prefix and a hash of the whole, which stays deterministic.
+//! The names of everything the data plane puts in its table: fixed ones,
+//! ones derived from a protocol and a count or index (the shared dispatch
+//! chains and backend maps), and ones derived from service names (policy
+//! member sets) — so an agent that restarts finds (and replaces) its own
+//! objects. A service name the kernel might refuse — too long, or with
+//! characters outside `[a-z0-9_-]` — is shortened to a readable prefix and
+//! a hash of the whole, which stays deterministic.
 
 use sha2::{Digest, Sha256};
 
@@ -39,13 +41,38 @@ pub(crate) const LOCAL: &str = "local";
 /// Set of every member address and VIP in the cluster (policy's `to *`).
 pub(crate) const MEMBERS: &str = "members";
 
-/// The chain of one VIP port: `svc-{service}-{proto}-{port}`.
-pub(crate) fn service_chain(service: &str, protocol: Protocol, port: u16) -> String {
-    let proto = match protocol {
+fn proto(protocol: Protocol) -> &'static str {
+    match protocol {
         Protocol::Tcp => "tcp",
         Protocol::Udp => "udp",
-    };
-    bounded("svc-", service, &format!("-{proto}-{port}"))
+    }
+}
+
+/// The chain a VIP port with `count` backends goes to: `pick-{proto}-{n}`
+/// (uniformly random) or `hash-{proto}-{n}` (by client address).
+pub(crate) fn dispatch_chain(by_client: bool, protocol: Protocol, count: usize) -> String {
+    let mode = if by_client { "hash" } else { "pick" };
+    format!("{mode}-{}-{count}", proto(protocol))
+}
+
+/// The chain that DNATs to the `index`th backend: `slot-{proto}-{i}`.
+pub(crate) fn slot_chain(protocol: Protocol, index: usize) -> String {
+    format!("slot-{}-{index}", proto(protocol))
+}
+
+/// The chain a VIP port without backends goes to: `refuse-{proto}`.
+pub(crate) fn refuse_chain(protocol: Protocol) -> String {
+    format!("refuse-{}", proto(protocol))
+}
+
+/// The map `VIP . proto . port : address` of every port's `index`th backend.
+pub(crate) fn address_map(index: usize) -> String {
+    format!("addr-{index}")
+}
+
+/// The map `VIP . proto . port : port` of every port's `index`th backend.
+pub(crate) fn port_map(index: usize) -> String {
+    format!("port-{index}")
 }
 
 /// The set of one service's member addresses, for policy: `m-{service}`.
@@ -86,25 +113,23 @@ mod tests {
 
     #[test]
     fn short_names_read_as_written() {
-        assert_eq!(
-            service_chain("web", Protocol::Tcp, 8080),
-            "svc-web-tcp-8080"
-        );
-        assert_eq!(service_chain("dns", Protocol::Udp, 53), "svc-dns-udp-53");
+        assert_eq!(dispatch_chain(false, Protocol::Tcp, 3), "pick-tcp-3");
+        assert_eq!(dispatch_chain(true, Protocol::Udp, 2), "hash-udp-2");
+        assert_eq!(slot_chain(Protocol::Udp, 0), "slot-udp-0");
+        assert_eq!(address_map(1), "addr-1");
         assert_eq!(member_set("postgres"), "m-postgres");
     }
 
     #[test]
     fn long_or_odd_names_are_hashed_deterministically_and_stay_short() {
-        let long = "a".repeat(63);
-        let chain = service_chain(&long, Protocol::Tcp, 65535);
-        assert!(chain.len() <= MAX_NAME, "{chain}");
-        assert!(chain.starts_with("svc-aaaa"), "{chain}");
-        assert!(chain.ends_with("-tcp-65535"), "{chain}");
-        assert_eq!(chain, service_chain(&long, Protocol::Tcp, 65535));
+        let long = "a".repeat(70);
+        let set = member_set(&long);
+        assert!(set.len() <= MAX_NAME, "{set}");
+        assert!(set.starts_with("m-aaaa"), "{set}");
+        assert_eq!(set, member_set(&long));
         // Two long names with one prefix do not collide.
-        let other = format!("{}b", "a".repeat(62));
-        assert_ne!(chain, service_chain(&other, Protocol::Tcp, 65535));
+        let other = format!("{}b", "a".repeat(69));
+        assert_ne!(set, member_set(&other));
         let odd = member_set("Web App");
         assert!(odd.starts_with("m-web_app-"), "{odd}");
         assert_ne!(odd, member_set("web_app"));

@@ -169,27 +169,59 @@ fn a_resync_builds_the_table_the_map_describes() {
             json!({"concat": ["10.43.0.2", "tcp", 5432]}).to_string(),
         ]
     );
-    // Two backends: the first rule takes half the flows, the second the rest.
-    let web = &built.chains["svc-web-tcp-80"].rules;
-    assert_eq!(web.len(), 2);
+    // Each port goes to the chain for its number of backends (none: refused).
+    let goes_to = |vip: &str, proto: &str, port: u16| {
+        let key = json!({"concat": [vip, proto, port]}).to_string();
+        built.sets["services"].elements[&key].clone()
+    };
     assert_eq!(
-        web[0],
-        json!([
-            {"match": {"left": {"meta": {"key": "l4proto"}}, "right": "tcp", "op": "=="}},
-            {"match": {"left": {"numgen": {"mode": "random", "mod": 2}}, "right": 0, "op": "=="}},
-            {"dnat": {"addr": "10.42.0.2", "family": "ip", "port": 8080}},
-        ])
+        goes_to("10.43.0.1", "tcp", 80),
+        Some(json!({"goto": {"target": "pick-tcp-2"}}))
     );
     assert_eq!(
-        web[1],
-        json!([
+        goes_to("10.43.0.1", "udp", 53),
+        Some(json!({"goto": {"target": "pick-udp-2"}}))
+    );
+    assert_eq!(
+        goes_to("10.43.0.2", "tcp", 5432),
+        Some(json!({"goto": {"target": "refuse-tcp"}}))
+    );
+    // Two backends: a random pick of two slots, each a DNAT through the
+    // maps of its index.
+    assert_eq!(
+        built.chains["pick-tcp-2"].rules,
+        vec![json!([{"vmap": {
+            "key": {"numgen": {"mode": "random", "mod": 2}},
+            "data": {"set": [[0, {"goto": {"target": "slot-tcp-0"}}], [1, {"goto": {"target": "slot-tcp-1"}}]]},
+        }}])]
+    );
+    let key = json!({"concat": [{"payload": {"protocol": "ip", "field": "daddr"}}, {"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]});
+    assert_eq!(
+        built.chains["slot-tcp-1"].rules,
+        vec![json!([
             {"match": {"left": {"meta": {"key": "l4proto"}}, "right": "tcp", "op": "=="}},
-            {"dnat": {"addr": "10.42.0.3", "family": "ip", "port": 8080}},
-        ])
+            {"dnat": {"family": "ip",
+                "addr": {"map": {"key": key, "data": "@addr-1"}},
+                "port": {"map": {"key": key, "data": "@port-1"}}}},
+        ])]
+    );
+    let web_http = json!({"concat": ["10.43.0.1", "tcp", 80]}).to_string();
+    assert_eq!(
+        built.sets["addr-0"].elements[&web_http],
+        Some(json!("10.42.0.2"))
+    );
+    assert_eq!(
+        built.sets["addr-1"].elements[&web_http],
+        Some(json!("10.42.0.3"))
+    );
+    assert_eq!(built.sets["port-1"].elements[&web_http], Some(json!(8080)));
+    assert!(
+        !built.chains.contains_key("slot-tcp-2"),
+        "no slot no port needs"
     );
     // No backends: refused at once.
     assert_eq!(
-        built.chains["svc-db-tcp-5432"].rules,
+        built.chains["refuse-tcp"].rules,
         vec![json!([
             {"match": {"left": {"meta": {"key": "l4proto"}}, "right": "tcp", "op": "=="}},
             {"reject": {"type": "tcp reset"}},
@@ -286,6 +318,17 @@ fn one_endpoint_change_is_one_small_transaction() {
             ),
         );
     }
+    // One service with one backend: every dispatch chain the change
+    // needs exists already.
+    put(
+        &mut map,
+        service(
+            "one",
+            Some("10.43.1.1"),
+            &[(80, Protocol::Tcp)],
+            &[("o", "10.42.200.2", 8080)],
+        ),
+    );
     let mut plane = data_plane();
     plane.resync(&map).unwrap();
     plane.filter().clear_calls();
@@ -300,15 +343,18 @@ fn one_endpoint_change_is_one_small_transaction() {
     let batches = plane.filter().batches();
     assert_eq!(batches.len(), 1, "one transaction");
     let commands = batches[0].commands();
-    assert_eq!(commands.len(), 2, "{commands:#?}");
-    assert!(matches!(
-        &commands[0],
-        Command::Nft(NfCmd::Flush(FlushObject::Chain(chain))) if chain.name == "svc-s42-tcp-80"
-    ));
-    assert!(matches!(
-        &commands[1],
-        Command::Nft(NfCmd::Add(NfListObject::Rule(rule))) if rule.chain == "svc-s42-tcp-80"
-    ));
+    // Out of addr-1 and port-1, and from pick-tcp-2 to pick-tcp-1: element
+    // changes only, no rule or chain.
+    assert_eq!(commands.len(), 4, "{commands:#?}");
+    assert!(
+        commands.iter().all(|c| matches!(
+            c,
+            Command::Nft(
+                NfCmd::Add(NfListObject::Element(_)) | NfCmd::Delete(NfListObject::Element(_))
+            )
+        )),
+        "{commands:#?}"
+    );
     assert_eq!(table(&plane), rebuilt(&map));
 
     // The same map again changes nothing and applies nothing.
