@@ -6,9 +6,10 @@
 //! from `sync` to the kernel holding one endpoint change at 1,000 and
 //! 10,000 services; backend replacement under steady UDP and TCP load.
 //! Each figure is measured `CCA_BENCH_RUNS` times (default 3) and printed
-//! as min / median / max in Markdown. Needs root (namespaces, nftables);
-//! without it, says so and exits. Run: `cargo bench -p cca-net --bench
-//! dataplane`.
+//! as min / median / max in Markdown; `CCA_BENCH_ONLY` (comma-separated:
+//! traffic, replacement, first-packet, changes) picks sections. Needs root
+//! (namespaces, nftables); without it, says so and exits. Run: `cargo
+//! bench -p cca-net --bench dataplane`.
 #![allow(
     clippy::print_stdout,
     clippy::print_stderr,
@@ -29,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use cca_model::net::{Affinity, Member, NetworkChange, NetworkMap, ServiceNet, Target, Touched};
 use cca_model::spec::{PortSpec, Protocol};
-use cca_net::dataplane::{DataPlane, DataPlaneConfig, Nft};
+use cca_net::dataplane::{Batch, DataPlane, DataPlaneConfig, Nft, PacketFilter, UdpCleanup};
 
 use lab::{Lab, TCP_PORT, UDP_PORT, in_netns};
 
@@ -86,8 +87,42 @@ fn service(name: &str, vip: Ipv4Addr, targets: &[Ipv4Addr]) -> ServiceNet {
     }
 }
 
+/// The real filter, timing its two kinds of kernel calls.
+#[derive(Debug, Default)]
+struct Timed {
+    nft: Nft,
+    applies: std::sync::Mutex<Vec<Duration>>,
+    conntrack: std::sync::Mutex<Vec<Duration>>,
+}
+
+impl PacketFilter for Timed {
+    fn apply(&self, batch: &Batch) -> cca_net::dataplane::Result<()> {
+        let started = Instant::now();
+        let result = self.nft.apply(batch);
+        self.applies.lock().unwrap().push(started.elapsed());
+        result
+    }
+
+    fn list_table(&self, table: &str) -> cca_net::dataplane::Result<Option<String>> {
+        self.nft.list_table(table)
+    }
+
+    fn delete_table(&self, table: &str) -> cca_net::dataplane::Result<()> {
+        self.nft.delete_table(table)
+    }
+
+    fn delete_conntrack(&self, cleanup: &UdpCleanup) -> cca_net::dataplane::Result<usize> {
+        let started = Instant::now();
+        let result = self.nft.delete_conntrack(cleanup);
+        if !cleanup.is_empty() {
+            self.conntrack.lock().unwrap().push(started.elapsed());
+        }
+        result
+    }
+}
+
 struct Plane {
-    plane: DataPlane<Nft>,
+    plane: DataPlane<Timed>,
     node: String,
     map: NetworkMap,
 }
@@ -99,7 +134,7 @@ impl Plane {
             node: NODE.into(),
         };
         Plane {
-            plane: DataPlane::new(config, Nft::new()).unwrap(),
+            plane: DataPlane::new(config, Timed::default()).unwrap(),
             node: lab.node.clone(),
             map: NetworkMap::default(),
         }
@@ -133,6 +168,9 @@ impl Plane {
 }
 
 fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    if samples.is_empty() {
+        return Duration::ZERO;
+    }
     samples.sort_unstable();
     let rank = ((samples.len() as f64 - 1.0) * p).round() as usize;
     samples[rank.min(samples.len() - 1)]
@@ -244,22 +282,45 @@ fn traffic(figures: &mut Figures, lab: &Lab, plane: &mut Plane) {
     let through_vip = SocketAddr::from((vip(0), VIP_TCP));
     let direct = SocketAddr::from((a.address, TCP_PORT));
     let loopback = SocketAddr::from((Ipv4Addr::LOCALHOST, TCP_PORT));
-    const BYTES: usize = 512 << 20;
-    // Interleaved, so drift in the machine's load hits both alike.
-    let vip_mbs = throughput(&client.netns, through_vip, BYTES);
-    let direct_mbs = throughput(&client.netns, direct, BYTES);
-    let loopback_mbs = throughput(&a.netns, loopback, BYTES);
+    const BYTES: usize = 256 << 20;
+    // Interleaved, three rounds each, so drift in the machine's load hits
+    // all alike; the median round counts.
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let (mut vip_mbs, mut direct_mbs, mut loopback_mbs) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        vip_mbs.push(throughput(&client.netns, through_vip, BYTES));
+        direct_mbs.push(throughput(&client.netns, direct, BYTES));
+        loopback_mbs.push(throughput(&a.netns, loopback, BYTES));
+    }
+    let (vip_mbs, direct_mbs) = (median(vip_mbs), median(direct_mbs));
     figures.add("throughput via VIP (MB/s)", vip_mbs);
     figures.add("throughput direct (MB/s)", direct_mbs);
     figures.add(
         "throughput loopback, the machine's limit (MB/s)",
-        loopback_mbs,
+        median(loopback_mbs),
     );
     figures.add("throughput VIP / direct", vip_mbs / direct_mbs);
 
-    let (vip50, vip99) = persistent_latency(&client.netns, through_vip, 5000);
-    let (dir50, dir99) = persistent_latency(&client.netns, direct, 5000);
-    let (lo50, lo99) = persistent_latency(&a.netns, loopback, 5000);
+    let (mut vip_lat, mut dir_lat, mut lo_lat) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        vip_lat.push(persistent_latency(&client.netns, through_vip, 3000));
+        dir_lat.push(persistent_latency(&client.netns, direct, 3000));
+        lo_lat.push(persistent_latency(&a.netns, loopback, 3000));
+    }
+    let pick = |rounds: &[(f64, f64)], p99: bool| {
+        median(
+            rounds
+                .iter()
+                .map(|(p50, p99v)| if p99 { *p99v } else { *p50 })
+                .collect(),
+        )
+    };
+    let (vip50, vip99) = (pick(&vip_lat, false), pick(&vip_lat, true));
+    let (dir50, dir99) = (pick(&dir_lat, false), pick(&dir_lat, true));
+    let (lo50, lo99) = (pick(&lo_lat, false), pick(&lo_lat, true));
     figures.add("request p50 via VIP (ms)", vip50);
     figures.add("request p99 via VIP (ms)", vip99);
     figures.add("request p50 direct (ms)", dir50);
@@ -320,6 +381,8 @@ fn endpoint_changes(figures: &mut Figures, lab: &Lab, plane: &mut Plane, count: 
     let mut samples = Vec::new();
     let mut commands = 0;
     let mut rng = fastrand::Rng::with_seed(u64::from(count));
+    plane.plane.filter().applies.lock().unwrap().clear();
+    plane.plane.filter().conntrack.lock().unwrap().clear();
     let mut last = 0;
     for round in 0..200 {
         let i = rng.u32(0..count);
@@ -356,6 +419,20 @@ fn endpoint_changes(figures: &mut Figures, lab: &Lab, plane: &mut Plane, count: 
     figures.add(
         &format!("sync max at {count} services (ms)"),
         ms(percentile(&mut samples, 1.0)),
+    );
+    let mut applies = plane.plane.filter().applies.lock().unwrap().clone();
+    let mut conntrack = plane.plane.filter().conntrack.lock().unwrap().clone();
+    figures.add(
+        &format!("nft apply p50 at {count} services (ms)"),
+        ms(percentile(&mut applies, 0.5)),
+    );
+    figures.add(
+        &format!("nft apply p99 at {count} services (ms)"),
+        ms(percentile(&mut applies, 0.99)),
+    );
+    figures.add(
+        &format!("UDP conntrack cleanup p50 at {count} services (ms)"),
+        ms(percentile(&mut conntrack, 0.5)),
     );
     figures.add(
         &format!("commands per change at {count} services"),
@@ -516,13 +593,24 @@ fn main() {
         eprintln!("run {} of {runs}", run + 1);
         let lab = Lab::new(4);
         let mut plane = Plane::new(&lab);
-        traffic(&mut figures, &lab, &mut plane);
-        replacement(&mut figures, &lab, &mut plane);
-        for count in [100, 30_000] {
-            first_packet(&mut figures, &lab, &mut plane, count);
+        // CCA_BENCH_ONLY=traffic,replacement,first-packet,changes picks sections.
+        let only = std::env::var("CCA_BENCH_ONLY").unwrap_or_default();
+        let wanted = |section: &str| only.is_empty() || only.split(',').any(|s| s == section);
+        if wanted("traffic") {
+            traffic(&mut figures, &lab, &mut plane);
         }
-        for count in [1_000, 10_000] {
-            endpoint_changes(&mut figures, &lab, &mut plane, count);
+        if wanted("replacement") {
+            replacement(&mut figures, &lab, &mut plane);
+        }
+        if wanted("first-packet") {
+            for count in [100, 30_000] {
+                first_packet(&mut figures, &lab, &mut plane, count);
+            }
+        }
+        if wanted("changes") {
+            for count in [1_000, 10_000] {
+                endpoint_changes(&mut figures, &lab, &mut plane, count);
+            }
         }
         let (node, plane) = (lab.node.clone(), &mut plane.plane);
         in_netns(&node, || plane.remove()).unwrap();
@@ -560,10 +648,16 @@ fn main() {
         "sync p50 at 1000 services (ms)",
         "sync p99 at 1000 services (ms)",
         "sync max at 1000 services (ms)",
+        "nft apply p50 at 1000 services (ms)",
+        "nft apply p99 at 1000 services (ms)",
+        "UDP conntrack cleanup p50 at 1000 services (ms)",
         "commands per change at 1000 services",
         "sync p50 at 10000 services (ms)",
         "sync p99 at 10000 services (ms)",
         "sync max at 10000 services (ms)",
+        "nft apply p50 at 10000 services (ms)",
+        "nft apply p99 at 10000 services (ms)",
+        "UDP conntrack cleanup p50 at 10000 services (ms)",
         "commands per change at 10000 services",
     ]);
     println!("## Backend replacement under load\n");

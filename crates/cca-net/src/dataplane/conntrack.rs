@@ -1,6 +1,8 @@
 //! Deleting stale UDP conntrack entries over netlink (`NETLINK_NETFILTER`,
-//! ctnetlink): dump the IPv4 table, pick the entries a [`UdpCleanup`]
-//! calls stale, delete each by its original tuple. The messages are
+//! ctnetlink): for each VIP port a [`UdpCleanup`] names, dump the UDP
+//! entries to it (filtered in the kernel, `CTA_FILTER`, so the answer does
+//! not grow with the node's other flows), and delete each whose backend
+//! is no longer allowed, by its original tuple. The messages are
 //! `netlink-packet-netfilter`'s typed `ConntrackMessage`s on a
 //! `netlink-sys` socket — the same interface `conntrack -D` uses, without
 //! the tool. An entry that vanished between dump and delete (it expired)
@@ -10,10 +12,12 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 
 use netlink_packet_core::{
-    NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage, NetlinkPayload,
+    DefaultNla, NLA_F_NESTED, NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
+    NetlinkPayload, Nla,
 };
 use netlink_packet_netfilter::conntrack::{
-    ConntrackAttribute, ConntrackMessage, IPTuple, ProtoTuple, Protocol, Tuple,
+    ConntrackAttribute, ConntrackMessage, ConntrackMessageType, IPTuple, ProtoTuple, Protocol,
+    Tuple,
 };
 use netlink_packet_netfilter::{
     NetfilterHeader, NetfilterMessage, NetfilterMessageInner, NetfilterProtoFamily,
@@ -37,15 +41,66 @@ const UDP: u8 = 17;
 pub(crate) fn delete_stale_udp(cleanup: &UdpCleanup) -> Result<usize> {
     let socket = open()?;
     let mut deleted = 0;
-    for (original, reply) in dump(&socket)? {
-        if original.protocol == UDP
-            && cleanup.is_stale(original.destination, reply.source)
-            && delete(&socket, &original)?
-        {
-            deleted += 1;
+    for &(vip, port) in cleanup.ports.keys() {
+        let flows = match dump(&socket, to_vip_port(vip, port)) {
+            // A kernel without dump filters (before 5.8): every entry,
+            // judged here.
+            Err(Error::Conntrack { error, .. })
+                if matches!(error.raw_os_error(), Some(EINVAL | EOPNOTSUPP)) =>
+            {
+                dump(&socket, ConntrackMessage::Get(Vec::new()))?
+            }
+            other => other?,
+        };
+        for (original, reply) in flows {
+            if original.protocol == UDP
+                && cleanup.is_stale(original.destination, reply.source)
+                && delete(&socket, &original)?
+            {
+                deleted += 1;
+            }
         }
     }
     Ok(deleted)
+}
+
+/// `CTA_TUPLE_ORIG`, `CTA_FILTER` and its `CTA_FILTER_ORIG_FLAGS`
+/// (linux/netfilter/nfnetlink_conntrack.h).
+const CTA_TUPLE_ORIG: u16 = 1;
+const CTA_FILTER: u16 = 25;
+const CTA_FILTER_ORIG_FLAGS: u16 = 1;
+/// The original-tuple fields the filter compares: destination address,
+/// protocol, destination port.
+const FILTER_IP_DST: u32 = 1 << 1;
+const FILTER_PROTO_NUM: u32 = 1 << 3;
+const FILTER_PROTO_DST_PORT: u32 = 1 << 5;
+
+/// A dump request for the UDP entries whose original destination is
+/// `vip:port`. Raw attributes: the kernel parses `CTA_FILTER` strictly and
+/// wants it flagged nested, which the crate's typed attribute cannot say.
+fn to_vip_port(vip: Ipv4Addr, port: u16) -> ConntrackMessage {
+    let tuple = ConntrackAttribute::CtaTupleOrig(vec![
+        Tuple::Ip(vec![IPTuple::DestinationAddress(IpAddr::V4(vip))]),
+        Tuple::Proto(vec![
+            ProtoTuple::Protocol(Protocol::Udp),
+            ProtoTuple::DestinationPort(port),
+        ]),
+    ]);
+    let mut tuple_value = vec![0; tuple.value_len()];
+    tuple.emit_value(&mut tuple_value);
+    let flags = FILTER_IP_DST | FILTER_PROTO_NUM | FILTER_PROTO_DST_PORT;
+    // One attribute holding one u32 (host byte order, NLA_U32).
+    let mut filter = Vec::with_capacity(8);
+    filter.extend_from_slice(&8u16.to_ne_bytes());
+    filter.extend_from_slice(&CTA_FILTER_ORIG_FLAGS.to_ne_bytes());
+    filter.extend_from_slice(&flags.to_ne_bytes());
+    ConntrackMessage::Other {
+        message_type: u8::from(ConntrackMessageType::Get),
+        attributes: vec![
+            DefaultNla::new(CTA_TUPLE_ORIG | NLA_F_NESTED, tuple_value),
+            DefaultNla::new(CTA_FILTER | NLA_F_NESTED, filter),
+        ],
+    }
 }
 
 fn open() -> Result<Socket> {
@@ -83,16 +138,11 @@ fn send(
     Ok(())
 }
 
-/// Every IPv4 entry as (original, reply) flows; entries that are not
-/// TCP/UDP-shaped (no ports) or fail to decode are skipped.
-fn dump(socket: &Socket) -> Result<Vec<(Flow, Flow)>> {
+/// The IPv4 entries `request` selects, as (original, reply) flows; entries
+/// that are not TCP/UDP-shaped (no ports) are skipped.
+fn dump(socket: &Socket, request: ConntrackMessage) -> Result<Vec<(Flow, Flow)>> {
     const ACTION: &str = "dump";
-    send(
-        socket,
-        NLM_F_REQUEST | NLM_F_DUMP,
-        ConntrackMessage::Get(Vec::new()),
-        ACTION,
-    )?;
+    send(socket, NLM_F_REQUEST | NLM_F_DUMP, request, ACTION)?;
     let mut flows = Vec::new();
     loop {
         let (datagram, _) = socket.recv_from_full().map_err(|error| Error::Conntrack {
@@ -179,8 +229,11 @@ fn delete(socket: &Socket, original: &Flow) -> Result<bool> {
     }
 }
 
-/// Linux's ENOENT: the entry is gone already.
+/// Linux's errnos: the entry is gone already; a request this kernel
+/// does not take.
 const ENOENT: i32 = 2;
+const EINVAL: i32 = 22;
+const EOPNOTSUPP: i32 = 95;
 
 /// The (original, reply) flows of one dumped entry.
 fn entry(attributes: &[ConntrackAttribute]) -> Option<(Flow, Flow)> {

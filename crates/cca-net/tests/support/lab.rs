@@ -262,6 +262,17 @@ impl Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
+        // Wake the blocking accepts: one last connection each.
+        for instance in &self.instances {
+            in_netns(&instance.netns, || {
+                for port in [TCP_PORT, OTHER_TCP_PORT] {
+                    let _ = TcpStream::connect_timeout(
+                        &SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+                        Duration::from_secs(1),
+                    );
+                }
+            });
+        }
         for server in self.servers.drain(..) {
             let _ = server.join();
         }
@@ -271,21 +282,19 @@ impl Drop for Lab {
     }
 }
 
-/// Accepts until `stop`; each connection answers every line with `name`.
+/// Accepts until `stop` (blocking: a connection is answered at once; the
+/// lab wakes it with one last connection); each connection answers every
+/// line with `name`.
 fn serve_tcp(listener: TcpListener, name: String, stop: Arc<AtomicBool>) -> JoinHandle<()> {
-    listener.set_nonblocking(true).unwrap();
     thread::spawn(move || {
         let mut connections = Vec::new();
-        while !stop.load(Ordering::SeqCst) {
-            match listener.accept() {
-                Ok((stream, _)) => {
-                    let (name, stop) = (name.clone(), stop.clone());
-                    connections.push(thread::spawn(move || answer(stream, &name, &stop)));
-                }
-                Err(error) if error.kind() == ErrorKind::WouldBlock => {
-                    thread::sleep(Duration::from_millis(2));
-                }
-                Err(_) => thread::sleep(Duration::from_millis(2)),
+        for stream in listener.incoming() {
+            if stop.load(Ordering::SeqCst) {
+                break;
+            }
+            if let Ok(stream) = stream {
+                let (name, stop) = (name.clone(), stop.clone());
+                connections.push(thread::spawn(move || answer(stream, &name, &stop)));
             }
             connections.retain(|c: &JoinHandle<()>| !c.is_finished());
         }
