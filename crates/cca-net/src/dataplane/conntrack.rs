@@ -1,8 +1,9 @@
 //! Deleting stale UDP conntrack entries over netlink (`NETLINK_NETFILTER`,
 //! ctnetlink): for each VIP port a [`UdpCleanup`] names, dump the UDP
 //! entries to it (filtered in the kernel, `CTA_FILTER`, so the answer does
-//! not grow with the node's other flows), and delete each whose backend
-//! is no longer allowed, by its original tuple. The messages are
+//! not grow with the node's other flows; one unfiltered dump when many
+//! ports are judged at once), and delete each whose backend is no longer
+//! allowed, by its original tuple. The messages are
 //! `netlink-packet-netfilter`'s typed `ConntrackMessage`s on a
 //! `netlink-sys` socket — the same interface `conntrack -D` uses, without
 //! the tool. An entry that vanished between dump and delete (it expired)
@@ -37,18 +38,33 @@ pub(crate) struct Flow {
 
 const UDP: u8 = 17;
 
+/// Up to this many VIP ports, one filtered dump each; more (a rebuild
+/// judges every UDP VIP port) share one dump of the whole table: each
+/// dump walks the kernel's whole conntrack hash, filtered or not.
+const FILTERED_PORTS: usize = 8;
+
 /// Deletes the UDP entries `cleanup` calls stale; returns how many went.
 pub(crate) fn delete_stale_udp(cleanup: &UdpCleanup) -> Result<usize> {
     let socket = open()?;
+    let everything = || ConntrackMessage::Get(Vec::new());
+    let requests: Vec<ConntrackMessage> = if cleanup.ports.len() <= FILTERED_PORTS {
+        cleanup
+            .ports
+            .keys()
+            .map(|&(vip, port)| to_vip_port(vip, port))
+            .collect()
+    } else {
+        vec![everything()]
+    };
     let mut deleted = 0;
-    for &(vip, port) in cleanup.ports.keys() {
-        let flows = match dump(&socket, to_vip_port(vip, port)) {
+    for request in requests {
+        let flows = match dump(&socket, request) {
             // A kernel without dump filters (before 5.8): every entry,
             // judged here.
             Err(Error::Conntrack { error, .. })
                 if matches!(error.raw_os_error(), Some(EINVAL | EOPNOTSUPP)) =>
             {
-                dump(&socket, ConntrackMessage::Get(Vec::new()))?
+                dump(&socket, everything())?
             }
             other => other?,
         };
