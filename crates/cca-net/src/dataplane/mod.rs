@@ -69,8 +69,8 @@
 //! keeps its verdict.
 //!
 //! With `bridge-nf-call-iptables` on, a hairpin flow (a member DNATed back
-//! to itself) leaves by the bridge port it came in on: the node network
-//! must put its instances' bridge ports in hairpin mode.
+//! to itself) leaves by the bridge port it came in on, which the bridge
+//! allows only in hairpin mode: `HostNetwork::create_veth` sets it.
 
 mod batch;
 mod compile;
