@@ -1,6 +1,6 @@
 //! The node's packet-filter data plane: service VIPs to ready backends,
 //! hairpin, and network policy, programmed from the
-//! [`NetworkMap`](cca_model::net::NetworkMap) into one nftables table of
+//! `NetworkMap` into one nftables table of
 //! its own (`ip cca-svc` by default). [`DataPlane::resync`] rebuilds the
 //! table in one transaction (at start, and by itself after any failed
 //! change); [`DataPlane::sync`] changes only what the touched entries own,
