@@ -30,6 +30,11 @@ use crate::host::{BridgeSpec, HostNetwork, NatSpec, PortMapping, Proto, VethSpec
 use crate::netlink::{Netlink, link_name, session};
 use crate::netns;
 
+/// The conntrack mark bit of flows DNATed to a published port: only they
+/// are masqueraded back onto the bridge (a VIP flow between two
+/// instances of the node keeps its client's address; the data plane does
+/// its own hairpin).
+const PUBLISHED_MARK: &str = "0x00c0ca00";
 /// The name of the published-port map in the node's table.
 const PORTS_MAP: &str = "ports";
 
@@ -399,11 +404,11 @@ add chain ip {table} postrouting {{ type nat hook postrouting priority srcnat; p
 flush chain ip {table} prerouting
 flush chain ip {table} output
 flush chain ip {table} postrouting
-add rule ip {table} prerouting fib daddr type local meta l4proto {{ tcp, udp }} dnat ip to meta l4proto . th dport map @{PORTS_MAP} comment \"published ports\"
-add rule ip {table} output fib daddr type local meta l4proto {{ tcp, udp }} dnat ip to meta l4proto . th dport map @{PORTS_MAP} comment \"published ports, locally originated\"
+add rule ip {table} prerouting fib daddr type local meta l4proto {{ tcp, udp }} meta l4proto . th dport @{PORTS_MAP} ct mark set ct mark or {PUBLISHED_MARK} dnat ip to meta l4proto . th dport map @{PORTS_MAP} comment \"published ports\"
+add rule ip {table} output fib daddr type local meta l4proto {{ tcp, udp }} meta l4proto . th dport @{PORTS_MAP} ct mark set ct mark or {PUBLISHED_MARK} dnat ip to meta l4proto . th dport map @{PORTS_MAP} comment \"published ports, locally originated\"
 add rule ip {table} postrouting ip saddr {subnet} oifname != {local} masquerade comment \"outbound NAT\"
 add rule ip {table} postrouting ip saddr 127.0.0.0/8 oifname \"{bridge}\" masquerade comment \"published ports on loopback\"
-add rule ip {table} postrouting ct status dnat ip saddr {subnet} oifname \"{bridge}\" masquerade comment \"hairpin to a published port\"
+add rule ip {table} postrouting ct status dnat ct mark and {PUBLISHED_MARK} == {PUBLISHED_MARK} ip saddr {subnet} oifname \"{bridge}\" masquerade comment \"hairpin to a published port\"
 {dns}"
     )
 }
