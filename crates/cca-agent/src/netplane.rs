@@ -17,7 +17,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
-use cca_model::net::{DNS_ZONE, Ipv4Net, NetworkMap};
+use cca_model::net::{DNS_ZONE, Ipv4Net, NetworkMap, Touched};
+use cca_net::dataplane::{DataPlane, DataPlaneConfig, PacketFilter};
 use cca_net::{
     HostNetwork, LocalNode, NetConfig, NodeNetwork, Overlay, OverlayConfig, OverlayHost,
 };
@@ -96,40 +97,61 @@ pub struct PlaneConfig {
     pub dns_port: Option<u16>,
 }
 
-/// The node's running DNS server.
-#[derive(Debug)]
-struct Dns {
-    handle: cca_dns::DnsHandle,
-    /// Ends the server when the plane goes.
-    _stop: tokio::sync::oneshot::Sender<()>,
+/// Where the names of a map are published: the node's DNS server (or a
+/// recording in tests).
+pub trait Names: Send + Sync + std::fmt::Debug {
+    /// From now on, answer from `map`.
+    fn publish(&self, map: Arc<NetworkMap>);
 }
 
-/// The node's network plane over a kernel `H` (the real one, or a
-/// recording fake in tests).
+impl Names for cca_dns::DnsHandle {
+    fn publish(&self, map: Arc<NetworkMap>) {
+        self.set_map(map);
+    }
+}
+
+/// The node's network plane over a kernel `H` and a packet filter `F`
+/// (the real ones, or recording fakes in tests).
 #[derive(Debug)]
-pub struct Plane<H: HostNetwork + OverlayHost + Clone + 'static> {
+pub struct Plane<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> {
     config: PlaneConfig,
     host: H,
     node_net: Arc<NodeNet>,
     overlay: Option<Overlay<H>>,
-    dns: Option<Dns>,
+    /// The packet filter until the data plane takes it at open.
+    filter: Option<F>,
+    dataplane: Option<DataPlane<F>>,
+    names: Option<Arc<dyn Names>>,
+    /// Ends the node's DNS server when the plane goes.
+    _dns_stop: Option<tokio::sync::oneshot::Sender<()>>,
     /// Where the DNS server's tasks run (the agent's runtime).
     runtime: Option<tokio::runtime::Handle>,
     /// The map the kernel was last synced to.
     applied: Option<NetworkMap>,
 }
 
-impl<H: HostNetwork + OverlayHost + Clone + 'static> Plane<H> {
-    pub fn new(config: PlaneConfig, host: H, node_net: Arc<NodeNet>) -> Self {
+impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> Plane<H, F> {
+    pub fn new(config: PlaneConfig, host: H, filter: F, node_net: Arc<NodeNet>) -> Self {
         Self {
             config,
             host,
             node_net,
             overlay: None,
-            dns: None,
+            filter: Some(filter),
+            dataplane: None,
+            names: None,
+            _dns_stop: None,
             runtime: tokio::runtime::Handle::try_current().ok(),
             applied: None,
         }
+    }
+
+    /// Publishes names to `names` instead of a DNS server of the plane's
+    /// own (tests).
+    #[must_use]
+    pub fn with_names(mut self, names: Arc<dyn Names>) -> Self {
+        self.names = Some(names);
+        self
     }
 
     /// Brings the node in line with `view` (blocking: netlink and nft).
@@ -154,19 +176,37 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static> Plane<H> {
                 self.config.state_dir.join(cca_net::STATE_FILE).display()
             ));
         }
-        if self.applied.as_ref() != Some(&view.map)
+        if self.applied.as_ref() == Some(&view.map) {
+            return Ok(());
+        }
+        let touched = match &self.applied {
+            Some(before) => view.map.touched_since(before),
+            None => view.map.everything(),
+        };
+        if (self.applied.is_none() || !touched.nodes.is_empty())
             && let Some(overlay) = &self.overlay
         {
             let report = overlay
                 .sync(view.map.nodes.values())
                 .map_err(|error| format!("syncing the overlay: {error}"))?;
             tracing::debug!(?report, "overlay synced");
-            // Names are published after the rules they lead to.
-            if let Some(dns) = &self.dns {
-                dns.handle.set_map(Arc::new(view.map.clone()));
-            }
-            self.applied = Some(view.map.clone());
         }
+        // A name never leads to a VIP without rules: names whose VIP goes
+        // or changes are withdrawn before the rules change, and new names
+        // are published after.
+        if let (Some(names), Some(before)) = (&self.names, &self.applied) {
+            names.publish(Arc::new(withdrawn(before, &view.map, &touched)));
+        }
+        if let Some(dataplane) = &mut self.dataplane {
+            let report = dataplane
+                .sync(&view.map, &touched)
+                .map_err(|error| format!("syncing the VIP data plane: {error}"))?;
+            tracing::debug!(?report, "data plane synced");
+        }
+        if let Some(names) = &self.names {
+            names.publish(Arc::new(view.map.clone()));
+        }
+        self.applied = Some(view.map.clone());
         Ok(())
     }
 
@@ -194,10 +234,8 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static> Plane<H> {
             }
         });
         tracing::info!(%gateway, port, "node DNS server listening");
-        self.dns = Some(Dns {
-            handle,
-            _stop: stop,
-        });
+        self.names = Some(Arc::new(handle));
+        self._dns_stop = Some(stop);
         Ok(())
     }
 
@@ -222,7 +260,16 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static> Plane<H> {
         let network = NodeNetwork::open(config, self.host.clone())
             .map_err(|error| format!("opening the node network on {subnet}: {error}"))?;
         tracing::info!(%subnet, mtu = overlay.mtu(), "node network open");
-        if let Some(port) = self.config.dns_port {
+        if let Some(filter) = self.filter.take() {
+            let config = DataPlaneConfig::new(&self.config.node);
+            match DataPlane::new(config, filter) {
+                Ok(dataplane) => self.dataplane = Some(dataplane),
+                Err(error) => return Err(format!("opening the VIP data plane: {error}")),
+            }
+        }
+        if self.names.is_none()
+            && let Some(port) = self.config.dns_port
+        {
             self.start_dns(subnet.gateway(), port)?;
         }
         self.overlay = Some(overlay);
@@ -241,7 +288,9 @@ pub trait ApplyView: Send + std::fmt::Debug {
     fn apply(&mut self, view: &NetworkView) -> Result<(), String>;
 }
 
-impl<H: HostNetwork + OverlayHost + Clone + Send + 'static> ApplyView for Plane<H> {
+impl<H: HostNetwork + OverlayHost + Clone + Send + 'static, F: PacketFilter + 'static> ApplyView
+    for Plane<H, F>
+{
     fn apply(&mut self, view: &NetworkView) -> Result<(), String> {
         Plane::apply(self, view)
     }
@@ -265,6 +314,19 @@ impl AgentNetwork {
             .unwrap_or_else(PoisonError::into_inner)
             .apply(view)
     }
+}
+
+/// `before` without the services whose VIP `after` removes or changes:
+/// what may still be answered while the rules move from one to the other.
+fn withdrawn(before: &NetworkMap, after: &NetworkMap, touched: &Touched) -> NetworkMap {
+    let mut names = before.clone();
+    for service in &touched.services {
+        let vip = |map: &NetworkMap| map.services.get(service).and_then(|net| net.vip);
+        if vip(before) != vip(after) {
+            names.services.remove(service);
+        }
+    }
+    names
 }
 
 /// Applies every view `views` publishes to `plane` until `stop`, on the
@@ -311,6 +373,7 @@ pub(crate) async fn run_plane(
 #[cfg(test)]
 mod tests {
     use cca_model::net::{NetworkChange, NodeRoute, Touched};
+    use cca_net::dataplane::fake::FakeFilter;
     use cca_net::fake::{Call, FakeHost};
 
     use super::*;
@@ -333,8 +396,18 @@ mod tests {
         NetworkView { revision: 1, map }
     }
 
-    fn plane(dir: &std::path::Path) -> (Plane<FakeHost>, Arc<NodeNet>, FakeHost) {
+    type TestPlane = Plane<FakeHost, Arc<FakeFilter>>;
+
+    fn plane(dir: &std::path::Path) -> (TestPlane, Arc<NodeNet>, FakeHost) {
+        let (plane, node_net, host, _) = plane_with_filter(dir);
+        (plane, node_net, host)
+    }
+
+    fn plane_with_filter(
+        dir: &std::path::Path,
+    ) -> (TestPlane, Arc<NodeNet>, FakeHost, Arc<FakeFilter>) {
         let host = FakeHost::default();
+        let filter = Arc::new(FakeFilter::new());
         let node_net = Arc::new(NodeNet::default());
         let config = PlaneConfig {
             node: "n1".into(),
@@ -346,11 +419,13 @@ mod tests {
             },
             dns_port: None,
         };
-        (
-            Plane::new(config, host.clone(), Arc::clone(&node_net)),
-            node_net,
-            host,
-        )
+        let plane = Plane::new(
+            config,
+            host.clone(),
+            Arc::clone(&filter),
+            Arc::clone(&node_net),
+        );
+        (plane, node_net, host, filter)
     }
 
     #[test]
@@ -404,6 +479,95 @@ mod tests {
         assert_eq!(
             node_net.ready().map(|ready| ready.subnet.to_string()),
             Some("10.42.1.0/24".into())
+        );
+    }
+
+    /// Checks, at every publication, that each name it answers leads to a
+    /// VIP the filter has rules for.
+    #[derive(Debug)]
+    struct Checked {
+        filter: Arc<FakeFilter>,
+        published: std::sync::Mutex<Vec<Vec<String>>>,
+    }
+
+    impl Names for Checked {
+        fn publish(&self, map: Arc<NetworkMap>) {
+            let table = self.filter.table(cca_net::dataplane::DEFAULT_TABLE);
+            let keys: Vec<String> = table
+                .and_then(|table| table.sets.get("services").cloned())
+                .map(|services| services.elements.keys().cloned().collect())
+                .unwrap_or_default();
+            let mut names = vec![];
+            for service in map.services.values() {
+                let Some(vip) = service.vip else { continue };
+                assert!(
+                    keys.iter().any(|key| key.contains(&format!("\"{vip}\""))),
+                    "{} resolves to {vip}, which has no rules: {keys:?}",
+                    service.name
+                );
+                names.push(format!("{}={vip}", service.name));
+            }
+            self.published.lock().expect("not poisoned").push(names);
+        }
+    }
+
+    fn with_service(mut view: NetworkView, name: &str, vip: Option<[u8; 4]>) -> NetworkView {
+        use cca_model::spec::PortSpec;
+        let mut touched = Touched::default();
+        view.map.apply(
+            NetworkChange::Service(Arc::new(cca_model::net::ServiceNet {
+                name: name.into(),
+                vip: vip.map(Ipv4Addr::from),
+                ports: vec![PortSpec::tcp("http", 8080)],
+                affinity: cca_model::net::Affinity::None,
+                endpoints: [("http".to_owned(), vec![])].into(),
+                members: vec![],
+            })),
+            &mut touched,
+        );
+        view
+    }
+
+    #[test]
+    fn a_name_never_resolves_to_a_vip_without_rules() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (plane, _, _, filter) = plane_with_filter(dir.path());
+        let names = Arc::new(Checked {
+            filter: Arc::clone(&filter),
+            published: std::sync::Mutex::default(),
+        });
+        let mut plane = plane.with_names(Arc::clone(&names) as Arc<dyn Names>);
+        let base = view(&[route("n1", "10.42.1.0/24", [192, 168, 0, 1])]);
+        let steps = [
+            with_service(base.clone(), "a", Some([10, 43, 0, 1])),
+            // a's VIP moves (a deleted and applied again after a hold).
+            with_service(base.clone(), "a", Some([10, 43, 0, 5])),
+            with_service(
+                with_service(base.clone(), "a", Some([10, 43, 0, 5])),
+                "b",
+                Some([10, 43, 0, 1]),
+            ),
+            with_service(base.clone(), "b", Some([10, 43, 0, 1])),
+            with_service(base, "b", None),
+        ];
+        for step in &steps {
+            plane.apply(step).expect("applies");
+        }
+        let published = names.published.lock().expect("not poisoned").clone();
+        assert_eq!(
+            published,
+            vec![
+                vec!["a=10.43.0.1".to_owned()],
+                // a's old name is withdrawn before its rules move.
+                vec![],
+                vec!["a=10.43.0.5".to_owned()],
+                vec!["a=10.43.0.5".to_owned()],
+                vec!["a=10.43.0.5".to_owned(), "b=10.43.0.1".to_owned()],
+                vec!["b=10.43.0.1".to_owned()],
+                vec!["b=10.43.0.1".to_owned()],
+                vec![],
+                vec![],
+            ]
         );
     }
 }

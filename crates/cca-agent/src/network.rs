@@ -148,7 +148,7 @@ pub fn node_network(
         .parse()
         .map_err(|e: cca_net::Error| format!("pod subnet `{subnet}`: {e}"))?;
     let config = cca_net::NetConfig::new(subnet, state_dir);
-    let network = NodeNetwork::open(config, cca_net::IpNft::new())
+    let network = NodeNetwork::open(config, cca_net::KernelNetwork::new())
         .map_err(|e| format!("opening the node network on {subnet}: {e}"))?;
     Ok(Arc::new(network))
 }

@@ -214,7 +214,12 @@ async fn cluster_network(
         overlay: cluster.overlay.clone(),
         dns_port: Some(cluster.dns_port),
     };
-    let plane = Plane::new(config, cca_net::KernelNetwork::new(), Arc::clone(&node_net));
+    let plane = Plane::new(
+        config,
+        cca_net::KernelNetwork::new(),
+        cca_net::dataplane::Nft::new(),
+        Arc::clone(&node_net),
+    );
     let network = AgentNetwork {
         node_net,
         plane: Arc::new(std::sync::Mutex::new(plane)),

@@ -21,7 +21,7 @@ use cca_image::ImageStore;
 use cca_image::testing::{LayerBuilder, free_port, layer_blob_digest, write_oci_layout};
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
 use cca_model::spec::{Memory, PortSpec, Resources, ServiceSpec};
-use cca_net::{HostNetwork, IpNft, NodeNetwork};
+use cca_net::{HostNetwork, KernelNetwork, NodeNetwork};
 use cca_runtime::Runtime;
 use cca_wire::types::Assignment;
 use support::{
@@ -109,8 +109,9 @@ async fn bad_images_fail_their_instances_with_the_reason_and_leave_nothing() {
     let zeros = "0".repeat(64);
 
     let net = NetGuard::new('f', 197);
-    let network =
-        Arc::new(NodeNetwork::open(net.config.clone(), IpNft::new()).expect("network opens"));
+    let network = Arc::new(
+        NodeNetwork::open(net.config.clone(), KernelNetwork::new()).expect("network opens"),
+    );
     let node = Node::with(
         &[host.clone(), closed.clone()],
         Some(Arc::clone(&network) as Arc<dyn cca_agent::InstanceNetwork>),
@@ -215,7 +216,9 @@ async fn bad_images_fail_their_instances_with_the_reason_and_leave_nothing() {
     assert_eq!(net.veths_left(), Vec::<String>::new(), "veths left");
     assert_eq!(network.leases(), BTreeMap::new(), "leases left");
     assert_eq!(
-        IpNft::new().list_ports(&net.config.table).expect("ports"),
+        KernelNetwork::new()
+            .list_ports(&net.config.table)
+            .expect("ports"),
         Vec::new(),
         "published ports left"
     );

@@ -27,7 +27,7 @@ use cca_agent::supervisor::{Supervisor, SupervisorConfig};
 use cca_image::testing::free_port;
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{PortSpec, ServiceSpec};
-use cca_net::{HostNetwork, IpNft, NetConfig, NodeNetwork, Proto};
+use cca_net::{HostNetwork, KernelNetwork, NetConfig, NodeNetwork, Proto};
 use cca_runtime::{OciRuntime, Runtime};
 use cca_wire::types::Assignment;
 use support::{
@@ -133,7 +133,8 @@ async fn with_a_node_network_a_container_has_its_own_address_and_published_ports
     // Declared first so it drops last: the container goes before its
     // namespace, the namespaces before the bridge.
     let net = NetGuard::new('a', 198);
-    let network = NodeNetwork::open(net.config.clone(), IpNft::new()).expect("network opens");
+    let network =
+        NodeNetwork::open(net.config.clone(), KernelNetwork::new()).expect("network opens");
     let node = Node::with(
         std::slice::from_ref(&registry.registry.host),
         Some(Arc::new(network)),
@@ -184,7 +185,9 @@ async fn with_a_node_network_a_container_has_its_own_address_and_published_ports
         Some("hello from busybox\n"),
         "the published host port on 127.0.0.1"
     );
-    let published = IpNft::new().list_ports(&net.config.table).expect("ports");
+    let published = KernelNetwork::new()
+        .list_ports(&net.config.table)
+        .expect("ports");
     assert_eq!(
         published
             .iter()
@@ -209,7 +212,9 @@ async fn with_a_node_network_a_container_has_its_own_address_and_published_ports
     assert_eq!(net.netns_left(), Vec::<String>::new(), "namespaces left");
     assert_eq!(net.veths_left(), Vec::<String>::new(), "veths left");
     assert_eq!(
-        IpNft::new().list_ports(&net.config.table).expect("ports"),
+        KernelNetwork::new()
+            .list_ports(&net.config.table)
+            .expect("ports"),
         Vec::new(),
         "published ports left"
     );
@@ -289,7 +294,7 @@ async fn agent_on_network(
     config: &NetConfig,
     registry: &str,
 ) -> (Arc<RuntimeSet>, Supervisor) {
-    let network = NodeNetwork::open(config.clone(), IpNft::new()).expect("network opens");
+    let network = NodeNetwork::open(config.clone(), KernelNetwork::new()).expect("network opens");
     let set = runtime_set(
         &node.oci,
         &node.store,
@@ -357,7 +362,7 @@ async fn after_a_host_reboot_a_restarted_container_is_attached_again() {
         .await
         .expect("the container ends");
     drop((set, supervisor));
-    let host_net = IpNft::new();
+    let host_net = KernelNetwork::new();
     let (netns, veth) = (net.config.netns_name(ID), net.config.veth_name(ID));
     host_net.delete_link(&veth).expect("the veth is deleted");
     host_net
@@ -405,7 +410,9 @@ async fn after_a_host_reboot_a_restarted_container_is_attached_again() {
     assert_eq!(net.netns_left(), Vec::<String>::new(), "namespaces left");
     assert_eq!(net.veths_left(), Vec::<String>::new(), "veths left");
     assert_eq!(
-        IpNft::new().list_ports(&net.config.table).expect("ports"),
+        KernelNetwork::new()
+            .list_ports(&net.config.table)
+            .expect("ports"),
         Vec::new(),
         "published ports left"
     );

@@ -36,4 +36,4 @@ pub use host::{
 pub use ipam::{Ipam, Subnet};
 pub use node::{Attachment, CleanupReport, NetConfig, NodeNetwork, PEER_NAME, STATE_FILE};
 pub use overlay::{LocalNode, Overlay, OverlayConfig, OverlayPlan, SyncReport};
-pub use real::{IpNft, KernelNetwork};
+pub use real::KernelNetwork;

@@ -45,10 +45,6 @@ pub struct KernelNetwork {
     netns: Option<PathBuf>,
 }
 
-/// The earlier name of [`KernelNetwork`], from when it drove `ip` and
-/// `nft`; kept so callers move over in their own change.
-pub type IpNft = KernelNetwork;
-
 impl KernelNetwork {
     /// The network of the calling thread's namespace (the host's, for the
     /// agent).

@@ -22,7 +22,7 @@ use cca_image::testing::{TestRegistry, busybox_layer, root_test, write_oci_layou
 use cca_image::{Digest, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{Cpu, Memory, ServiceSpec, Workload};
-use cca_net::{HostNetwork, IpNft, NetConfig};
+use cca_net::{HostNetwork, KernelNetwork, NetConfig};
 use cca_runtime::fake::FakeRuntime;
 use cca_runtime::{OciConfig, OciRuntime, Runtime};
 use cca_wire::types::Assignment;
@@ -270,7 +270,7 @@ impl NetGuard {
     }
 
     pub(crate) fn netns_left(&self) -> Vec<String> {
-        IpNft::new()
+        KernelNetwork::new()
             .list_netns()
             .expect("netns list")
             .into_iter()
@@ -279,7 +279,7 @@ impl NetGuard {
     }
 
     pub(crate) fn veths_left(&self) -> Vec<String> {
-        IpNft::new()
+        KernelNetwork::new()
             .list_links()
             .expect("link list")
             .into_iter()
@@ -290,7 +290,7 @@ impl NetGuard {
 
 impl Drop for NetGuard {
     fn drop(&mut self) {
-        let host = IpNft::new();
+        let host = KernelNetwork::new();
         for netns in self.netns_left() {
             let _ = host.delete_netns(&netns);
         }

@@ -31,12 +31,6 @@ const NOT_ENFORCED: &[NotEnforced] = &[
     },
     NotEnforced {
         context: Context::File,
-        key: "network",
-        setting: "network",
-        instead: "the policy is stored; traffic is neither allowed nor denied by it",
-    },
-    NotEnforced {
-        context: Context::File,
         key: "group",
         setting: "group",
         instead: "the group is checked and stored; its members are placed independently",

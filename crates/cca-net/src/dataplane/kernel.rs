@@ -37,6 +37,23 @@ pub trait PacketFilter: Send + Sync + fmt::Debug {
     fn delete_conntrack(&self, cleanup: &UdpCleanup) -> Result<usize>;
 }
 
+/// A shared filter is the filter (a test keeps a handle on the fake it
+/// gave away).
+impl<F: PacketFilter> PacketFilter for std::sync::Arc<F> {
+    fn apply(&self, batch: &Batch) -> Result<()> {
+        F::apply(self, batch)
+    }
+    fn list_table(&self, table: &str) -> Result<Option<String>> {
+        F::list_table(self, table)
+    }
+    fn delete_table(&self, table: &str) -> Result<()> {
+        F::delete_table(self, table)
+    }
+    fn delete_conntrack(&self, cleanup: &UdpCleanup) -> Result<usize> {
+        F::delete_conntrack(self, cleanup)
+    }
+}
+
 /// UDP flows through VIP ports whose backend no longer serves them: an
 /// entry whose original destination is one of `ports` and whose reply
 /// source is not among that port's allowed backends goes, so the flow's
