@@ -20,7 +20,7 @@ use std::time::Duration;
 use cca_model::net::{DNS_ZONE, Ipv4Net, NetworkMap, Touched};
 use cca_net::dataplane::{DataPlane, DataPlaneConfig, PacketFilter};
 use cca_net::{
-    HostNetwork, LocalNode, NetConfig, NodeNetwork, Overlay, OverlayConfig, OverlayHost,
+    HostNetwork, LocalNode, NetConfig, NodeNetwork, Overlay, OverlayConfig, OverlayHost, RangeRoute,
 };
 use cca_runtime::DnsConfig;
 use tokio::sync::watch;
@@ -126,6 +126,8 @@ pub struct Plane<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter
     _dns_stop: Option<tokio::sync::oneshot::Sender<()>>,
     /// Where the DNS server's tasks run (the agent's runtime).
     runtime: Option<tokio::runtime::Handle>,
+    /// The node bridge's name, once the node network is open.
+    bridge: String,
     /// The map the kernel was last synced to.
     applied: Option<NetworkMap>,
 }
@@ -142,6 +144,7 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
             names: None,
             _dns_stop: None,
             runtime: tokio::runtime::Handle::try_current().ok(),
+            bridge: String::new(),
             applied: None,
         }
     }
@@ -190,6 +193,18 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
                 .sync(view.map.nodes.values())
                 .map_err(|error| format!("syncing the overlay: {error}"))?;
             tracing::debug!(?report, "overlay synced");
+        }
+        if (self.applied.is_none() || touched.ranges)
+            && let (Some(ranges), Some(ready)) = (view.map.ranges, self.node_net.ready())
+        {
+            let route = RangeRoute {
+                range: ranges.services,
+                bridge: self.bridge.clone(),
+                source: ready.subnet.gateway(),
+            };
+            self.host
+                .ensure_range_route(&route)
+                .map_err(|error| format!("routing the service range: {error}"))?;
         }
         // A name never leads to a VIP without rules: names whose VIP goes
         // or changes are withdrawn before the rules change, and new names
@@ -257,6 +272,7 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
         if let Some(bridge) = &self.config.overlay.bridge {
             config.bridge.clone_from(bridge);
         }
+        self.bridge.clone_from(&config.bridge);
         let network = NodeNetwork::open(config, self.host.clone())
             .map_err(|error| format!("opening the node network on {subnet}: {error}"))?;
         tracing::info!(%subnet, mtu = overlay.mtu(), "node network open");
@@ -452,6 +468,27 @@ mod tests {
         assert!(
             calls.iter().any(|call| matches!(call, Call::AddRoute(_, route) if route.subnet.to_string() == "10.42.2.0/24")),
             "{calls:?}"
+        );
+        // The service range is routed to the bridge.
+        let mut ranged = view(&[n1.clone()]);
+        let mut touched = Touched::default();
+        ranged.map.apply(
+            NetworkChange::Ranges(cca_model::net::AddressRanges {
+                cluster: "10.42.0.0/16".parse().expect("a prefix"),
+                services: "10.43.0.0/16".parse().expect("a prefix"),
+            }),
+            &mut touched,
+        );
+        plane.apply(&ranged).expect("syncs");
+        assert!(
+            host.calls().iter().any(|call| matches!(
+                call,
+                Call::EnsureRangeRoute(route) if route.range.to_string() == "10.43.0.0/16"
+                    && route.bridge == "cca0"
+                    && route.source == Ipv4Addr::new(10, 42, 1, 1)
+            )),
+            "{:?}",
+            host.calls()
         );
         // n2 leaves: its route goes.
         plane.apply(&view(&[n1])).expect("syncs");

@@ -99,6 +99,10 @@ impl ControlPlane {
         if let Some(key) = config.secret_key {
             state = state.with_secret_key(key);
         }
+        state = state.with_network_ranges(cca_model::net::AddressRanges {
+            cluster: config.network.cluster_cidr,
+            services: config.network.service_cidr,
+        });
         let mut plane = Self {
             store,
             cache,

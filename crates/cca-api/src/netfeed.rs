@@ -19,7 +19,7 @@ use bytes::Bytes;
 use cca_control::cache::Change;
 use cca_control::netmap::NetworkProjection;
 use cca_model::Revision;
-use cca_model::net::NetworkMap;
+use cca_model::net::{AddressRanges, NetworkMap};
 use tokio::sync::{OnceCell, broadcast, mpsc, watch};
 
 use crate::hub::Subscription;
@@ -38,6 +38,8 @@ pub(crate) struct NetworkFeed {
     state: Mutex<FeedState>,
     started: OnceCell<()>,
     maps: watch::Sender<NetworkMap>,
+    /// The control plane's address ranges, from its configuration.
+    ranges: std::sync::OnceLock<AddressRanges>,
 }
 
 impl Default for NetworkFeed {
@@ -46,6 +48,7 @@ impl Default for NetworkFeed {
             state: Mutex::default(),
             started: OnceCell::new(),
             maps: watch::Sender::new(NetworkMap::default()),
+            ranges: std::sync::OnceLock::new(),
         }
     }
 }
@@ -69,6 +72,12 @@ struct Subscriber {
 }
 
 impl NetworkFeed {
+    /// Says which ranges the control plane allocates from (once, before
+    /// the first stream).
+    pub(crate) fn set_ranges(&self, ranges: AddressRanges) {
+        let _ = self.ranges.set(ranges);
+    }
+
     /// Subscribes a stream: a snapshot first when `from` is 0, else the
     /// lines since `from`.
     pub(crate) async fn subscribe(
@@ -133,6 +142,9 @@ impl NetworkFeed {
         state.subscribers.clear();
         state.history.clear();
         state.projection = NetworkProjection::from_view(&view);
+        if let Some(ranges) = self.ranges.get() {
+            state.projection.set_ranges(*ranges);
+        }
         state.revision = view.revision;
         state.history_from = view.revision + 1;
         self.maps.send_replace(state.projection.map().clone());

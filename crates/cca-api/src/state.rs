@@ -120,6 +120,14 @@ impl ApiState {
         }
     }
 
+    /// Tells nodes, in the network map, which ranges the control plane
+    /// allocates subnets and VIPs from.
+    #[must_use]
+    pub fn with_network_ranges(self, ranges: cca_model::net::AddressRanges) -> Self {
+        self.inner.network.set_ranges(ranges);
+        self
+    }
+
     /// Uses `key` to seal and open secret values (replacing any earlier
     /// one). Without a key the secret endpoints answer 503.
     #[must_use]

@@ -18,7 +18,9 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use cca_model::cluster::{Backend, Instance, InstanceStatus, NodeCondition};
-use cca_model::net::{Member, NetworkChange, NetworkMap, NodeRoute, ServiceNet, Target, Touched};
+use cca_model::net::{
+    AddressRanges, Member, NetworkChange, NetworkMap, NodeRoute, ServiceNet, Target, Touched,
+};
 use cca_model::{Key, Value};
 
 use crate::view::{FactChange, View};
@@ -43,6 +45,7 @@ impl NetworkProjection {
                 .insert(id.clone());
         }
         let touched = Touched {
+            ranges: false,
             nodes: view.nodes.keys().cloned().collect(),
             services: view.services.keys().cloned().collect(),
             policies: true,
@@ -56,8 +59,15 @@ impl NetworkProjection {
         &self.map
     }
 
+    /// Sets the ranges the control plane allocates from (they come from its
+    /// configuration, not from facts).
+    pub fn set_ranges(&mut self, ranges: AddressRanges) {
+        self.map.ranges = Some(ranges);
+    }
+
     /// Every entry of the map as a change: what a new follower starts from.
     pub fn snapshot(&self) -> Vec<NetworkChange> {
+        let ranges = self.map.ranges.map(NetworkChange::Ranges);
         let nodes = self.map.nodes.values().cloned().map(NetworkChange::Node);
         let services = self
             .map
@@ -71,7 +81,12 @@ impl NetworkProjection {
             .values()
             .cloned()
             .map(NetworkChange::Policy);
-        nodes.chain(services).chain(policies).collect()
+        ranges
+            .into_iter()
+            .chain(nodes)
+            .chain(services)
+            .chain(policies)
+            .collect()
     }
 
     /// Applies one revision's fact changes; `view` is at that revision or

@@ -292,10 +292,22 @@ pub struct Member {
     pub host_network: bool,
 }
 
+/// The cluster's address ranges, as the control plane allocates from them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AddressRanges {
+    /// Node subnets come from it.
+    pub cluster: Ipv4Net,
+    /// Service VIPs come from it: every node routes it to its bridge, so
+    /// a host process's flow to a VIP has a route (and is DNATed) even on
+    /// a host without a default route.
+    pub services: Ipv4Net,
+}
+
 /// One change to a [`NetworkMap`]: a whole entry put or removed.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "change", rename_all = "snake_case")]
 pub enum NetworkChange {
+    Ranges(AddressRanges),
     Node(NodeRoute),
     NodeGone { node: String },
     Service(Arc<ServiceNet>),
@@ -309,6 +321,8 @@ pub enum NetworkChange {
 /// clone (a snapshot for the DNS server) costs nothing.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NetworkMap {
+    /// `None` from a control plane that does not say.
+    pub ranges: Option<AddressRanges>,
     pub nodes: imbl::OrdMap<String, NodeRoute>,
     pub services: imbl::OrdMap<String, Arc<ServiceNet>>,
     pub policies: imbl::OrdMap<String, Arc<NetworkPolicy>>,
@@ -318,6 +332,7 @@ pub struct NetworkMap {
 /// updates only those.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Touched {
+    pub ranges: bool,
     pub nodes: std::collections::BTreeSet<String>,
     pub services: std::collections::BTreeSet<String>,
     pub policies: bool,
@@ -325,7 +340,7 @@ pub struct Touched {
 
 impl Touched {
     pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty() && self.services.is_empty() && !self.policies
+        !self.ranges && self.nodes.is_empty() && self.services.is_empty() && !self.policies
     }
 }
 
@@ -334,6 +349,12 @@ impl NetworkMap {
     /// to what is held touches nothing). True when it changed the map.
     pub fn apply(&mut self, change: NetworkChange, touched: &mut Touched) -> bool {
         match change {
+            NetworkChange::Ranges(ranges) => {
+                let changed = self.ranges != Some(ranges);
+                self.ranges = Some(ranges);
+                touched.ranges |= changed;
+                changed
+            }
             NetworkChange::Node(route) => {
                 let changed = self.nodes.get(&route.node) != Some(&route);
                 if changed {
@@ -384,7 +405,10 @@ impl NetworkMap {
     /// plane that last programmed `before` must update. Cheap when the two
     /// share most entries (each shared service compares by pointer).
     pub fn touched_since(&self, before: &NetworkMap) -> Touched {
-        let mut touched = Touched::default();
+        let mut touched = Touched {
+            ranges: before.ranges != self.ranges,
+            ..Touched::default()
+        };
         for item in before.nodes.diff(&self.nodes) {
             touched.nodes.insert(diff_key(item).clone());
         }
@@ -398,6 +422,7 @@ impl NetworkMap {
     /// Every entry, as a data plane starting from nothing must program it.
     pub fn everything(&self) -> Touched {
         Touched {
+            ranges: true,
             nodes: self.nodes.keys().cloned().collect(),
             services: self.services.keys().cloned().collect(),
             policies: true,

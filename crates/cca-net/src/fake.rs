@@ -15,7 +15,7 @@ use cca_model::net::Ipv4Net;
 
 use crate::host::{
     BridgeSpec, FdbEntry, HostNetwork, Mac, NatSpec, NeighbourEntry, OverlayHost, PeerRoute,
-    PortMapping, VethSpec, VxlanSpec,
+    PortMapping, RangeRoute, VethSpec, VxlanSpec,
 };
 
 /// One recorded call.
@@ -40,6 +40,7 @@ pub enum Call {
     DeleteNeighbour(String, NeighbourEntry),
     AddRoute(String, PeerRoute),
     DeleteRoute(String, PeerRoute),
+    EnsureRangeRoute(RangeRoute),
 }
 
 impl Call {
@@ -65,6 +66,7 @@ impl Call {
             Call::DeleteNeighbour(..) => "delete_neighbour",
             Call::AddRoute(..) => "add_route",
             Call::DeleteRoute(..) => "delete_route",
+            Call::EnsureRangeRoute(_) => "ensure_range_route",
         }
     }
 }
@@ -336,6 +338,10 @@ impl HostNetwork for FakeHost {
             .get(table)
             .map(|ports| ports.iter().copied().collect())
             .unwrap_or_default())
+    }
+
+    fn ensure_range_route(&self, route: &RangeRoute) -> Result<()> {
+        self.record(Call::EnsureRangeRoute(route.clone()), |_| ())
     }
 }
 

@@ -124,6 +124,19 @@ pub trait HostNetwork: Send + Sync + fmt::Debug {
     fn delete_port(&self, table: &str, port: &PortMapping) -> Result<()>;
     /// The published ports in the table's map (empty if there is no table).
     fn list_ports(&self, table: &str) -> Result<Vec<PortMapping>>;
+    /// Routes `route.range` to the bridge (replacing a route to it), so
+    /// that flows to it have a route on a host without a default route.
+    fn ensure_range_route(&self, route: &RangeRoute) -> Result<()>;
+}
+
+/// A whole range routed to the node bridge, with the gateway as the
+/// source of locally started flows: the service range, whose VIPs exist
+/// only as DNAT rules.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeRoute {
+    pub range: cca_model::net::Ipv4Net,
+    pub bridge: String,
+    pub source: Ipv4Addr,
 }
 
 /// An Ethernet address.

@@ -31,7 +31,7 @@ mod vxlan;
 pub use error::{Error, Result};
 pub use host::{
     BridgeSpec, FdbEntry, HostNetwork, Mac, NatSpec, NeighbourEntry, OverlayHost, PeerRoute,
-    PortMapping, Proto, VethSpec, VxlanSpec,
+    PortMapping, Proto, RangeRoute, VethSpec, VxlanSpec,
 };
 pub use ipam::{Ipam, Subnet};
 pub use node::{Attachment, CleanupReport, NetConfig, NodeNetwork, PEER_NAME, STATE_FILE};

@@ -22,11 +22,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use rtnetlink::packet_route::link::{InfoData, InfoVeth};
+use rtnetlink::packet_route::route::RouteScope;
 use rtnetlink::{LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth, RouteMessageBuilder};
 use serde_json::Value;
 
 use crate::error::{Error, Result};
-use crate::host::{BridgeSpec, HostNetwork, NatSpec, PortMapping, Proto, VethSpec};
+use crate::host::{BridgeSpec, HostNetwork, NatSpec, PortMapping, Proto, RangeRoute, VethSpec};
 use crate::netlink::{Netlink, link_name, session};
 use crate::netns;
 
@@ -309,6 +310,25 @@ impl HostNetwork for KernelNetwork {
 
     fn delete_link(&self, name: &str) -> Result<()> {
         self.netlink(async |nl| nl.delete_link(name).await)
+    }
+
+    fn ensure_range_route(&self, route: &RangeRoute) -> Result<()> {
+        self.netlink(async |nl| {
+            let index = nl
+                .index(
+                    &route.bridge,
+                    "the node bridge is missing: open the node network first",
+                )
+                .await?;
+            let message = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(route.range.network(), route.range.prefix())
+                .output_interface(index)
+                .pref_source(route.source)
+                .scope(RouteScope::Link)
+                .build();
+            let what = format!("{} dev {} src {}", route.range, route.bridge, route.source);
+            nl.replace_route(&what, message).await
+        })
     }
 
     fn list_links(&self) -> Result<Vec<String>> {
