@@ -470,7 +470,7 @@ mod tests {
             "{calls:?}"
         );
         // The service range is routed to the bridge.
-        let mut ranged = view(&[n1.clone()]);
+        let mut ranged = view(std::slice::from_ref(&n1));
         let mut touched = Touched::default();
         ranged.map.apply(
             NetworkChange::Ranges(cca_model::net::AddressRanges {
