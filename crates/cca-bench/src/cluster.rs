@@ -454,6 +454,11 @@ fn control_plane_config(config: &ClusterConfig) -> ControlPlaneConfig {
     plane.scheduler.startup_grace = config.startup_grace;
     plane.scheduler.lost_grace = config.lost_grace;
     plane.disruption.resume_after = config.resume_replacement_after;
+    // Room for every simulated node's subnet (16,384 /24s), as an
+    // operator of a cluster this size would configure it: the default /16
+    // holds 256.
+    plane.network.cluster_cidr = cca_model::net::Ipv4Net::new([10, 64, 0, 0].into(), 10)
+        .unwrap_or_else(|_| unreachable!("a /10 is a valid prefix"));
     plane.api = api_config(config);
     plane
 }
