@@ -220,10 +220,17 @@ impl Supervisor {
         }
         let mut tick = Tick::default();
         if desired.known {
-            for id in actual
+            // An init step runs as an instance of its own, `{id}.init-{step}`,
+            // while its instance's start task waits for it: not an orphan.
+            let orphans: Vec<&String> = actual
                 .keys()
                 .filter(|id| !desired.assignments.contains_key(*id))
-            {
+                .filter(|id| {
+                    !id.split_once(".init-")
+                        .is_some_and(|(main, _)| self.starting.contains_key(main))
+                })
+                .collect();
+            for id in orphans {
                 if self.remove_orphan(id).await {
                     tick.removed.push(id.clone());
                 }

@@ -24,7 +24,7 @@ use cca_image::{Digest, ImageConfig, ImageRecord, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{InitStep, PortSpec, ServiceSpec, VolumeSpec, Workload};
 use cca_runtime::fake::{Call, FakeRuntime};
-use cca_runtime::{InstanceSpec, Mount, Runtime};
+use cca_runtime::{InstanceSpec, InstanceState as RtState, Mount, Runtime};
 use cca_wire::types::Assignment;
 use support::{desired, tick_until};
 
@@ -434,6 +434,35 @@ async fn init_steps_run_to_completion_before_the_main_command() {
         fake.status("web-1.init-migrate").is_none(),
         "the init step's instance is removed"
     );
+}
+
+#[tokio::test]
+async fn an_init_step_running_across_ticks_is_not_removed_as_an_orphan() {
+    let fake = Arc::new(FakeRuntime::new());
+    let mut supervisor = supervisor(&fake);
+    let desired = desired(vec![with_init(
+        assignment("web-1", run("serve"), false),
+        "migrate --up",
+    )]);
+    // The step runs (it has not exited) while the supervisor ticks on.
+    tick_until(&mut supervisor, &desired, "web-1.init-migrate", |_| {
+        fake.status("web-1.init-migrate")
+            .is_some_and(|status| status.state == RtState::Running)
+    })
+    .await;
+    for _ in 0..3 {
+        supervisor.tick(&desired).await;
+    }
+    assert!(
+        fake.status("web-1.init-migrate").is_some(),
+        "the running init step was removed: {:?}",
+        fake.calls()
+    );
+    fake.exit("web-1.init-migrate", 0);
+    tick_until(&mut supervisor, &desired, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Running)
+    })
+    .await;
 }
 
 #[tokio::test]
