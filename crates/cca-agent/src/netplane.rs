@@ -265,7 +265,7 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
             .map_err(|error| format!("opening the overlay on {subnet}: {error}"))?;
         let net_subnet = cca_net::Subnet::new(subnet.network(), subnet.prefix())
             .map_err(|error| format!("node subnet {subnet}: {error}"))?;
-        let mut config = NetConfig::new(net_subnet, &self.config.state_dir);
+        let mut config = NetConfig::for_node(&self.config.node, net_subnet, &self.config.state_dir);
         config.mtu = Some(overlay.mtu());
         config.overlay = Some(self.config.overlay.device.clone());
         config.dns_port = self.config.dns_port;

@@ -77,6 +77,19 @@ impl NetConfig {
         }
     }
 
+    /// The names for node `node`: its instances' namespaces are
+    /// `cca-{8 hex of the node name's hash}-{id}`. Named namespaces live in
+    /// one directory per machine, and each agent removes the namespaces
+    /// under its prefix that none of its instances own: with one prefix
+    /// per node, agents sharing a machine (test labs, an agent beside a
+    /// root `cca dev`) never take each other's.
+    pub fn for_node(node: &str, subnet: Subnet, state_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            netns_prefix: format!("cca-{}-", short_hash(node)),
+            ..Self::new(subnet, state_dir)
+        }
+    }
+
     fn validate(&self) -> Result<()> {
         let word = |text: &str| {
             !text.is_empty()
@@ -120,14 +133,17 @@ impl NetConfig {
     /// The host veth name of `instance`: a hash, because instance ids are
     /// longer than an interface name may be.
     pub fn veth_name(&self, instance: &str) -> String {
-        let digest = Sha256::digest(instance.as_bytes());
-        let hex: String = digest
-            .iter()
-            .take(VETH_HASH_LEN / 2)
-            .map(|byte| format!("{byte:02x}"))
-            .collect();
-        format!("{}{hex}", self.veth_prefix)
+        format!("{}{}", self.veth_prefix, short_hash(instance))
     }
+}
+
+/// The first [`VETH_HASH_LEN`] hex digits of `text`'s SHA-256.
+fn short_hash(text: &str) -> String {
+    Sha256::digest(text.as_bytes())
+        .iter()
+        .take(VETH_HASH_LEN / 2)
+        .map(|byte| format!("{byte:02x}"))
+        .collect()
 }
 
 /// What an attached instance needs to run in the node network.
@@ -652,6 +668,17 @@ mod tests {
                 "{id:?}"
             );
         }
+    }
+
+    #[test]
+    fn each_node_names_its_namespaces_apart() {
+        let subnet: Subnet = "10.42.1.0/24".parse().unwrap();
+        let one = NetConfig::for_node("n1", subnet, "/tmp/x");
+        let two = NetConfig::for_node("n2", subnet, "/tmp/x");
+        assert!(one.netns_prefix.starts_with("cca-") && one.netns_prefix.ends_with('-'));
+        assert_eq!(one.netns_prefix.len(), "cca-".len() + VETH_HASH_LEN + 1);
+        assert_ne!(one.netns_name("web-1"), two.netns_name("web-1"));
+        assert!(one.validate().is_ok());
     }
 
     #[test]

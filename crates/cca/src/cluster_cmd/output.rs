@@ -4,7 +4,6 @@
 //! formats for CPU and ages (memory's is `Memory::human`). The only module
 //! of the cluster commands that writes to stdout.
 
-#![allow(clippy::print_stdout, reason = "this module is the commands' output")]
 
 use anyhow::{Context, Result};
 use cca_model::cluster::Millis;
@@ -37,12 +36,12 @@ pub(crate) fn structured<T: Serialize>(format: Format, value: &T) -> Result<bool
         Format::Table => Ok(false),
         Format::Json => {
             let text = serde_json::to_string_pretty(&value).context("encoding JSON")?;
-            println!("{text}");
+            emit(&format!("{text}\n"));
             Ok(true)
         }
         Format::Yaml => {
             let text = serde_norway::to_string(&value).context("encoding YAML")?;
-            print!("{text}");
+            emit(&text);
             Ok(true)
         }
     }
@@ -53,10 +52,10 @@ pub(crate) fn structured<T: Serialize>(format: Format, value: &T) -> Result<bool
 pub(crate) fn json_line<T: Serialize>(value: &T) -> Result<()> {
     let mut value = serde_json::to_value(value).context("encoding the answer")?;
     times_as_rfc3339(&mut value);
-    println!(
-        "{}",
+    emit(&format!(
+        "{}\n",
         serde_json::to_string(&value).context("encoding JSON")?
-    );
+    ));
     Ok(())
 }
 
@@ -115,24 +114,36 @@ pub(crate) fn table(headers: &[&str], rows: Vec<Vec<String>>) {
         column.set_constraint(ColumnConstraint::ContentWidth);
     }
     for line in table.lines() {
-        println!("{}", line.trim_end());
+        emit(&format!("{}\n", line.trim_end()));
     }
 }
 
 /// Prints one line.
 pub(crate) fn line(text: &str) {
-    println!("{text}");
+    emit(&format!("{text}\n"));
 }
 
 /// Prints text as it is (no newline added) and flushes it.
 pub(crate) fn raw(text: &str) {
-    print!("{text}");
-    let _ = std::io::Write::flush(&mut std::io::stdout());
+    emit(text);
 }
 
 /// Prints a `label: value` pair aligned for descriptions.
 pub(crate) fn field(label: &str, value: &str) {
-    println!("{:<14}{value}", format!("{label}:"));
+    emit(&format!("{:<14}{value}\n", format!("{label}:")));
+}
+
+/// Writes `text` to stdout and flushes it. A reader that went away
+/// (`cca get instances -o json | head`) ends the command quietly, as it
+/// ends `ls` or `cat`, instead of a panic about a broken pipe.
+fn emit(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(error) = out.write_all(text.as_bytes()).and_then(|()| out.flush())
+        && error.kind() == std::io::ErrorKind::BrokenPipe
+    {
+        std::process::exit(0);
+    }
 }
 
 pub(crate) use cca_model::clock::now_millis;

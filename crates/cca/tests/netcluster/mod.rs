@@ -792,7 +792,7 @@ fn remove_remains(
     for data in data_dirs {
         kill_containers(data);
     }
-    let mut all: Vec<String> = ids.iter().map(|id| format!("cca-{id}")).collect();
+    let mut all = instance_namespaces(&ids);
     all.extend(namespaces.iter().cloned());
     let inodes = namespace_inodes(&all);
     kill_processes_in(&inodes);
@@ -814,6 +814,25 @@ fn remove_remains(
     }
     left.extend(remove_cgroups(&ids));
     left
+}
+
+/// The named namespaces of these instances: each agent names them
+/// `cca-{hash of its node}-{id}` (`cca_net::NetConfig::for_node`).
+fn instance_namespaces(ids: &BTreeSet<String>) -> Vec<String> {
+    let Ok(entries) = std::fs::read_dir("/run/netns") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().into_string().ok())
+        .filter(|name| {
+            name.strip_prefix("cca-").is_some_and(|rest| {
+                ids.iter().any(|id| {
+                    rest == id || rest.split_once('-').is_some_and(|(_, tail)| tail == id)
+                })
+            })
+        })
+        .collect()
 }
 
 /// Every instance id the agents with these data dirs ran and still know:
