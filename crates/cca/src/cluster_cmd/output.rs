@@ -4,7 +4,6 @@
 //! formats for CPU and ages (memory's is `Memory::human`). The only module
 //! of the cluster commands that writes to stdout.
 
-
 use anyhow::{Context, Result};
 use cca_model::cluster::Millis;
 use cca_model::net::{Allocation, NodeSubnet, ServiceVip};
