@@ -48,6 +48,9 @@ pub struct Ready {
 #[derive(Debug, Default)]
 pub struct NodeNet {
     ready: RwLock<Option<Ready>>,
+    /// The instances this node's VIP rules send new flows to, as last
+    /// synced.
+    targets: RwLock<std::collections::HashSet<String>>,
 }
 
 impl NodeNet {
@@ -59,7 +62,28 @@ impl NodeNet {
             .clone()
     }
 
-    fn set(&self, ready: Ready) {
+    /// Whether this node's VIP rules still send new flows to `instance`.
+    pub fn is_target(&self, instance: &str) -> bool {
+        self.targets
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains(instance)
+    }
+
+    /// Records the instances `map`'s VIP rules send new flows to (the
+    /// plane, after each sync of the data plane).
+    pub fn set_targets(&self, map: &NetworkMap) {
+        let targets = map
+            .services
+            .values()
+            .flat_map(|service| service.endpoints.values().flatten())
+            .map(|target| target.instance.clone())
+            .collect();
+        *self.targets.write().unwrap_or_else(PoisonError::into_inner) = targets;
+    }
+
+    /// The node network is up (the plane, once it opened it).
+    pub fn set(&self, ready: Ready) {
         *self.ready.write().unwrap_or_else(PoisonError::into_inner) = Some(ready);
     }
 
@@ -217,6 +241,7 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
                 .sync(&view.map, &touched)
                 .map_err(|error| format!("syncing the VIP data plane: {error}"))?;
             tracing::debug!(?report, "data plane synced");
+            self.node_net.set_targets(&view.map);
         }
         if let Some(names) = &self.names {
             names.publish(Arc::new(view.map.clone()));

@@ -86,6 +86,10 @@ struct Record {
     waiting: Option<String>,
     /// Consecutive such attempts, for the backoff.
     file_attempts: u32,
+    /// When the scheduler's stop was first seen while the instance was
+    /// still a VIP target here: it drains until no longer one, for at most
+    /// [`DRAIN_MAX`].
+    draining_since: Option<Instant>,
 }
 
 impl Record {
@@ -100,6 +104,7 @@ impl Record {
             health: HealthTracker::new(now),
             waiting: None,
             file_attempts: 0,
+            draining_since: None,
         }
     }
 }
@@ -126,6 +131,10 @@ pub struct Supervisor {
     /// wait for its subnet before they first start, and get its resolver.
     node_net: Option<Arc<NodeNet>>,
 }
+
+/// The longest a stopping instance waits for this node's VIP rules to drop
+/// it before it is stopped anyway.
+const DRAIN_MAX: Duration = Duration::from_secs(2);
 
 /// How often an instance waiting for the node's subnet looks again.
 const NETWORK_WAIT: Duration = Duration::from_millis(200);
@@ -352,6 +361,15 @@ impl Supervisor {
             .entry(id.to_owned())
             .or_insert_with(|| Record::new(now));
         if assignment.instance.stopping {
+            // Drained first: no new flow reaches it once this node's VIP
+            // rules have dropped it (the endpoint controller drops a
+            // stopping instance at once), so the stop only ends flows that
+            // were already under way.
+            let target = self.node_net.as_ref().is_some_and(|net| net.is_target(id));
+            let since = *record.draining_since.get_or_insert(now);
+            if target && now.duration_since(since) < DRAIN_MAX {
+                return;
+            }
             if actual.is_some_and(|status| status.state == RtState::Running)
                 && let Err(error) = self.runtime.stop(id, self.config.stop_grace).await
             {

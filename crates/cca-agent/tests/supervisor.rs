@@ -597,3 +597,83 @@ async fn a_volume_without_a_volume_directory_or_with_a_bad_name_fails_with_the_r
 fn supervisor_with(fake: &Arc<FakeRuntime>, data: &std::path::Path) -> Supervisor {
     supervisor(fake).with_volumes_dir(data.join("volumes"))
 }
+
+/// A node network that attaches nothing (the processes here have none).
+#[derive(Debug)]
+struct NoAttachments;
+
+impl cca_agent::InstanceNetwork for NoAttachments {
+    fn attach(&self, id: &str) -> cca_net::Result<cca_net::Attachment> {
+        panic!("a process is never attached, but {id} was")
+    }
+    fn publish(&self, _: &str, _: u16, _: u16, _: cca_net::Proto) -> cca_net::Result<()> {
+        Ok(())
+    }
+    fn detach(&self, _: &str) -> cca_net::Result<()> {
+        Ok(())
+    }
+    fn cleanup_orphans(&self, _: &[String]) -> cca_net::Result<cca_net::CleanupReport> {
+        Ok(cca_net::CleanupReport::default())
+    }
+}
+
+/// The network map with `instance` as the one target of service `web`.
+fn targeting(instance: Option<&str>) -> cca_model::net::NetworkMap {
+    use cca_model::net::{Affinity, NetworkChange, ServiceNet, Target, Touched};
+    let targets = instance
+        .map(|instance| Target {
+            instance: instance.into(),
+            node: "n1".into(),
+            address: [127, 0, 0, 1].into(),
+            port: 20000,
+        })
+        .into_iter()
+        .collect();
+    let mut map = cca_model::net::NetworkMap::default();
+    map.apply(
+        NetworkChange::Service(Arc::new(ServiceNet {
+            name: "web".into(),
+            vip: Some([10, 43, 0, 1].into()),
+            ports: vec![],
+            affinity: Affinity::None,
+            endpoints: [("http".to_owned(), targets)].into(),
+            members: vec![],
+        })),
+        &mut Touched::default(),
+    );
+    map
+}
+
+#[tokio::test]
+async fn a_stopping_instance_drains_until_the_node_no_longer_sends_it_flows() {
+    let fake = Arc::new(FakeRuntime::new());
+    let node_net = Arc::new(cca_agent::NodeNet::default());
+    node_net.set(cca_agent::netplane::Ready {
+        network: Arc::new(NoAttachments),
+        subnet: "10.42.1.0/24".parse().expect("a prefix"),
+        dns: cca_agent::netplane::node_dns([10, 42, 1, 1].into()),
+    });
+    let mut supervisor = supervisor(&fake).with_node_net(Arc::clone(&node_net));
+    let running = desired(vec![assignment("web-1", run("sleep 100"), false)]);
+    tick_until(&mut supervisor, &running, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Running)
+    })
+    .await;
+    node_net.set_targets(&targeting(Some("web-1")));
+    let stopping = desired(vec![assignment("web-1", run("sleep 100"), true)]);
+    for _ in 0..3 {
+        supervisor.tick(&stopping).await;
+    }
+    let stopped = |fake: &FakeRuntime| {
+        fake.calls()
+            .iter()
+            .any(|call| matches!(call, Call::Stop { id, .. } if id == "web-1"))
+    };
+    assert!(!stopped(&fake), "still a VIP target here: not stopped yet");
+    node_net.set_targets(&targeting(None));
+    tick_until(&mut supervisor, &stopping, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Stopped)
+    })
+    .await;
+    assert!(stopped(&fake));
+}
