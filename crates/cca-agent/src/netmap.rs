@@ -130,8 +130,9 @@ fn save(view: &NetworkView, data_dir: &Path) -> std::io::Result<()> {
 }
 
 /// Follows `node`'s network stream into `views` until `stop`, caching the
-/// view under `data_dir`.
-pub(crate) async fn follow_network(
+/// view under `data_dir` (public so the benchmark's observer nodes follow
+/// the map exactly as an agent does).
+pub async fn follow_network(
     client: Client,
     node: String,
     data_dir: PathBuf,

@@ -16,6 +16,7 @@
 mod cluster;
 mod error;
 mod measure;
+mod network;
 mod plane_runtime;
 mod scenario;
 pub mod slow_store;
@@ -27,6 +28,7 @@ pub mod workload;
 pub use cluster::{Cluster, ClusterConfig};
 pub use error::BenchError;
 pub use measure::{peak_rss_bytes, raise_open_file_limit};
+pub use network::NetworkFigures;
 pub use scenario::{BenchConfig, Progress, Report, Scenario, StoreTarget, run_scenario};
 pub use stats::Summary;
 pub use workload::Workload;

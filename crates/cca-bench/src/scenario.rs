@@ -61,6 +61,13 @@ pub enum Scenario {
     /// `resume_replacement_after`), and the time runs from the resume to
     /// every replacement running.
     OverloadMassKill,
+    /// Deploy `services` services with a port and `service_replicas`
+    /// instances each, follow the network map on `observers` nodes that
+    /// program real nftables tables in namespaces of their own, stop one
+    /// instance at a time; time from the agent's report to every
+    /// observer's rules updated (see the `network` module). Needs root;
+    /// not part of `all`.
+    Network,
 }
 
 impl Scenario {
@@ -95,13 +102,19 @@ impl Scenario {
             Scenario::OverloadSlowStore => "overload-slow-store",
             Scenario::OverloadFreeze => "overload-freeze",
             Scenario::OverloadMassKill => "overload-mass-kill",
+            Scenario::Network => "network",
         }
     }
+
+    /// Scenarios run only by name: they need what `all` does not ask
+    /// for (root, for `network`).
+    pub const BY_NAME_ONLY: &'static [Scenario] = &[Scenario::Network];
 
     /// The scenario called `name`.
     pub fn named(name: &str) -> Option<Self> {
         Self::ALL
             .iter()
+            .chain(Self::BY_NAME_ONLY)
             .copied()
             .find(|scenario| scenario.name() == name)
     }
@@ -118,7 +131,11 @@ impl Scenario {
 
     /// Every name [`Scenario::select`] accepts, for messages.
     pub fn choices() -> String {
-        let mut names: Vec<&str> = Self::ALL.iter().map(|scenario| scenario.name()).collect();
+        let mut names: Vec<&str> = Self::ALL
+            .iter()
+            .chain(Self::BY_NAME_ONLY)
+            .map(|scenario| scenario.name())
+            .collect();
         names.extend(["overload", "all"]);
         names.join(", ")
     }
@@ -171,6 +188,14 @@ pub struct BenchConfig {
     /// When a pause of lost-node replacement ends on its own; `None` (the
     /// default here): `overload-mass-kill` resumes it as an operator would.
     pub resume_replacement_after: Option<Duration>,
+    /// `network`: services deployed (instead of `instances`).
+    pub services: usize,
+    /// `network`: instances per service.
+    pub service_replicas: u32,
+    /// `network`: nodes that follow the map and program real tables.
+    pub observers: usize,
+    /// `network`: instances stopped, one at a time.
+    pub endpoint_changes: usize,
 }
 
 impl BenchConfig {
@@ -196,6 +221,10 @@ impl BenchConfig {
             store_rate_fraction: None,
             mass_kill_percent: 40,
             resume_replacement_after: None,
+            services: 1_000,
+            service_replicas: 3,
+            observers: 3,
+            endpoint_changes: 100,
         }
     }
 
@@ -210,6 +239,16 @@ impl BenchConfig {
             )));
         }
         Ok(())
+    }
+
+    /// The settings `scenario` runs with: `network` deploys `services` ×
+    /// `service_replicas` instances.
+    fn for_scenario(&self, scenario: Scenario) -> Self {
+        let mut config = self.clone();
+        if scenario == Scenario::Network {
+            config.instances = self.services * self.service_replicas as usize;
+        }
+        config
     }
 
     /// The share of its raw rate `scenario` paces the store to, if any.
@@ -281,6 +320,10 @@ pub struct Report {
     /// Agents that registered again during the measured part (their lease
     /// was gone, or they restarted).
     pub re_registrations: u64,
+    /// `network`: the endpoint-propagation figures (the latencies above
+    /// are then per change, to every observer).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::network::NetworkFigures>,
 }
 
 fn is_zero(count: &u32) -> bool {
@@ -297,20 +340,21 @@ impl Report {
 
 /// What a scenario measured.
 #[derive(Debug, Default)]
-struct Outcome {
-    seconds: f64,
-    latencies: Vec<Duration>,
-    success_rate: f64,
-    instances: usize,
-    detection_seconds: Option<f64>,
-    total_seconds: Option<f64>,
-    violations: Vec<String>,
+pub(crate) struct Outcome {
+    pub(crate) seconds: f64,
+    pub(crate) latencies: Vec<Duration>,
+    pub(crate) success_rate: f64,
+    pub(crate) instances: usize,
+    pub(crate) network: Option<crate::network::NetworkFigures>,
+    pub(crate) detection_seconds: Option<f64>,
+    pub(crate) total_seconds: Option<f64>,
+    pub(crate) violations: Vec<String>,
     /// Times the convergence watch fell behind compaction and relisted.
-    tracker_relists: u32,
+    pub(crate) tracker_relists: u32,
     /// Spans in which the scenario kept every lease from being renewed.
-    suspended: Vec<Range<Instant>>,
+    pub(crate) suspended: Vec<Range<Instant>>,
     /// Counted over the measured part once the scenario is done.
-    leases: LeaseCounts,
+    pub(crate) leases: LeaseCounts,
 }
 
 /// Runs `scenario` on a fresh cluster and reports it.
@@ -320,6 +364,10 @@ pub async fn run_scenario(
     progress: &dyn Progress,
 ) -> Result<Report, BenchError> {
     config.check()?;
+    if scenario == Scenario::Network {
+        crate::network::check_root()?;
+    }
+    let config = &config.for_scenario(scenario);
     let (raw, _data) = open_store(&config.store, scenario).await?;
     progress.phase("measuring the store's transaction rate", 0);
     let txn_rate = store_txn_per_s(&raw, config.probe_window).await?;
@@ -339,11 +387,11 @@ pub async fn run_scenario(
     }
     let tracker = Tracker::start(Arc::clone(&store)).await?;
     progress.phase("starting the control plane and agents", config.nodes as u64);
-    let mut cluster = Cluster::start(store, cluster_config(config)).await?;
+    let mut cluster = Cluster::start(Arc::clone(&store), cluster_config(config)).await?;
     let outcome = match cluster.wait_ready(config.timeout).await {
         Ok(()) => {
             let ready = Instant::now();
-            drive(scenario, &mut cluster, &tracker, config, progress)
+            drive(scenario, &mut cluster, &tracker, &store, config, progress)
                 .await
                 .map(|mut outcome| {
                     let faults = Faults {
@@ -368,13 +416,21 @@ async fn drive(
     scenario: Scenario,
     cluster: &mut Cluster,
     tracker: &Tracker,
+    store: &Arc<dyn Store>,
     config: &BenchConfig,
     progress: &dyn Progress,
 ) -> Result<Outcome, BenchError> {
+    if scenario == Scenario::Network {
+        return crate::network::drive(cluster, tracker, store, config, progress).await;
+    }
     let workload = Workload::new(config.instances);
     let deployed = deploy(cluster, tracker, &workload, config, progress).await?;
     match scenario {
-        Scenario::Deploy | Scenario::StoreLatency | Scenario::OverloadSlowStore => Ok(deployed),
+        // `network` returned above, with its own deployment.
+        Scenario::Deploy
+        | Scenario::StoreLatency
+        | Scenario::OverloadSlowStore
+        | Scenario::Network => Ok(deployed),
         Scenario::Placement => {
             let violations = verify::placement(cluster.client(), &workload).await?;
             Ok(Outcome {
@@ -907,7 +963,7 @@ fn duplicates(
 
 /// Waits until `target` instances run on live nodes; latencies of the
 /// ones not in `before`, measured from `since`.
-async fn converge(
+pub(crate) async fn converge(
     cluster: &Cluster,
     tracker: &Tracker,
     before: &HashSet<String>,
@@ -1063,6 +1119,7 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         lease_expiries: outcome.leases.expiries,
         false_lease_expiries: outcome.leases.false_expiries,
         re_registrations: outcome.leases.re_registrations,
+        network: outcome.network,
     }
 }
 
@@ -1110,6 +1167,12 @@ mod tests {
             assert!(Scenario::choices().contains(scenario.name()));
         }
         assert_eq!(Scenario::select("all").as_deref(), Some(Scenario::ALL));
+        assert_eq!(Scenario::named("network"), Some(Scenario::Network));
+        assert!(Scenario::choices().contains("network"));
+        assert!(
+            !Scenario::ALL.contains(&Scenario::Network),
+            "network needs root: only by name"
+        );
         let overload = Scenario::select("overload").expect("a group");
         assert!(!overload.is_empty() && overload.iter().all(|s| s.is_overload()));
         assert!(overload.iter().all(|s| Scenario::ALL.contains(s)));

@@ -32,9 +32,25 @@ pub(crate) struct BenchmarkArgs {
     store: String,
     /// deploy, placement, node-failure, scale-up, controller-restart,
     /// store-latency, overload-slow-store, overload-freeze,
-    /// overload-mass-kill; overload (every overload scenario) or all.
+    /// overload-mass-kill; overload (every overload scenario) or all;
+    /// network (root only, not in all: endpoint change → every
+    /// observer node's nftables rules updated).
     #[arg(long, default_value = "deploy")]
     scenario: String,
+    /// `network`: services deployed, each with one port (instead of
+    /// --instances).
+    #[arg(long, default_value_t = 1000)]
+    services: usize,
+    /// `network`: instances per service.
+    #[arg(long, default_value_t = 3)]
+    service_replicas: u32,
+    /// `network`: observer nodes following the map into real nftables
+    /// tables, each in a network namespace of its own.
+    #[arg(long, default_value_t = 3)]
+    observers: usize,
+    /// `network`: endpoint changes made (one instance stopped each).
+    #[arg(long, default_value_t = 100)]
+    changes: usize,
     /// One JSON object per scenario instead of a table.
     #[arg(long)]
     json: bool,
@@ -126,6 +142,14 @@ fn bench_config(args: &BenchmarkArgs) -> Result<BenchConfig> {
     if let Some(kill) = args.kill {
         config.killed_nodes = kill;
     }
+    if args.services == 0 || args.service_replicas == 0 || args.observers == 0 || args.changes == 0
+    {
+        bail!("--services, --service-replicas, --observers and --changes must be at least 1");
+    }
+    config.services = args.services;
+    config.service_replicas = args.service_replicas;
+    config.observers = args.observers;
+    config.endpoint_changes = args.changes;
     Ok(config)
 }
 
@@ -181,7 +205,15 @@ fn outcome(reports: &[Report]) -> ExitCode {
 }
 
 fn print_table(reports: &[Report]) {
-    let rows = reports.iter().map(table_row).collect();
+    let (network, others): (Vec<&Report>, Vec<&Report>) =
+        reports.iter().partition(|report| report.network.is_some());
+    if !network.is_empty() {
+        print_network_table(&network);
+    }
+    if others.is_empty() {
+        return;
+    }
+    let rows = others.into_iter().map(table_row).collect();
     output::table(
         &[
             "scenario",
@@ -199,6 +231,55 @@ fn print_table(reports: &[Report]) {
             "total",
             "leases expired (false)",
             "re-registered",
+            "peak rss",
+        ],
+        rows,
+    );
+}
+
+/// The `network` scenario's figures, in milliseconds.
+fn print_network_table(reports: &[&Report]) {
+    let ms = |seconds: f64| format!("{:.1}", seconds * 1000.0);
+    let rows = reports
+        .iter()
+        .filter_map(|report| report.network.as_ref().map(|network| (report, network)))
+        .map(|(report, network)| {
+            vec![
+                network.services.to_string(),
+                report.instances.to_string(),
+                network.observers.to_string(),
+                format!("{} ({} missed)", network.changes, network.missed),
+                format!(
+                    "{} / {} / {}",
+                    ms(network.every_node.p50),
+                    ms(network.every_node.p99),
+                    ms(network.every_node.max)
+                ),
+                format!(
+                    "{} / {}",
+                    ms(network.map_taken.p50),
+                    ms(network.map_taken.p99)
+                ),
+                format!("{} / {}", ms(network.sync.p50), ms(network.sync.p99)),
+                network.sync_commands_p50.to_string(),
+                ms(network.first_build_seconds),
+                report.peak_rss_bytes.map_or("-".to_owned(), |bytes| {
+                    format!("{} MiB", bytes / (1024 * 1024))
+                }),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "services",
+            "instances",
+            "observers",
+            "changes",
+            "every node p50/p99/max ms",
+            "map taken p50/p99 ms",
+            "node sync p50/p99 ms",
+            "commands",
+            "first build ms",
             "peak rss",
         ],
         rows,
