@@ -689,8 +689,10 @@ async fn a_container_with_cluster_dns_reads_the_generated_resolv_conf_and_hosts(
     let Some(test) = Fixture::new("cluster_dns_resolv_conf").await else {
         return;
     };
+    // The failed write's complaint goes to stdout too: the two streams
+    // share the log, and a line of each can interleave mid-line.
     let show = "cat /etc/resolv.conf /etc/hosts; hostname; \
-                if echo x >> /etc/resolv.conf; then echo WROTE; fi; echo done";
+                if (echo x >> /etc/resolv.conf) 2>&1; then echo WROTE; fi; echo done";
     let mut spec = test.spec("dns-1", show);
     spec.dns = Some(cluster_dns(Ipv4Addr::new(10, 42, 3, 1)));
     let (code, lines) = test.run_to_end(spec).await;
