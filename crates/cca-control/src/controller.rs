@@ -22,7 +22,7 @@ use cca_model::cluster::{EventLevel, Millis};
 use cca_model::{Kind, Owner};
 use serde::Serialize;
 
-use crate::view::View;
+use crate::view::{FactChange, View};
 
 /// What a controller knows besides the facts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,10 +47,41 @@ pub trait Controller: Send + Sync + 'static {
     /// Compares what is with what should be and says what to change.
     fn reconcile(&self, view: &View, context: &Context) -> Plan;
 
+    /// [`reconcile`](Self::reconcile), told which facts changed since this
+    /// controller's previous pass. A controller whose work splits by the
+    /// facts it reads (the endpoint controller: one service at a time)
+    /// overrides it to look only at what `changes` touch; it must then
+    /// plan, for those, exactly what `reconcile` would, and nothing else.
+    /// What it skips is as the previous passes left it: the runner passes
+    /// [`Changes::Everything`] whenever it cannot vouch for that. The
+    /// default looks at everything.
+    fn reconcile_changes(&self, view: &View, context: &Context, changes: &Changes) -> Plan {
+        let _ = changes;
+        self.reconcile(view, context)
+    }
+
     /// The owner the runner checks this controller's writes against.
     fn owner(&self) -> Owner {
         Owner::Controller(self.name())
     }
+}
+
+/// What changed since a controller's previous pass.
+#[derive(Clone, Debug, Default)]
+pub enum Changes {
+    /// Anything may have changed: the first pass, a periodic resync, a
+    /// relist or lost notifications, a retry after a commit that failed or
+    /// conflicted, a requeue the controller asked for, or more changes
+    /// than are worth following one by one.
+    #[default]
+    Everything,
+    /// Only these facts, each with its value before and after. Every
+    /// change the view shows beyond the previous pass's is here, or will
+    /// be in the next pass's (a change may land in the view a moment
+    /// before its notification), so each is looked at on a view that
+    /// holds it. Facts of kinds outside the controller's interests are
+    /// left out.
+    Facts(Vec<FactChange>),
 }
 
 /// One change to a fact.

@@ -15,5 +15,5 @@ pub mod runner;
 pub mod view;
 
 pub use cache::Cache;
-pub use controller::{Context, Controller, EventDraft, Plan, Write};
+pub use controller::{Changes, Context, Controller, EventDraft, Plan, Write};
 pub use view::{Versioned, View};

@@ -19,7 +19,7 @@ use tokio::sync::{broadcast, watch};
 use tokio::time::Instant;
 
 use crate::cache::{Cache, Change};
-use crate::controller::{Context, Controller, Plan, Write};
+use crate::controller::{Changes, Context, Controller, Plan, Write};
 use crate::leader::{self, LeaderConfig, Leadership};
 use crate::metrics::Metrics;
 use crate::pacing::{Cycle, Decision, Pacing};
@@ -137,12 +137,21 @@ struct Driver {
 
 impl Driver {
     async fn drive(self, mut stop: watch::Receiver<bool>) {
-        let mut changes = self.runner.cache.subscribe();
+        let interests = self.controller.interests();
+        let mut notifications = self.runner.cache.subscribe();
+        let mut pending = Pending::new();
         let mut pacing = Pacing::new();
         let mut next_resync = Instant::now() + self.runner.config.resync;
         loop {
+            pending.drain(&mut notifications, interests);
             let started = Instant::now();
-            let cycle = self.cycle(pacing.min_revision).await;
+            let cycle = self.cycle(pacing.min_revision, pending.take()).await;
+            // A timer wake after anything but a commit is a retry or a
+            // requeue: neither is about particular facts.
+            let timer_is_everything = !matches!(cycle, Cycle::Committed { .. });
+            if matches!(cycle, Cycle::Conflict { .. } | Cycle::Failed) {
+                pending.everything();
+            }
             let (wake_at, rest_until) =
                 match pacing.after(&cycle, started, Instant::now(), fastrand::f64()) {
                     Decision::Wait {
@@ -155,10 +164,16 @@ impl Driver {
                     }
                 };
             let (woken, by_change) = tokio::select! {
-                woken = wait_for_interest(&mut changes, self.controller.interests()) => (woken, true),
-                _ = sleep_until_opt(wake_at) => (true, false),
+                woken = pending.wait(&mut notifications, interests) => (woken, true),
+                _ = sleep_until_opt(wake_at) => {
+                    if timer_is_everything {
+                        pending.everything();
+                    }
+                    (true, false)
+                }
                 _ = tokio::time::sleep_until(next_resync) => {
                     next_resync = Instant::now() + self.runner.config.resync;
+                    pending.everything();
                     (true, false)
                 }
                 _ = stop.wait_for(|stop| *stop) => (false, false),
@@ -179,9 +194,11 @@ impl Driver {
         controller: &Arc<dyn Controller>,
         view: &Arc<View>,
         context: Context,
+        changes: Changes,
     ) -> Option<Plan> {
         let (controller, view) = (Arc::clone(controller), Arc::clone(view));
-        match tokio::task::spawn_blocking(move || controller.reconcile(&view, &context)).await {
+        let reconcile = move || controller.reconcile_changes(&view, &context, &changes);
+        match tokio::task::spawn_blocking(reconcile).await {
             Ok(plan) => Some(plan),
             Err(error) => {
                 tracing::error!(%error, "a reconcile failed unexpectedly");
@@ -212,7 +229,7 @@ impl Driver {
     }
 
     /// Takes a view, reconciles, and commits the plan.
-    async fn cycle(&self, min_revision: Revision) -> Cycle {
+    async fn cycle(&self, min_revision: Revision, changes: Changes) -> Cycle {
         let name = self.controller.name();
         let label = Metrics::label(name);
         let started = std::time::Instant::now();
@@ -224,7 +241,7 @@ impl Driver {
             now: now_millis(),
             leader_since: self.leader_since,
         };
-        let plan = match Self::reconcile_apart(&self.controller, &view, context).await {
+        let plan = match Self::reconcile_apart(&self.controller, &view, context, changes).await {
             Some(plan) => plan,
             None => return Cycle::Failed,
         };
@@ -424,9 +441,6 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// Waits for a change under one of `interests`, then drains every other
-/// pending notification (coalescing a burst into one reconcile). A lagged
-/// receiver counts as a change: anything may have happened.
 /// Sleeps until `until`; false when told to stop meanwhile.
 async fn rest(until: Option<Instant>, stop: &mut watch::Receiver<bool>) -> bool {
     let Some(until) = until else { return true };
@@ -436,27 +450,220 @@ async fn rest(until: Option<Instant>, stop: &mut watch::Receiver<bool>) -> bool 
     }
 }
 
-async fn wait_for_interest(
-    changes: &mut broadcast::Receiver<Arc<Change>>,
-    interests: &[Kind],
-) -> bool {
-    loop {
-        let relevant = match changes.recv().await {
-            Ok(change) => touches(&change, interests),
-            Err(broadcast::error::RecvError::Lagged(_)) => true,
-            Err(broadcast::error::RecvError::Closed) => return false,
+/// Facts one controller has not looked at yet, gathered from the cache's
+/// notifications between its passes.
+#[derive(Debug)]
+struct Pending {
+    /// Anything may have changed (the state a driver starts in).
+    everything: bool,
+    facts: Vec<crate::view::FactChange>,
+}
+
+impl Pending {
+    /// Beyond this many facts a pass looks at everything: following them
+    /// one by one would cost about as much and hold them all meanwhile.
+    const MAX_FACTS: usize = 4_096;
+
+    /// A driver's first pass looks at everything.
+    fn new() -> Self {
+        Self {
+            everything: true,
+            facts: Vec::new(),
+        }
+    }
+
+    fn everything(&mut self) {
+        self.everything = true;
+        self.facts = Vec::new();
+    }
+
+    /// What the next pass is told, leaving nothing pending.
+    fn take(&mut self) -> Changes {
+        let everything = std::mem::replace(&mut self.everything, false);
+        let facts = std::mem::take(&mut self.facts);
+        if everything {
+            Changes::Everything
+        } else {
+            Changes::Facts(facts)
+        }
+    }
+
+    /// Adds one notification; true when it concerns `interests`. A lagged
+    /// receiver counts as a change to everything.
+    fn add(
+        &mut self,
+        notification: Result<Arc<Change>, broadcast::error::RecvError>,
+        interests: &[Kind],
+    ) -> bool {
+        let change = match notification {
+            Ok(change) => change,
+            Err(_) => {
+                self.everything();
+                return true;
+            }
         };
-        if relevant {
-            while changes.try_recv().is_ok() {}
+        if change.relisted {
+            self.everything();
             return true;
+        }
+        let mut relevant = false;
+        for fact in change
+            .facts
+            .iter()
+            .filter(|fact| interests.contains(&fact.kind()))
+        {
+            relevant = true;
+            if !self.everything {
+                self.facts.push(fact.clone());
+            }
+        }
+        if self.facts.len() > Self::MAX_FACTS {
+            self.everything();
+        }
+        relevant
+    }
+
+    /// Takes every notification already waiting.
+    fn drain(&mut self, notifications: &mut broadcast::Receiver<Arc<Change>>, interests: &[Kind]) {
+        loop {
+            match notifications.try_recv() {
+                Err(
+                    broadcast::error::TryRecvError::Empty | broadcast::error::TryRecvError::Closed,
+                ) => return,
+                Err(broadcast::error::TryRecvError::Lagged(skipped)) => {
+                    self.add(Err(broadcast::error::RecvError::Lagged(skipped)), interests);
+                }
+                Ok(change) => {
+                    self.add(Ok(change), interests);
+                }
+            }
+        }
+    }
+
+    /// Waits for a change under one of `interests`, then takes every other
+    /// waiting notification too (a burst folds into one pass). False once
+    /// the cache is gone.
+    async fn wait(
+        &mut self,
+        notifications: &mut broadcast::Receiver<Arc<Change>>,
+        interests: &[Kind],
+    ) -> bool {
+        loop {
+            let notification = notifications.recv().await;
+            if matches!(notification, Err(broadcast::error::RecvError::Closed)) {
+                return false;
+            }
+            if self.add(notification, interests) {
+                self.drain(notifications, interests);
+                return true;
+            }
         }
     }
 }
 
-fn touches(change: &Change, interests: &[Kind]) -> bool {
-    change.relisted
-        || change
-            .facts
+#[cfg(test)]
+mod tests {
+    use cca_model::cluster::{NodeCondition, NodeStatus};
+
+    use super::*;
+    use crate::view::FactChange;
+
+    fn change(revision: Revision, keys: &[&str]) -> Arc<Change> {
+        let mut view = View::default();
+        let status = NodeStatus {
+            condition: NodeCondition::Ready,
+            since: 0,
+        };
+        let bytes = serde_json::to_vec(&status).expect("encodes");
+        let facts: Vec<FactChange> = keys
             .iter()
-            .any(|fact| interests.contains(&fact.kind()))
+            .flat_map(|key| view.put(key, &bytes, revision))
+            .collect();
+        Arc::new(Change {
+            revision,
+            facts,
+            relisted: false,
+        })
+    }
+
+    fn keys_of(changes: &Changes) -> Option<Vec<String>> {
+        match changes {
+            Changes::Everything => None,
+            Changes::Facts(facts) => Some(facts.iter().map(|f| f.key.to_string()).collect()),
+        }
+    }
+
+    #[tokio::test]
+    async fn pending_gathers_the_facts_of_interest_between_passes() {
+        let (sender, mut receiver) = broadcast::channel(16);
+        let mut pending = Pending::new();
+        assert!(
+            keys_of(&pending.take()).is_none(),
+            "the first pass sees all"
+        );
+        assert_eq!(keys_of(&pending.take()), Some(vec![]));
+
+        sender.send(change(2, &["derived/node/n1"])).expect("sent");
+        sender
+            .send(change(3, &["derived/node/n2", "derived/node/n3"]))
+            .expect("sent");
+        assert!(pending.wait(&mut receiver, &[Kind::NodeStatus]).await);
+        assert_eq!(
+            keys_of(&pending.take()),
+            Some(vec![
+                "derived/node/n1".into(),
+                "derived/node/n2".into(),
+                "derived/node/n3".into()
+            ])
+        );
+
+        sender.send(change(4, &["derived/node/n1"])).expect("sent");
+        pending.drain(&mut receiver, &[Kind::Heartbeat]);
+        assert_eq!(
+            keys_of(&pending.take()),
+            Some(vec![]),
+            "other kinds are left out"
+        );
+    }
+
+    #[tokio::test]
+    async fn lost_notifications_a_relist_or_a_flood_mean_everything() {
+        let (sender, mut receiver) = broadcast::channel(2);
+        let mut pending = Pending::new();
+        let _ = pending.take();
+        for revision in 2..6 {
+            sender
+                .send(change(revision, &["derived/node/n1"]))
+                .expect("sent");
+        }
+        pending.drain(&mut receiver, &[Kind::NodeStatus]);
+        assert!(keys_of(&pending.take()).is_none(), "lagged");
+
+        sender
+            .send(Arc::new(Change {
+                revision: 7,
+                facts: Vec::new(),
+                relisted: true,
+            }))
+            .expect("sent");
+        pending.drain(&mut receiver, &[Kind::NodeStatus]);
+        assert!(keys_of(&pending.take()).is_none(), "relisted");
+
+        let nodes: Vec<String> = (0..=Pending::MAX_FACTS)
+            .map(|n| format!("derived/node/n{n}"))
+            .collect();
+        let nodes: Vec<&str> = nodes.iter().map(String::as_str).collect();
+        sender.send(change(8, &nodes)).expect("sent");
+        pending.drain(&mut receiver, &[Kind::NodeStatus]);
+        assert!(
+            keys_of(&pending.take()).is_none(),
+            "more than are worth following"
+        );
+
+        drop(sender);
+        assert!(
+            !pending.wait(&mut receiver, &[Kind::NodeStatus]).await,
+            "the cache is gone"
+        );
+    }
 }

@@ -79,6 +79,10 @@ pub struct View {
     pub node_controls: Table<NodeControl>,
     /// Placements by instance id (ids are unique across services).
     pub instances: Table<Instance>,
+    /// The same placements by service, then instance id: what a
+    /// controller looking at a few services reads instead of every
+    /// instance. Kept by the view with `instances`; never written apart.
+    pub service_instances: Grouped<Instance>,
     /// Unplaced demand by service.
     pub unplaced: Table<Unplaced>,
     pub node_statuses: Table<NodeStatus>,
@@ -324,7 +328,11 @@ impl View {
                 Value::ReplacementResume,
             )?,
             Key::Disruption {} => put_single(&mut self.disruption, bytes, rev, Value::Disruption)?,
-            Key::Instance { id, .. } => put(&mut self.instances, id, bytes, rev, Value::Instance)?,
+            Key::Instance { service, id } => {
+                let outcome = put(&mut self.instances, id, bytes, rev, Value::Instance)?;
+                self.index_instance(service, id);
+                outcome
+            }
             Key::Unplaced { service } => {
                 put(&mut self.unplaced, service, bytes, rev, Value::Unplaced)?
             }
@@ -414,7 +422,11 @@ impl View {
                 remove_single(&mut self.replacement_resume, rev, Value::ReplacementResume)
             }
             Key::Disruption {} => remove_single(&mut self.disruption, rev, Value::Disruption),
-            Key::Instance { id, .. } => remove(&mut self.instances, id, rev, Value::Instance),
+            Key::Instance { service, id } => {
+                let outcome = remove(&mut self.instances, id, rev, Value::Instance);
+                self.index_instance(service, id);
+                outcome
+            }
             Key::Unplaced { service } => remove(&mut self.unplaced, service, rev, Value::Unplaced),
             Key::NodeStatus { node } => {
                 remove(&mut self.node_statuses, node, rev, Value::NodeStatus)
@@ -438,6 +450,35 @@ impl View {
             Key::ApplyCommit {} => remove_single(&mut self.applying, rev, Value::ApplyCommit),
             Key::Event { .. } | Key::Leader {} => None,
         }
+    }
+
+    /// Brings `service_instances` in line with `instances` for one id.
+    fn index_instance(&mut self, service: &str, id: &str) {
+        match self.instances.get(id) {
+            Some(held) => {
+                let rows = self
+                    .service_instances
+                    .entry(service.to_owned())
+                    .or_default();
+                rows.insert(id.to_owned(), held.clone());
+            }
+            None => {
+                if let Some(rows) = self.service_instances.get_mut(service) {
+                    rows.remove(id);
+                    if rows.is_empty() {
+                        self.service_instances.remove(service);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The placements of `service`, by instance id.
+    pub fn instances_of(&self, service: &str) -> impl Iterator<Item = &Versioned<Instance>> {
+        self.service_instances
+            .get(service)
+            .into_iter()
+            .flat_map(|rows| rows.values())
     }
 
     fn held_revision(&self, key: &Key) -> Option<Revision> {
@@ -627,6 +668,32 @@ mod tests {
         assert_eq!(gone.old, second.new);
         assert!(gone.new.is_none());
         assert_eq!(view.mod_revision("derived/node/n1"), 0);
+    }
+
+    #[test]
+    fn instances_are_indexed_by_service_through_puts_deletes_and_bad_writes() {
+        let record = |id: &str, node: &str| {
+            let instance = crate::controllers::fixtures::instance(id, "web", node);
+            serde_json::to_vec(&instance).expect("encodes")
+        };
+        let ids = |view: &View| -> Vec<(String, String)> {
+            view.instances_of("web")
+                .map(|held| (held.id.clone(), held.node.clone()))
+                .collect()
+        };
+        let mut view = View::default();
+        view.put("derived/instance/web/web-a", &record("web-a", "n1"), 2);
+        view.put("derived/instance/web/web-b", &record("web-b", "n1"), 3);
+        view.put("derived/instance/web/web-a", &record("web-a", "n2"), 4);
+        assert_eq!(
+            ids(&view),
+            vec![("web-a".into(), "n2".into()), ("web-b".into(), "n1".into())]
+        );
+        view.put("derived/instance/web/web-b", b"not json", 5);
+        view.delete("derived/instance/web/web-a", 6);
+        assert!(ids(&view).is_empty());
+        assert!(view.service_instances.is_empty(), "empty groups go");
+        assert!(view.instances.is_empty());
     }
 
     #[test]
