@@ -70,6 +70,17 @@ impl Desired {
         Applied::Changed
     }
 
+    /// Where a stream that ended resumes: at the last revision applied, not
+    /// after it. One revision may be many lines (placements committed
+    /// together), and a stream may end between two of them (a broken
+    /// connection, or a server that gave up on a slow reader); resuming
+    /// after it would lose the rest for good. The server replays the whole
+    /// revision, and its lines apply again without effect. 0 (a snapshot)
+    /// before any line.
+    pub fn resume_from(&self) -> Revision {
+        self.revision
+    }
+
     /// Loads the cached state; a missing file is an empty, unknown state.
     pub fn load(dir: &Path) -> Result<Self, AgentError> {
         let path = dir.join(FILE_NAME);
@@ -132,6 +143,49 @@ mod tests {
             compact_revision: 9,
         };
         assert_eq!(desired.apply(compacted), Applied::Resnapshot);
+    }
+
+    fn put(revision: Revision, id: &str) -> AssignmentLine {
+        let instance = cca_model::cluster::Instance {
+            id: id.into(),
+            service: "web".into(),
+            node: "n1".into(),
+            ordinal: None,
+            spec_hash: String::new(),
+            cpu: cca_model::spec::Cpu(100),
+            memory: cca_model::spec::Memory(1 << 20),
+            host_ports: BTreeMap::new(),
+            created_at: 0,
+            stopping: false,
+            replaces: None,
+            failures: Vec::new(),
+        };
+        AssignmentLine::Put {
+            revision,
+            assignment: Box::new(Assignment {
+                instance,
+                spec: None,
+                secrets: Vec::new(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_stream_cut_inside_a_revision_resumes_at_that_revision() {
+        let mut desired = Desired::default();
+        assert_eq!(desired.resume_from(), 0, "nothing yet: a snapshot");
+        desired.apply(put(6, "web-1"));
+        // Revision 7 placed web-2 and web-3; the stream ended after web-2.
+        desired.apply(put(7, "web-2"));
+        let from = desired.resume_from();
+        assert_eq!(from, 7, "web-3 is still to come");
+        let replayed = [put(7, "web-2"), put(7, "web-3"), put(8, "web-4")];
+        for line in replayed {
+            desired.apply(line);
+        }
+        let ids: Vec<&str> = desired.assignments.keys().map(String::as_str).collect();
+        assert_eq!(ids, ["web-1", "web-2", "web-3", "web-4"]);
+        assert_eq!(desired.resume_from(), 8);
     }
 
     #[test]

@@ -167,7 +167,7 @@ pub(crate) async fn follow_assignments(
             if changed {
                 retry.reset();
                 let next = save(next, &dir).await;
-                resume_from = next.revision + 1;
+                resume_from = next.resume_from();
                 desired.send_replace(Arc::new(next));
             }
             match burst {

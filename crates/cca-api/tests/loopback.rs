@@ -232,6 +232,43 @@ async fn agent_registers_heartbeats_follows_assignments_and_reports() {
         "{line:?}"
     );
 
+    // One revision is several lines when placements commit together; a
+    // stream cut after the first resumes at that revision and gets them all.
+    let together = [placed("web-4", "n1"), placed("web-5", "n1")];
+    let txn = together.iter().fold(Txn::new(), |txn, instance| {
+        let key = keys::derived_instance(&instance.service, &instance.id);
+        txn.then(Op::put(key, serde_json::to_vec(instance).expect("encodes")))
+    });
+    let both = h.store.txn(txn).await.expect("placed").revision();
+    let first = next(&mut stream).await;
+    assert!(
+        matches!(&first, AssignmentLine::Put { revision, .. } if *revision == both),
+        "{first:?}"
+    );
+    drop(stream);
+    let mut resumed = client.assignments("n1", both).await.expect("stream");
+    let mut ids = Vec::new();
+    for _ in 0..2 {
+        match next(&mut resumed).await {
+            AssignmentLine::Put {
+                revision,
+                assignment,
+            } if revision == both => {
+                ids.push(assignment.instance.id);
+            }
+            other => panic!("revision {both}'s lines again: {other:?}"),
+        }
+    }
+    ids.sort();
+    assert_eq!(ids, ["web-4", "web-5"]);
+    let txn = together.iter().fold(Txn::new(), |txn, instance| {
+        txn.then(Op::delete(keys::derived_instance(
+            &instance.service,
+            &instance.id,
+        )))
+    });
+    h.store.txn(txn).await.expect("removed");
+
     client
         .report("n1", &report("web-3", "n1", InstanceState::Running))
         .await
