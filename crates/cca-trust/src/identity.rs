@@ -62,6 +62,28 @@ impl Identity {
     }
 }
 
+impl Identity {
+    /// The identity a DER certificate carries in its URI names: exactly
+    /// one identity URI, or `None` (none, several, or not a certificate).
+    /// Only call this on a certificate whose chain was verified: it reads
+    /// the names, it does not check who signed them.
+    pub fn from_certificate(der: &[u8]) -> Option<Identity> {
+        use x509_parser::extensions::GeneralName;
+        let (_, certificate) = x509_parser::parse_x509_certificate(der).ok()?;
+        let names = certificate.subject_alternative_name().ok()??;
+        let mut found = names
+            .value
+            .general_names
+            .iter()
+            .filter_map(|name| match name {
+                GeneralName::URI(uri) => Identity::from_uri(uri),
+                _ => None,
+            });
+        let identity = found.next()?;
+        found.next().is_none().then_some(identity)
+    }
+}
+
 impl fmt::Display for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} `{}`", self.kind(), self.name())
@@ -142,6 +164,40 @@ mod tests {
             "node:n1".parse::<Identity>(),
             Ok(Identity::Node("n1".into()))
         );
+    }
+
+    fn certificate_with(uris: &[&str]) -> Vec<u8> {
+        let mut params =
+            rcgen::CertificateParams::new(vec!["n1.example".to_owned()]).expect("params");
+        for uri in uris {
+            let uri = rcgen::string::Ia5String::try_from(uri.to_string()).expect("ia5");
+            params.subject_alt_names.push(rcgen::SanType::URI(uri));
+        }
+        let key = rcgen::KeyPair::generate().expect("key");
+        params.self_signed(&key).expect("signs").der().to_vec()
+    }
+
+    #[test]
+    fn a_certificate_carries_exactly_one_identity_uri() {
+        assert_eq!(
+            Identity::from_certificate(&certificate_with(&["cca://node/n1"])),
+            Some(Identity::Node("n1".into()))
+        );
+        assert_eq!(
+            Identity::from_certificate(&certificate_with(&[
+                "https://example.org/x",
+                "cca://user/al"
+            ])),
+            Some(Identity::User("al".into())),
+            "other URIs are not identities"
+        );
+        assert_eq!(Identity::from_certificate(&certificate_with(&[])), None);
+        assert_eq!(
+            Identity::from_certificate(&certificate_with(&["cca://node/n1", "cca://node/n2"])),
+            None,
+            "two identities are none"
+        );
+        assert_eq!(Identity::from_certificate(b"not der"), None);
     }
 
     #[test]
