@@ -130,6 +130,7 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     ("/v1/secrets", Lane::User),
     ("/v1/secrets/{name}", Lane::User),
     ("/v1/status", Lane::User),
+    ("/v1/identity", Lane::User),
     ("/v1/cluster/resume-replacement", Lane::User),
     ("/v1/services", Lane::Bulk),
     ("/v1/instances", Lane::Bulk),

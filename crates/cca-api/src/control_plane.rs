@@ -13,7 +13,6 @@ use cca_control::controllers::{
 use cca_control::metrics::Metrics;
 use cca_control::runner::{Runner, RunnerConfig};
 use cca_store::{Store, StoreError};
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -137,7 +136,7 @@ impl ControlPlane {
     /// [`stop`](Self::stop).
     pub async fn serve(
         &self,
-        listener: TcpListener,
+        listener: impl Into<crate::ApiListener>,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> std::io::Result<()> {
         crate::serve(listener, self.state.clone(), shutdown).await

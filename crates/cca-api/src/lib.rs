@@ -20,6 +20,7 @@ mod routes;
 pub mod secrets;
 mod staged;
 mod state;
+pub mod tls;
 mod update;
 mod validate;
 
@@ -35,28 +36,60 @@ pub use error::ApiError;
 pub use routes::{app, liveness_app};
 pub use secrets::{SecretKey, SecretKeyError};
 pub use state::{ApiConfig, ApiState, MetricsRenderer, no_extra_metrics};
+pub use tls::{Peer, ServerCertificate, ServerTls, TlsError, TlsListener};
 
 /// Serves the API on `listener` until `shutdown` resolves, then stops
 /// accepting, ends open streams, and waits for requests in flight. Also
 /// runs the event-retention task for as long as it serves, and first
 /// finishes a staged apply a previous server left half copied.
 pub async fn serve(
-    listener: TcpListener,
+    listener: impl Into<ApiListener>,
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let retention = tokio::spawn(routes::retention_task(state.clone()));
     let settling = tokio::spawn(staged::settle_in_background(state.clone()));
     let stopping = state.clone();
-    let result = axum::serve(listener, app(state))
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            stopping.begin_shutdown();
-        })
-        .await;
+    let shutdown = async move {
+        shutdown.await;
+        stopping.begin_shutdown();
+    };
+    let service = app(state).into_make_service_with_connect_info::<Peer>();
+    let result = match listener.into() {
+        ApiListener::Plain(listener) => {
+            axum::serve(listener, service)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        ApiListener::Tls(listener) => {
+            axum::serve(listener, service)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    };
     retention.abort();
     settling.abort();
     result
+}
+
+/// Where the API accepts connections: plain HTTP (loopback development,
+/// tests) or HTTPS.
+#[derive(Debug)]
+pub enum ApiListener {
+    Plain(TcpListener),
+    Tls(TlsListener),
+}
+
+impl From<TcpListener> for ApiListener {
+    fn from(listener: TcpListener) -> Self {
+        ApiListener::Plain(listener)
+    }
+}
+
+impl From<TlsListener> for ApiListener {
+    fn from(listener: TlsListener) -> Self {
+        ApiListener::Tls(listener)
+    }
 }
 
 /// Serves only the agents' liveness routes (register, heartbeat) on

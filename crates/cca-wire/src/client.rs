@@ -2,9 +2,8 @@
 //! the server's status and message (and the problems of a refused
 //! program, and how long a busy server asked to be left alone: its
 //! `Retry-After`). Used by the CLI and the agents.
-//! Plain HTTP for now; TLS settings will be added to [`Client::with_http`]'s
-//! caller (build the `reqwest::Client` with the cluster CA and a client
-//! certificate) without changing any method.
+//! Over HTTPS ([`Client::with_tls`]) it trusts only the cluster CA and
+//! presents a client certificate when it has one (`crate::tls`).
 
 use std::marker::PhantomData;
 use std::time::Duration;
@@ -145,7 +144,24 @@ impl Client {
         Ok(Self::with_http(http, base))
     }
 
-    /// A client using a configured `reqwest::Client` (timeouts, later TLS).
+    /// A client of `base` (`https://…`) over TLS with `tls`'s trust and
+    /// certificate; HTTP/2 when the server offers it.
+    pub fn with_tls(base: &str, tls: &crate::tls::ClientTls) -> ClientResult<Self> {
+        let unusable = |reason: String| ClientError::Unreachable {
+            url: base.to_owned(),
+            reason,
+        };
+        let config = tls
+            .rustls_config()
+            .map_err(|error| unusable(error.to_string()))?;
+        let http = reqwest::Client::builder()
+            .tls_backend_preconfigured(config)
+            .build()
+            .map_err(|error| unusable(format!("cannot build an HTTPS client: {error}")))?;
+        Ok(Self::with_http(http, base))
+    }
+
+    /// A client using a configured `reqwest::Client` (timeouts and such).
     pub fn with_http(http: reqwest::Client, base: &str) -> Self {
         Self {
             http,
@@ -244,6 +260,11 @@ impl Client {
     pub async fn resume_replacement(&self) -> ClientResult<ReplacementResumed> {
         self.json(self.request(Method::POST, "/v1/cluster/resume-replacement"))
             .await
+    }
+
+    /// Who the server takes this client for.
+    pub async fn identity(&self) -> ClientResult<CallerIdentity> {
+        self.json(self.request(Method::GET, "/v1/identity")).await
     }
 
     pub async fn status(&self) -> ClientResult<ClusterStatus> {

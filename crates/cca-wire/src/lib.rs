@@ -5,6 +5,7 @@
 //! construction (a test on `cargo metadata` in `cca-agent` keeps it so).
 
 pub mod client;
+pub mod tls;
 pub mod types;
 
 pub use client::{

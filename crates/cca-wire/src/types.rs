@@ -500,3 +500,21 @@ impl std::fmt::Debug for InstanceFile {
             .finish()
     }
 }
+
+/// `GET /v1/identity`: who the server takes the caller for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallerIdentity {
+    /// The identity the caller proved (a verified client certificate);
+    /// `None` when it proved none.
+    pub identity: Option<Principal>,
+    /// The caller's address as the server sees it.
+    pub address: String,
+}
+
+/// A node, user or server, by kind and name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Principal {
+    /// `node`, `user` or `server`.
+    pub kind: String,
+    pub name: String,
+}

@@ -86,6 +86,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
             put(secrets::set).delete(secrets::delete),
         ),
         ("/v1/status", get(reads::status)),
+        ("/v1/identity", get(reads::identity)),
         (
             "/v1/cluster/resume-replacement",
             post(ops::resume_replacement),

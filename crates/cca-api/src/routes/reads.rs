@@ -17,9 +17,10 @@ use crate::error::{ApiError, ApiResult, QueryArgs};
 use crate::read::{self, InstanceFilter};
 use crate::routes::events::recent_about;
 use crate::state::ApiState;
+use crate::tls::Peer;
 use crate::types::{
-    ClusterStatus, InstanceDetail, InstanceSummary, NodeDetail, NodeSummary, ServiceDetail,
-    ServiceHistory, ServiceSummary,
+    CallerIdentity, ClusterStatus, InstanceDetail, InstanceSummary, NodeDetail, NodeSummary,
+    Principal, ServiceDetail, ServiceHistory, ServiceSummary,
 };
 
 /// How long a read waits for the cache to catch up with the store before
@@ -195,4 +196,21 @@ pub(crate) async fn metrics(State(state): State<ApiState>) -> impl IntoResponse 
         )],
         text,
     )
+}
+
+/// `GET /v1/identity`: the identity the caller's connection proved.
+pub(crate) async fn identity(
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<Peer>>>,
+) -> Json<CallerIdentity> {
+    let peer = peer.map(|axum::Extension(axum::extract::ConnectInfo(peer))| peer);
+    Json(CallerIdentity {
+        identity: peer
+            .as_ref()
+            .and_then(|peer| peer.identity.as_ref())
+            .map(|identity| Principal {
+                kind: identity.kind().to_owned(),
+                name: identity.name().to_owned(),
+            }),
+        address: peer.map_or_else(String::new, |peer| peer.address.to_string()),
+    })
 }

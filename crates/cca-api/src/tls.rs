@@ -1,0 +1,269 @@
+//! HTTPS for the API: the rustls server configuration, a certificate that
+//! can be replaced while the server runs, a listener that does handshakes
+//! off the accept loop, and [`Peer`], what each request knows about the
+//! other end of its connection.
+//!
+//! Client certificates are asked for and verified against the cluster CA
+//! alone, but not required at the handshake: a user may come with a
+//! bearer token instead. Whether a request may go on without one is the
+//! routes' decision (agent routes require a node certificate), so a
+//! missing certificate gets an HTTP answer that says what is missing
+//! rather than a bare TLS alert.
+//!
+//! Handshakes run in their own tasks with a deadline: one slow or silent
+//! client must not hold the accept loop, and through it every other
+//! connection.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use axum::extract::connect_info::Connected;
+use axum::serve::{IncomingStream, Listener};
+use cca_trust::identity::Identity;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+
+/// Longest a client may take to finish its handshake.
+const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
+/// Handshaken connections waiting for the server to take them.
+const READY_BACKLOG: usize = 256;
+
+/// What went wrong setting up TLS.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("the {what} is not usable PEM: {reason}")]
+    Pem { what: &'static str, reason: String },
+    #[error("the server's certificate and key do not fit together: {0}")]
+    KeyMismatch(String),
+    #[error("cannot build the TLS configuration: {0}")]
+    Config(String),
+}
+
+/// The server's certificate chain and key, replaceable while it serves
+/// (a renewed certificate is picked up by the next handshake).
+#[derive(Debug)]
+pub struct ServerCertificate {
+    current: RwLock<Arc<CertifiedKey>>,
+}
+
+impl ServerCertificate {
+    /// The chain (the server's certificate first, then the CA, so a joining
+    /// node can check the CA against its token's fingerprint) and its key.
+    pub fn from_pem(chain_pem: &str, key_pem: &str) -> Result<Self, TlsError> {
+        Ok(Self {
+            current: RwLock::new(certified_key(chain_pem, key_pem)?),
+        })
+    }
+
+    /// Serves `chain_pem` and `key_pem` from the next handshake on.
+    pub fn replace(&self, chain_pem: &str, key_pem: &str) -> Result<(), TlsError> {
+        let next = certified_key(chain_pem, key_pem)?;
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = next;
+        Ok(())
+    }
+
+    fn current(&self) -> Arc<CertifiedKey> {
+        Arc::clone(
+            &self
+                .current
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
+impl ResolvesServerCert for ServerCertificate {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+fn certified_key(chain_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, TlsError> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
+        .collect::<Result<_, _>>()
+        .map_err(|error| TlsError::Pem {
+            what: "server certificate chain",
+            reason: error.to_string(),
+        })?;
+    if chain.is_empty() {
+        return Err(TlsError::Pem {
+            what: "server certificate chain",
+            reason: "it holds no certificate".into(),
+        });
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|error| TlsError::Pem {
+        what: "server key",
+        reason: error.to_string(),
+    })?;
+    let provider = rustls::crypto::aws_lc_rs::default_provider();
+    let certified = CertifiedKey::from_der(chain, key, &provider)
+        .map_err(|error| TlsError::KeyMismatch(error.to_string()))?;
+    Ok(Arc::new(certified))
+}
+
+/// The API's TLS settings: its certificate and the CA client certificates
+/// must chain to.
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    config: Arc<rustls::ServerConfig>,
+    certificate: Arc<ServerCertificate>,
+}
+
+impl ServerTls {
+    /// Serves `certificate`; client certificates are verified against
+    /// `ca_pem` (and only it) when a client presents one.
+    pub fn new(ca_pem: &str, certificate: Arc<ServerCertificate>) -> Result<Self, TlsError> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            let cert = cert.map_err(|error| TlsError::Pem {
+                what: "cluster CA certificate",
+                reason: error.to_string(),
+            })?;
+            roots
+                .add(cert)
+                .map_err(|error| TlsError::Config(format!("the cluster CA: {error}")))?;
+        }
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
+                .allow_unauthenticated()
+                .build()
+                .map_err(|error| TlsError::Config(error.to_string()))?;
+        let mut config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|error| TlsError::Config(error.to_string()))?
+            .with_client_cert_verifier(verifier)
+            .with_cert_resolver(Arc::clone(&certificate) as Arc<dyn ResolvesServerCert>);
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Self {
+            config: Arc::new(config),
+            certificate,
+        })
+    }
+
+    /// The certificate being served (to replace it on renewal).
+    pub fn certificate(&self) -> &Arc<ServerCertificate> {
+        &self.certificate
+    }
+}
+
+/// A TCP listener whose connections come out handshaken. Dropping it
+/// stops accepting.
+#[derive(Debug)]
+pub struct TlsListener {
+    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    local: SocketAddr,
+    accepting: JoinHandle<()>,
+}
+
+impl Drop for TlsListener {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+impl TlsListener {
+    pub fn new(listener: TcpListener, tls: &ServerTls) -> std::io::Result<Self> {
+        let local = listener.local_addr()?;
+        let (sender, ready) = mpsc::channel(READY_BACKLOG);
+        let acceptor = TlsAcceptor::from(Arc::clone(&tls.config));
+        let accepting = tokio::spawn(accept_loop(listener, acceptor, sender));
+        Ok(Self {
+            ready,
+            local,
+            accepting,
+        })
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+) {
+    loop {
+        let (stream, address) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of descriptors and the like: back off, as axum does.
+                tracing::warn!(%error, "accepting a connection failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let (acceptor, handed) = (acceptor.clone(), ready.clone());
+        tokio::spawn(async move {
+            match tokio::time::timeout(HANDSHAKE_DEADLINE, acceptor.accept(stream)).await {
+                Ok(Ok(stream)) => {
+                    let _ = handed.send((stream, address)).await;
+                }
+                Ok(Err(error)) => tracing::debug!(%address, %error, "TLS handshake failed"),
+                Err(_) => tracing::debug!(%address, "TLS handshake timed out"),
+            }
+        });
+        if ready.is_closed() {
+            return;
+        }
+    }
+}
+
+impl Listener for TlsListener {
+    type Io = TlsStream<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        match self.ready.recv().await {
+            Some(accepted) => accepted,
+            // The accept loop only ends once this listener is dropped.
+            None => std::future::pending().await,
+        }
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+/// The other end of a request's connection: its address, and the identity
+/// its verified client certificate carries (none over plain HTTP, without
+/// a certificate, or with one that names no identity).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Peer {
+    pub address: SocketAddr,
+    pub identity: Option<Identity>,
+}
+
+impl Connected<IncomingStream<'_, TlsListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
+        let (_, connection) = stream.io().get_ref();
+        let identity = connection
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| Identity::from_certificate(leaf));
+        Self {
+            address: *stream.remote_addr(),
+            identity,
+        }
+    }
+}
+
+impl Connected<IncomingStream<'_, TcpListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, TcpListener>) -> Self {
+        Self {
+            address: *stream.remote_addr(),
+            identity: None,
+        }
+    }
+}
