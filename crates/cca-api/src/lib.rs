@@ -10,6 +10,7 @@
 
 mod admission;
 mod apply;
+pub mod auth;
 pub mod control_plane;
 pub mod error;
 mod hub;

@@ -42,6 +42,8 @@ pub struct ApiConfig {
     pub max_events: usize,
     /// How often the retention task runs.
     pub retention_interval: Duration,
+    /// How callers prove who they are (`auth`).
+    pub authentication: crate::auth::Authentication,
 }
 
 impl Default for ApiConfig {
@@ -54,6 +56,7 @@ impl Default for ApiConfig {
             event_retention: Duration::from_secs(3600),
             max_events: 10_000,
             retention_interval: Duration::from_secs(30),
+            authentication: crate::auth::Authentication::Open,
         }
     }
 }

@@ -170,3 +170,58 @@ async fn a_replaced_server_certificate_is_served_from_the_next_handshake() {
         .expect_err("a key of another certificate");
     assert!(error.to_string().contains("do not fit"), "{error}");
 }
+
+#[tokio::test]
+async fn under_certificates_a_node_acts_only_as_itself_and_users_use_the_rest() {
+    let config = cca_api::ApiConfig {
+        authentication: cca_api::auth::Authentication::Certificates,
+        ..cca_api::ApiConfig::default()
+    };
+    let h = support::harness_with(config).await;
+    let ca = Ca::new("cluster");
+    let server = ca.issue(&["localhost"], Some("cca://server/s1"));
+    let (url, _, _stop) = serve_tls(&h, &ca, &server).await;
+    let n1 = client(&url, &ca, Some(&ca.issue(&[], Some("cca://node/n1"))));
+    let admin = client(&url, &ca, Some(&ca.issue(&[], Some("cca://user/admin"))));
+    let nobody = client(&url, &ca, None);
+
+    let registered = n1
+        .register(&support::node_request("n1"))
+        .await
+        .expect("n1 registers itself");
+    n1.heartbeat("n1", registered.lease_id)
+        .await
+        .expect("and heartbeats");
+    let error = n1
+        .register(&support::node_request("n2"))
+        .await
+        .expect_err("n1 cannot register n2");
+    assert_eq!(error.status(), Some(403));
+    assert!(error.to_string().contains("only as itself"), "{error}");
+    let error = n1
+        .heartbeat("n2", registered.lease_id)
+        .await
+        .expect_err("nor heartbeat for it");
+    assert_eq!(error.status(), Some(403));
+    let error = n1
+        .services(&[])
+        .await
+        .expect_err("nodes do not read services");
+    assert_eq!(error.status(), Some(403));
+
+    admin.services(&[]).await.expect("a user reads services");
+    let error = admin
+        .heartbeat("n1", registered.lease_id)
+        .await
+        .expect_err("users are not nodes");
+    assert_eq!(error.status(), Some(403));
+
+    let error = nobody.services(&[]).await.expect_err("no certificate");
+    assert_eq!(error.status(), Some(401));
+    assert!(error.to_string().contains("client certificate"), "{error}");
+    let seen = nobody
+        .identity()
+        .await
+        .expect("anyone may ask who they are");
+    assert_eq!(seen.identity, None);
+}

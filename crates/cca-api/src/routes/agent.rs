@@ -28,9 +28,12 @@ use crate::validate::check_name;
 /// to a fresh lease the agent must keep alive.
 pub(crate) async fn register(
     State(state): State<ApiState>,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<crate::tls::Peer>>>,
     JsonBody(request): JsonBody<RegisterRequest>,
 ) -> ApiResult<Json<RegisterReply>> {
     check_name("node", &request.name)?;
+    let caller = peer.and_then(|axum::Extension(axum::extract::ConnectInfo(peer))| peer.identity);
+    crate::auth::check_node(&state, caller.as_ref(), &request.name)?;
     let name = request.name.clone();
     let node_key = keys::observed_node(&name);
     let previous = state.store().get(&node_key).await?;

@@ -49,6 +49,10 @@ fn with_layers(routes: Vec<(&'static str, MethodRouter<ApiState>)>, state: ApiSt
         })
         .fallback(error::no_route)
         .method_not_allowed_fallback(error::wrong_method)
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::auth::authenticate,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(CatchPanicLayer::custom(|_| {
