@@ -104,13 +104,25 @@ impl std::str::FromStr for StoreUrl {
 
 /// Opens the store a URL names.
 pub async fn open(url: &StoreUrl) -> Result<Arc<dyn Store>> {
+    open_with(url, None).await
+}
+
+/// [`open`], talking TLS to etcd with `etcd_tls` (refused for an embedded
+/// store, which has no connection to secure).
+pub async fn open_with(url: &StoreUrl, etcd_tls: Option<etcd::Tls>) -> Result<Arc<dyn Store>> {
     match url {
+        StoreUrl::Embedded(_) if etcd_tls.is_some() => Err(StoreError::InvalidRequest(
+            "etcd TLS settings were given for an embedded store: they apply to `etcd://` stores only"
+                .into(),
+        )),
         StoreUrl::Embedded(dir) => Ok(Arc::new(
             embedded::EmbeddedStore::open(embedded::Config::new(dir)).await?,
         )),
-        StoreUrl::Etcd(endpoints) => Ok(Arc::new(
-            etcd::EtcdStore::connect(etcd::Config::new(endpoints.clone())).await?,
-        )),
+        StoreUrl::Etcd(endpoints) => {
+            let mut config = etcd::Config::new(endpoints.clone());
+            config.tls = etcd_tls;
+            Ok(Arc::new(etcd::EtcdStore::connect(config).await?))
+        }
     }
 }
 

@@ -158,3 +158,47 @@ mod tests {
         assert!(start_latency("uniform:5ms").is_err_and(|e| e.contains("no `..`")));
     }
 }
+
+/// How to reach etcd over TLS: `cca server` and `cca store` share them.
+#[derive(Debug, Default, clap::Args)]
+pub(crate) struct EtcdTlsArgs {
+    /// CA certificate the etcd members' certificates chain to; talks TLS
+    /// to etcd (the `etcd://` hosts are then reached over https).
+    #[arg(long, env = "CCA_ETCD_CACERT", value_name = "FILE")]
+    etcd_cacert: Option<std::path::PathBuf>,
+    /// Client certificate to present to etcd (for its
+    /// `--client-cert-auth`); needs --etcd-key and --etcd-cacert.
+    #[arg(
+        long,
+        env = "CCA_ETCD_CERT",
+        value_name = "FILE",
+        requires = "etcd_cacert"
+    )]
+    etcd_cert: Option<std::path::PathBuf>,
+    /// The key of --etcd-cert.
+    #[arg(
+        long,
+        env = "CCA_ETCD_KEY",
+        value_name = "FILE",
+        requires = "etcd_cacert"
+    )]
+    etcd_key: Option<std::path::PathBuf>,
+}
+
+impl EtcdTlsArgs {
+    /// Opens the store `url` names with these settings.
+    pub(crate) async fn open(
+        &self,
+        url: &cca_store::StoreUrl,
+    ) -> Result<std::sync::Arc<dyn cca_store::Store>, cca_store::StoreError> {
+        let tls = match &self.etcd_cacert {
+            Some(ca) => Some(cca_store::etcd::Tls::from_files(
+                ca,
+                self.etcd_cert.as_deref(),
+                self.etcd_key.as_deref(),
+            )?),
+            None => None,
+        };
+        cca_store::open_with(url, tls).await
+    }
+}

@@ -25,6 +25,8 @@ pub(crate) struct ServerArgs {
     /// The store: `embedded:DIR` (one server) or `etcd://host:port[,host:port...]` (HA).
     #[arg(long, env = "CCA_STORE", default_value = "embedded:.cca-dev/store")]
     store: StoreUrl,
+    #[command(flatten)]
+    etcd_tls: flags::EtcdTlsArgs,
     /// Address the API listens on (port 0 picks a free port; the address
     /// is printed on stderr).
     #[arg(long, env = "CCA_LISTEN", default_value = cca_wire::DEFAULT_LISTEN)]
@@ -175,7 +177,9 @@ async fn serve(args: ServerArgs) -> Result<()> {
     let network = args.network.config()?;
     // Before the store: a bad key must not cost a store open.
     let secret_key = load_secret_key(&secret_key_path(&args)?)?;
-    let store = cca_store::open(&args.store)
+    let store = args
+        .etcd_tls
+        .open(&args.store)
         .await
         .with_context(|| format!("opening the store {:?}", args.store))?;
     let scheduler = SchedulerConfig {

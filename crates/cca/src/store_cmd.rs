@@ -22,6 +22,8 @@ pub(crate) struct StoreArgs {
         global = true
     )]
     store: StoreUrl,
+    #[command(flatten)]
+    etcd_tls: crate::flags::EtcdTlsArgs,
 
     /// Output format.
     #[arg(short, long, value_enum, default_value_t = Output::Text, global = true)]
@@ -74,7 +76,9 @@ enum StoreCommand {
 pub(crate) fn run(args: StoreArgs) -> Result<ExitCode> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
-        let store = cca_store::open(&args.store)
+        let store = args
+            .etcd_tls
+            .open(&args.store)
             .await
             .with_context(|| format!("opening store {}", describe(&args.store)))?;
         execute(store, args.command, args.output).await

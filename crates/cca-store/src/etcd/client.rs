@@ -12,7 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, KvClient, LeaseClient, WatchClient};
+use etcd_client::{
+    Certificate, Client, ConnectOptions, Identity, KvClient, LeaseClient, TlsOptions, WatchClient,
+};
 
 use super::Config;
 use super::errors::Failure;
@@ -71,7 +73,7 @@ impl Members {
                 "etcd store needs at least one endpoint, e.g. http://127.0.0.1:2379".into(),
             ));
         }
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout)
             .with_keep_alive(KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT)
             // etcd counts pings on idle connections as abuse.
@@ -79,8 +81,16 @@ impl Members {
             // A member cut off from the quorum refuses at once instead of
             // letting requests hang; we then move on to another member.
             .with_require_leader(true);
-        let mut members = Vec::with_capacity(config.endpoints.len());
-        for url in &config.endpoints {
+        if let Some(tls) = &config.tls {
+            options = options.with_tls(tls_options(tls));
+        }
+        let endpoints: Vec<String> = config
+            .endpoints
+            .iter()
+            .map(|url| endpoint_url(url, config.tls.is_some()))
+            .collect();
+        let mut members = Vec::with_capacity(endpoints.len());
+        for url in &endpoints {
             let connect = || async {
                 Client::connect([url], Some(options.clone()))
                     .await
@@ -228,6 +238,25 @@ impl Backoff {
             .min(self.max);
         let half = exponential / 2;
         half + half.mul_f64(fastrand::f64())
+    }
+}
+
+/// etcd-client's TLS settings: the CA as the only root, and the client
+/// certificate when there is one.
+fn tls_options(tls: &super::Tls) -> TlsOptions {
+    let mut options = TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+    if let Some(client) = &tls.client {
+        options = options.identity(Identity::from_pem(&client.cert_pem, &client.key_pem));
+    }
+    options
+}
+
+/// An endpoint's URL for the transport: `https://` under TLS (an
+/// `etcd://` store URL names hosts, not schemes).
+fn endpoint_url(url: &str, tls: bool) -> String {
+    match (tls, url.strip_prefix("http://")) {
+        (true, Some(host)) => format!("https://{host}"),
+        _ => url.to_owned(),
     }
 }
 

@@ -3,6 +3,10 @@
 //! of CCattler's keys live under a namespace prefix (`cca/` by default) so
 //! an etcd can be shared. This is the only module that knows etcd.
 //!
+//! With [`Config::tls`] it talks TLS (etcd's `--cert-file`, and with
+//! `--client-cert-auth` a client certificate), through etcd-client's
+//! rustls on aws-lc-rs.
+//!
 //! Submodules: `client` (members, failover, retries), `errors` (what each
 //! etcd failure means for the caller), `keys` (the namespace), `txn`
 //! (transactions in etcd's terms), `watch` (resumable watches), `lease`
@@ -67,6 +71,75 @@ pub struct Config {
     /// Most operations (and most compares) etcd accepts in one transaction:
     /// its `--max-txn-ops`, 128 unless the cluster was started otherwise.
     pub max_txn_ops: usize,
+    /// TLS to the members (`https://` endpoints); `None` for plain HTTP.
+    pub tls: Option<Tls>,
+}
+
+/// How to talk TLS to etcd: the CA its members' certificates chain to
+/// (trusted instead of the system's roots), and the client certificate
+/// to present when etcd runs with `--client-cert-auth`.
+#[derive(Clone)]
+pub struct Tls {
+    pub ca_pem: String,
+    pub client: Option<ClientIdentity>,
+}
+
+/// A client certificate and its key, in PEM.
+#[derive(Clone)]
+pub struct ClientIdentity {
+    pub cert_pem: String,
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls")
+            .field("client_certificate", &self.client.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ClientIdentity { .. }")
+    }
+}
+
+impl Tls {
+    /// Reads the PEM files `--etcd-cacert`, `--etcd-cert` and `--etcd-key`
+    /// name (the last two together or not at all).
+    pub fn from_files(
+        ca: &std::path::Path,
+        cert: Option<&std::path::Path>,
+        key: Option<&std::path::Path>,
+    ) -> Result<Self> {
+        let read = |path: &std::path::Path, what: &str| {
+            std::fs::read_to_string(path).map_err(|error| {
+                StoreError::InvalidRequest(format!(
+                    "cannot read the etcd {what} {}: {error}",
+                    path.display()
+                ))
+            })
+        };
+        let client = match (cert, key) {
+            (Some(cert), Some(key)) => Some(ClientIdentity {
+                cert_pem: read(cert, "client certificate")?,
+                key_pem: read(key, "client key")?,
+            }),
+            (None, None) => None,
+            _ => {
+                return Err(StoreError::InvalidRequest(
+                    "an etcd client certificate needs its key, and a key its certificate: \
+                     pass both --etcd-cert and --etcd-key"
+                        .into(),
+                ));
+            }
+        };
+        Ok(Self {
+            ca_pem: read(ca, "CA certificate")?,
+            client,
+        })
+    }
 }
 
 impl Config {
@@ -82,6 +155,7 @@ impl Config {
             retry_max_delay: Duration::from_secs(1),
             max_response_bytes: 512 * 1024 * 1024,
             max_txn_ops: 128,
+            tls: None,
         }
     }
 }

@@ -26,10 +26,27 @@ pub struct EtcdServer {
     _dir: TempDir,
 }
 
+/// The files of an etcd serving TLS: its certificate and key, and the CA
+/// client certificates must chain to (`--client-cert-auth`).
+#[derive(Clone, Debug)]
+pub struct EtcdTlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
+}
+
 impl EtcdServer {
     /// Starts a fresh, empty etcd and waits until it serves requests.
     pub fn start() -> Self {
-        let (mut cluster, dir) = Cluster::start(1);
+        let (mut cluster, dir) = Cluster::start(1, None);
+        let member = cluster.members.remove(0);
+        Self { member, _dir: dir }
+    }
+
+    /// Starts a fresh etcd that serves clients over TLS only and requires
+    /// a client certificate of `files.client_ca`.
+    pub fn start_tls(files: EtcdTlsFiles) -> Self {
+        let (mut cluster, dir) = Cluster::start(1, Some(files));
         let member = cluster.members.remove(0);
         Self { member, _dir: dir }
     }
@@ -42,6 +59,11 @@ impl EtcdServer {
     /// Kills the server (SIGKILL) and reaps it.
     pub fn kill(&mut self) {
         self.member.kill();
+    }
+
+    /// The last lines of the server's log, for a failing test's message.
+    pub fn log_tail(&self) -> String {
+        self.member.log_tail()
     }
 
     /// Starts the server again on the same ports and data, and waits until
@@ -76,7 +98,7 @@ pub struct EtcdCluster {
 impl EtcdCluster {
     /// Starts `size` members and waits until every one serves requests.
     pub fn start(size: usize) -> Self {
-        let (cluster, dir) = Cluster::start(size);
+        let (cluster, dir) = Cluster::start(size, None);
         Self {
             members: cluster.members,
             _dir: dir,
@@ -119,7 +141,7 @@ struct Cluster {
 impl Cluster {
     /// Starts `size` fresh members and the directory holding their data,
     /// retrying with new ports when one was taken meanwhile.
-    fn start(size: usize) -> (Self, TempDir) {
+    fn start(size: usize, tls: Option<EtcdTlsFiles>) -> (Self, TempDir) {
         assert!(
             Path::new(ETCD).exists(),
             "etcd is not installed at {ETCD}; run `scripts/test`, which installs etcd-server"
@@ -127,7 +149,7 @@ impl Cluster {
         let mut problems = Vec::new();
         for _ in 0..START_ATTEMPTS {
             let dir = temp_dir();
-            let mut cluster = Cluster::plan(dir.path(), size);
+            let mut cluster = Cluster::plan(dir.path(), size, tls.as_ref());
             match cluster.start_all() {
                 Ok(()) => return (cluster, dir),
                 Err(problem) => problems.push(problem),
@@ -140,7 +162,7 @@ impl Cluster {
     }
 
     /// Members with fresh ports and data directories under `dir`.
-    fn plan(dir: &Path, size: usize) -> Self {
+    fn plan(dir: &Path, size: usize, tls: Option<&EtcdTlsFiles>) -> Self {
         let mut members: Vec<Member> = (0..size)
             .map(|index| {
                 let name = format!("m{index}");
@@ -150,6 +172,8 @@ impl Cluster {
                     name,
                     client_port: free_port(),
                     peer_port: free_port(),
+                    metrics_port: free_port(),
+                    tls: tls.cloned(),
                     initial_cluster: String::new(),
                     child: None,
                 }
@@ -180,6 +204,9 @@ struct Member {
     name: String,
     client_port: u16,
     peer_port: u16,
+    /// Plain HTTP `/health` and `/metrics`, whatever the client URLs speak.
+    metrics_port: u16,
+    tls: Option<EtcdTlsFiles>,
     data_dir: PathBuf,
     log: PathBuf,
     initial_cluster: String,
@@ -188,7 +215,8 @@ struct Member {
 
 impl Member {
     fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://127.0.0.1:{}", self.client_port)
     }
 
     fn peer_url(&self) -> String {
@@ -201,7 +229,20 @@ impl Member {
             .append(true)
             .open(&self.log)
             .expect("etcd log file");
-        let child = Command::new(ETCD)
+        let mut command = Command::new(ETCD);
+        if let Some(tls) = &self.tls {
+            command
+                .arg("--cert-file")
+                .arg(&tls.cert)
+                .arg("--key-file")
+                .arg(&tls.key)
+                .arg("--trusted-ca-file")
+                .arg(&tls.client_ca)
+                .arg("--client-cert-auth");
+        }
+        let metrics = format!("http://127.0.0.1:{}", self.metrics_port);
+        let child = command
+            .args(["--listen-metrics-urls", &metrics])
             .args(["--name", &self.name])
             .arg("--data-dir")
             .arg(&self.data_dir)
@@ -238,7 +279,7 @@ impl Member {
                     self.log_tail()
                 ));
             }
-            if http_get(self.client_port, "/health")
+            if http_get(self.metrics_port, "/health")
                 .is_some_and(|body| body.contains(r#""health":"true""#))
             {
                 return Ok(());
@@ -253,7 +294,7 @@ impl Member {
     }
 
     fn is_leader(&self) -> bool {
-        http_get(self.client_port, "/metrics").is_some_and(|metrics| {
+        http_get(self.metrics_port, "/metrics").is_some_and(|metrics| {
             metrics
                 .lines()
                 .any(|line| line == "etcd_server_is_leader 1")
