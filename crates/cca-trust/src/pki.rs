@@ -809,7 +809,8 @@ fn ip_from_bytes(bytes: &[u8]) -> Option<IpAddr> {
 /// What a certificate says, read back.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CertInfo {
-    /// The identity of its URI name; `None` for the CA and for
+    /// The identity of its one identity URI name
+    /// ([`Identity::from_certificate`]); `None` for the CA and for
     /// certificates not made here.
     pub identity: Option<Identity>,
     /// The subject's common name.
@@ -835,11 +836,9 @@ impl CertInfo {
 
     fn from_x509(cert: &X509Certificate<'_>, der: &[u8]) -> Result<CertInfo> {
         let mut names = Names::none();
-        let mut identity = None;
         if let Ok(Some(san)) = cert.subject_alternative_name() {
             for name in &san.value.general_names {
                 match name {
-                    GeneralName::URI(uri) => identity = identity.or(Identity::from_uri(uri)),
                     GeneralName::DNSName(dns) => names.dns.push((*dns).to_owned()),
                     GeneralName::IPAddress(bytes) => names.ips.extend(ip_from_bytes(bytes)),
                     _ => {}
@@ -859,7 +858,7 @@ impl CertInfo {
                 .map_err(|_| unreadable("the certificate's validity", "it starts before 1970"))
         };
         Ok(CertInfo {
-            identity,
+            identity: Identity::from_certificate(der),
             names,
             is_ca: cert.is_ca(),
             not_before: time(cert.validity().not_before)?,

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cca_trust::join::{BadToken, JoinToken, Refusal, StoredToken, DEFAULT_TTL};
+use cca_trust::join::{BadToken, DEFAULT_TTL, JoinToken, Refusal, StoredToken};
 use cca_trust::pki::Fingerprint;
 use proptest::prelude::*;
 
@@ -35,7 +35,10 @@ fn tokens_round_trip_and_hide_their_secret_from_debug() {
     let parsed: JoinToken = text.parse().expect("parses");
     assert_eq!(parsed, token);
     assert_eq!(parsed.ca(), &fingerprint());
-    assert_eq!(format!("  {text}\n").parse::<JoinToken>(), Ok(token.clone()));
+    assert_eq!(
+        format!("  {text}\n").parse::<JoinToken>(),
+        Ok(token.clone())
+    );
     let debug = format!("{token:?}");
     assert!(!debug.contains(token.secret()), "{debug}");
     assert!(debug.contains(token.id()), "{debug}");
@@ -54,7 +57,10 @@ fn tokens_round_trip_and_hide_their_secret_from_debug() {
 #[test]
 fn every_malformation_has_its_message_and_none_echoes_the_secret() {
     let cases = [
-        (format!("K11{FINGERPRINT}::abc123.{SECRET}"), BadToken::Prefix),
+        (
+            format!("K11{FINGERPRINT}::abc123.{SECRET}"),
+            BadToken::Prefix,
+        ),
         (format!("{FINGERPRINT}::abc123.{SECRET}"), BadToken::Prefix),
         (
             format!("K10{}::abc123.{SECRET}", &FINGERPRINT[..60]),
@@ -78,9 +84,18 @@ fn every_malformation_has_its_message_and_none_echoes_the_secret() {
         ),
         (format!("K10{FINGERPRINT}::abc12.{SECRET}"), BadToken::Id),
         (format!("K10{FINGERPRINT}::ABC123.{SECRET}"), BadToken::Id),
-        (format!("K10{FINGERPRINT}::abc123.{}", &SECRET[..15]), BadToken::Secret),
-        (format!("K10{FINGERPRINT}::abc123.{SECRET}x"), BadToken::Secret),
-        (format!("K10{FINGERPRINT}::abc123.{}é", &SECRET[..14]), BadToken::Secret),
+        (
+            format!("K10{FINGERPRINT}::abc123.{}", &SECRET[..15]),
+            BadToken::Secret,
+        ),
+        (
+            format!("K10{FINGERPRINT}::abc123.{SECRET}x"),
+            BadToken::Secret,
+        ),
+        (
+            format!("K10{FINGERPRINT}::abc123.{}é", &SECRET[..14]),
+            BadToken::Secret,
+        ),
     ];
     for (text, expected) in cases {
         let error = text.parse::<JoinToken>().expect_err(&text);
@@ -129,7 +144,10 @@ fn a_stored_token_keeps_only_a_hash_and_round_trips_as_json() {
     assert_eq!(stored.secret_hash.len(), 64);
     let json = serde_json::to_string(&stored).expect("json");
     assert!(!json.contains(SECRET), "{json}");
-    assert_eq!(serde_json::from_str::<StoredToken>(&json).expect("json"), stored);
+    assert_eq!(
+        serde_json::from_str::<StoredToken>(&json).expect("json"),
+        stored
+    );
     assert_eq!(stored.expires_at - stored.created_at, 3_600_000);
     assert!(stored.is_live(now()));
 }
@@ -154,9 +172,17 @@ fn admit_refuses_each_reason_by_name() {
     };
 
     let wrong = refusal(&base, "0123456789abcdee", "n1", now());
-    assert_eq!(wrong, Refusal::WrongSecret { id: "abc123".into() });
+    assert_eq!(
+        wrong,
+        Refusal::WrongSecret {
+            id: "abc123".into()
+        }
+    );
     assert_eq!(wrong.to_string(), "wrong secret for join token `abc123`");
-    assert!(matches!(refusal(&base, "", "n1", now()), Refusal::WrongSecret { .. }));
+    assert!(matches!(
+        refusal(&base, "", "n1", now()),
+        Refusal::WrongSecret { .. }
+    ));
 
     let expired = refusal(&base, SECRET, "n1", now() + DEFAULT_TTL);
     assert!(matches!(expired, Refusal::Expired { .. }), "{expired}");
@@ -171,7 +197,9 @@ fn admit_refuses_each_reason_by_name() {
     };
     assert_eq!(
         refusal(&revoked, SECRET, "n1", now()),
-        Refusal::Revoked { id: "abc123".into() }
+        Refusal::Revoked {
+            id: "abc123".into()
+        }
     );
     assert!(!revoked.is_live(now()));
     // Without the secret, nobody learns that the token is revoked.
@@ -199,7 +227,9 @@ fn admit_refuses_each_reason_by_name() {
     assert_eq!(spent.uses_left, Some(0));
     assert_eq!(
         refusal(&spent, SECRET, "n2", now()),
-        Refusal::UsedUp { id: "abc123".into() }
+        Refusal::UsedUp {
+            id: "abc123".into()
+        }
     );
     assert!(!spent.is_live(now()));
     assert_eq!(base.spend().uses_left, None, "unlimited stays unlimited");
