@@ -104,6 +104,8 @@ pub enum Error {
     HostNamesForbidden { kind: &'static str, names: Names },
     #[error("a certificate cannot be valid for {validity:?} from {from}: pick a shorter validity")]
     Validity { validity: Duration, from: String },
+    #[error("could not draw a random serial number from the system: retry")]
+    Random,
     #[error(
         "the CSR's signature does not verify: it was altered or not signed by the key it carries"
     )]
@@ -283,10 +285,26 @@ impl Names {
 
     /// Whether every name of `self` is among `allowed`'s.
     pub fn within(&self, allowed: &Names) -> bool {
-        self.dns
-            .iter()
-            .all(|name| allowed.dns.iter().any(|ok| ok.eq_ignore_ascii_case(name)))
-            && self.ips.iter().all(|ip| allowed.ips.contains(ip))
+        self.outside(allowed).is_empty()
+    }
+
+    /// The names of `self` that `allowed` does not have (DNS names
+    /// compared without regard to case, as DNS does).
+    pub fn outside(&self, allowed: &Names) -> Names {
+        Names {
+            dns: self
+                .dns
+                .iter()
+                .filter(|name| !allowed.dns.iter().any(|ok| ok.eq_ignore_ascii_case(name)))
+                .cloned()
+                .collect(),
+            ips: self
+                .ips
+                .iter()
+                .filter(|ip| !allowed.ips.contains(ip))
+                .copied()
+                .collect(),
+        }
     }
 
     fn check(&self) -> Result<()> {
@@ -313,20 +331,13 @@ impl fmt::Display for Names {
         if self.is_empty() {
             return f.write_str("no host names");
         }
-        let mut first = true;
-        for name in self.dns.iter().map(|name| name as &dyn fmt::Display).chain(
-            self.ips
-                .iter()
-                .map(|ip| ip as &dyn fmt::Display)
-                .collect::<Vec<_>>(),
-        ) {
-            if !first {
-                f.write_str(", ")?;
-            }
-            first = false;
-            write!(f, "`{name}`")?;
-        }
-        Ok(())
+        let names: Vec<String> = self
+            .dns
+            .iter()
+            .map(|name| format!("`{name}`"))
+            .chain(self.ips.iter().map(|ip| format!("`{ip}`")))
+            .collect();
+        f.write_str(&names.join(", "))
     }
 }
 
@@ -588,10 +599,14 @@ impl ClusterCa {
             .map_err(|error| unreadable("the CSR (PEM)", error))?;
         let (_, request) = X509CertificationRequest::from_der(&der)
             .map_err(|error| unreadable("the CSR (PKCS#10)", error))?;
+        // The key's kind first: a key the signature check does not know
+        // would otherwise be reported as a bad signature.
+        let spki = &request.certification_request_info.subject_pki;
+        check_csr_key(spki)?;
         request
             .verify_signature()
             .map_err(|_| Error::CsrSignature)?;
-        let asked = requested_names(&request)?;
+        let asked = requested_names(&request);
         let expected_uri = expected.uri();
         if asked.uris.len() != 1 || asked.uris[0] != expected_uri {
             let asked = match asked.uris.as_slice() {
@@ -607,24 +622,9 @@ impl ClusterCa {
                 expected: format!("`{expected_uri}`"),
             });
         }
-        if !asked.others.is_empty() || !asked.names.within(allowed) {
-            let mut refused: Vec<String> = asked.others;
-            let outside = Names {
-                dns: asked
-                    .names
-                    .dns
-                    .iter()
-                    .filter(|name| !allowed.dns.iter().any(|ok| ok.eq_ignore_ascii_case(name)))
-                    .cloned()
-                    .collect(),
-                ips: asked
-                    .names
-                    .ips
-                    .iter()
-                    .filter(|ip| !allowed.ips.contains(ip))
-                    .copied()
-                    .collect(),
-            };
+        let outside = asked.names.outside(allowed);
+        if !asked.others.is_empty() || !outside.is_empty() {
+            let mut refused = asked.others;
             if !outside.is_empty() {
                 refused.push(outside.to_string());
             }
@@ -634,14 +634,8 @@ impl ClusterCa {
                 allowed: allowed.clone(),
             });
         }
-        let spki = request.certification_request_info.subject_pki.raw;
-        let public_key = SubjectPublicKeyInfo::from_der(spki).map_err(|_| Error::CsrKey {
-            algorithm: request
-                .certification_request_info
-                .subject_pki
-                .algorithm
-                .algorithm
-                .to_id_string(),
+        let public_key = SubjectPublicKeyInfo::from_der(spki.raw).map_err(|_| Error::CsrKey {
+            algorithm: spki.algorithm.algorithm.to_id_string(),
         })?;
         self.sign(&public_key, expected, &asked.names, validity, now)
     }
@@ -714,10 +708,7 @@ fn new_key() -> Result<KeyPair> {
 /// 128 random bits, read as a positive integer (DER adds the sign byte).
 fn random_serial() -> Result<SerialNumber> {
     let mut bytes = [0u8; 16];
-    aws_lc_rs::rand::fill(&mut bytes).map_err(|_| Error::Crypto {
-        what: "draw a random serial number",
-        source: rcgen::Error::RingUnspecified,
-    })?;
+    aws_lc_rs::rand::fill(&mut bytes).map_err(|_| Error::Random)?;
     // A zero serial is not allowed; one in 2^128, but cheap to rule out.
     bytes[0] |= u8::from(bytes.iter().all(|&b| b == 0));
     Ok(SerialNumber::from_slice(&bytes))
@@ -774,7 +765,7 @@ struct Requested {
     others: Vec<String>,
 }
 
-fn requested_names(request: &X509CertificationRequest<'_>) -> Result<Requested> {
+fn requested_names(request: &X509CertificationRequest<'_>) -> Requested {
     let mut requested = Requested {
         uris: Vec::new(),
         names: Names::none(),
@@ -796,7 +787,36 @@ fn requested_names(request: &X509CertificationRequest<'_>) -> Result<Requested> 
             }
         }
     }
-    Ok(requested)
+    requested
+}
+
+/// The keys rustls signs handshakes with and webpki verifies: ECDSA on
+/// P-256 or P-384, or Ed25519. No RSA: nothing here makes RSA keys, and
+/// refusing it rules out weak sizes without measuring them.
+fn check_csr_key(spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>) -> Result<()> {
+    use x509_parser::oid_registry::{
+        OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_SIG_ED25519,
+    };
+    let algorithm = &spki.algorithm;
+    let curve = algorithm
+        .parameters
+        .as_ref()
+        .and_then(|parameters| parameters.as_oid().ok());
+    let supported = if algorithm.algorithm == OID_KEY_TYPE_EC_PUBLIC_KEY {
+        curve
+            .as_ref()
+            .is_some_and(|curve| *curve == OID_EC_P256 || *curve == OID_NIST_EC_P384)
+    } else {
+        algorithm.algorithm == OID_SIG_ED25519
+    };
+    if supported {
+        return Ok(());
+    }
+    let mut name = algorithm.algorithm.to_id_string();
+    if let Some(curve) = curve {
+        name = format!("{name} on curve {}", curve.to_id_string());
+    }
+    Err(Error::CsrKey { algorithm: name })
 }
 
 fn ip_from_bytes(bytes: &[u8]) -> Option<IpAddr> {

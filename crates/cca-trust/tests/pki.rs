@@ -472,6 +472,55 @@ fn sign_csr_refuses_requests_for_more_than_allowed() {
     );
 }
 
+/// A CSR for `cca://node/n1` made by hand with a key of `algorithm`.
+fn csr_with_key(key: &rcgen::KeyPair) -> String {
+    let mut params = rcgen::CertificateParams::default();
+    params.subject_alt_names = vec![rcgen::SanType::URI(
+        "cca://node/n1".try_into().expect("uri"),
+    )];
+    params
+        .serialize_request(key)
+        .expect("csr")
+        .pem()
+        .expect("pem")
+}
+
+#[test]
+fn sign_csr_takes_ecdsa_and_ed25519_keys_and_refuses_rsa() {
+    let ca = ca("prod");
+    for algorithm in [
+        &rcgen::PKCS_ECDSA_P256_SHA256,
+        &rcgen::PKCS_ECDSA_P384_SHA384,
+        &rcgen::PKCS_ED25519,
+    ] {
+        let key = rcgen::KeyPair::generate_for(algorithm).expect("key");
+        let cert = ca
+            .sign_csr(
+                &csr_with_key(&key),
+                &node("n1"),
+                &Names::none(),
+                NODE_CERT_VALIDITY,
+                now(),
+            )
+            .unwrap_or_else(|error| panic!("{algorithm:?}: {error}"));
+        verify_issued(&cert, ca.cert_pem(), now()).expect("ours");
+    }
+    let rsa = rcgen::KeyPair::generate_rsa_for(&rcgen::PKCS_RSA_SHA256, rcgen::RsaKeySize::_2048)
+        .expect("RSA key");
+    let error = refused(&ca, &csr_with_key(&rsa), &node("n1"), &Names::none());
+    assert!(matches!(error, Error::CsrKey { .. }), "{error}");
+    assert!(
+        error.to_string().contains("1.2.840.113549.1.1.1"),
+        "{error}"
+    );
+    let p521 = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P521_SHA512).expect("key");
+    let error = refused(&ca, &csr_with_key(&p521), &node("n1"), &Names::none());
+    assert!(
+        error.to_string().contains("on curve 1.3.132.0.35"),
+        "{error}"
+    );
+}
+
 #[test]
 fn sign_csr_refuses_tampered_and_garbage_requests() {
     let ca = ca("prod");
