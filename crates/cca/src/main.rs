@@ -9,6 +9,7 @@ mod dev_cmd;
 mod dsl_cmd;
 mod flags;
 mod image_cmd;
+mod init_cmd;
 mod server_cmd;
 mod store_cmd;
 mod whoami;
@@ -35,6 +36,8 @@ enum Command {
     Lint(dsl_cmd::LintArgs),
     /// Print a .cca template with its {{ values.KEY }} placeholders expanded.
     Render(dsl_cmd::RenderArgs),
+    /// Create the cluster's CA, the server's certificate and the local admin's credential.
+    Init(init_cmd::InitArgs),
     /// Run the control plane: the API server on the fact store.
     Server(server_cmd::ServerArgs),
     /// Run the node agent: register this node and run the instances placed on it.
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Fmt(args) => dsl_cmd::fmt(&args),
         Command::Lint(args) => dsl_cmd::lint(&args),
         Command::Render(args) => dsl_cmd::render(&args),
+        Command::Init(args) => init_cmd::run(args),
         Command::Server(args) => server_cmd::run(args),
         Command::Agent(args) => agent_cmd::run(args),
         Command::Image(args) => image_cmd::run(args),

@@ -27,6 +27,11 @@ pub(crate) struct ServerArgs {
     store: StoreUrl,
     #[command(flatten)]
     etcd_tls: flags::EtcdTlsArgs,
+    /// The cluster's trust (`cca init`): with a CA there, the API serves
+    /// HTTPS and every caller needs a client certificate of that CA;
+    /// without one, plain HTTP on loopback only.
+    #[arg(long, env = "CCA_CONFIG_DIR", default_value = cca_trust::config_dir::DEFAULT_DIR)]
+    config_dir: PathBuf,
     /// Address the API listens on (port 0 picks a free port; the address
     /// is printed on stderr).
     #[arg(long, env = "CCA_LISTEN", default_value = cca_wire::DEFAULT_LISTEN)]
@@ -142,10 +147,11 @@ pub(crate) fn check_listen(address: SocketAddr, insecure: bool) -> Result<()> {
     }
     if !insecure {
         anyhow::bail!(
-            "refusing to listen on {address}: the API has no TLS or authentication yet, so anyone \
-             who can reach that address could run commands on this cluster's nodes; listen on \
-             loopback (--listen 127.0.0.1:{port} or [::1]:{port}) and reach it through an SSH \
-             tunnel, or pass --insecure to serve on {address} anyway",
+            "refusing to listen on {address}: without a cluster CA (run `cca init`, then pass its \
+             --config-dir) the API serves plain HTTP without authentication, so anyone who can \
+             reach that address could run commands on this cluster's nodes; listen on loopback \
+             (--listen 127.0.0.1:{port} or [::1]:{port}), or pass --insecure to serve on \
+             {address} anyway",
             port = address.port()
         );
     }
@@ -170,8 +176,16 @@ pub(crate) fn run(args: ServerArgs) -> Result<ExitCode> {
 }
 
 async fn serve(args: ServerArgs) -> Result<()> {
-    check_listen(args.listen, args.insecure)?;
+    // Pre-flight: the certificates and keys, before anything else.
+    let trust = load_trust(&args.config_dir)?;
+    check_listen(args.listen, args.insecure || trust.is_some())?;
     if let Some(liveness) = args.liveness_listen {
+        if trust.is_some() {
+            anyhow::bail!(
+                "--liveness-listen serves plain HTTP and this server serves HTTPS ({} holds a cluster CA): drop --liveness-listen",
+                args.config_dir.display()
+            );
+        }
         check_listen(liveness, args.insecure)?;
     }
     let network = args.network.config()?;
@@ -196,7 +210,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
             resume_after: args.resume_replacement_after.0,
         },
         network,
-        api: api_config(&args),
+        api: api_config(&args, trust.is_some()),
         secret_key: Some(secret_key),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -205,7 +219,13 @@ async fn serve(args: ServerArgs) -> Result<()> {
     let address = listener
         .local_addr()
         .context("reading the listen address")?;
-    announce(address);
+    let listener = match &trust {
+        Some(tls) => cca_api::ApiListener::Tls(
+            cca_api::TlsListener::new(listener, tls).context("preparing the TLS listener")?,
+        ),
+        None => cca_api::ApiListener::Plain(listener),
+    };
+    announce(address, trust.is_some());
     let liveness = match args.liveness_listen {
         Some(address) => {
             let listener = std::net::TcpListener::bind(address)
@@ -268,10 +288,15 @@ fn announce_liveness(address: SocketAddr) {
 }
 
 /// The API's settings: the defaults and what the flags change.
-fn api_config(args: &ServerArgs) -> ApiConfig {
+fn api_config(args: &ServerArgs, tls: bool) -> ApiConfig {
     let mut config = ApiConfig {
         event_retention: args.event_retention,
         node_lease_ttl: args.node_ttl,
+        authentication: if tls {
+            cca_api::auth::Authentication::Certificates
+        } else {
+            cca_api::auth::Authentication::Open
+        },
         ..ApiConfig::default()
     };
     for (lane, limits) in &args.api_lanes {
@@ -313,7 +338,7 @@ pub(crate) fn load_secret_key(path: &Path) -> Result<SecretKey> {
 pub(crate) async fn run_control_plane(
     store: Arc<dyn Store>,
     setup: ControlPlaneConfig,
-    listener: tokio::net::TcpListener,
+    listener: impl Into<cca_api::ApiListener>,
     liveness: Option<std::net::TcpListener>,
     dns: Option<SocketAddr>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
@@ -384,9 +409,26 @@ async fn serve_dns(
     clippy::print_stderr,
     reason = "tells the operator (and tests) where the server listens"
 )]
-fn announce(address: SocketAddr) {
-    tracing::info!(%address, "API server listening");
-    eprintln!("cca server listening on http://{address}");
+fn announce(address: SocketAddr, tls: bool) {
+    tracing::info!(%address, tls, "API server listening");
+    let scheme = if tls { "https" } else { "http" };
+    eprintln!("cca server listening on {scheme}://{address}");
+}
+
+/// The TLS settings from `config_dir` when `cca init` made a CA there,
+/// checked (certificate chain and validity, key permissions and fit);
+/// `None` when it holds no CA.
+fn load_trust(config_dir: &std::path::Path) -> Result<Option<cca_api::ServerTls>> {
+    let config = cca_trust::config_dir::ConfigDir::new(config_dir);
+    if !config.has_ca() {
+        return Ok(None);
+    }
+    let files = config
+        .load_server(crate::init_cmd::now())
+        .context("checking the server's certificates")?;
+    let certificate = cca_api::ServerCertificate::from_pem(&files.chain_pem, &files.key_pem)?;
+    let tls = cca_api::ServerTls::new(files.ca.cert_pem(), Arc::new(certificate))?;
+    Ok(Some(tls))
 }
 
 /// What the control plane runs beside the API.

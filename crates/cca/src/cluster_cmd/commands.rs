@@ -1,7 +1,7 @@
 //! The cluster commands themselves: compile locally where needed, call the
 //! API through the typed client, print through [`output`](super::output).
 
-use anyhow::{Result, bail};
+use anyhow::{Context, Result, bail};
 use cca_dsl::commands::{Style, ValueOptions, gather_values};
 use cca_dsl::compile::compile_file;
 use cca_dsl::source::RealFs;
@@ -24,13 +24,13 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Apply(args) => apply(&args, false).await,
         ClusterCommand::Diff(args) => apply(&args, true).await,
         ClusterCommand::Get(args) => get(&args).await,
-        ClusterCommand::Describe(args) => describe::describe(&client(&args.addr), &args).await,
+        ClusterCommand::Describe(args) => describe::describe(&client(&args.addr)?, &args).await,
         ClusterCommand::History(args) => history(&args).await,
         ClusterCommand::Status(args) => {
-            describe::status(&client(&args.addr), args.out.output).await
+            describe::status(&client(&args.addr)?, args.out.output).await
         }
         ClusterCommand::Scale(args) => {
-            let report = client(&args.addr)
+            let report = client(&args.addr)?
                 .scale(&args.service, args.replicas)
                 .await?;
             output::line(&format!(
@@ -40,27 +40,27 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
             Ok(())
         }
         ClusterCommand::Delete(args) => {
-            let report = client(&args.addr).delete_service(&args.name).await?;
+            let report = client(&args.addr)?.delete_service(&args.name).await?;
             output::line(&format!("service/{} deleted", report.service));
             Ok(())
         }
         ClusterCommand::Drain(args) => {
-            client(&args.addr).drain(&args.node).await?;
+            client(&args.addr)?.drain(&args.node).await?;
             output::line(&format!("node/{} draining", args.node));
             Ok(())
         }
         ClusterCommand::DisableNode(args) => {
-            client(&args.addr).disable_node(&args.node).await?;
+            client(&args.addr)?.disable_node(&args.node).await?;
             output::line(&format!("node/{} disabled", args.node));
             Ok(())
         }
         ClusterCommand::EnableNode(args) => {
-            client(&args.addr).enable_node(&args.node).await?;
+            client(&args.addr)?.enable_node(&args.node).await?;
             output::line(&format!("node/{} enabled", args.node));
             Ok(())
         }
         ClusterCommand::ResumeReplacement(args) => {
-            let resumed = client(&args.addr).resume_replacement().await?;
+            let resumed = client(&args.addr)?.resume_replacement().await?;
             output::line(&format!(
                 "lost-node replacement resumed: the {} of {} nodes missing since the pause ({} ago) \
                  are replaced once unreachable for the lost grace",
@@ -80,8 +80,32 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
     }
 }
 
-pub(super) fn client(addr: &ServerAddr) -> Client {
-    Client::new(&addr.server)
+/// A client of the server `addr` names: over HTTPS as the local admin
+/// when the config directory holds a cluster CA, else plain HTTP.
+pub(super) fn client(addr: &ServerAddr) -> Result<Client> {
+    let config = cca_trust::config_dir::ConfigDir::new(&addr.config_dir);
+    let secure = config.has_ca();
+    let server = match &addr.server {
+        Some(server) => server.clone(),
+        None if secure => super::DEFAULT_SERVER.replacen("http://", "https://", 1),
+        None => super::DEFAULT_SERVER.to_owned(),
+    };
+    if !server.starts_with("https://") {
+        return Ok(Client::new(&server));
+    }
+    if !secure {
+        anyhow::bail!(
+            "{server} is served over HTTPS, and {} holds no cluster CA to check it with: pass --config-dir (or set CCA_CONFIG_DIR) to the directory `cca init` made",
+            addr.config_dir.display()
+        );
+    }
+    let admin = config
+        .load_admin(crate::init_cmd::now())
+        .context("reading the local admin's certificate")?;
+    let certificate = cca_wire::tls::ClientCertificate::from_pem(&admin.cert_pem, &admin.key_pem)?;
+    let tls = cca_wire::tls::ClientTls::new(admin.ca_pem)
+        .with_certificate(std::sync::Arc::new(certificate));
+    Ok(Client::with_tls(&server, &tls)?)
 }
 
 /// Compiles every file (reporting diagnostics on stderr) into one program.
@@ -143,7 +167,7 @@ fn report_diagnostics(compilation: &cca_dsl::compile::Compilation) {
 
 async fn apply(args: &ApplyArgs, dry_run: bool) -> Result<()> {
     let program = compile(args)?;
-    let client = client(&args.addr);
+    let client = client(&args.addr)?;
     let report = if dry_run {
         client.diff(&program, args.prune).await?
     } else {
@@ -195,7 +219,7 @@ fn short_key(key: &str) -> &str {
 
 async fn history(args: &HistoryArgs) -> Result<()> {
     let HistoryKind::Service = args.kind;
-    let history = client(&args.addr).service_history(&args.name).await?;
+    let history = client(&args.addr)?.service_history(&args.name).await?;
     if !output::structured(args.out.output, &history)? {
         history_table(&history);
     }
@@ -233,7 +257,7 @@ fn history_table(history: &ServiceHistory) {
 }
 
 async fn get(args: &GetArgs) -> Result<()> {
-    let client = client(&args.addr);
+    let client = client(&args.addr)?;
     let format = args.out.output;
     match args.kind {
         Kind::Services => {
@@ -381,7 +405,7 @@ async fn events(args: &EventsArgs) -> Result<()> {
         subject: args.subject.clone(),
         limit: Some(args.limit),
     };
-    let records = client(&args.addr).events(&query).await?;
+    let records = client(&args.addr)?.events(&query).await?;
     if !output::structured(args.out.output, &records)? {
         event_table(&records);
     }
@@ -410,7 +434,7 @@ pub(super) fn event_table(records: &[EventRecord]) {
 }
 
 async fn watch(args: &WatchArgs) -> Result<()> {
-    let mut stream = client(&args.addr).watch(&args.prefix, args.from).await?;
+    let mut stream = client(&args.addr)?.watch(&args.prefix, args.from).await?;
     while let Some(line) = stream.next().await {
         let line = line?;
         if args.out.output != Format::Table {

@@ -23,7 +23,7 @@ const SIGNALLED: i32 = 128;
 /// `cca logs TARGET | --tag k=v`: an instance's or a service's lines, or
 /// those of every service carrying the tags.
 pub(super) async fn logs(args: &LogsArgs) -> Result<()> {
-    let client = client(&args.addr);
+    let client = client(&args.addr)?;
     match &args.target {
         Some(target) => print_lines(target_logs(&client, args, target).await?).await,
         None => tagged_logs(&client, args).await,
@@ -98,7 +98,7 @@ pub(super) async fn exec(args: &ExecArgs) -> Result<ExitCode> {
         argv: args.command.clone(),
         timeout_ms: u64::try_from(args.timeout.as_millis()).unwrap_or(u64::MAX),
     };
-    let result = client(&args.addr)
+    let result = client(&args.addr)?
         .exec(&args.instance, &command)
         .await
         .with_context(|| {

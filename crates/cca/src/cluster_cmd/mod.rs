@@ -23,15 +23,23 @@ use clap::{Args, Subcommand, ValueEnum};
 
 pub(crate) use output::Format;
 
-/// The default API server address.
+/// The default API server address (`https://` when the config directory
+/// holds a cluster CA).
 const DEFAULT_SERVER: &str = "http://127.0.0.1:9770";
 
-/// Where the API server is: `--server`, then `CCA_SERVER`, then the default.
+/// Where the API server is (`--server`, then `CCA_SERVER`, then the
+/// default) and how to prove who we are to it (the config directory's
+/// cluster CA and local admin certificate, when `cca init` made them).
 #[derive(Debug, Clone, Args)]
 pub(crate) struct ServerAddr {
-    /// The API server's base URL.
-    #[arg(long, env = "CCA_SERVER", default_value = DEFAULT_SERVER, value_name = "URL")]
-    pub(crate) server: String,
+    /// The API server's base URL [default: https://127.0.0.1:9770 when the
+    /// config directory holds a cluster CA, else http://127.0.0.1:9770].
+    #[arg(long, env = "CCA_SERVER", value_name = "URL")]
+    pub(crate) server: Option<String>,
+    /// The cluster's trust (`cca init`): its CA and the local admin's
+    /// certificate, for an `https://` server.
+    #[arg(long, env = "CCA_CONFIG_DIR", default_value = cca_trust::config_dir::DEFAULT_DIR, value_name = "DIR")]
+    pub(crate) config_dir: std::path::PathBuf,
 }
 
 /// How a read command prints.

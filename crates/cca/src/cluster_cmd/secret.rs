@@ -65,12 +65,12 @@ pub(super) async fn run(args: SecretArgs) -> Result<()> {
     match args.command {
         SecretCommand::Set(args) => {
             let value = read_value(&args)?;
-            let reply = client(&args.addr).set_secret(&args.name, value).await?;
+            let reply = client(&args.addr)?.set_secret(&args.name, value).await?;
             let verb = if reply.created { "set" } else { "replaced" };
             output::line(&format!("secret/{} {verb}", reply.name));
         }
         SecretCommand::Ls(args) => {
-            let secrets = client(&args.addr).secrets().await?;
+            let secrets = client(&args.addr)?.secrets().await?;
             if !output::structured(args.out.output, &secrets)? {
                 let now = now_millis();
                 let yes_no = |flag: bool| if flag { "yes" } else { "no" }.to_owned();
@@ -98,7 +98,7 @@ pub(super) async fn run(args: SecretArgs) -> Result<()> {
             }
         }
         SecretCommand::Rm(args) => {
-            let reply = client(&args.addr).delete_secret(&args.name).await?;
+            let reply = client(&args.addr)?.delete_secret(&args.name).await?;
             output::line(&format!("secret/{} removed", reply.name));
         }
     }

@@ -11,6 +11,11 @@ use std::process::{Child, ChildStderr, Command, Output, Stdio};
 
 pub(crate) const CCA: &str = env!("CARGO_BIN_EXE_cca");
 
+/// A config directory that holds no cluster CA: servers and clients of
+/// tests that do not ask for one talk plain HTTP whatever the machine's
+/// `/etc/ccattler` holds (an explicit `--config-dir` still wins).
+pub(crate) const NO_TRUST: &str = "/nonexistent/cca-test-without-a-ca";
+
 /// A running `cca server`; killed on drop.
 pub(crate) struct Server {
     pub(crate) child: Child,
@@ -44,6 +49,7 @@ impl Server {
         let mut child = Command::new(CCA)
             .arg("server")
             .args(args)
+            .env("CCA_CONFIG_DIR", NO_TRUST)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -62,6 +68,7 @@ impl Server {
         Command::new(CCA)
             .args(args)
             .env("CCA_SERVER", &self.url)
+            .env("CCA_CONFIG_DIR", NO_TRUST)
             .output()
             .expect("cca runs")
     }

@@ -1,0 +1,382 @@
+//! A cluster's trust on disk: the config directory `cca init` fills
+//! (`/etc/ccattler` by default) and the server and the CLI read. The only
+//! IO of this crate, synchronous and small.
+//!
+//! ```text
+//! ca.pem      the cluster CA's certificate (what clients trust)      0644
+//! ca.key      the CA's key (signs every certificate)                 0600
+//! server.pem  the server's certificate, then the CA's (its chain)    0644
+//! server.key  the server's key                                       0600
+//! admin.pem   the local admin's client certificate (user `admin`)    0600
+//! admin.key   its key                                                0600
+//! ```
+//!
+//! Keys are written with mode 0600 from the start (never widened later)
+//! and refused when group or others may read them; every file is written
+//! to a temporary name and renamed, so a crash leaves the old file or the
+//! new one. `init` refuses to touch a directory that already holds a CA:
+//! a second CA would orphan every certificate the first one issued.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::identity::Identity;
+use crate::pki::{self, CertInfo, ClusterCa, Fingerprint, Issue, Names};
+
+/// The default config directory.
+pub const DEFAULT_DIR: &str = "/etc/ccattler";
+/// The local admin's user name.
+pub const ADMIN_USER: &str = "admin";
+
+/// What went wrong with a config directory.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{} already holds a cluster CA: refusing to overwrite it (a new CA would orphan every certificate the old one issued); use another --config-dir, or move the old one away first", dir.display())]
+    CaExists { dir: PathBuf },
+    #[error("{}: {problem}", path.display())]
+    File { path: PathBuf, problem: String },
+    #[error("{} may be read by group or others (mode {mode:03o}): run `chmod 600 {}`", path.display(), path.display())]
+    TooOpen { path: PathBuf, mode: u32 },
+    #[error("{}: {source}", path.display())]
+    Certificate { path: PathBuf, source: pki::Error },
+    #[error("{} holds no cluster CA: run `cca init --config-dir {}` first", dir.display(), dir.display())]
+    NoCa { dir: PathBuf },
+}
+
+/// What `cca init` asks for.
+#[derive(Clone, Debug)]
+pub struct InitOptions {
+    /// The cluster's name, in the CA's subject.
+    pub cluster: String,
+    /// The server's name (its identity `server:NAME`).
+    pub server: String,
+    /// Host names and addresses the server's certificate is valid for.
+    pub hosts: Names,
+}
+
+/// What `init` made.
+#[derive(Clone, Debug)]
+pub struct Initialized {
+    pub fingerprint: Fingerprint,
+    pub files: Vec<PathBuf>,
+}
+
+/// The files a server serves with, checked.
+#[derive(Debug)]
+pub struct ServerFiles {
+    pub ca: ClusterCa,
+    /// The server's certificate followed by the CA's.
+    pub chain_pem: String,
+    pub key_pem: String,
+    pub certificate: CertInfo,
+}
+
+/// The files a client authenticates with, checked.
+#[derive(Clone)]
+pub struct ClientFiles {
+    pub ca_pem: String,
+    pub cert_pem: String,
+    pub key_pem: String,
+    pub certificate: CertInfo,
+}
+
+impl std::fmt::Debug for ClientFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientFiles")
+            .field("certificate", &self.certificate.identity)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A config directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigDir {
+    root: PathBuf,
+}
+
+impl ConfigDir {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn ca_cert(&self) -> PathBuf {
+        self.root.join("ca.pem")
+    }
+
+    pub fn ca_key(&self) -> PathBuf {
+        self.root.join("ca.key")
+    }
+
+    pub fn server_cert(&self) -> PathBuf {
+        self.root.join("server.pem")
+    }
+
+    pub fn server_key(&self) -> PathBuf {
+        self.root.join("server.key")
+    }
+
+    pub fn admin_cert(&self) -> PathBuf {
+        self.root.join("admin.pem")
+    }
+
+    pub fn admin_key(&self) -> PathBuf {
+        self.root.join("admin.key")
+    }
+
+    /// True once `init` made a CA here.
+    pub fn has_ca(&self) -> bool {
+        self.ca_cert().exists() || self.ca_key().exists()
+    }
+
+    /// Makes the cluster CA, the server's certificate and the local admin's
+    /// client certificate. Refuses if a CA is already here; writes
+    /// nothing until every certificate is made.
+    pub fn init(&self, options: &InitOptions, now: SystemTime) -> Result<Initialized, ConfigError> {
+        if self.has_ca() {
+            return Err(ConfigError::CaExists {
+                dir: self.root.clone(),
+            });
+        }
+        let certificate = |what: &Path| {
+            let path = what.to_path_buf();
+            move |source| ConfigError::Certificate { path, source }
+        };
+        let ca = ClusterCa::generate(&options.cluster, now, pki::CA_VALIDITY)
+            .map_err(certificate(&self.ca_cert()))?;
+        let server = ca
+            .issue(
+                &Issue::new(
+                    Identity::Server(options.server.clone()),
+                    options.hosts.clone(),
+                ),
+                now,
+            )
+            .map_err(certificate(&self.server_cert()))?;
+        let admin = ca
+            .issue(
+                &Issue::new(Identity::User(ADMIN_USER.to_owned()), Names::none()),
+                now,
+            )
+            .map_err(certificate(&self.admin_cert()))?;
+        create_dir(&self.root)?;
+        let chain = format!("{}{}", server.cert_pem, ca.cert_pem());
+        let files = [
+            (self.ca_key(), ca.key_pem(), 0o600),
+            (self.ca_cert(), ca.cert_pem().to_owned(), 0o644),
+            (self.server_key(), server.key_pem.clone(), 0o600),
+            (self.server_cert(), chain, 0o644),
+            (self.admin_key(), admin.key_pem.clone(), 0o600),
+            (self.admin_cert(), admin.cert_pem.clone(), 0o600),
+        ];
+        for (path, text, mode) in &files {
+            write_file(path, text, *mode)?;
+        }
+        Ok(Initialized {
+            fingerprint: ca.fingerprint(),
+            files: files.into_iter().map(|(path, _, _)| path).collect(),
+        })
+    }
+
+    /// The server's files, checked as a server starts: the CA loads and its
+    /// key fits, keys are 0600, the server's certificate is the CA's, valid
+    /// now, a server's, and its key fits.
+    pub fn load_server(&self, now: SystemTime) -> Result<ServerFiles, ConfigError> {
+        if !self.has_ca() {
+            return Err(ConfigError::NoCa {
+                dir: self.root.clone(),
+            });
+        }
+        let ca_pem = read(&self.ca_cert())?;
+        let ca_key = read_key(&self.ca_key())?;
+        let ca = ClusterCa::load(&ca_pem, &ca_key).map_err(|source| ConfigError::Certificate {
+            path: self.ca_key(),
+            source,
+        })?;
+        let chain_pem = read(&self.server_cert())?;
+        let key_pem = read_key(&self.server_key())?;
+        let bad = |source| ConfigError::Certificate {
+            path: self.server_cert(),
+            source,
+        };
+        let certificate = pki::verify_issued(&chain_pem, ca.cert_pem(), now).map_err(bad)?;
+        pki::check_key_matches(&chain_pem, &key_pem).map_err(bad)?;
+        if !matches!(certificate.identity, Some(Identity::Server(_))) {
+            return Err(ConfigError::File {
+                path: self.server_cert(),
+                problem: format!(
+                    "it is not a server's certificate (it names {}); run `cca init` again in a new directory",
+                    certificate
+                        .identity
+                        .as_ref()
+                        .map_or_else(|| "no identity".to_owned(), ToString::to_string)
+                ),
+            });
+        }
+        Ok(ServerFiles {
+            ca,
+            chain_pem,
+            key_pem,
+            certificate,
+        })
+    }
+
+    /// The local admin's files, checked as a client starts.
+    pub fn load_admin(&self, now: SystemTime) -> Result<ClientFiles, ConfigError> {
+        self.load_client(&self.admin_cert(), &self.admin_key(), now)
+    }
+
+    /// A client certificate and key at `cert`/`key`, checked against this
+    /// directory's CA.
+    pub fn load_client(
+        &self,
+        cert: &Path,
+        key: &Path,
+        now: SystemTime,
+    ) -> Result<ClientFiles, ConfigError> {
+        let ca_pem = read(&self.ca_cert())?;
+        let cert_pem = read(cert)?;
+        let key_pem = read_key(key)?;
+        let bad = |source| ConfigError::Certificate {
+            path: cert.to_path_buf(),
+            source,
+        };
+        let certificate = pki::verify_issued(&cert_pem, &ca_pem, now).map_err(bad)?;
+        pki::check_key_matches(&cert_pem, &key_pem).map_err(bad)?;
+        Ok(ClientFiles {
+            ca_pem,
+            cert_pem,
+            key_pem,
+            certificate,
+        })
+    }
+}
+
+fn create_dir(dir: &Path) -> Result<(), ConfigError> {
+    fs::create_dir_all(dir).map_err(|error| ConfigError::File {
+        path: dir.to_path_buf(),
+        problem: format!("cannot create the directory: {error}"),
+    })
+}
+
+fn read(path: &Path) -> Result<String, ConfigError> {
+    fs::read_to_string(path).map_err(|error| ConfigError::File {
+        path: path.to_path_buf(),
+        problem: format!("cannot read it: {error}"),
+    })
+}
+
+/// Reads a key file, refusing one that group or others may read.
+fn read_key(path: &Path) -> Result<String, ConfigError> {
+    let metadata = fs::metadata(path).map_err(|error| ConfigError::File {
+        path: path.to_path_buf(),
+        problem: format!("cannot read it: {error}"),
+    })?;
+    let mode = metadata.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        return Err(ConfigError::TooOpen {
+            path: path.to_path_buf(),
+            mode,
+        });
+    }
+    read(path)
+}
+
+/// Writes `text` to `path` with `mode` through a temporary file and a
+/// rename (fsync'd), so the file is whole or absent.
+fn write_file(path: &Path, text: &str, mode: u32) -> Result<(), ConfigError> {
+    let failed = |error: std::io::Error| ConfigError::File {
+        path: path.to_path_buf(),
+        problem: format!("cannot write it: {error}"),
+    };
+    let temporary = path.with_extension("tmp");
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&temporary)
+        .map_err(failed)?;
+    file.write_all(text.as_bytes()).map_err(failed)?;
+    file.sync_all().map_err(failed)?;
+    fs::rename(&temporary, path).map_err(failed)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn options() -> InitOptions {
+        InitOptions {
+            cluster: "test".into(),
+            server: "s1".into(),
+            hosts: Names::from_hosts(["localhost", "127.0.0.1"]).expect("hosts"),
+        }
+    }
+
+    fn now() -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)
+    }
+
+    #[test]
+    fn init_writes_a_ca_a_server_and_an_admin_that_load_back() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = ConfigDir::new(dir.path().join("cca"));
+        let made = config.init(&options(), now()).expect("init");
+        assert_eq!(made.files.len(), 6);
+        for key in [config.ca_key(), config.server_key(), config.admin_key()] {
+            let mode = fs::metadata(&key).expect("exists").permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", key.display());
+        }
+        let server = config.load_server(now()).expect("server files");
+        assert_eq!(server.ca.fingerprint(), made.fingerprint);
+        assert_eq!(
+            server.certificate.identity,
+            Some(Identity::Server("s1".into()))
+        );
+        let admin = config.load_admin(now()).expect("admin files");
+        assert_eq!(
+            admin.certificate.identity,
+            Some(Identity::User("admin".into()))
+        );
+        assert!(!format!("{admin:?}").contains("PRIVATE KEY"));
+
+        let again = config.init(&options(), now()).expect_err("a CA is there");
+        assert!(
+            again.to_string().contains("refusing to overwrite"),
+            "{again}"
+        );
+    }
+
+    #[test]
+    fn loading_refuses_open_keys_missing_cas_and_expired_certificates() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = ConfigDir::new(dir.path());
+        let missing = config.load_server(now()).expect_err("no CA");
+        assert!(missing.to_string().contains("cca init"), "{missing}");
+
+        config.init(&options(), now()).expect("init");
+        fs::set_permissions(config.server_key(), fs::Permissions::from_mode(0o644)).expect("chmod");
+        let open = config.load_server(now()).expect_err("open key");
+        assert!(open.to_string().contains("chmod 600"), "{open}");
+        fs::set_permissions(config.server_key(), fs::Permissions::from_mode(0o600)).expect("chmod");
+
+        let later = now() + pki::SERVER_CERT_VALIDITY + Duration::from_secs(3600);
+        let expired = config.load_server(later).expect_err("expired");
+        assert!(expired.to_string().contains("server.pem"), "{expired}");
+
+        // The admin's certificate as the server's: not a server's.
+        fs::copy(config.admin_cert(), config.server_cert()).expect("copy");
+        fs::copy(config.admin_key(), config.server_key()).expect("copy");
+        let wrong = config.load_server(now()).expect_err("a user's certificate");
+        assert!(wrong.to_string().contains("not a server"), "{wrong}");
+    }
+}
