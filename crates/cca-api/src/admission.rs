@@ -131,6 +131,7 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     ("/v1/secrets/{name}", Lane::User),
     ("/v1/status", Lane::User),
     ("/v1/identity", Lane::User),
+    ("/v1/audit", Lane::User),
     ("/v1/cluster/resume-replacement", Lane::User),
     ("/v1/services", Lane::Bulk),
     ("/v1/instances", Lane::Bulk),

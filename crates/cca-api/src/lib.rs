@@ -10,6 +10,7 @@
 
 mod admission;
 mod apply;
+mod audit;
 pub mod auth;
 pub mod control_plane;
 pub mod error;
@@ -50,6 +51,12 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let retention = tokio::spawn(routes::retention_task(state.clone()));
     let settling = tokio::spawn(staged::settle_in_background(state.clone()));
+    let (stop_audit, audit_stopping) = tokio::sync::oneshot::channel::<()>();
+    let auditing = state.take_audit_writer().map(|writer| {
+        tokio::spawn(audit::write_loop(writer, state.shared_store(), async {
+            let _ = audit_stopping.await;
+        }))
+    });
     let stopping = state.clone();
     let shutdown = async move {
         shutdown.await;
@@ -70,6 +77,10 @@ pub async fn serve(
     };
     retention.abort();
     settling.abort();
+    let _ = stop_audit.send(());
+    if let Some(auditing) = auditing {
+        let _ = tokio::time::timeout(audit::FLUSH_DEADLINE, auditing).await;
+    }
     result
 }
 

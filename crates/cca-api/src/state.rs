@@ -44,6 +44,10 @@ pub struct ApiConfig {
     pub retention_interval: Duration,
     /// How callers prove who they are (`auth`).
     pub authentication: crate::auth::Authentication,
+    /// Audit records older than this are deleted.
+    pub audit_retention: Duration,
+    /// At most this many audit records are kept (the oldest go first).
+    pub max_audit_records: usize,
 }
 
 impl Default for ApiConfig {
@@ -57,6 +61,8 @@ impl Default for ApiConfig {
             max_events: 10_000,
             retention_interval: Duration::from_secs(30),
             authentication: crate::auth::Authentication::Open,
+            audit_retention: Duration::from_secs(30 * 24 * 3600),
+            max_audit_records: 100_000,
         }
     }
 }
@@ -84,6 +90,9 @@ struct Inner {
     assignments: Arc<AssignmentHub>,
     network: Arc<NetworkFeed>,
     secret_key: RwLock<Option<Arc<SecretKey>>>,
+    audit: crate::audit::AuditLog,
+    /// Taken by the first `serve`, which runs it.
+    audit_writer: std::sync::Mutex<Option<crate::audit::AuditWriter>>,
 }
 
 impl std::fmt::Debug for ApiState {
@@ -104,7 +113,10 @@ impl ApiState {
         extra_metrics: MetricsRenderer,
     ) -> Self {
         let (shutdown, _) = watch::channel(false);
+        let (audit, audit_writer) = crate::audit::AuditLog::new();
         let inner = Inner {
+            audit,
+            audit_writer: std::sync::Mutex::new(Some(audit_writer)),
             admission: Admission::new(&config.lanes),
             stream_permits: Arc::new(Semaphore::new(config.max_streams)),
             store,
@@ -159,6 +171,11 @@ impl ApiState {
 
     pub fn store(&self) -> &dyn Store {
         self.inner.store.as_ref()
+    }
+
+    /// The store, shared (for tasks that outlive a request).
+    pub(crate) fn shared_store(&self) -> Arc<dyn Store> {
+        Arc::clone(&self.inner.store)
     }
 
     pub fn cache(&self) -> &Cache {
@@ -220,6 +237,19 @@ impl ApiState {
     /// Tells streams and background tasks to end.
     pub(crate) fn begin_shutdown(&self) {
         self.inner.shutdown.send_replace(true);
+    }
+
+    pub(crate) fn audit(&self) -> &crate::audit::AuditLog {
+        &self.inner.audit
+    }
+
+    /// The audit log's writer, once (the first `serve` runs it).
+    pub(crate) fn take_audit_writer(&self) -> Option<crate::audit::AuditWriter> {
+        self.inner
+            .audit_writer
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     /// A put of one event-log entry, to add to the transaction it reports.

@@ -34,8 +34,22 @@ async fn apply_reports_created_changed_and_deleted_in_one_revision() {
         ])
     );
     let revision = report["revision"].as_i64().expect("written");
-    // One transaction: every key carries the same revision.
-    assert_eq!(h.revision().await, revision);
+    // One transaction: every key carries the same revision (the audit
+    // record of the apply comes after it).
+    let written = h
+        .store
+        .range(cca_store::RangeRequest::prefix("desired/"))
+        .await
+        .expect("range");
+    assert!(
+        written.kvs.iter().all(|kv| kv.mod_revision == revision),
+        "{:?}",
+        written
+            .kvs
+            .iter()
+            .map(|kv| (&kv.key, kv.mod_revision))
+            .collect::<Vec<_>>()
+    );
 
     let (_, again) = h.call("POST", "/v1/apply", Some(to_json(&first))).await;
     assert_eq!(again["revision"], Value::Null);

@@ -225,3 +225,108 @@ async fn under_certificates_a_node_acts_only_as_itself_and_users_use_the_rest() 
         .expect("anyone may ask who they are");
     assert_eq!(seen.identity, None);
 }
+
+/// Polls the audit log until `done` holds for it (the writer commits in
+/// the background).
+async fn audit_until(
+    client: &Client,
+    done: impl Fn(&[cca_wire::types::AuditEntry]) -> bool,
+) -> Vec<cca_wire::types::AuditEntry> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let entries = client
+            .audit(&cca_wire::AuditQuery {
+                limit: Some(1000),
+                ..Default::default()
+            })
+            .await
+            .expect("reads the audit log");
+        if done(&entries) || tokio::time::Instant::now() > deadline {
+            return entries;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn changes_and_refusals_are_audited_with_who_asked() {
+    let config = cca_api::ApiConfig {
+        authentication: cca_api::auth::Authentication::Certificates,
+        retention_interval: std::time::Duration::from_millis(50),
+        max_audit_records: 4,
+        ..cca_api::ApiConfig::default()
+    };
+    let h = support::harness_with(config).await;
+    let ca = Ca::new("cluster");
+    let server = ca.issue(&["localhost"], Some("cca://server/s1"));
+    let (url, _, _stop) = serve_tls(&h, &ca, &server).await;
+    let n1 = client(&url, &ca, Some(&ca.issue(&[], Some("cca://node/n1"))));
+    let admin = client(&url, &ca, Some(&ca.issue(&[], Some("cca://user/admin"))));
+    let nobody = client(&url, &ca, None);
+
+    let registered = n1
+        .register(&support::node_request("n1"))
+        .await
+        .expect("registers");
+    n1.heartbeat("n1", registered.lease_id)
+        .await
+        .expect("beats");
+    let _ = n1.heartbeat("n2", registered.lease_id).await;
+    admin.drain("n1").await.expect("an admin drains n1");
+    let _ = nobody.services(&[]).await;
+
+    let entries = audit_until(&admin, |entries| entries.len() >= 3).await;
+    let seen: Vec<(Option<&str>, &str, &str, u16)> = entries
+        .iter()
+        .map(|entry| {
+            let record = &entry.record;
+            (
+                record.who.as_deref(),
+                record.method.as_str(),
+                record.path.as_str(),
+                record.status,
+            )
+        })
+        .collect();
+    assert!(
+        seen.contains(&(Some("node:n1"), "POST", "/v1/agent/nodes/n2/heartbeat", 403)),
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&(Some("user:admin"), "POST", "/v1/nodes/n1/drain", 200)),
+        "{seen:?}"
+    );
+    assert!(
+        seen.contains(&(None, "GET", "/v1/services", 401)),
+        "{seen:?}"
+    );
+    assert!(
+        !seen
+            .iter()
+            .any(|(_, _, path, _)| *path == "/v1/agent/register"
+                || *path == "/v1/agent/nodes/n1/heartbeat"),
+        "a node's own work is not audited: {seen:?}"
+    );
+    let denied = admin
+        .audit(&cca_wire::AuditQuery {
+            denied: true,
+            who: Some("node:".into()),
+            ..Default::default()
+        })
+        .await
+        .expect("filters");
+    assert_eq!(denied.len(), 1, "{denied:?}");
+
+    // Retention keeps the newest 4.
+    for _ in 0..6 {
+        admin.drain("n1").await.expect("drains");
+    }
+    let kept = audit_until(&admin, |entries| {
+        entries.len() <= 4
+            && entries
+                .iter()
+                .any(|e| e.record.path == "/v1/nodes/n1/drain")
+    })
+    .await;
+    assert!(kept.len() <= 4, "{kept:?}");
+}

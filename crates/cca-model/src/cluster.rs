@@ -284,6 +284,49 @@ pub struct Event {
     pub message: String,
 }
 
+/// `audit/{at:013}-{seq:010}-{origin:08x}`: one entry of the audit log — a
+/// request that changed something, or one that was refused — kept for a
+/// retention period, then deleted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditRecord {
+    pub at: Millis,
+    /// Who asked: `node:n1`, `user:alice`, or `None` when the request
+    /// proved no identity.
+    pub who: Option<String>,
+    /// The caller's address as the server saw it.
+    pub address: String,
+    pub method: String,
+    /// The request's path (the object it was about).
+    pub path: String,
+    /// The HTTP status of the answer.
+    pub status: u16,
+    pub outcome: AuditOutcome,
+}
+
+/// How an audited request ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuditOutcome {
+    /// It did what it asked (2xx).
+    Done,
+    /// It was refused for who asked (401, 403).
+    Denied,
+    /// It failed otherwise (any other status; not recorded by the API,
+    /// but for the record that says how many records were lost).
+    Failed,
+}
+
+impl AuditOutcome {
+    /// The outcome an HTTP status means.
+    pub fn of_status(status: u16) -> Self {
+        match status {
+            200..=299 => AuditOutcome::Done,
+            401 | 403 => AuditOutcome::Denied,
+            _ => AuditOutcome::Failed,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum EventLevel {

@@ -14,9 +14,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::cluster::{
-    ApplyChunk, ApplyCommit, DesiredGeneration, Disruption, Endpoints, Event, Heartbeat, Instance,
-    InstanceStatus, LeaderRecord, NodeControl, NodeInfo, NodeStatus, ReplacementResume,
-    ServiceMeta, Unplaced,
+    ApplyChunk, ApplyCommit, AuditRecord, DesiredGeneration, Disruption, Endpoints, Event,
+    Heartbeat, Instance, InstanceStatus, LeaderRecord, NodeControl, NodeInfo, NodeStatus,
+    ReplacementResume, ServiceMeta, Unplaced,
 };
 use crate::net::{NodeSubnet, ServiceVip};
 use crate::ownership::Owner;
@@ -215,6 +215,10 @@ fact_kinds! {
     /// by time; see `keys::EventIds`).
     Event { id } = "events/{}",
         Event, Owner::Server, applied: false;
+    /// One entry of the audit log (`{at:013}-{seq:010}-{origin:08x}`, as
+    /// events): a request that changed something, or one refused.
+    Audit { id } = "audit/{}",
+        AuditRecord, Owner::Server, applied: false;
     /// The leader lease; its mod revision is the fencing token.
     Leader {} = "meta/leader",
         LeaderRecord, Owner::Server, applied: false;

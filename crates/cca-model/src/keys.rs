@@ -248,12 +248,28 @@ impl EventIds {
         let seq = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         event(at_millis, seq, self.origin)
     }
+
+    /// The key of an audit record made at `at_millis` (the same order and
+    /// uniqueness as events, under `audit/`).
+    pub fn audit_key(&self, at_millis: i64) -> String {
+        let seq = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Key::Audit {
+            id: format!("{at_millis:013}-{seq:010}-{:08x}", self.origin),
+        }
+        .to_string()
+    }
 }
 
 /// `events/{at:013}`: sorts before every event of millisecond `at` and
 /// after every earlier one, for ranges of the log by time.
 pub fn events_from(at_millis: i64) -> String {
     format!("{}{at_millis:013}", crate::facts::Kind::Event.prefix())
+}
+
+/// `audit/{at:013}`: sorts before every audit record of millisecond `at`
+/// and after every earlier one.
+pub fn audit_from(at_millis: i64) -> String {
+    format!("{}{at_millis:013}", crate::facts::Kind::Audit.prefix())
 }
 
 /// `meta/desired-generation`: bumped by every program-fact write.

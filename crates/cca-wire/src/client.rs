@@ -110,6 +110,21 @@ pub struct EventQuery {
     pub limit: Option<usize>,
 }
 
+/// Filters of [`Client::audit`].
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AuditQuery {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub since: Option<Millis>,
+    /// Callers whose identity starts with this (`user:alice`, `node:`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub who: Option<String>,
+    /// Only refusals.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub denied: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<usize>,
+}
+
 fn comma_joined<S: serde::Serializer>(tags: &[String], serializer: S) -> Result<S::Ok, S::Error> {
     serializer.serialize_str(&tags.join(","))
 }
@@ -269,6 +284,12 @@ impl Client {
 
     pub async fn status(&self) -> ClientResult<ClusterStatus> {
         self.json(self.request(Method::GET, "/v1/status")).await
+    }
+
+    /// The newest audit records matching `query`, oldest first.
+    pub async fn audit(&self, query: &AuditQuery) -> ClientResult<Vec<AuditEntry>> {
+        self.json(self.request(Method::GET, "/v1/audit").query(query))
+            .await
     }
 
     pub async fn events(&self, query: &EventQuery) -> ClientResult<Vec<EventRecord>> {

@@ -9,7 +9,7 @@ pub mod tls;
 pub mod types;
 
 pub use client::{
-    Client, ClientError, ClientResult, EventQuery, InstanceQuery, LineStream, LogLines,
+    AuditQuery, Client, ClientError, ClientResult, EventQuery, InstanceQuery, LineStream, LogLines,
 };
 
 /// Where `cca server` and `cca dev` listen unless told otherwise, and where

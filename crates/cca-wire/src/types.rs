@@ -518,3 +518,11 @@ pub struct Principal {
     pub kind: String,
     pub name: String,
 }
+
+/// One entry of `GET /v1/audit`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    pub key: String,
+    #[serde(flatten)]
+    pub record: cca_model::cluster::AuditRecord,
+}

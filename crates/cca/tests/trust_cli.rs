@@ -104,6 +104,31 @@ fn init_then_server_serves_https_and_the_cli_talks_as_the_admin() {
     let body = String::from_utf8_lossy(&admin.stdout);
     assert!(body.contains(r#""kind":"user","name":"admin""#), "{body}");
 
+    // The refusal is in the audit log, with where it came from.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let audit = loop {
+        let audit = cca(
+            &[
+                "audit",
+                "--denied",
+                "--server",
+                &format!("https://localhost:{port}"),
+            ],
+            &config,
+        );
+        let shown = text(&audit);
+        if shown.contains("/v1/services") || std::time::Instant::now() > deadline {
+            break audit;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let shown = text(&audit);
+    assert!(audit.status.success(), "cca audit: {shown}");
+    assert!(
+        shown.contains("GET") && shown.contains("/v1/services") && shown.contains("401"),
+        "{shown}"
+    );
+
     // openssl sees the server's chain end at the cluster CA.
     let handshake = Command::new("openssl")
         .args(["s_client", "-connect", &address, "-CAfile"])

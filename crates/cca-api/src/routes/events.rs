@@ -1,17 +1,18 @@
-//! The event log: `GET /v1/events` and the retention task that deletes
-//! events older than the retention period or beyond the maximum count.
-//! Event keys sort by time (`events/{at:013}-{seq:010}-{origin:08x}`), so "the oldest"
-//! is "the first keys".
+//! The event and audit logs: `GET /v1/events`, `GET /v1/audit`, and the
+//! retention task that deletes entries of either older than its retention
+//! period or beyond its maximum count. Keys sort by time
+//! (`events/{at:013}-{seq:010}-{origin:08x}`, `audit/…` alike), so "the
+//! oldest" is "the first keys".
 
 use axum::Json;
 use axum::extract::State;
-use cca_model::cluster::{Event, Millis};
+use cca_model::cluster::{AuditOutcome, AuditRecord, Event, Millis};
 use cca_store::{KeyValue, Op, RangeRequest, Store, Txn};
 use serde::Deserialize;
 
 use crate::error::{ApiResult, QueryArgs};
 use crate::state::{ApiState, now_millis};
-use crate::types::EventRecord;
+use crate::types::{AuditEntry, EventRecord};
 
 /// Events returned when the query does not say.
 const DEFAULT_LIMIT: usize = 100;
@@ -78,7 +79,63 @@ fn decode(kv: &KeyValue) -> Option<EventRecord> {
     })
 }
 
-/// Deletes old events every retention interval until shutdown.
+/// Query of `GET /v1/audit`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct AuditQuery {
+    /// Only records at or after this time (ms since the epoch).
+    since: Option<Millis>,
+    /// Only records of callers whose identity starts with this
+    /// (`user:alice`, `node:`).
+    who: Option<String>,
+    /// Only refusals.
+    #[serde(default)]
+    denied: bool,
+    /// At most this many, the newest (default 100).
+    limit: Option<usize>,
+}
+
+/// `GET /v1/audit`: the newest audit records matching the query, oldest
+/// first.
+pub(crate) async fn audit(
+    State(state): State<ApiState>,
+    QueryArgs(query): QueryArgs<AuditQuery>,
+) -> ApiResult<Json<Vec<AuditEntry>>> {
+    let mut request = RangeRequest::prefix(cca_model::Kind::Audit.prefix());
+    if let Some(since) = query.since {
+        request = request.after(cca_model::keys::audit_from(since));
+    }
+    let page = state.store().range(request).await?;
+    let mut entries: Vec<AuditEntry> = page
+        .kvs
+        .iter()
+        .filter_map(|kv| {
+            let record: AuditRecord = serde_json::from_slice(&kv.value).ok()?;
+            Some(AuditEntry {
+                key: kv.key.clone(),
+                record,
+            })
+        })
+        .filter(|entry| !query.denied || entry.record.outcome == AuditOutcome::Denied)
+        .filter(|entry| {
+            query.who.as_deref().is_none_or(|who| {
+                entry
+                    .record
+                    .who
+                    .as_deref()
+                    .is_some_and(|caller| caller.starts_with(who))
+            })
+        })
+        .collect();
+    let skip = entries
+        .len()
+        .saturating_sub(query.limit.unwrap_or(DEFAULT_LIMIT));
+    entries.drain(..skip);
+    Ok(Json(entries))
+}
+
+/// Deletes old events and audit records every retention interval until
+/// shutdown.
 pub(crate) async fn retention_task(state: ApiState) {
     let mut shutdown = state.shutdown_signal();
     loop {
@@ -86,10 +143,51 @@ pub(crate) async fn retention_task(state: ApiState) {
             _ = tokio::time::sleep(state.config().retention_interval) => {}
             _ = shutdown.wait_for(|stop| *stop) => return,
         }
-        let retention = cca_model::clock::span_millis(state.config().event_retention);
-        let cutoff = now_millis().saturating_sub(retention);
-        if let Err(error) = prune_events(state.store(), cutoff, state.config().max_events).await {
+        let config = state.config();
+        let cutoff =
+            |retention| now_millis().saturating_sub(cca_model::clock::span_millis(retention));
+        if let Err(error) = prune_events(
+            state.store(),
+            cutoff(config.event_retention),
+            config.max_events,
+        )
+        .await
+        {
             tracing::warn!(%error, "event retention failed; retrying next interval");
+        }
+        let audit = Log::Audit;
+        if let Err(error) = prune(
+            state.store(),
+            audit,
+            cutoff(config.audit_retention),
+            config.max_audit_records,
+        )
+        .await
+        {
+            tracing::warn!(%error, "audit retention failed; retrying next interval");
+        }
+    }
+}
+
+/// The logs retention prunes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Log {
+    Events,
+    Audit,
+}
+
+impl Log {
+    fn kind(self) -> cca_model::Kind {
+        match self {
+            Log::Events => cca_model::Kind::Event,
+            Log::Audit => cca_model::Kind::Audit,
+        }
+    }
+
+    fn from(self, at: Millis) -> String {
+        match self {
+            Log::Events => cca_model::keys::events_from(at),
+            Log::Audit => cca_model::keys::audit_from(at),
         }
     }
 }
@@ -101,11 +199,22 @@ pub(crate) async fn prune_events(
     cutoff: Millis,
     max_events: usize,
 ) -> cca_store::Result<usize> {
+    prune(store, Log::Events, cutoff, max_events).await
+}
+
+/// Deletes entries of `log` before `cutoff` and the oldest beyond `max`;
+/// returns how many were deleted.
+pub(crate) async fn prune(
+    store: &dyn Store,
+    log: Log,
+    cutoff: Millis,
+    max: usize,
+) -> cca_store::Result<usize> {
     let page = store
-        .range(RangeRequest::prefix(cca_model::Kind::Event.prefix()))
+        .range(RangeRequest::prefix(log.kind().prefix()))
         .await?;
-    let excess = page.kvs.len().saturating_sub(max_events);
-    let cutoff_key = cca_model::keys::events_from(cutoff);
+    let excess = page.kvs.len().saturating_sub(max);
+    let cutoff_key = log.from(cutoff);
     let doomed: Vec<&str> = page
         .kvs
         .iter()

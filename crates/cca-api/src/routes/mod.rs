@@ -53,6 +53,10 @@ fn with_layers(routes: Vec<(&'static str, MethodRouter<ApiState>)>, state: ApiSt
             state.clone(),
             crate::auth::authenticate,
         ))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            crate::audit::record,
+        ))
         .layer(middleware::from_fn_with_state(state.clone(), observe))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(CatchPanicLayer::custom(|_| {
@@ -96,6 +100,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
             post(ops::resume_replacement),
         ),
         ("/v1/events", get(events::list)),
+        ("/v1/audit", get(events::audit)),
         ("/v1/watch", get(watch::watch)),
         ("/v1/agent/register", post(agent::register)),
         ("/v1/agent/nodes/{node}/heartbeat", post(agent::heartbeat)),

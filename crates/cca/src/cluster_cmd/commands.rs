@@ -14,8 +14,8 @@ use cca_wire::{Client, EventQuery, InstanceQuery};
 
 use super::output::{self, Format, age, now_millis, or_dash};
 use super::{
-    ApplyArgs, ClusterCommand, EventsArgs, GetArgs, HistoryArgs, HistoryKind, Kind, ServerAddr,
-    WatchArgs, describe,
+    ApplyArgs, AuditArgs, ClusterCommand, EventsArgs, GetArgs, HistoryArgs, HistoryKind, Kind,
+    ServerAddr, WatchArgs, describe,
 };
 
 /// Runs one command against the API server.
@@ -71,6 +71,7 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
             Ok(())
         }
         ClusterCommand::Events(args) => events(&args).await,
+        ClusterCommand::Audit(args) => audit(&args).await,
         ClusterCommand::Watch(args) => watch(&args).await,
         ClusterCommand::Logs(args) => super::io::logs(&args).await,
         // Answered by `run` (completions) and `dispatch` (exec's exit code).
@@ -431,6 +432,38 @@ pub(super) fn event_table(records: &[EventRecord]) {
         })
         .collect();
     output::table(&["age", "level", "source", "subject", "message"], rows);
+}
+
+async fn audit(args: &AuditArgs) -> Result<()> {
+    let since = args
+        .since
+        .map(|span| now_millis().saturating_sub(cca_model::clock::span_millis(span)));
+    let query = cca_wire::AuditQuery {
+        since,
+        who: args.who.clone(),
+        denied: args.denied,
+        limit: Some(args.limit),
+    };
+    let entries = client(&args.addr)?.audit(&query).await?;
+    if !output::structured(args.out.output, &entries)? {
+        let now = now_millis();
+        let rows = entries
+            .iter()
+            .map(|entry| {
+                let record = &entry.record;
+                vec![
+                    age(Some(record.at), now),
+                    or_dash(record.who.clone()),
+                    or_dash(Some(record.address.clone()).filter(|a| !a.is_empty())),
+                    record.method.clone(),
+                    record.path.clone(),
+                    record.status.to_string(),
+                ]
+            })
+            .collect();
+        output::table(&["age", "who", "address", "method", "path", "status"], rows);
+    }
+    Ok(())
 }
 
 async fn watch(args: &WatchArgs) -> Result<()> {

@@ -81,6 +81,8 @@ pub(crate) enum ClusterCommand {
     ResumeReplacement(ServerArgs),
     /// Print the event log.
     Events(EventsArgs),
+    /// List the audit log: who changed what, and who was refused.
+    Audit(AuditArgs),
     /// Stream changes of the cluster's facts (until Ctrl-C).
     Watch(WatchArgs),
     /// Print the output of an instance, of a service's instances, or of
@@ -238,6 +240,28 @@ pub(crate) struct NodeArgs {
     #[command(flatten)]
     pub(crate) addr: ServerAddr,
     pub(crate) node: String,
+}
+
+/// `cca audit [--who PREFIX] [--denied] [--since 10m] [--limit N]`
+#[derive(Debug, Args)]
+pub(crate) struct AuditArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    #[command(flatten)]
+    pub(crate) out: OutputArgs,
+    /// Only records of callers whose identity starts with this
+    /// (`user:alice`, `node:`).
+    #[arg(long)]
+    pub(crate) who: Option<String>,
+    /// Only refused requests.
+    #[arg(long)]
+    pub(crate) denied: bool,
+    /// Only records of the last DURATION (`30s`, `10m`, `2h`, `1d`).
+    #[arg(long, value_name = "DURATION", value_parser = crate::flags::duration)]
+    pub(crate) since: Option<std::time::Duration>,
+    /// At most this many, the newest.
+    #[arg(long, default_value_t = 100)]
+    pub(crate) limit: usize,
 }
 
 /// `cca events [--subject S] [--since 10m] [--limit N]`
