@@ -233,7 +233,7 @@ fn verifying_key(jwk: Jwk) -> Result<VerifyingKey, String> {
     Ok(VerifyingKey { kid, alg, key, jwk })
 }
 
-fn member<'a>(jwk: &'a Jwk, value: &'a Option<String>, name: &str) -> Result<Vec<u8>, String> {
+fn member(jwk: &Jwk, value: &Option<String>, name: &str) -> Result<Vec<u8>, String> {
     let text = value
         .as_deref()
         .ok_or_else(|| format!("the {} key has no `{name}`", jwk.kty))?;

@@ -498,6 +498,14 @@ impl Verifier {
         &self.keys
     }
 
+    pub fn issuer(&self) -> &str {
+        &self.issuer
+    }
+
+    pub fn audience(&self) -> &str {
+        &self.audience
+    }
+
     /// Replaces the keys, e.g. after refreshing an issuer's JWKS.
     pub fn set_keys(&mut self, keys: JwkSet) {
         self.keys = keys;
