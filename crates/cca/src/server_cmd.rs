@@ -138,9 +138,11 @@ impl NetworkArgs {
 }
 
 /// Refuses an API address other than loopback unless `insecure` says the
-/// operator accepts the risk: the API has no TLS or authentication yet, so
-/// whoever reaches it can run commands on every node. With `insecure`, it
-/// says so on stderr and allows it.
+/// operator accepts the risk; for plain HTTP only (a server with a
+/// cluster CA serves HTTPS with certificates and listens anywhere): plain
+/// HTTP has no authentication, so whoever reaches it can run commands on
+/// every node.
+/// With `insecure`, it says so on stderr and allows it.
 pub(crate) fn check_listen(address: SocketAddr, insecure: bool) -> Result<()> {
     if address.ip().to_canonical().is_loopback() {
         return Ok(());
@@ -178,7 +180,9 @@ pub(crate) fn run(args: ServerArgs) -> Result<ExitCode> {
 async fn serve(args: ServerArgs) -> Result<()> {
     // Pre-flight: the certificates and keys, before anything else.
     let trust = load_trust(&args.config_dir)?;
-    check_listen(args.listen, args.insecure || trust.is_some())?;
+    if trust.is_none() {
+        check_listen(args.listen, args.insecure)?;
+    }
     if let Some(liveness) = args.liveness_listen {
         if trust.is_some() {
             anyhow::bail!(
@@ -502,8 +506,8 @@ mod tests {
                 .to_string();
             assert!(
                 error.starts_with(&format!(
-                    "refusing to listen on {address}: the API has no TLS"
-                )),
+                    "refusing to listen on {address}: without a cluster CA"
+                )) && error.contains("cca init"),
                 "{error}"
             );
             assert!(error.contains("pass --insecure"), "{error}");
