@@ -48,15 +48,21 @@ pub enum Tls {
     Secrets { cert: String, key: String },
 }
 
-/// `desired/secret/{name}`: a secret's value, sealed by the API server
-/// (AES-256-GCM under the cluster's secret key): hex nonce and ciphertext
-/// (the 16-byte tag appended), the key's id and when the value was set.
-/// Never written by a compile or an apply.
+/// `desired/secret/{name}`: a secret's value, sealed by the API server.
+/// Format 2 (envelope): the value under its own random data key
+/// (AES-256-GCM, the secret's name as associated data), that data key
+/// wrapped by the key-encryption key `key_id` (`wrapped_key`, hex).
+/// Format 1 (older servers): the value directly under the cluster key
+/// file's key `key_id`, no `wrapped_key`. Hex nonce and ciphertext (the
+/// 16-byte tag appended) and when the value was set. Holds no value or key
+/// in the clear. Never written by a compile or an apply.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SealedSecret {
     pub format: u32,
     pub algorithm: String,
     pub key_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub wrapped_key: String,
     pub nonce: String,
     pub ciphertext: String,
     pub set_at: crate::cluster::Millis,
