@@ -141,6 +141,7 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     ("/v1/services/{name}/logs", Lane::Bulk),
     ("/v1/instances/{id}/logs", Lane::Bulk),
     ("/metrics", Lane::Bulk),
+    ("/v1/secret-key/rotate", Lane::Bulk),
 ];
 
 /// The row of `route` in [`ROUTE_LANES`].
@@ -454,6 +455,7 @@ mod tests {
             ("/v1/events", Lane::Bulk),
             ("/v1/instances/{id}/logs", Lane::Bulk),
             ("/metrics", Lane::Bulk),
+            ("/v1/secret-key/rotate", Lane::Bulk),
         ] {
             assert_eq!(Lane::of(route), lane, "{route}");
         }

@@ -3,7 +3,9 @@
 //! answering an instance's connection URLs and granted secrets only to the
 //! node it is placed on, and naming a secret without a value; assignment
 //! lines naming a grant committed with or just before their placement even
-//! when the cache (which the assignment hub indexes) lags behind the store.
+//! when the cache (which the assignment hub indexes) lags behind the store;
+//! a key rotation end to end (key file A to KMS command B, format-1 and
+//! foreign records, a concurrent `set`, then A dropped) and its cost.
 
 mod support;
 
@@ -15,6 +17,7 @@ use std::time::Duration;
 
 use axum::http::StatusCode;
 use cca_api::SecretKey;
+use cca_api::secrets::{CommandProvider, LocalKey, SecretValue};
 use cca_model::keys;
 use cca_model::spec::{ConnectionSpec, SecretGrant, SecretSpec};
 use serde_json::json;
@@ -385,5 +388,289 @@ async fn assignments_name_grants_committed_with_or_before_their_placement() {
             }
             other => panic!("expected {id}'s placement, got {other:?}"),
         }
+    }
+}
+
+/// A stand-in KMS: "wraps" by prefixing the key id and checks it on
+/// unwrap; no secrecy, only the protocol of `--secret-key-command`.
+const FAKE_KMS: &str = r#"op="$1"; id="$2"; input=$(cat)
+case "$op" in
+wrap) printf '%s:%s' "$id" "$input" | base64 -w0 ;;
+unwrap) decoded=$(printf '%s' "$input" | base64 -d) || exit 4
+  case "$decoded" in
+  "$id:"*) printf '%s\n' "${decoded#"$id:"}" ;;
+  *) echo "not wrapped by $id" >&2; exit 3 ;;
+  esac ;;
+*) echo "unknown operation $op" >&2; exit 2 ;;
+esac
+"#;
+
+/// The KMS command of key `key_id`, its script written into `dir` (run
+/// by `sh`: a file just written may be busy in a forked test thread).
+fn kms(dir: &std::path::Path, key_id: &str) -> CommandProvider {
+    let script = dir.join("kms.sh");
+    std::fs::write(&script, FAKE_KMS).expect("script written");
+    CommandProvider::new(
+        &format!("/bin/sh {}", script.display()),
+        key_id,
+        cca_api::secrets::DEFAULT_COMMAND_TIMEOUT,
+    )
+    .expect("provider")
+}
+
+/// A server restarted over `h`'s store with `key`: a new state and cache.
+async fn restarted(h: &support::Harness, key: SecretKey) -> axum::Router {
+    let cache = Arc::new(
+        cca_control::Cache::start(Arc::clone(&h.store))
+            .await
+            .expect("cache starts"),
+    );
+    let state = cca_api::ApiState::new(
+        Arc::clone(&h.store),
+        cache,
+        cca_api::ApiConfig::default(),
+        cca_api::no_extra_metrics(),
+    )
+    .with_secret_key(key);
+    cca_api::app(state)
+}
+
+async fn stored(h: &support::Harness, name: &str) -> cca_model::spec::SealedSecret {
+    let kv = h
+        .store
+        .get(&keys::desired_secret(name))
+        .await
+        .expect("get")
+        .expect("stored");
+    serde_json::from_slice(&kv.value).expect("decodes")
+}
+
+async fn put_record(h: &support::Harness, name: &str, record: &cca_model::spec::SealedSecret) {
+    h.store
+        .txn(cca_store::Txn::new().then(put(keys::desired_secret(name), record)))
+        .await
+        .expect("written");
+}
+
+#[tokio::test]
+async fn a_key_rotation_rewraps_every_record_and_the_old_key_can_go() {
+    let h = support::harness().await;
+    let key_a = h.dir.path().join("a.key");
+    let (a, created) = SecretKey::load_or_create(&key_a).expect("key A");
+    assert!(created);
+    let _ = h.state.clone().with_secret_key(a.clone());
+    let mut program = program();
+    program
+        .grants
+        .get_mut("web")
+        .expect("web")
+        .insert("legacy".into(), cca_model::spec::SecretGrant::Explicit);
+    program.secrets.insert(
+        "legacy".into(),
+        SecretSpec {
+            name: "legacy".into(),
+            description: None,
+        },
+    );
+    let (status, _) = h
+        .call("POST", "/v1/apply", Some(support::json(&program)))
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    h.store
+        .txn(cca_store::Txn::new().then(put(
+            keys::derived_instance("web", "web-1"),
+            &instance("web-1", "web", "n1"),
+        )))
+        .await
+        .expect("placed");
+    for (name, value) in [("db_password", "p@ss:w/rd"), ("api_token", "tok-1")] {
+        let (status, reply) = h
+            .call(
+                "PUT",
+                &format!("/v1/secrets/{name}"),
+                Some(json!({"value": value})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{reply}");
+    }
+    // Written by an older server (format 1, directly under A), and one
+    // under a key no server has.
+    let legacy = a
+        .seal_format_1("legacy", &SecretValue::new("old-style"), 3)
+        .expect("format 1");
+    put_record(&h, "legacy", &legacy).await;
+    let stranger = SecretKey::from_bytes(&[5; 32])
+        .expect("32 bytes")
+        .seal("stranger", &SecretValue::new("lost"), 4)
+        .expect("sealed");
+    put_record(&h, "stranger", &stranger).await;
+    assert_eq!(stored(&h, "db_password").await.key_id, a.id());
+
+    // Restart with the KMS's key B as primary and A still accepted.
+    let kms_dir = tempfile::tempdir().expect("tempdir");
+    let b = kms(kms_dir.path(), "kek-b");
+    let a_again = LocalKey::load(&key_a).expect("key A");
+    let both = restarted(&h, SecretKey::new(b.clone()).accepting(a_again)).await;
+    let files = "/v1/agent/nodes/n1/instances/web-1/files";
+    let expected = json!([
+        {"path": "connections/app_db", "content": "postgresql://app:p%40ss%3Aw%2Frd@postgres:5432/app"},
+        {"path": "secrets/api_token", "content": "tok-1"},
+        {"path": "secrets/legacy", "content": "old-style"},
+    ]);
+    let (status, reply) = support::call(&both, "GET", files, None).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(reply["files"], expected, "before the rotation");
+
+    // Rotate while a `set` of api_token races it: the set is never lost.
+    let (rotation, set) = tokio::join!(
+        support::call(&both, "POST", "/v1/secret-key/rotate", None),
+        support::call(
+            &both,
+            "PUT",
+            "/v1/secrets/api_token",
+            Some(json!({"value": "tok-2"}))
+        ),
+    );
+    assert_eq!(set.0, StatusCode::OK, "{}", set.1);
+    let (status, reply) = rotation;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    assert_eq!(reply["key_id"], "kek-b");
+    assert_eq!(
+        reply["rewrapped"].as_u64().expect("count") + reply["current"].as_u64().expect("count"),
+        3,
+        "{reply}"
+    );
+    assert!(reply["rewrapped"].as_u64().expect("count") >= 2, "{reply}");
+    let failed = reply["failed"].as_array().expect("failed");
+    assert_eq!(failed.len(), 1, "{reply}");
+    assert_eq!(failed[0]["name"], "stranger");
+    let error = failed[0]["error"].as_str().expect("error");
+    assert!(
+        error.contains("does not accept") && error.contains("kek-b"),
+        "{error}"
+    );
+    assert!(!reply.to_string().contains("lost"), "{reply}");
+    for name in ["db_password", "api_token", "legacy"] {
+        let record = stored(&h, name).await;
+        assert_eq!(
+            (record.format, record.key_id.as_str()),
+            (2, "kek-b"),
+            "{name}"
+        );
+    }
+    assert_eq!(stored(&h, "legacy").await.set_at, 3, "set_at is kept");
+    assert_eq!(stored(&h, "stranger").await, stranger, "left as it was");
+    let (status, reply) = support::call(&both, "POST", "/v1/secret-key/rotate", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (reply["rewrapped"].as_u64(), reply["current"].as_u64()),
+        (Some(0), Some(3))
+    );
+    let (_, events) = support::call(&both, "GET", "/v1/events", None).await;
+    assert!(
+        events
+            .to_string()
+            .contains("0 re-wrapped, 3 already current, 1 failed: stranger"),
+        "{events}"
+    );
+
+    // A dropped: a server with B only still opens every secret.
+    let b_only = restarted(&h, SecretKey::new(b)).await;
+    let (status, reply) = support::call(&b_only, "GET", files, None).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let mut expected = expected;
+    expected[1]["content"] = json!("tok-2");
+    assert_eq!(reply["files"], expected, "after the rotation, without A");
+}
+
+#[tokio::test]
+async fn a_kms_that_fails_answers_503_naming_the_command() {
+    let h = support::harness().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("down.sh");
+    std::fs::write(&script, "echo 'KMS unreachable' >&2; exit 1").expect("written");
+    let down = CommandProvider::new(
+        &format!("/bin/sh {}", script.display()),
+        "kek-1",
+        cca_api::secrets::DEFAULT_COMMAND_TIMEOUT,
+    )
+    .expect("provider");
+    let _ = h.state.clone().with_secret_key(SecretKey::new(down));
+    let (status, reply) = h
+        .call("PUT", "/v1/secrets/db", Some(json!({"value": "hunter2"})))
+        .await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{reply}");
+    let message = reply["error"].as_str().expect("message");
+    assert!(
+        message.contains("wrap kek-1") && message.contains("KMS unreachable"),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"));
+    assert!(h.keys().await.is_empty(), "nothing written");
+}
+
+/// The cost of rotating 1,000 secrets with a key file as the new primary
+/// (docs/secrets.md): three runs, each moving every record to the other
+/// key. `cargo test -p cca-api --test secrets -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check"]
+async fn rotation_of_1000_secrets_timed() {
+    let h = support::harness().await;
+    let keys = [[1u8; 32], [2u8; 32]];
+    let local = |bytes: &[u8; 32]| LocalKey::from_bytes(bytes).expect("32 bytes");
+    let first = SecretKey::new(local(&keys[0]));
+    for chunk in (0..1000).collect::<Vec<_>>().chunks(100) {
+        let mut txn = cca_store::Txn::new();
+        for index in chunk {
+            let name = format!("s{index:04}");
+            let sealed = first
+                .seal(&name, &SecretValue::new(format!("value-{index}")), 1)
+                .expect("sealed");
+            txn = txn.then(put(keys::desired_secret(&name), &sealed));
+        }
+        h.store.txn(txn).await.expect("written");
+    }
+    let mut runs = Vec::new();
+    for run in 0..3 {
+        let (new, old) = (&keys[(run + 1) % 2], &keys[run % 2]);
+        let app = restarted(&h, SecretKey::new(local(new)).accepting(local(old))).await;
+        let started = std::time::Instant::now();
+        let (status, reply) = support::call(&app, "POST", "/v1/secret-key/rotate", None).await;
+        runs.push(started.elapsed());
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(reply["rewrapped"], 1000, "{reply}");
+    }
+    runs.sort();
+    println!(
+        "rotation of 1000 secrets, key file to key file: min {:?} median {:?} max {:?}",
+        runs[0], runs[1], runs[2]
+    );
+
+    // Then to the stand-in KMS command: a process per wrap, and per
+    // unwrap once the old key is a KMS key too.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let kek = |id: &str| kms(dir.path(), id);
+    let steps = [
+        (
+            "key file to KMS",
+            SecretKey::new(kek("kek-b")).accepting(local(&keys[1])),
+        ),
+        (
+            "KMS to KMS",
+            SecretKey::new(kek("kek-c")).accepting(kek("kek-b")),
+        ),
+        (
+            "KMS to KMS",
+            SecretKey::new(kek("kek-b")).accepting(kek("kek-c")),
+        ),
+    ];
+    for (what, key) in steps {
+        let app = restarted(&h, key).await;
+        let started = std::time::Instant::now();
+        let (status, reply) = support::call(&app, "POST", "/v1/secret-key/rotate", None).await;
+        let took = started.elapsed();
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(reply["rewrapped"], 1000, "{reply}");
+        println!("rotation of 1000 secrets, {what}: {took:?}");
     }
 }

@@ -452,6 +452,14 @@ impl Client {
         self.json(self.request(Method::DELETE, &path)).await
     }
 
+    /// Re-wraps every secret's data key under the server's primary
+    /// key-encryption key (values untouched); says how many were
+    /// re-wrapped, already current, or failed (by name).
+    pub async fn rotate_secret_key(&self) -> ClientResult<RotateSecretKeyReply> {
+        self.json(self.request(Method::POST, "/v1/secret-key/rotate"))
+            .await
+    }
+
     /// The files (connection URLs, secret values) of an instance placed on
     /// `node`, for its agent to write before creating it.
     pub async fn instance_files(&self, node: &str, id: &str) -> ClientResult<InstanceFiles> {

@@ -526,3 +526,25 @@ pub struct AuditEntry {
     #[serde(flatten)]
     pub record: cca_model::cluster::AuditRecord,
 }
+
+/// Answer of `POST /v1/secret-key/rotate`: what re-wrapping every secret's
+/// data key under the server's primary key-encryption key did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RotateSecretKeyReply {
+    /// The primary KEK's id, which every re-wrapped record now names.
+    pub key_id: String,
+    /// Records whose data key was re-wrapped (or, format 1, sealed again).
+    pub rewrapped: u64,
+    /// Records already under the primary KEK.
+    pub current: u64,
+    /// Records that could not be re-wrapped, by name: they still open
+    /// only with the key they name.
+    pub failed: Vec<RotateFailure>,
+}
+
+/// One record a rotation could not re-wrap, and why (never a value).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RotateFailure {
+    pub name: String,
+    pub error: String,
+}

@@ -93,6 +93,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
             "/v1/secrets/{name}",
             put(secrets::set).delete(secrets::delete),
         ),
+        ("/v1/secret-key/rotate", post(secrets::rotate_key)),
         ("/v1/status", get(reads::status)),
         ("/v1/identity", get(reads::identity)),
         (

@@ -1,26 +1,44 @@
 //! Secret values and the files built from them: `cca secret set|ls|rm`
-//! (`PUT|GET|DELETE /v1/secrets…`, values sealed with the cluster's secret
-//! key at `desired/secret/{name}`, never answered or logged), and the
-//! agent's `GET /v1/agent/nodes/{node}/instances/{id}/files`: the
-//! connection URLs and granted secrets of an instance placed on the node,
-//! which the agent writes before creating it.
+//! (`PUT|GET|DELETE /v1/secrets…`, values sealed under the server's
+//! primary key-encryption key at `desired/secret/{name}`, never answered
+//! or logged), `cca secret rotate-key` (`POST /v1/secret-key/rotate`:
+//! every record's data key re-wrapped under the primary, each in its own
+//! guarded write so a concurrent `set` is never lost), and the agent's
+//! `GET /v1/agent/nodes/{node}/instances/{id}/files`: the connection URLs
+//! and granted secrets of an instance placed on the node, which the agent
+//! writes before creating it. Sealing and opening run on the blocking
+//! pool: a KMS command may take a while.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use cca_model::cluster::EventLevel;
 use cca_model::keys;
 use cca_model::spec::ConnectionSpec;
-use cca_store::{Compare, CompareOp, Op, Txn};
+use cca_store::{Compare, CompareOp, Op, RangeRequest, Txn, TxnOutcome};
+use futures_util::StreamExt;
+use tokio::time::Instant;
 
 use crate::error::{ApiError, ApiResult, JsonBody};
-use crate::secrets::{MAX_SECRET_BYTES, SealedSecret, SecretKey, SecretValue, connection_url};
+use crate::secrets::{
+    MAX_SECRET_BYTES, ProviderError, Rewrap, SealedSecret, SecretError, SecretKey, SecretValue,
+    connection_url,
+};
 use crate::state::{ApiState, encode, now_millis};
 use crate::types::{
-    DeleteSecretReply, InstanceFile, InstanceFiles, SecretInfo, SetSecretReply, SetSecretRequest,
+    DeleteSecretReply, InstanceFile, InstanceFiles, RotateFailure, RotateSecretKeyReply,
+    SecretInfo, SetSecretReply, SetSecretRequest,
 };
-use crate::update::read_modify_write;
+use crate::update::{UPDATE_DEADLINE, read_modify_write};
+
+/// Records a rotation re-wraps at once: enough to fill the store's group
+/// commits and a KMS's pipeline, few enough to leave the pool to requests.
+const ROTATE_PARALLEL: usize = 16;
+/// Keys read per page when listing the records to rotate.
+const ROTATE_PAGE: usize = 1000;
 
 /// `PUT /v1/secrets/{name}`: seals and stores a value.
 pub(crate) async fn set(
@@ -41,9 +59,11 @@ pub(crate) async fn set(
         )));
     }
     let secret_key = state.secret_key()?;
-    let sealed = secret_key
-        .seal(&name, &SecretValue::new(request.value), now_millis())
-        .map_err(|error| ApiError::internal(error.to_string()))?;
+    let value = SecretValue::new(request.value);
+    let sealed_name = name.clone();
+    let sealed = blocking(move || secret_key.seal(&sealed_name, &value, now_millis()))
+        .await?
+        .map_err(secret_error)?;
     let key = keys::desired_secret(&name);
     let (created, revision) = read_modify_write(&state, &format!("secret `{name}`"), || async {
         let existing = state.store().get(&key).await?;
@@ -204,7 +224,7 @@ pub(crate) async fn instance_files(
 /// Reads and opens secret values for one request, taking the key once.
 struct Values<'a> {
     state: &'a ApiState,
-    key: Option<std::sync::Arc<SecretKey>>,
+    key: Option<Arc<SecretKey>>,
     service: &'a str,
 }
 
@@ -227,15 +247,187 @@ impl Values<'_> {
             ))
         })?;
         let key = match &self.key {
-            Some(key) => std::sync::Arc::clone(key),
+            Some(key) => Arc::clone(key),
             None => {
                 let key = self.state.secret_key()?;
-                self.key = Some(std::sync::Arc::clone(&key));
+                self.key = Some(Arc::clone(&key));
                 key
             }
         };
-        key.open(name, &sealed)
-            .map_err(|error| ApiError::internal(error.to_string()))
+        let name = name.to_owned();
+        blocking(move || key.open(&name, &sealed))
+            .await?
+            .map_err(secret_error)
+    }
+}
+
+/// `POST /v1/secret-key/rotate`: re-wraps every record's data key under
+/// the primary KEK. Records are listed from the store (the view may lag)
+/// and each is rewritten in its own read-modify-write guarded by its mod
+/// revision: a `set` or `rm` in between wins and the record is read again.
+/// One record failing (a KEK no longer accepted, a damaged record) does
+/// not stop the others; the answer names it.
+pub(crate) async fn rotate_key(
+    State(state): State<ApiState>,
+) -> ApiResult<Json<RotateSecretKeyReply>> {
+    let secret_key = state.secret_key()?;
+    let prefix = keys::desired_secret("");
+    let mut names = Vec::new();
+    let mut after = None;
+    loop {
+        let page = state
+            .store()
+            .range(RangeRequest {
+                prefix: prefix.clone(),
+                after: after.take(),
+                limit: ROTATE_PAGE,
+            })
+            .await?;
+        names.extend(
+            page.kvs
+                .iter()
+                .filter_map(|kv| kv.key.strip_prefix(&prefix).map(str::to_owned)),
+        );
+        match page.continuation {
+            Some(next) => after = Some(next),
+            None => break,
+        }
+    }
+    let outcomes: Vec<(String, Result<Rotated, String>)> = futures_util::stream::iter(names)
+        .map(|name| {
+            let state = state.clone();
+            let key = Arc::clone(&secret_key);
+            async move {
+                let outcome = rotate_one(&state, key, &name).await;
+                (name, outcome)
+            }
+        })
+        .buffer_unordered(ROTATE_PARALLEL)
+        .collect()
+        .await;
+    let mut reply = RotateSecretKeyReply {
+        key_id: secret_key.id().to_owned(),
+        rewrapped: 0,
+        current: 0,
+        failed: Vec::new(),
+    };
+    for (name, outcome) in outcomes {
+        match outcome {
+            Ok(Rotated::Rewrapped) => reply.rewrapped += 1,
+            Ok(Rotated::Current) => reply.current += 1,
+            Ok(Rotated::Gone) => {}
+            Err(error) => reply.failed.push(RotateFailure { name, error }),
+        }
+    }
+    reply.failed.sort_by(|a, b| a.name.cmp(&b.name));
+    let (level, failed) = if reply.failed.is_empty() {
+        (EventLevel::Info, String::new())
+    } else {
+        let names: Vec<&str> = reply.failed.iter().map(|f| f.name.as_str()).collect();
+        (
+            EventLevel::Warning,
+            format!(", {} failed: {}", names.len(), names.join(", ")),
+        )
+    };
+    let message = format!(
+        "data keys re-wrapped under {}: {} re-wrapped, {} already current{failed}",
+        reply.key_id, reply.rewrapped, reply.current
+    );
+    tracing::info!(
+        key_id = %reply.key_id,
+        rewrapped = reply.rewrapped,
+        current = reply.current,
+        failed = reply.failed.len(),
+        "secret key rotation"
+    );
+    // The answer is what matters; a lost event is only logged.
+    if let Err(error) = state
+        .store()
+        .txn(Txn::new().then(state.event_op(level, "secret-key", message)))
+        .await
+    {
+        tracing::warn!(%error, "recording the secret key rotation's event failed");
+    }
+    Ok(Json(reply))
+}
+
+/// What a rotation did to one record.
+enum Rotated {
+    Rewrapped,
+    Current,
+    /// Removed since it was listed.
+    Gone,
+}
+
+async fn rotate_one(state: &ApiState, key: Arc<SecretKey>, name: &str) -> Result<Rotated, String> {
+    let store_key = keys::desired_secret(name);
+    let deadline = Instant::now() + UPDATE_DEADLINE;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        let Some(kv) = state
+            .store()
+            .get(&store_key)
+            .await
+            .map_err(|error| error.to_string())?
+        else {
+            return Ok(Rotated::Gone);
+        };
+        let sealed: SealedSecret = serde_json::from_slice(&kv.value).map_err(|error| {
+            format!("the stored record does not decode: {error}; set it again with `cca secret set {name}`")
+        })?;
+        let rewrap_key = Arc::clone(&key);
+        let rewrap_name = name.to_owned();
+        let rewrap = blocking(move || rewrap_key.rewrap(&rewrap_name, &sealed))
+            .await
+            .map_err(|error| error.to_string())?
+            .map_err(|error| error.to_string())?;
+        let Rewrap::Rewrapped(record) = rewrap else {
+            return Ok(Rotated::Current);
+        };
+        let txn = Txn::new()
+            .when(Compare::mod_revision(
+                &store_key,
+                CompareOp::Equal,
+                kv.mod_revision,
+            ))
+            .then(Op::put(&store_key, encode(&record)));
+        match state.store().txn(txn).await {
+            Ok(TxnOutcome::Committed { .. }) => return Ok(Rotated::Rewrapped),
+            Ok(_) => {}
+            Err(error) => return Err(error.to_string()),
+        }
+        if Instant::now() + pause >= deadline {
+            return Err(format!(
+                "it kept changing for {}s while re-wrapping it; rotate again",
+                UPDATE_DEADLINE.as_secs()
+            ));
+        }
+        let micros = u64::try_from(pause.as_micros()).unwrap_or(u64::MAX);
+        tokio::time::sleep(Duration::from_micros(fastrand::u64(0..=micros))).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// Runs sealing or opening on the blocking pool.
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> ApiResult<T> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|_| ApiError::internal("sealing or opening a secret failed unexpectedly"))
+}
+
+/// A KMS command that fails is the KMS's unavailability (503); anything
+/// else (a key not accepted, a damaged record) is the server's (500).
+fn secret_error(error: SecretError) -> ApiError {
+    match &error {
+        SecretError::Provider { error: cause, .. }
+            if !matches!(
+                **cause,
+                ProviderError::Unwrap { .. } | ProviderError::Wrap { .. }
+            ) =>
+        {
+            ApiError::unavailable(error.to_string())
+        }
+        _ => ApiError::internal(error.to_string()),
     }
 }
 

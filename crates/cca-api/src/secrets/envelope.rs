@@ -197,6 +197,50 @@ impl SecretKey {
     /// under a KEK this server does not accept, for another name, or
     /// altered in any byte (value, nonce or wrapped key).
     pub fn open(&self, name: &str, sealed: &SealedSecret) -> Result<SecretValue, SecretError> {
+        self.open_keeping_key(name, sealed).map(|(value, _)| value)
+    }
+
+    /// The record `sealed` of secret `name` under the primary KEK, the
+    /// value unchanged: its data key unwrapped and wrapped again (format
+    /// 2), or the value sealed again under a new data key (format 1).
+    /// Opens the value first, so a damaged record is reported, never
+    /// rewrapped.
+    pub fn rewrap(&self, name: &str, sealed: &SealedSecret) -> Result<Rewrap, SecretError> {
+        if sealed.format == FORMAT_ENVELOPE
+            && sealed.algorithm == ALGORITHM
+            && sealed.key_id == self.primary.key_id()
+        {
+            return Ok(Rewrap::Current);
+        }
+        let (value, data_key) = self.open_keeping_key(name, sealed)?;
+        let Some(data_key) = data_key else {
+            return self
+                .seal(name, &value, sealed.set_at)
+                .map(Rewrap::Rewrapped);
+        };
+        // The value opened under this data key, so the key is good and the
+        // ciphertext stays as it is.
+        let rewrapped = self
+            .primary
+            .wrap(&data_key)
+            .map_err(|error| SecretError::Provider {
+                name: name.to_owned(),
+                error: Box::new(error),
+            })?;
+        Ok(Rewrap::Rewrapped(SealedSecret {
+            key_id: self.primary.key_id().to_owned(),
+            wrapped_key: hex(&rewrapped),
+            ..sealed.clone()
+        }))
+    }
+
+    /// The value, and its data key when the record has one (format 2): a
+    /// rotation wraps it again without a second call to the KEK.
+    fn open_keeping_key(
+        &self,
+        name: &str,
+        sealed: &SealedSecret,
+    ) -> Result<(SecretValue, Option<DataKey>), SecretError> {
         if sealed.algorithm != ALGORITHM
             || (sealed.format != FORMAT_ENVELOPE && sealed.format != FORMAT_DIRECT)
         {
@@ -214,9 +258,8 @@ impl SecretKey {
                 sealed_with: sealed.key_id.clone(),
                 accepted: self.accepted_ids().join(", "),
             })?;
-        if sealed.format == FORMAT_DIRECT {
-            let legacy = kek.legacy().ok_or_else(|| corrupt(name, "no key file"))?;
-            return open_with(legacy.aead(), name, sealed);
+        if let Some(legacy) = kek.legacy().filter(|_| sealed.format == FORMAT_DIRECT) {
+            return open_with(legacy.aead(), name, sealed).map(|value| (value, None));
         }
         let wrapped = unhex(&sealed.wrapped_key)
             .filter(|bytes| !bytes.is_empty())
@@ -230,45 +273,7 @@ impl SecretKey {
         let aead = data_key
             .aead()
             .ok_or_else(|| corrupt(name, "the data key is unusable"))?;
-        open_with(&aead, name, sealed)
-    }
-
-    /// The record `sealed` of secret `name` under the primary KEK, the
-    /// value unchanged: its data key unwrapped and wrapped again (format
-    /// 2), or the value sealed again under a new data key (format 1).
-    /// Opens the value first, so a damaged record is reported, never
-    /// rewrapped.
-    pub fn rewrap(&self, name: &str, sealed: &SealedSecret) -> Result<Rewrap, SecretError> {
-        if sealed.format == FORMAT_ENVELOPE
-            && sealed.algorithm == ALGORITHM
-            && sealed.key_id == self.primary.key_id()
-        {
-            return Ok(Rewrap::Current);
-        }
-        let value = self.open(name, sealed)?;
-        if sealed.format == FORMAT_DIRECT {
-            return self
-                .seal(name, &value, sealed.set_at)
-                .map(Rewrap::Rewrapped);
-        }
-        // `open` checked every byte: the data key is good and the
-        // ciphertext stays as it is.
-        let kek = self
-            .provider(&sealed.key_id)
-            .ok_or_else(|| corrupt(name, "no KEK"))?;
-        let provider_error = |error| SecretError::Provider {
-            name: name.to_owned(),
-            error: Box::new(error),
-        };
-        let wrapped = unhex(&sealed.wrapped_key)
-            .ok_or_else(|| corrupt(name, "the wrapped data key is not hex"))?;
-        let data_key = kek.unwrap(&wrapped).map_err(provider_error)?;
-        let rewrapped = self.primary.wrap(&data_key).map_err(provider_error)?;
-        Ok(Rewrap::Rewrapped(SealedSecret {
-            key_id: self.primary.key_id().to_owned(),
-            wrapped_key: hex(&rewrapped),
-            ..sealed.clone()
-        }))
+        open_with(&aead, name, sealed).map(|value| (value, Some(data_key)))
     }
 
     /// Seals `value` as older servers did (format 1, directly under the
