@@ -10,6 +10,7 @@ mod dsl_cmd;
 mod flags;
 mod image_cmd;
 mod init_cmd;
+mod secret_keys;
 mod server_cmd;
 mod store_cmd;
 mod whoami;

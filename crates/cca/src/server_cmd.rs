@@ -92,12 +92,8 @@ pub(crate) struct ServerArgs {
     /// `liveness` and `reports`. Default: see docs/api.md.
     #[arg(long = "api-lane", value_name = "LANE=IN_FLIGHT,QUEUED,TIMEOUT", value_parser = flags::api_lane)]
     api_lanes: Vec<(Lane, LaneLimits)>,
-    /// The cluster's key for secret values: 32 bytes, mode 0600, created
-    /// when absent. Every server of a cluster must use the same file.
-    /// Default: `secret.key` beside an embedded store's directory; required
-    /// with etcd.
-    #[arg(long, env = "CCA_SECRET_KEY_FILE", value_name = "PATH")]
-    secret_key_file: Option<PathBuf>,
+    #[command(flatten)]
+    secret_keys: crate::secret_keys::SecretKeyArgs,
     #[command(flatten)]
     network: NetworkArgs,
     /// Where the server answers DNS for the cluster (`{svc}.cca.local`,
@@ -194,7 +190,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
     }
     let network = args.network.config()?;
     // Before the store: a bad key must not cost a store open.
-    let secret_key = load_secret_key(&secret_key_path(&args)?)?;
+    let secret_key = args.secret_keys.load(&args.store)?;
     let store = args
         .etcd_tls
         .open(&args.store)
@@ -307,23 +303,6 @@ fn api_config(args: &ServerArgs, tls: bool) -> ApiConfig {
         *config.lanes.get_mut(*lane) = *limits;
     }
     config
-}
-
-/// Where the cluster's secret key is: the flag, else beside an embedded
-/// store.
-fn secret_key_path(args: &ServerArgs) -> Result<PathBuf> {
-    if let Some(path) = &args.secret_key_file {
-        return Ok(path.clone());
-    }
-    match &args.store {
-        cca_store::StoreUrl::Embedded(dir) => {
-            let parent = dir.parent().filter(|p| !p.as_os_str().is_empty());
-            Ok(parent.unwrap_or_else(|| Path::new(".")).join("secret.key"))
-        }
-        cca_store::StoreUrl::Etcd(_) => anyhow::bail!(
-            "--secret-key-file is required with an etcd store: every server of the cluster must use the same key file (create it once with `head -c 32 /dev/urandom > secret.key; chmod 600 secret.key` and copy it to each server)"
-        ),
-    }
 }
 
 /// Reads the cluster's secret key, creating it when absent.

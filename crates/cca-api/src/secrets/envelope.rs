@@ -161,6 +161,24 @@ impl SecretKey {
             .find(|kek| kek.key_id() == key_id)
     }
 
+    /// Seals and opens a throwaway value with the primary KEK: a start-up
+    /// check that the key file or KMS command works, before any secret
+    /// depends on it.
+    pub fn check(&self) -> Result<(), SecretError> {
+        let name = "cca-start-up-check";
+        let probe = SecretValue::new(hex(DataKey::random()
+            .ok_or_else(|| SecretError::Seal {
+                name: name.to_owned(),
+            })?
+            .bytes()));
+        let sealed = self.seal(name, &probe, 0)?;
+        if self.open(name, &sealed)? == probe {
+            Ok(())
+        } else {
+            Err(corrupt(name, "the value opened is not the value sealed"))
+        }
+    }
+
     /// Encrypts `value` for the secret `name` under a fresh data key,
     /// wrapped by the primary KEK.
     pub fn seal(
@@ -374,6 +392,33 @@ mod tests {
         assert_ne!(again.wrapped_key, sealed.wrapped_key);
         assert_eq!(format!("{value:?}"), "SecretValue(<redacted>)");
         assert!(!format!("{key:?}").contains("07"));
+    }
+
+    #[test]
+    fn the_start_up_check_catches_a_kek_that_does_not_round_trip() {
+        assert_eq!(SecretKey::new(file_key(7)).check(), Ok(()));
+        #[derive(Debug)]
+        struct Forgetful;
+        impl KeyProvider for Forgetful {
+            fn key_id(&self) -> &str {
+                "forgetful"
+            }
+            fn wrap(&self, _: &DataKey) -> Result<Vec<u8>, ProviderError> {
+                Ok(vec![0; KEY_LEN])
+            }
+            fn unwrap(&self, wrapped: &[u8]) -> Result<DataKey, ProviderError> {
+                DataKey::from_bytes(wrapped).ok_or(ProviderError::Unwrap {
+                    key_id: "forgetful".into(),
+                })
+            }
+        }
+        let error = SecretKey::new(Forgetful).check().expect_err("a broken KEK");
+        assert!(
+            error
+                .to_string()
+                .contains("authentication tag does not match"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -1,7 +1,9 @@
-//! `cca secret set|ls|rm`: secret values through the API. A value comes
-//! from stdin (one trailing newline dropped, so `echo pw | cca secret set
-//! db` stores `pw`) or, as it is, from `--from-file`; it is never printed,
-//! and `ls` shows names and states only.
+//! `cca secret set|ls|rm|rotate-key`: secret values through the API. A
+//! value comes from stdin (one trailing newline dropped, so `echo pw | cca
+//! secret set db` stores `pw`) or, as it is, from `--from-file`; it is
+//! never printed, and `ls` shows names and states only. `rotate-key` has
+//! the server re-wrap every secret under its primary key and fails when
+//! any record could not be.
 
 use std::io::{IsTerminal, Read};
 use std::path::PathBuf;
@@ -30,6 +32,9 @@ pub(crate) enum SecretCommand {
     /// Remove a secret's value (its declaration stays in the program).
     #[command(alias = "remove")]
     Rm(RmArgs),
+    /// Re-wrap every secret's data key under the server's primary key (after
+    /// starting the servers with a new key and the old one as an old key).
+    RotateKey(RotateKeyArgs),
 }
 
 /// `cca secret set NAME [--from-file F]`
@@ -59,6 +64,15 @@ pub(crate) struct RmArgs {
     #[command(flatten)]
     addr: ServerAddr,
     name: String,
+}
+
+/// `cca secret rotate-key`
+#[derive(Debug, Args)]
+pub(crate) struct RotateKeyArgs {
+    #[command(flatten)]
+    addr: ServerAddr,
+    #[command(flatten)]
+    out: OutputArgs,
 }
 
 pub(super) async fn run(args: SecretArgs) -> Result<()> {
@@ -100,6 +114,27 @@ pub(super) async fn run(args: SecretArgs) -> Result<()> {
         SecretCommand::Rm(args) => {
             let reply = client(&args.addr)?.delete_secret(&args.name).await?;
             output::line(&format!("secret/{} removed", reply.name));
+        }
+        SecretCommand::RotateKey(args) => {
+            let reply = client(&args.addr)?.rotate_secret_key().await?;
+            if !output::structured(args.out.output, &reply)? {
+                output::line(&format!(
+                    "secrets under key {}: {} re-wrapped, {} already current, {} failed",
+                    reply.key_id,
+                    reply.rewrapped,
+                    reply.current,
+                    reply.failed.len()
+                ));
+                for failure in &reply.failed {
+                    output::line(&format!("  {}: {}", failure.name, failure.error));
+                }
+            }
+            if !reply.failed.is_empty() {
+                bail!(
+                    "{} secret(s) were not re-wrapped: keep the old key until they are fixed (set them again, or start the servers with the key they name), then rotate again",
+                    reply.failed.len()
+                );
+            }
         }
     }
     Ok(())
