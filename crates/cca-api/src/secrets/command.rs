@@ -456,10 +456,17 @@ esac
         assert_eq!(calls[1].args, ["--region", "eu", "unwrap", "kek-1"]);
         let key_text = format!("{}\n", base64::encode(&[0xab; 32]));
         assert_eq!(calls[0].stdin, key_text.as_bytes());
+        let output = CommandOutput {
+            code: Some(0),
+            stdout: key_text.clone().into_bytes(),
+            stderr: key_text.clone().into_bytes(),
+        };
         for shown in [
             format!("{calls:?}"),
             format!("{provider:?}"),
             format!("{runner:?}"),
+            format!("{output:?}"),
+            format!("{data_key:?}"),
         ] {
             assert!(!shown.contains(key_text.trim()), "{shown}");
         }
