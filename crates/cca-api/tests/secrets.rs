@@ -521,8 +521,9 @@ async fn a_key_rotation_rewraps_every_record_and_the_old_key_can_go() {
     assert_eq!(status, StatusCode::OK, "{reply}");
     assert_eq!(reply["files"], expected, "before the rotation");
 
-    // Rotate while a `set` of api_token races it: the set is never lost.
-    let (rotation, set) = tokio::join!(
+    // Rotate while a `set` of api_token races it (the set is never lost)
+    // and an agent reads the instance's files (they keep being served).
+    let (rotation, set, during) = tokio::join!(
         support::call(&both, "POST", "/v1/secret-key/rotate", None),
         support::call(
             &both,
@@ -530,8 +531,11 @@ async fn a_key_rotation_rewraps_every_record_and_the_old_key_can_go() {
             "/v1/secrets/api_token",
             Some(json!({"value": "tok-2"}))
         ),
+        support::call(&both, "GET", files, None),
     );
     assert_eq!(set.0, StatusCode::OK, "{}", set.1);
+    assert_eq!(during.0, StatusCode::OK, "{}", during.1);
+    assert_eq!(during.1["files"][0], expected[0], "during the rotation");
     let (status, reply) = rotation;
     assert_eq!(status, StatusCode::OK, "{reply}");
     assert_eq!(reply["key_id"], "kek-b");
