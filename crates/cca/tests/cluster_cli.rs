@@ -279,13 +279,18 @@ fn completions_are_generated_for_each_shell() {
 
 /// Runs `cca ARGS`, which must fail with exit 1; its stderr.
 fn refused(args: &[&str]) -> String {
-    let output = Command::new(CCA).args(args).output().expect("cca runs");
+    let output = Command::new(CCA)
+        .args(args)
+        .env("CCA_CONFIG_DIR", support::NO_TRUST)
+        .output()
+        .expect("cca runs");
     assert_eq!(output.status.code(), Some(1), "{args:?}");
     String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
-/// The API has no TLS yet: `cca server` and `cca dev` refuse an address
-/// other than loopback (before opening any store) unless `--insecure`.
+/// Without a cluster CA the API serves plain HTTP: `cca server` and `cca
+/// dev` refuse an address other than loopback (before opening any store)
+/// unless `--insecure`.
 #[test]
 fn listening_beyond_loopback_needs_insecure() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -293,7 +298,7 @@ fn listening_beyond_loopback_needs_insecure() {
     let store_url = format!("embedded:{}", store.display());
     let stderr = refused(&["server", "--store", &store_url, "--listen", "0.0.0.0:0"]);
     assert!(
-        stderr.starts_with("error: refusing to listen on 0.0.0.0:0: the API has no TLS"),
+        stderr.starts_with("error: refusing to listen on 0.0.0.0:0: without a cluster CA"),
         "{stderr}"
     );
     assert!(stderr.contains("pass --insecure"), "{stderr}");
