@@ -90,7 +90,7 @@ pub(crate) enum ClusterCommand {
     Logs(LogsArgs),
     /// Run a command in an instance and exit with its exit code.
     Exec(ExecArgs),
-    /// Set, list and remove secret values.
+    /// Set, list and remove secret values; re-wrap them under a new key (rotate-key).
     Secret(secret::SecretArgs),
     /// Print a shell completion script.
     Completions(CompletionsArgs),
