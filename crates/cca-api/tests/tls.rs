@@ -171,19 +171,41 @@ async fn a_replaced_server_certificate_is_served_from_the_next_handshake() {
     assert!(error.to_string().contains("do not fit"), "{error}");
 }
 
+/// A server under certificate authentication and three callers: node
+/// `n1`, user `admin`, and one without a certificate.
+struct Guarded {
+    _harness: support::Harness,
+    _stop: oneshot::Sender<()>,
+    n1: Client,
+    admin: Client,
+    nobody: Client,
+}
+
+impl Guarded {
+    async fn serve(config: cca_api::ApiConfig) -> Self {
+        let config = cca_api::ApiConfig {
+            authentication: cca_api::auth::Authentication::Certificates,
+            ..config
+        };
+        let h = support::harness_with(config).await;
+        let ca = Ca::new("cluster");
+        let server = ca.issue(&["localhost"], Some("cca://server/s1"));
+        let (url, _, stop) = serve_tls(&h, &ca, &server).await;
+        Self {
+            n1: client(&url, &ca, Some(&ca.issue(&[], Some("cca://node/n1")))),
+            admin: client(&url, &ca, Some(&ca.issue(&[], Some("cca://user/admin")))),
+            nobody: client(&url, &ca, None),
+            _harness: h,
+            _stop: stop,
+        }
+    }
+}
+
 #[tokio::test]
 async fn under_certificates_a_node_acts_only_as_itself_and_users_use_the_rest() {
-    let config = cca_api::ApiConfig {
-        authentication: cca_api::auth::Authentication::Certificates,
-        ..cca_api::ApiConfig::default()
-    };
-    let h = support::harness_with(config).await;
-    let ca = Ca::new("cluster");
-    let server = ca.issue(&["localhost"], Some("cca://server/s1"));
-    let (url, _, _stop) = serve_tls(&h, &ca, &server).await;
-    let n1 = client(&url, &ca, Some(&ca.issue(&[], Some("cca://node/n1"))));
-    let admin = client(&url, &ca, Some(&ca.issue(&[], Some("cca://user/admin"))));
-    let nobody = client(&url, &ca, None);
+    let config = cca_api::ApiConfig::default();
+    let cluster = Guarded::serve(config).await;
+    let (n1, admin, nobody) = (&cluster.n1, &cluster.admin, &cluster.nobody);
 
     let registered = n1
         .register(&support::node_request("n1"))
@@ -251,18 +273,12 @@ async fn audit_until(
 #[tokio::test]
 async fn changes_and_refusals_are_audited_with_who_asked() {
     let config = cca_api::ApiConfig {
-        authentication: cca_api::auth::Authentication::Certificates,
         retention_interval: std::time::Duration::from_millis(50),
         max_audit_records: 4,
         ..cca_api::ApiConfig::default()
     };
-    let h = support::harness_with(config).await;
-    let ca = Ca::new("cluster");
-    let server = ca.issue(&["localhost"], Some("cca://server/s1"));
-    let (url, _, _stop) = serve_tls(&h, &ca, &server).await;
-    let n1 = client(&url, &ca, Some(&ca.issue(&[], Some("cca://node/n1"))));
-    let admin = client(&url, &ca, Some(&ca.issue(&[], Some("cca://user/admin"))));
-    let nobody = client(&url, &ca, None);
+    let cluster = Guarded::serve(config).await;
+    let (n1, admin, nobody) = (&cluster.n1, &cluster.admin, &cluster.nobody);
 
     let registered = n1
         .register(&support::node_request("n1"))
