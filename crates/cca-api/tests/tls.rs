@@ -291,7 +291,7 @@ async fn changes_and_refusals_are_audited_with_who_asked() {
     admin.drain("n1").await.expect("an admin drains n1");
     let _ = nobody.services(&[]).await;
 
-    let entries = audit_until(&admin, |entries| entries.len() >= 3).await;
+    let entries = audit_until(admin, |entries| entries.len() >= 3).await;
     let seen: Vec<(Option<&str>, &str, &str, u16)> = entries
         .iter()
         .map(|entry| {
@@ -337,7 +337,7 @@ async fn changes_and_refusals_are_audited_with_who_asked() {
     for _ in 0..6 {
         admin.drain("n1").await.expect("drains");
     }
-    let kept = audit_until(&admin, |entries| {
+    let kept = audit_until(admin, |entries| {
         entries.len() <= 4
             && entries
                 .iter()
