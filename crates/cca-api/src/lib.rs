@@ -112,13 +112,23 @@ impl From<TlsListener> for ApiListener {
 /// with reports, reads and the controllers. Admission is the same
 /// `liveness` lane as on the main listener.
 pub async fn serve_liveness(
-    listener: TcpListener,
+    listener: impl Into<ApiListener>,
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, routes::liveness_app(state))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let service = routes::liveness_app(state).into_make_service_with_connect_info::<Peer>();
+    match listener.into() {
+        ApiListener::Plain(listener) => {
+            axum::serve(listener, service)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+        ApiListener::Tls(listener) => {
+            axum::serve(listener, service)
+                .with_graceful_shutdown(shutdown)
+                .await
+        }
+    }
 }
 
 #[doc(hidden)]

@@ -179,13 +179,9 @@ async fn serve(args: ServerArgs) -> Result<()> {
     if trust.is_none() {
         check_listen(args.listen, args.insecure)?;
     }
-    if let Some(liveness) = args.liveness_listen {
-        if trust.is_some() {
-            anyhow::bail!(
-                "--liveness-listen serves plain HTTP and this server serves HTTPS ({} holds a cluster CA): drop --liveness-listen",
-                args.config_dir.display()
-            );
-        }
+    if let Some(liveness) = args.liveness_listen
+        && trust.is_none()
+    {
         check_listen(liveness, args.insecure)?;
     }
     let network = args.network.config()?;
@@ -233,7 +229,10 @@ async fn serve(args: ServerArgs) -> Result<()> {
             listener
                 .set_nonblocking(true)
                 .context("preparing the liveness listener")?;
-            Some(listener)
+            Some(Liveness {
+                listener,
+                tls: trust.clone(),
+            })
         }
         None => None,
     };
@@ -243,11 +242,19 @@ async fn serve(args: ServerArgs) -> Result<()> {
 
 /// Serves the liveness routes on `listener` on a thread and runtime of
 /// their own until `stop` turns true.
-fn spawn_liveness(
+/// The liveness listener and, when the API serves HTTPS, its TLS (the
+/// same certificate and client-certificate checks as the main listener).
+pub(crate) struct Liveness {
     listener: std::net::TcpListener,
+    tls: Option<cca_api::ServerTls>,
+}
+
+fn spawn_liveness(
+    liveness: Liveness,
     state: cca_api::ApiState,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> Result<std::thread::JoinHandle<()>> {
+    let Liveness { listener, tls } = liveness;
     let address = listener
         .local_addr()
         .context("reading the liveness address")?;
@@ -255,12 +262,12 @@ fn spawn_liveness(
         .enable_all()
         .build()
         .context("starting the liveness runtime")?;
-    announce_liveness(address);
+    announce_liveness(address, tls.is_some());
     std::thread::Builder::new()
         .name("cca-liveness".into())
         .spawn(move || {
             runtime.block_on(async move {
-                let listener = match tokio::net::TcpListener::from_std(listener) {
+                let listener = match liveness_listener(listener, tls.as_ref()) {
                     Ok(listener) => listener,
                     Err(error) => {
                         tracing::error!(%error, "the liveness listener failed");
@@ -282,9 +289,22 @@ fn spawn_liveness(
     clippy::print_stderr,
     reason = "tells the operator (and tests) where agents send heartbeats"
 )]
-fn announce_liveness(address: SocketAddr) {
-    tracing::info!(%address, "liveness listener");
-    eprintln!("cca server serving registrations and heartbeats on http://{address}");
+fn announce_liveness(address: SocketAddr, tls: bool) {
+    tracing::info!(%address, tls, "liveness listener");
+    let scheme = if tls { "https" } else { "http" };
+    eprintln!("cca server serving registrations and heartbeats on {scheme}://{address}");
+}
+
+/// The liveness listener on this thread's runtime, with TLS when given.
+fn liveness_listener(
+    listener: std::net::TcpListener,
+    tls: Option<&cca_api::ServerTls>,
+) -> std::io::Result<cca_api::ApiListener> {
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    Ok(match tls {
+        Some(tls) => cca_api::ApiListener::Tls(cca_api::TlsListener::new(listener, tls)?),
+        None => cca_api::ApiListener::Plain(listener),
+    })
 }
 
 /// The API's settings: the defaults and what the flags change.
@@ -322,7 +342,7 @@ pub(crate) async fn run_control_plane(
     store: Arc<dyn Store>,
     setup: ControlPlaneConfig,
     listener: impl Into<cca_api::ApiListener>,
-    liveness: Option<std::net::TcpListener>,
+    liveness: Option<Liveness>,
     dns: Option<SocketAddr>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<()> {

@@ -161,3 +161,66 @@ fn a_server_refuses_to_start_on_keys_others_may_read() {
     assert!(said.contains("chmod 600"), "{said}");
     assert!(said.contains("server.key"), "{said}");
 }
+
+#[test]
+fn the_liveness_listener_serves_https_with_the_same_checks() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("config");
+    init(&config);
+    let store = format!("embedded:{}", dir.path().join("store").display());
+    let mut child = Command::new(CCA)
+        .args(["server", "--store", &store, "--listen", "127.0.0.1:0"])
+        .args([
+            "--liveness-listen",
+            "127.0.0.1:0",
+            "--dns-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--config-dir")
+        .arg(&config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("cca server starts");
+    let mut stderr = BufReader::new(child.stderr.take().expect("stderr"));
+    let mut liveness = None;
+    let mut line = String::new();
+    while liveness.is_none() {
+        line.clear();
+        if stderr.read_line(&mut line).expect("reads stderr") == 0 {
+            break;
+        }
+        liveness = line
+            .trim()
+            .strip_prefix("cca server serving registrations and heartbeats on ")
+            .map(str::to_owned);
+    }
+    std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+    let liveness = liveness.expect("the liveness listener is announced");
+    assert!(liveness.starts_with("https://"), "{liveness}");
+    let curl = |with_admin: bool| {
+        let mut command = Command::new("curl");
+        command
+            .args(["-s", "-X", "POST", "--cacert"])
+            .arg(config.join("ca.pem"));
+        if with_admin {
+            command
+                .arg("--cert")
+                .arg(config.join("admin.pem"))
+                .arg("--key")
+                .arg(config.join("admin.key"));
+        }
+        let output = command
+            .arg(format!("{liveness}/v1/agent/nodes/n1/heartbeat"))
+            .output()
+            .expect("curl runs");
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let anonymous = curl(false);
+    let admin = curl(true);
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(anonymous.contains("client certificate"), "{anonymous}");
+    assert!(admin.contains("agent routes are for nodes"), "{admin}");
+}
