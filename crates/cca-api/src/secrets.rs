@@ -15,7 +15,6 @@
 //! with its secret as the password. Nothing here logs or prints a value or
 //! a key: every type holding one has a redacted `Debug`.
 
-mod base64;
 mod command;
 mod envelope;
 mod local;

@@ -15,7 +15,10 @@ use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant};
 
 use super::envelope::{DataKey, KeyProvider};
-use super::{ProviderError, SecretKeyError, base64};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+
+use super::{ProviderError, SecretKeyError};
 
 /// How long one call of the command may take unless told otherwise.
 pub const DEFAULT_COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -281,7 +284,7 @@ impl CommandProvider {
     }
 
     fn call(&self, operation: &'static str, input: &[u8]) -> Result<Vec<u8>, ProviderError> {
-        let encoded = base64::encode(input);
+        let encoded = BASE64.encode(input);
         let mut args = self.args.clone();
         args.extend([operation.to_owned(), self.key_id.clone()]);
         let request = CommandRequest {
@@ -325,7 +328,9 @@ impl CommandProvider {
         if text.is_empty() {
             return Err(garbage("stdout is empty".to_owned()));
         }
-        base64::decode(text)
+        BASE64
+            .decode(text)
+            .ok()
             .filter(|bytes| !bytes.is_empty())
             .ok_or_else(|| garbage(format!("stdout is not base64 ({} bytes)", text.len())))
     }
@@ -454,7 +459,7 @@ esac
         assert_eq!(calls[0].program, "/usr/local/bin/my-kms");
         assert_eq!(calls[0].args, ["--region", "eu", "wrap", "kek-1"]);
         assert_eq!(calls[1].args, ["--region", "eu", "unwrap", "kek-1"]);
-        let key_text = format!("{}\n", base64::encode(&[0xab; 32]));
+        let key_text = format!("{}\n", BASE64.encode([0xab; 32]));
         assert_eq!(calls[0].stdin, key_text.as_bytes());
         let output = CommandOutput {
             code: Some(0),
@@ -476,7 +481,7 @@ esac
     fn command_failures_say_what_failed_and_never_show_the_key() {
         let dir = tempfile::tempdir().expect("tempdir");
         let data_key = DataKey::from_bytes(&[0xab; 32]).expect("32 bytes");
-        let key_text = base64::encode(&[0xab; 32]);
+        let key_text = BASE64.encode([0xab; 32]);
 
         let missing = CommandProvider::new("/nonexistent/my-kms", "k", DEFAULT_COMMAND_TIMEOUT)
             .expect("provider");
