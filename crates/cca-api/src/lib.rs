@@ -62,19 +62,7 @@ pub async fn serve(
         shutdown.await;
         stopping.begin_shutdown();
     };
-    let service = app(state).into_make_service_with_connect_info::<Peer>();
-    let result = match listener.into() {
-        ApiListener::Plain(listener) => {
-            axum::serve(listener, service)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
-        ApiListener::Tls(listener) => {
-            axum::serve(listener, service)
-                .with_graceful_shutdown(shutdown)
-                .await
-        }
-    };
+    let result = serve_router(listener.into(), app(state), shutdown).await;
     retention.abort();
     settling.abort();
     let _ = stop_audit.send(());
@@ -116,8 +104,17 @@ pub async fn serve_liveness(
     state: ApiState,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let service = routes::liveness_app(state).into_make_service_with_connect_info::<Peer>();
-    match listener.into() {
+    serve_router(listener.into(), routes::liveness_app(state), shutdown).await
+}
+
+/// Serves `router` on `listener`, every request knowing its [`Peer`].
+async fn serve_router(
+    listener: ApiListener,
+    router: axum::Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let service = router.into_make_service_with_connect_info::<Peer>();
+    match listener {
         ApiListener::Plain(listener) => {
             axum::serve(listener, service)
                 .with_graceful_shutdown(shutdown)

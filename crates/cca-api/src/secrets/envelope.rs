@@ -191,13 +191,7 @@ impl SecretKey {
             name: name.to_owned(),
         };
         let data_key = DataKey::random().ok_or_else(seal_error)?;
-        let wrapped_key = self
-            .primary
-            .wrap(&data_key)
-            .map_err(|error| SecretError::Provider {
-                name: name.to_owned(),
-                error: Box::new(error),
-            })?;
+        let wrapped_key = self.wrap_under_primary(name, &data_key)?;
         let aead = data_key.aead().ok_or_else(seal_error)?;
         let (nonce, ciphertext) = seal_with(&aead, name, value).ok_or_else(seal_error)?;
         Ok(SealedSecret {
@@ -209,6 +203,16 @@ impl SecretKey {
             ciphertext,
             set_at,
         })
+    }
+
+    /// `data_key` of secret `name` wrapped by the primary KEK.
+    fn wrap_under_primary(&self, name: &str, data_key: &DataKey) -> Result<Vec<u8>, SecretError> {
+        self.primary
+            .wrap(data_key)
+            .map_err(|error| SecretError::Provider {
+                name: name.to_owned(),
+                error: Box::new(error),
+            })
     }
 
     /// Decrypts the value of the secret `name`; refuses a record sealed
@@ -238,13 +242,7 @@ impl SecretKey {
         };
         // The value opened under this data key, so the key is good and the
         // ciphertext stays as it is.
-        let rewrapped = self
-            .primary
-            .wrap(&data_key)
-            .map_err(|error| SecretError::Provider {
-                name: name.to_owned(),
-                error: Box::new(error),
-            })?;
+        let rewrapped = self.wrap_under_primary(name, &data_key)?;
         Ok(Rewrap::Rewrapped(SealedSecret {
             key_id: self.primary.key_id().to_owned(),
             wrapped_key: hex(&rewrapped),
