@@ -34,9 +34,9 @@ pub(crate) struct DevArgs {
     /// Where the API listens (the CLI's default server address).
     #[arg(long, default_value = cca_wire::DEFAULT_LISTEN)]
     listen: SocketAddr,
-    /// Listen on an address other than loopback although the API has no
-    /// TLS or authentication yet: anyone who reaches it controls the
-    /// cluster.
+    /// Listen on an address other than loopback although `cca dev` serves
+    /// plain HTTP without authentication: anyone who reaches it controls
+    /// the cluster.
     #[arg(long)]
     insecure: bool,
     /// A `.ccv` values file; may repeat, later files win.

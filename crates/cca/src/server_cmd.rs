@@ -36,9 +36,10 @@ pub(crate) struct ServerArgs {
     /// is printed on stderr).
     #[arg(long, env = "CCA_LISTEN", default_value = cca_wire::DEFAULT_LISTEN)]
     listen: SocketAddr,
-    /// Listen on an address other than loopback although the API has no
-    /// TLS or authentication yet: anyone who reaches it controls the
-    /// cluster.
+    /// Without a cluster CA in --config-dir, listen on an address other
+    /// than loopback anyway: plain HTTP has no authentication, so anyone
+    /// who reaches it controls the cluster. (With a CA the server serves
+    /// HTTPS and listens anywhere.)
     #[arg(long)]
     insecure: bool,
     /// How long events are kept (`30m`, `1h`, `1d`).
