@@ -371,7 +371,7 @@ impl View {
                 Value::ApplyChunk,
             )?,
             Key::ApplyCommit {} => put_single(&mut self.applying, bytes, rev, Value::ApplyCommit)?,
-            Key::Event { .. } | Key::Audit { .. } | Key::Leader {} => {
+            Key::Event { .. } | Key::Audit { .. } | Key::JoinToken { .. } | Key::Leader {} => {
                 let value = Value::decode(key.kind(), bytes).map_err(|err| err.to_string())?;
                 Some((None, Some(value)))
             }
@@ -448,7 +448,7 @@ impl View {
                 remove_grouped(&mut self.staged, apply, chunk, rev, Value::ApplyChunk)
             }
             Key::ApplyCommit {} => remove_single(&mut self.applying, rev, Value::ApplyCommit),
-            Key::Event { .. } | Key::Audit { .. } | Key::Leader {} => None,
+            Key::Event { .. } | Key::Audit { .. } | Key::JoinToken { .. } | Key::Leader {} => None,
         }
     }
 
@@ -518,14 +518,19 @@ impl View {
             Key::DesiredGeneration {} => self.desired_generation.as_ref().map(|v| v.mod_revision),
             Key::ApplyChunk { apply, chunk } => at2(&self.staged, apply, chunk),
             Key::ApplyCommit {} => self.applying.as_ref().map(|held| held.mod_revision),
-            Key::Event { .. } | Key::Audit { .. } | Key::Leader {} => None,
+            Key::Event { .. } | Key::Audit { .. } | Key::JoinToken { .. } | Key::Leader {} => None,
         }
     }
 }
 
 /// True for the kinds the view keeps a table of.
 fn cached(kind: Kind) -> bool {
-    !matches!(kind, Kind::Event | Kind::Audit | Kind::Leader)
+    // Join tokens are read from the store by the one route that spends
+    // them, with the revision its compare-and-swap needs.
+    !matches!(
+        kind,
+        Kind::Event | Kind::Audit | Kind::JoinToken | Kind::Leader
+    )
 }
 
 /// Records a change unless nothing was there before or after.

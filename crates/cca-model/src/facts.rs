@@ -13,6 +13,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::access::JoinTokenRecord;
 use crate::cluster::{
     ApplyChunk, ApplyCommit, AuditRecord, DesiredGeneration, Disruption, Endpoints, Event,
     Heartbeat, Instance, InstanceStatus, LeaderRecord, NodeControl, NodeInfo, NodeStatus,
@@ -219,6 +220,10 @@ fact_kinds! {
     /// events): a request that changed something, or one refused.
     Audit { id } = "audit/{}",
         AuditRecord, Owner::Server, applied: false;
+    /// A join token, with only the SHA-256 of its secret (`cca token
+    /// create`; spent by `POST /v1/join`).
+    JoinToken { id } = "trust/token/{}",
+        JoinTokenRecord, Owner::Api, applied: false;
     /// The leader lease; its mod revision is the fencing token.
     Leader {} = "meta/leader",
         LeaderRecord, Owner::Server, applied: false;

@@ -106,6 +106,11 @@ pub fn desired_secret(secret: &str) -> String {
     .to_string()
 }
 
+/// `trust/token/{id}`: a join token's stored record.
+pub fn join_token(id: &str) -> String {
+    Key::JoinToken { id: id.to_owned() }.to_string()
+}
+
 /// `desired/network/policy/{name}`: allow/deny rules between services.
 pub fn desired_network_policy(policy: &str) -> String {
     Key::NetworkPolicy {

@@ -3,6 +3,7 @@
 //! any store backend; every other crate builds on it. It reads the wall
 //! clock in one place, [`clock::now_millis`], for everyone.
 
+pub mod access;
 pub mod clock;
 pub mod cluster;
 pub mod facts;

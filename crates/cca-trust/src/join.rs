@@ -13,8 +13,6 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-
 use crate::pki::Fingerprint;
 
 /// What every token starts with (k3s's version marker for "carries the
@@ -76,11 +74,12 @@ impl JoinToken {
             secret_hash: sha256_hex(&self.secret),
             created_at,
             expires_at: created_at
-                .saturating_add(u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)),
+                .saturating_add(i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)),
             node: None,
             uses_left: None,
             revoked: false,
             description: String::new(),
+            created_by: String::new(),
         }
     }
 }
@@ -187,9 +186,9 @@ fn is_token_text(text: &str, len: usize) -> bool {
 
 /// Milliseconds since the Unix epoch, the instants facts carry
 /// (`cca_model::clock::Millis`).
-fn millis(at: SystemTime) -> u64 {
+fn millis(at: SystemTime) -> i64 {
     at.duration_since(UNIX_EPOCH)
-        .map(|since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+        .map(|since| i64::try_from(since.as_millis()).unwrap_or(i64::MAX))
         .unwrap_or(0)
 }
 
@@ -198,30 +197,8 @@ fn sha256_hex(secret: &str) -> String {
     digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A join token as the server keeps it (the fact `desired/token/{id}`):
-/// the secret only as its SHA-256, so reading the store does not let
-/// anyone join.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredToken {
-    pub id: String,
-    /// SHA-256 of the secret, lower-case hex.
-    pub secret_hash: String,
-    /// Milliseconds since the Unix epoch.
-    pub created_at: u64,
-    /// Milliseconds since the Unix epoch; the token admits no one after.
-    pub expires_at: u64,
-    /// The only node this token may enrol, if any.
-    #[serde(default)]
-    pub node: Option<String>,
-    /// How many more enrolments it allows; `None` for any number.
-    #[serde(default)]
-    pub uses_left: Option<u32>,
-    #[serde(default)]
-    pub revoked: bool,
-    /// What the operator said it is for.
-    #[serde(default)]
-    pub description: String,
-}
+/// A join token as the server keeps it: the fact `trust/token/{id}`.
+pub use cca_model::access::JoinTokenRecord as StoredToken;
 
 /// Why a token admitted no one: for the audit log and the server's own
 /// log. The node itself is answered "invalid join token" whatever the
@@ -244,15 +221,26 @@ pub enum Refusal {
     UsedUp { id: String },
 }
 
-impl StoredToken {
+/// What a stored token allows: admitting a node, counting a use, and
+/// whether it is still usable. A trait because the record is plain data of
+/// `cca-model`.
+pub trait TokenRules {
     /// Whether the token admits `node` presenting `secret` at `now`. The
     /// secret is checked first, in constant time, so the other reasons
     /// are only ever told to the audit log about someone who held the
     /// secret. Admitting does not count a use: the caller writes
-    /// [`StoredToken::spend`]'s result with a compare-and-swap on the
+    /// [`TokenRules::spend`]'s result with a compare-and-swap on the
     /// revision it read, so two nodes racing for a token's last use
     /// cannot both win.
-    pub fn admit(&self, secret: &str, node: &str, now: SystemTime) -> Result<(), Refusal> {
+    fn admit(&self, secret: &str, node: &str, now: SystemTime) -> Result<(), Refusal>;
+    /// The token after one more enrolment.
+    fn spend(&self) -> StoredToken;
+    /// Whether `cca token ls` should show it as usable at `now`.
+    fn is_live(&self, now: SystemTime) -> bool;
+}
+
+impl TokenRules for StoredToken {
+    fn admit(&self, secret: &str, node: &str, now: SystemTime) -> Result<(), Refusal> {
         let id = || self.id.clone();
         let presented = sha256_hex(secret);
         if aws_lc_rs::constant_time::verify_slices_are_equal(
@@ -267,7 +255,8 @@ impl StoredToken {
             return Err(Refusal::Revoked { id: id() });
         }
         if millis(now) >= self.expires_at {
-            let at = UNIX_EPOCH + Duration::from_millis(self.expires_at);
+            let at =
+                UNIX_EPOCH + Duration::from_millis(u64::try_from(self.expires_at).unwrap_or(0));
             return Err(Refusal::Expired {
                 id: id(),
                 at: humantime::format_rfc3339_seconds(at).to_string(),
@@ -288,16 +277,14 @@ impl StoredToken {
         Ok(())
     }
 
-    /// The token after one more enrolment.
-    pub fn spend(&self) -> StoredToken {
+    fn spend(&self) -> StoredToken {
         StoredToken {
             uses_left: self.uses_left.map(|uses| uses.saturating_sub(1)),
             ..self.clone()
         }
     }
 
-    /// Whether `cca token ls` should show it as usable at `now`.
-    pub fn is_live(&self, now: SystemTime) -> bool {
+    fn is_live(&self, now: SystemTime) -> bool {
         !self.revoked && millis(now) < self.expires_at && self.uses_left != Some(0)
     }
 }

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use cca_trust::join::{BadToken, DEFAULT_TTL, JoinToken, Refusal, StoredToken};
+use cca_trust::join::{BadToken, DEFAULT_TTL, JoinToken, Refusal, StoredToken, TokenRules};
 use cca_trust::pki::Fingerprint;
 use proptest::prelude::*;
 
