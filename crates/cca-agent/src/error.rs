@@ -15,6 +15,9 @@ pub enum AgentError {
     #[error("instance {instance}: {problem}")]
     Instance { instance: String, problem: String },
 
+    #[error("the node's TLS credentials: {0}")]
+    Trust(String),
+
     #[error("agent API: cannot listen on {address}: {problem}")]
     Listen { address: String, problem: String },
 }

@@ -7,6 +7,7 @@
 //! the control plane is away it keeps doing all of that from the cache.
 
 pub mod desired;
+pub mod enrol;
 pub mod error;
 pub mod files;
 pub mod health;
@@ -79,6 +80,9 @@ pub struct AgentConfig {
     /// it as root); `None`: the agent follows no network map, and
     /// instances share the host's network and resolver.
     pub network: Option<AgentNetwork>,
+    /// The node's certificate and the cluster CA, when the server speaks
+    /// mTLS (`enrol`); `None`: plain HTTP.
+    pub trust: Option<Arc<enrol::NodeTrust>>,
 }
 
 /// Options for running many agents in one process (`cca benchmark`), where
@@ -125,19 +129,30 @@ pub async fn run(
             serve_agent_api(&config, Arc::clone(&runtime), shutdown.clone()).await?;
         (Some(url), Some(server))
     };
-    let client = config
-        .link
-        .client
-        .clone()
-        .unwrap_or_else(|| Client::new(&config.server));
+    let connect = |server: &str| match &config.trust {
+        Some(trust) => Client::with_tls(server, &trust.tls)
+            .map_err(|error| AgentError::Trust(format!("the HTTPS client of {server}: {error}"))),
+        None => Ok(Client::new(server)),
+    };
+    let client = match &config.link.client {
+        Some(client) => client.clone(),
+        None => connect(&config.server)?,
+    };
     let (desired, mut desired_changes) = watch::channel(Arc::new(cached));
     let (connected, _) = watch::channel(false);
     let liveness_client = match (&config.link.liveness_client, &config.liveness_server) {
         (Some(liveness), _) => liveness.clone(),
-        (None, Some(server)) => Client::new(server),
+        (None, Some(server)) => connect(server)?,
         (None, None) => client.clone(),
     };
     let mut tasks = tokio::task::JoinSet::new();
+    if let Some(trust) = &config.trust {
+        tasks.spawn(enrol::keep_renewed(
+            Arc::new(client.clone()),
+            trust.renewal.clone(),
+            shutdown.clone(),
+        ));
+    }
     let registration = link::keep_registered(
         liveness_client,
         register_request(&config, agent_url),

@@ -116,6 +116,9 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     // its snapshot starts.
     ("/v1/agent/nodes/{node}/assignments", Lane::Reports),
     ("/v1/agent/nodes/{node}/network", Lane::Reports),
+    // Rare (a third of a day per node), and a node whose certificate
+    // lapses stops working: beside the reports, not behind users.
+    ("/v1/agent/nodes/{node}/certificate", Lane::Reports),
     ("/v1/apply", Lane::User),
     ("/v1/diff", Lane::User),
     ("/v1/services/{name}", Lane::User),
@@ -133,6 +136,9 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     ("/v1/identity", Lane::User),
     ("/v1/audit", Lane::User),
     ("/v1/cluster/resume-replacement", Lane::User),
+    ("/v1/tokens", Lane::User),
+    ("/v1/tokens/{id}", Lane::User),
+    ("/v1/join", Lane::User),
     ("/v1/services", Lane::Bulk),
     ("/v1/instances", Lane::Bulk),
     ("/v1/nodes", Lane::Bulk),

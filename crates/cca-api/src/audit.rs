@@ -142,6 +142,7 @@ fn lost_record(at: i64, lost: u64) -> AuditRecord {
         path: format!("({lost} audit records dropped: the store fell behind)"),
         status: 0,
         outcome: AuditOutcome::Failed,
+        detail: None,
     }
 }
 
@@ -152,10 +153,22 @@ fn audited(method: &Method, route: &str, status: u16) -> bool {
         AuditOutcome::Failed => false,
         AuditOutcome::Done => {
             let reads = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
-            !reads && route != "/v1/diff" && !route.starts_with("/v1/agent/")
+            // A renewed certificate is a credential issued: recorded, though
+            // the rest of a node's work is not.
+            !reads
+                && route != "/v1/diff"
+                && (!route.starts_with("/v1/agent/") || route == RENEW_ROUTE)
         }
     }
 }
+
+/// The route a node renews its certificate on.
+const RENEW_ROUTE: &str = "/v1/agent/nodes/{node}/certificate";
+
+/// What a route tells the audit log beyond its path: set as a response
+/// extension, read back by [`record`].
+#[derive(Clone, Debug)]
+pub(crate) struct AuditDetail(pub(crate) String);
 
 /// Records the request once it is answered (see the module documentation).
 pub(crate) async fn record(
@@ -187,6 +200,10 @@ pub(crate) async fn record(
             path,
             status,
             outcome: AuditOutcome::of_status(status),
+            detail: response
+                .extensions()
+                .get::<AuditDetail>()
+                .map(|AuditDetail(detail)| detail.clone()),
         };
         match record.outcome {
             AuditOutcome::Done => state.audit().commit(record, state.store()).await,

@@ -3,7 +3,8 @@
 //! (`tls::Peer`): agent routes serve only the node the certificate names
 //! — a node acts only as itself — and every other route needs a user's
 //! certificate, except `GET /v1/identity`, which tells anyone who the
-//! server takes them for. [`Authentication::Open`] is plain HTTP on
+//! server takes them for, and `POST /v1/join`, where a new node's join
+//! token is its credential. [`Authentication::Open`] is plain HTTP on
 //! loopback (`cca dev`, tests), where nobody proves anything.
 //!
 //! Roles, tenants and bearer tokens refine the user side (issue 14); the
@@ -60,7 +61,9 @@ pub(crate) async fn authenticate(
 
 /// The rule, pure: may `caller` use `route` (the matched pattern) at `path`?
 fn admit(route: &str, path: &str, caller: Option<&Identity>) -> Result<(), ApiError> {
-    if route == "/v1/identity" {
+    // Who-am-I, and the join: a joining node has no certificate yet (its
+    // join token is its credential, checked by the route).
+    if route == "/v1/identity" || route == "/v1/join" {
         return Ok(());
     }
     let Some(caller) = caller else {

@@ -33,6 +33,9 @@ pub struct ControlPlaneConfig {
     /// Seals and opens secret values; without one the secret endpoints
     /// answer 503.
     pub secret_key: Option<SecretKey>,
+    /// The cluster CA with its key, to enrol nodes and renew their
+    /// certificates; without it the token and join routes answer 503.
+    pub authority: Option<Arc<cca_trust::pki::ClusterCa>>,
 }
 
 impl ControlPlaneConfig {
@@ -45,6 +48,7 @@ impl ControlPlaneConfig {
             network: NetworkConfig::default(),
             api: ApiConfig::default(),
             secret_key: None,
+            authority: None,
         }
     }
 }
@@ -97,6 +101,9 @@ impl ControlPlane {
         );
         if let Some(key) = config.secret_key {
             state = state.with_secret_key(key);
+        }
+        if let Some(authority) = config.authority {
+            state = state.with_authority(authority);
         }
         state = state.with_network_ranges(cca_model::net::AddressRanges {
             cluster: config.network.cluster_cidr,

@@ -90,6 +90,7 @@ struct Inner {
     assignments: Arc<AssignmentHub>,
     network: Arc<NetworkFeed>,
     secret_key: RwLock<Option<Arc<SecretKey>>>,
+    authority: RwLock<Option<Arc<cca_trust::pki::ClusterCa>>>,
     audit: crate::audit::AuditLog,
     /// Taken by the first `serve`, which runs it.
     audit_writer: std::sync::Mutex<Option<crate::audit::AuditWriter>>,
@@ -129,6 +130,7 @@ impl ApiState {
             assignments: Arc::default(),
             network: Arc::default(),
             secret_key: RwLock::new(None),
+            authority: RwLock::new(None),
         };
         Self {
             inner: Arc::new(inner),
@@ -153,6 +155,33 @@ impl ApiState {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(key));
         self
+    }
+
+    /// Enrols nodes and renews their certificates with `ca` (which holds
+    /// the CA's key).
+    #[must_use]
+    pub fn with_authority(self, ca: Arc<cca_trust::pki::ClusterCa>) -> Self {
+        *self
+            .inner
+            .authority
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(ca);
+        self
+    }
+
+    /// The cluster CA, or 503 when this server has none.
+    pub(crate) fn authority(&self) -> ApiResult<Arc<cca_trust::pki::ClusterCa>> {
+        self.inner
+            .authority
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| {
+                ApiError::unavailable(
+                    "this server has no cluster CA, so it cannot enrol nodes: run `cca init` and \
+                 start `cca server` with its --config-dir",
+                )
+            })
     }
 
     /// The cluster's secret key, or 503 when this server was given none.

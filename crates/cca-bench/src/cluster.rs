@@ -524,6 +524,7 @@ fn agent_config(
         link: LinkOptions::default(),
         // Simulated nodes have no kernel network to program.
         network: None,
+        trust: None,
     }
 }
 

@@ -26,6 +26,14 @@ pub fn now_millis() -> Millis {
         })
 }
 
+/// The wall clock as a `SystemTime` (to the millisecond, the same reading
+/// as [`now_millis`]): what certificate and token checks take.
+#[must_use]
+pub fn system_now() -> std::time::SystemTime {
+    std::time::UNIX_EPOCH
+        + std::time::Duration::from_millis(u64::try_from(now_millis()).unwrap_or(0))
+}
+
 /// `span` in whole milliseconds, to add to or subtract from a [`Millis`]
 /// instant (spans are `std::time::Duration` everywhere else); saturates.
 #[must_use]

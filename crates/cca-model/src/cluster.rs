@@ -301,6 +301,10 @@ pub struct AuditRecord {
     /// The HTTP status of the answer.
     pub status: u16,
     pub outcome: AuditOutcome,
+    /// What the route adds that the path does not say: the node a join
+    /// token enrolled, or why a token was refused (never a secret).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// How an audited request ended.

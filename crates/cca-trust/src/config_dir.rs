@@ -11,6 +11,12 @@
 //! admin.key   its key                                                0600
 //! ```
 //!
+//! A node keeps its own credentials in its data directory
+//! ([`NodeCredentials`]): `tls/ca.pem` (0644) and `tls/node.pem` (0600),
+//! the node's certificate followed by its key in one file, so a renewal
+//! replaces both with one rename and a crash never pairs a new key with
+//! an old certificate.
+//!
 //! Keys are written with mode 0600 from the start (never widened later)
 //! and refused when group or others may read them; every file is written
 //! to a temporary name and renamed, so a crash leaves the old file or the
@@ -253,6 +259,90 @@ impl ConfigDir {
             ca_pem,
             cert_pem,
             key_pem,
+            certificate,
+        })
+    }
+}
+
+/// A node's certificate, key and cluster CA, in `DATA/tls/`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeCredentials {
+    dir: PathBuf,
+}
+
+const PRIVATE_KEY_BEGIN: &str = "-----BEGIN PRIVATE KEY-----";
+
+impl NodeCredentials {
+    /// The credentials of the agent whose data directory is `data_dir`.
+    pub fn in_data_dir(data_dir: &Path) -> Self {
+        Self {
+            dir: data_dir.join("tls"),
+        }
+    }
+
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    /// The node's certificate, then its key (PKCS#8).
+    pub fn node_file(&self) -> PathBuf {
+        self.dir.join("node.pem")
+    }
+
+    /// Whether the node has joined (it has a certificate to load).
+    pub fn exist(&self) -> bool {
+        self.node_file().exists()
+    }
+
+    /// Stores what a join or a renewal brought: the CA's certificate, the
+    /// node's certificate and its key. The node file is written whole or
+    /// not at all.
+    pub fn save(&self, ca_pem: &str, cert_pem: &str, key_pem: &str) -> Result<(), ConfigError> {
+        create_dir(&self.dir)?;
+        write_file(&self.ca_cert(), ca_pem, 0o644)?;
+        let combined = format!("{}\n{}", cert_pem.trim_end(), key_pem);
+        write_file(&self.node_file(), &combined, 0o600)
+    }
+
+    /// The node's credentials, checked: the key file is 0600, the
+    /// certificate is the CA's, valid at `now`, names node `node` and fits
+    /// the key.
+    pub fn load(&self, node: &str, now: SystemTime) -> Result<ClientFiles, ConfigError> {
+        let ca_pem = read(&self.ca_cert())?;
+        let combined = read_key(&self.node_file())?;
+        let (cert_pem, key_pem) = match combined.find(PRIVATE_KEY_BEGIN) {
+            Some(at) => combined.split_at(at),
+            None => {
+                return Err(ConfigError::File {
+                    path: self.node_file(),
+                    problem: "it holds no private key: join the cluster again".into(),
+                });
+            }
+        };
+        let bad = |source| ConfigError::Certificate {
+            path: self.node_file(),
+            source,
+        };
+        let certificate = pki::verify_issued(cert_pem, &ca_pem, now).map_err(bad)?;
+        pki::check_key_matches(cert_pem, key_pem).map_err(bad)?;
+        let expected = Identity::Node(node.to_owned());
+        if certificate.identity.as_ref() != Some(&expected) {
+            return Err(ConfigError::File {
+                path: self.node_file(),
+                problem: format!(
+                    "it is the certificate of {}, not of {expected}: give the agent its own \
+                     --data-dir, or --node that name",
+                    certificate
+                        .identity
+                        .as_ref()
+                        .map_or_else(|| "no identity".to_owned(), ToString::to_string)
+                ),
+            });
+        }
+        Ok(ClientFiles {
+            ca_pem,
+            cert_pem: cert_pem.to_owned(),
+            key_pem: key_pem.to_owned(),
             certificate,
         })
     }

@@ -790,6 +790,17 @@ fn requested_names(request: &X509CertificationRequest<'_>) -> Requested {
     requested
 }
 
+/// The DNS names and IP addresses a CSR (PEM) asks for, read without
+/// checking its signature (`ClusterCa::sign_csr` checks everything): what
+/// a caller needs to decide which names to allow.
+pub fn csr_names(csr_pem: &str) -> Result<Names> {
+    let der = CertificateSigningRequestDer::from_pem_slice(csr_pem.as_bytes())
+        .map_err(|error| unreadable("the CSR (PEM)", error))?;
+    let (_, request) = X509CertificationRequest::from_der(&der)
+        .map_err(|error| unreadable("the CSR (PKCS#10)", error))?;
+    Ok(requested_names(&request).names)
+}
+
 /// The keys rustls signs handshakes with and webpki verifies: ECDSA on
 /// P-256 or P-384, or Ed25519. No RSA: nothing here makes RSA keys, and
 /// refusing it rules out weak sizes without measuring them.

@@ -460,6 +460,42 @@ impl Client {
             .await
     }
 
+    /// Makes a join token; its secret is in the answer and nowhere else.
+    pub async fn create_token(&self, request: &CreateTokenRequest) -> ClientResult<CreatedToken> {
+        self.json(self.request(Method::POST, "/v1/tokens").json(request))
+            .await
+    }
+
+    /// Every join token, without secrets.
+    pub async fn tokens(&self) -> ClientResult<Vec<TokenInfo>> {
+        self.json(self.request(Method::GET, "/v1/tokens")).await
+    }
+
+    /// Revokes join token `id`: it admits no one from now on.
+    pub async fn revoke_token(&self, id: &str) -> ClientResult<TokenInfo> {
+        let path = format!("/v1/tokens/{}", segment(id));
+        self.json(self.request(Method::DELETE, &path)).await
+    }
+
+    /// Enrols a node: a join token and a CSR for a node certificate. Send
+    /// it only over a connection whose CA matched the token's fingerprint
+    /// ([`crate::tls::ClientTls::pinned`]).
+    pub async fn join(&self, request: &JoinRequest) -> ClientResult<NodeCertificate> {
+        self.json(self.request(Method::POST, "/v1/join").json(request))
+            .await
+    }
+
+    /// A new certificate for `node`, asked over mTLS with its current one.
+    pub async fn renew_certificate(
+        &self,
+        node: &str,
+        request: &RenewRequest,
+    ) -> ClientResult<NodeCertificate> {
+        let path = format!("/v1/agent/nodes/{}/certificate", segment(node));
+        self.json(self.request(Method::POST, &path).json(request))
+            .await
+    }
+
     /// The files (connection URLs, secret values) of an instance placed on
     /// `node`, for its agent to write before creating it.
     pub async fn instance_files(&self, node: &str, id: &str) -> ClientResult<InstanceFiles> {

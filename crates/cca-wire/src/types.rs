@@ -548,3 +548,88 @@ pub struct RotateFailure {
     pub name: String,
     pub error: String,
 }
+
+/// `POST /v1/tokens`: a join token for new nodes.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreateTokenRequest {
+    /// Seconds the token is valid; the server's default (an hour) if absent.
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+    /// The only node the token may enrol.
+    #[serde(default)]
+    pub node: Option<String>,
+    /// How many nodes it may enrol; any number if absent.
+    #[serde(default)]
+    pub uses: Option<u32>,
+    #[serde(default)]
+    pub description: String,
+}
+
+/// The made token: the only time its secret is shown.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreatedToken {
+    /// The whole token, `K10<fingerprint>::<id>.<secret>`.
+    pub token: String,
+    pub info: TokenInfo,
+}
+
+impl std::fmt::Debug for CreatedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CreatedToken")
+            .field("info", &self.info)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A join token as `cca token ls` shows it: never its secret or hash.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    pub id: String,
+    pub created_at: Millis,
+    pub expires_at: Millis,
+    pub node: Option<String>,
+    pub uses_left: Option<u32>,
+    pub revoked: bool,
+    pub description: String,
+    pub created_by: String,
+    /// `live`, `expired`, `revoked` or `used up`, at the server's clock.
+    pub state: String,
+}
+
+/// `POST /v1/join`: a node enrols with a join token and a certificate
+/// request for its own key.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JoinRequest {
+    pub token_id: String,
+    pub secret: String,
+    /// The node's name: the identity its certificate will carry.
+    pub node: String,
+    /// A PKCS#10 request (PEM) for `cca://node/{node}` and the node's
+    /// name and addresses.
+    pub csr_pem: String,
+}
+
+impl std::fmt::Debug for JoinRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JoinRequest")
+            .field("token_id", &self.token_id)
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A node certificate, issued at join or renewal.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeCertificate {
+    /// The node's certificate (PEM).
+    pub certificate_pem: String,
+    /// The cluster CA's certificate (PEM).
+    pub ca_pem: String,
+}
+
+/// `POST /v1/agent/nodes/{node}/certificate`: a node renews its
+/// certificate over mTLS with a request for a new key.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RenewRequest {
+    pub csr_pem: String,
+}

@@ -11,19 +11,31 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use anyhow::{Context, Result, bail};
+use cca_agent::enrol::{self, NodeTrust};
 use cca_agent::node::{self, ClusterNetwork, NodeOptions, NodeParts};
 use cca_agent::{AgentConfig, SupervisorConfig};
 use cca_model::spec::{Cpu, Memory};
+use cca_trust::config_dir::NodeCredentials;
+use cca_trust::join::JoinToken;
 use clap::Args;
 use tokio::sync::watch;
 
 /// `cca agent [--server URL] [--node NAME] [--data-dir DIR] …`
 #[derive(Debug, Args)]
 pub(crate) struct AgentArgs {
-    /// The API server.
+    /// The API server (`https://…` for a cluster with a CA: the node then
+    /// needs a join token the first time, see --join).
     #[arg(long, env = "CCA_SERVER", default_value = "http://127.0.0.1:9770")]
     server: String,
+    /// A join token (`cca token create`): on the first start, the node
+    /// makes its key, checks the server's CA against the token and gets
+    /// its certificate (kept in DATA/tls and renewed by the agent). Once
+    /// joined, the token is not used again.
+    #[arg(long, env = "CCA_JOIN_TOKEN", value_name = "TOKEN")]
+    join: Option<String>,
     /// Where registrations and heartbeats go, when the server serves them
     /// on a listener of their own (`cca server --liveness-listen`).
     #[arg(long, env = "CCA_LIVENESS_SERVER", value_name = "URL")]
@@ -93,6 +105,7 @@ impl AgentArgs {
     pub(crate) fn for_dev(server: String, data_dir: PathBuf) -> Self {
         Self {
             server,
+            join: None,
             liveness_server: None,
             node: None,
             data_dir,
@@ -119,6 +132,7 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     runtime.block_on(async move {
         let mut config = agent_config(&args, &args.data_dir)?;
+        config.trust = node_trust(&args, &config.node).await?.map(Arc::new);
         let node = node_runtime(&args, &config).await?;
         config.network = node.network;
         let runtime = node.runtime;
@@ -130,6 +144,71 @@ pub(crate) fn run(args: AgentArgs) -> Result<ExitCode> {
         cca_agent::run(config, runtime, stopping).await?;
         Ok(ExitCode::SUCCESS)
     })
+}
+
+/// The node's mTLS credentials: joined now with --join if the data
+/// directory holds none, loaded from it otherwise; `None` for a plain
+/// `http://` server.
+async fn node_trust(args: &AgentArgs, node: &str) -> Result<Option<NodeTrust>> {
+    let credentials = NodeCredentials::in_data_dir(&args.data_dir);
+    let names = enrol::node_names(node, args.address.parse().ok())?;
+    let files = if credentials.exist() {
+        if args.join.is_some() {
+            tracing::info!("the node has joined already; --join is not used again");
+        }
+        credentials
+            .load(node, cca_model::clock::system_now())
+            .with_context(|| {
+                format!(
+                    "loading the node's certificate (if it expired while the node was away, \
+                     remove {} and start the agent with a new --join token)",
+                    args.data_dir.join("tls").display()
+                )
+            })?
+    } else if let Some(token) = &args.join {
+        join_now(&args.server, token, node, &names, &credentials).await?
+    } else if args.server.starts_with("https://") {
+        bail!(
+            "{} speaks HTTPS and this node has no certificate in {}: run `cca token create` \
+             where the cluster's admin credentials are, and start the agent with --join TOKEN",
+            args.server,
+            args.data_dir.display()
+        );
+    } else {
+        return Ok(None);
+    };
+    Ok(Some(NodeTrust::new(node, names, credentials, &files)?))
+}
+
+/// Enrols the node with `token` and reports it.
+async fn join_now(
+    server: &str,
+    token: &str,
+    node: &str,
+    names: &cca_trust::pki::Names,
+    credentials: &NodeCredentials,
+) -> Result<cca_trust::config_dir::ClientFiles> {
+    if !server.starts_with("https://") {
+        bail!("--join needs the server's https:// URL, not {server}");
+    }
+    let token: JoinToken = token.parse().context("--join")?;
+    let started = std::time::Instant::now();
+    let files = enrol::join(
+        server,
+        &token,
+        node,
+        names,
+        credentials,
+        cca_model::clock::system_now(),
+    )
+    .await?;
+    tracing::info!(
+        node,
+        serial = %files.certificate.serial,
+        took = ?started.elapsed(),
+        "joined the cluster"
+    );
+    Ok(files)
 }
 
 /// The node's image store: `DATA/images`.
@@ -225,5 +304,72 @@ pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentCon
         stop_instances_on_exit: false,
         link: Default::default(),
         network: None,
+        trust: None,
     })
+}
+
+/// `cca join SERVER TOKEN [--node NAME] [--data-dir DIR] [--address IP]`
+#[derive(Debug, Args)]
+pub(crate) struct JoinArgs {
+    /// The API server's https:// URL.
+    server: String,
+    /// The join token `cca token create` printed.
+    token: String,
+    /// This node's name (default: the hostname).
+    #[arg(long)]
+    node: Option<String>,
+    /// The agent's data directory; the credentials go to DIR/tls.
+    #[arg(long, default_value = ".cca-agent")]
+    data_dir: PathBuf,
+    /// The address this node is reached at (in its certificate).
+    #[arg(long, default_value = "127.0.0.1")]
+    address: String,
+}
+
+/// Enrols this node without starting the agent.
+pub(crate) fn join(args: JoinArgs) -> Result<ExitCode> {
+    let node = args
+        .node
+        .clone()
+        .unwrap_or_else(crate::server_cmd::hostname);
+    let credentials = NodeCredentials::in_data_dir(&args.data_dir);
+    if credentials.exist() {
+        bail!(
+            "{} holds a node certificate already: this node has joined (remove that \
+             directory to join again)",
+            credentials.node_file().display()
+        );
+    }
+    let address: std::net::IpAddr = args
+        .address
+        .parse()
+        .with_context(|| format!("--address `{}` is not an IP address", args.address))?;
+    let names = enrol::node_names(&node, Some(address))?;
+    let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
+    let files = runtime.block_on(join_now(
+        &args.server,
+        &args.token,
+        &node,
+        &names,
+        &credentials,
+    ))?;
+    report_join(&args, &node, &files);
+    Ok(ExitCode::SUCCESS)
+}
+
+#[allow(clippy::print_stdout, reason = "the command's report")]
+fn report_join(args: &JoinArgs, node: &str, files: &cca_trust::config_dir::ClientFiles) {
+    let until = humantime::format_rfc3339_seconds(files.certificate.not_after);
+    println!(
+        "joined as node:{node}; certificate in {} valid until {until} (the agent renews it)",
+        NodeCredentials::in_data_dir(&args.data_dir)
+            .node_file()
+            .display()
+    );
+    println!(
+        "start the agent: cca agent --server {} --node {node} --data-dir {} --address {}",
+        args.server,
+        args.data_dir.display(),
+        args.address
+    );
 }

@@ -5,7 +5,6 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, Result};
 use cca_trust::config_dir::{ConfigDir, InitOptions};
@@ -52,7 +51,7 @@ pub(crate) fn run(args: InitArgs) -> Result<ExitCode> {
         hosts: Names::from_hosts(&hosts).context("the server's host names")?,
     };
     let config = ConfigDir::new(&args.config_dir);
-    let made = config.init(&options, now())?;
+    let made = config.init(&options, cca_model::clock::system_now())?;
     report(&args, &options, &made);
     Ok(ExitCode::SUCCESS)
 }
@@ -62,12 +61,6 @@ fn host_name() -> Option<String> {
     let name = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
     let name = name.trim().to_ascii_lowercase();
     Names::from_hosts([&name]).ok().map(|_| name)
-}
-
-/// The wall clock as `cca_trust` takes it.
-pub(crate) fn now() -> SystemTime {
-    let millis = u64::try_from(cca_model::clock::now_millis()).unwrap_or_default();
-    SystemTime::UNIX_EPOCH + Duration::from_millis(millis)
 }
 
 #[allow(clippy::print_stdout, reason = "the command's report")]
@@ -87,4 +80,5 @@ fn report(args: &InitArgs, options: &InitOptions, made: &cca_trust::config_dir::
     println!("Next:");
     println!("  cca server --config-dir {dir}     # serves HTTPS, client certificates required");
     println!("  CCA_CONFIG_DIR={dir} cca status   # the CLI as the local admin");
+    println!("  CCA_CONFIG_DIR={dir} cca token create   # a join token for each new node");
 }

@@ -43,6 +43,8 @@ enum Command {
     Server(server_cmd::ServerArgs),
     /// Run the node agent: register this node and run the instances placed on it.
     Agent(agent_cmd::AgentArgs),
+    /// Enrol this node with a join token (without starting the agent).
+    Join(agent_cmd::JoinArgs),
     /// Pull, list, remove and collect the images of a node's store (an operator's tool).
     #[command(subcommand_required = true)]
     Image(image_cmd::ImageArgs),
@@ -67,6 +69,7 @@ fn main() -> ExitCode {
         Command::Init(args) => init_cmd::run(args),
         Command::Server(args) => server_cmd::run(args),
         Command::Agent(args) => agent_cmd::run(args),
+        Command::Join(args) => agent_cmd::join(args),
         Command::Image(args) => image_cmd::run(args),
         Command::Dev(args) => dev_cmd::run(args),
         Command::Benchmark(args) => benchmark_cmd::run(args),

@@ -209,6 +209,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
         network,
         api: api_config(&args, trust.is_some()),
         secret_key: Some(secret_key),
+        authority: trust.as_ref().map(|trust| Arc::clone(&trust.authority)),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -217,8 +218,9 @@ async fn serve(args: ServerArgs) -> Result<()> {
         .local_addr()
         .context("reading the listen address")?;
     let listener = match &trust {
-        Some(tls) => cca_api::ApiListener::Tls(
-            cca_api::TlsListener::new(listener, tls).context("preparing the TLS listener")?,
+        Some(trust) => cca_api::ApiListener::Tls(
+            cca_api::TlsListener::new(listener, &trust.tls)
+                .context("preparing the TLS listener")?,
         ),
         None => cca_api::ApiListener::Plain(listener),
     };
@@ -232,7 +234,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
                 .context("preparing the liveness listener")?;
             Some(Liveness {
                 listener,
-                tls: trust.clone(),
+                tls: trust.as_ref().map(|trust| trust.tls.clone()),
             })
         }
         None => None,
@@ -422,17 +424,27 @@ fn announce(address: SocketAddr, tls: bool) {
 /// The TLS settings from `config_dir` when `cca init` made a CA there,
 /// checked (certificate chain and validity, key permissions and fit);
 /// `None` when it holds no CA.
-fn load_trust(config_dir: &std::path::Path) -> Result<Option<cca_api::ServerTls>> {
+fn load_trust(config_dir: &std::path::Path) -> Result<Option<Trust>> {
     let config = cca_trust::config_dir::ConfigDir::new(config_dir);
     if !config.has_ca() {
         return Ok(None);
     }
     let files = config
-        .load_server(crate::init_cmd::now())
+        .load_server(cca_model::clock::system_now())
         .context("checking the server's certificates")?;
     let certificate = cca_api::ServerCertificate::from_pem(&files.chain_pem, &files.key_pem)?;
     let tls = cca_api::ServerTls::new(files.ca.cert_pem(), Arc::new(certificate))?;
-    Ok(Some(tls))
+    Ok(Some(Trust {
+        tls,
+        authority: Arc::new(files.ca),
+    }))
+}
+
+/// What a server with a cluster CA serves with: HTTPS, and the CA that
+/// enrols nodes.
+struct Trust {
+    tls: cca_api::ServerTls,
+    authority: Arc<cca_trust::pki::ClusterCa>,
 }
 
 /// What the control plane runs beside the API.

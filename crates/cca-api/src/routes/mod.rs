@@ -3,6 +3,7 @@
 //! body limit, admission by lane, request metrics).
 
 mod agent;
+mod enrol;
 mod events;
 mod instance_io;
 mod ops;
@@ -16,7 +17,7 @@ use axum::Router;
 use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodRouter, get, post, put};
+use axum::routing::{MethodRouter, delete, get, post, put};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::admission::Lane;
@@ -94,6 +95,9 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
             put(secrets::set).delete(secrets::delete),
         ),
         ("/v1/secret-key/rotate", post(secrets::rotate_key)),
+        ("/v1/tokens", get(enrol::list).post(enrol::create)),
+        ("/v1/tokens/{id}", delete(enrol::revoke)),
+        ("/v1/join", post(enrol::join)),
         ("/v1/status", get(reads::status)),
         ("/v1/identity", get(reads::identity)),
         (
@@ -119,6 +123,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
             "/v1/agent/nodes/{node}/instances/{id}/files",
             get(secrets::instance_files),
         ),
+        ("/v1/agent/nodes/{node}/certificate", post(enrol::renew)),
         ("/metrics", get(reads::metrics)),
     ]
 }

@@ -74,6 +74,7 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Audit(args) => audit(&args).await,
         ClusterCommand::Watch(args) => watch(&args).await,
         ClusterCommand::Logs(args) => super::io::logs(&args).await,
+        ClusterCommand::Token(args) => super::token::run(args).await,
         // Answered by `run` (completions) and `dispatch` (exec's exit code).
         ClusterCommand::Exec(_) | ClusterCommand::Secret(_) | ClusterCommand::Completions(_) => {
             Ok(())
@@ -101,7 +102,7 @@ pub(super) fn client(addr: &ServerAddr) -> Result<Client> {
         );
     }
     let admin = config
-        .load_admin(crate::init_cmd::now())
+        .load_admin(cca_model::clock::system_now())
         .context("reading the local admin's certificate")?;
     let certificate = cca_wire::tls::ClientCertificate::from_pem(&admin.cert_pem, &admin.key_pem)?;
     let tls = cca_wire::tls::ClientTls::new(admin.ca_pem)
@@ -458,10 +459,16 @@ async fn audit(args: &AuditArgs) -> Result<()> {
                     record.method.clone(),
                     record.path.clone(),
                     record.status.to_string(),
+                    or_dash(record.detail.clone()),
                 ]
             })
             .collect();
-        output::table(&["age", "who", "address", "method", "path", "status"], rows);
+        output::table(
+            &[
+                "age", "who", "address", "method", "path", "status", "detail",
+            ],
+            rows,
+        );
     }
     Ok(())
 }

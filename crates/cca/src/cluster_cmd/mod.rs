@@ -1,10 +1,11 @@
 //! Arguments of the cluster commands (`apply`, `diff`, `get`, `describe`,
 //! `history`, `status`, `scale`, `delete`, `drain`, `disable-node`, `enable-node`,
-//! `events`, `watch`, `logs`, `exec`, `secret`, `completions`) and their
+//! `events`, `watch`, `logs`, `exec`, `secret`, `token`, `completions`) and their
 //! dispatch.
 //! Each command is a call of the typed API client ([`cca_wire::Client`]);
 //! [`commands`] holds the calls, [`describe`] the long views, [`io`] logs
-//! and exec, [`secret`] secret values, [`output`] the printing.
+//! and exec, [`secret`] secret values, [`token`] join tokens, [`output`]
+//! the printing.
 //!
 //! Exit codes: 0 success, 1 any error (the server's message is printed),
 //! 2 usage errors (from clap); `exec` exits with the remote command's code.
@@ -14,6 +15,7 @@ mod describe;
 mod io;
 pub(crate) mod output;
 mod secret;
+mod token;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -92,6 +94,8 @@ pub(crate) enum ClusterCommand {
     Exec(ExecArgs),
     /// Set, list and remove secret values; re-wrap them under a new key (rotate-key).
     Secret(secret::SecretArgs),
+    /// Make, list and revoke join tokens for new nodes.
+    Token(token::TokenArgs),
     /// Print a shell completion script.
     Completions(CompletionsArgs),
 }
