@@ -191,7 +191,7 @@ async fn join_now(
     if !server.starts_with("https://") {
         bail!("--join needs the server's https:// URL, not {server}");
     }
-    let token: JoinToken = token.parse().context("--join")?;
+    let token: JoinToken = token.parse().context("the join token")?;
     let started = std::time::Instant::now();
     let files = enrol::join(
         server,

@@ -14,17 +14,18 @@
 //! its address across the server's restart. Every process this test
 //! starts is killed when it ends, pass or fail — workloads included.
 
+mod support;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cca_wire::Client;
 use cca_wire::client::InstanceQuery;
 use cca_wire::types::InstanceSummary;
-
-const CCA: &str = env!("CARGO_BIN_EXE_cca");
+use support::{CCA, Proc, kill_processes_under, signal};
 
 const PROGRAM: &str = r#"
 service web {
@@ -44,37 +45,6 @@ service broken {
 }
 "#;
 
-/// A child process killed (and reaped) on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-impl Proc {
-    fn pid(&self) -> i32 {
-        i32::try_from(self.0.id()).expect("pid fits")
-    }
-
-    /// SIGTERM and wait (a graceful stop).
-    fn terminate(mut self) {
-        signal(self.pid(), "TERM");
-        let _ = self.0.wait();
-    }
-}
-
-fn signal(pid: i32, name: &str) {
-    let status = Command::new("kill")
-        .arg(format!("-{name}"))
-        .arg(pid.to_string())
-        .status()
-        .expect("kill runs");
-    assert!(status.success(), "kill -{name} {pid}");
-}
-
 /// Everything the test started lives under one temp dir; on drop, every
 /// process whose working directory is inside it (the workloads, which
 /// outlive their agents by design) is killed too.
@@ -92,27 +62,6 @@ impl Drop for Cluster {
         self.agents.clear();
         self.server = None;
         kill_processes_under(self.dir.path());
-    }
-}
-
-fn kill_processes_under(dir: &Path) {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|name| name.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        if std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(dir)) {
-            let _ = Command::new("kill")
-                .arg("-KILL")
-                .arg(pid.to_string())
-                .status();
-        }
     }
 }
 

@@ -35,6 +35,9 @@ use crate::update::read_modify_write;
 /// The longest a join token may live: long-lived tokens are how clusters
 /// get joined by strangers.
 const MAX_TTL: Duration = Duration::from_secs(30 * 24 * 3600);
+/// How long a join retries its token's compare-and-swap against other
+/// nodes joining with the same token.
+const JOIN_PATIENCE: Duration = Duration::from_secs(5);
 
 type Caller = Option<axum::Extension<ConnectInfo<Peer>>>;
 
@@ -187,49 +190,67 @@ async fn enrol(state: &ApiState, request: &JoinRequest) -> Result<NodeCertificat
     check_name(&request.node)
         .map_err(|error| ApiError::invalid(format!("the node's name: {error}")))?;
     let ca = state.authority()?;
-    let key = keys::join_token(&request.token_id);
-    let Some(kv) = state
-        .store()
-        .get(&key)
-        .await
-        .map_err(ApiError::from)?
-        .filter(|_| is_token_id(&request.token_id))
-    else {
-        return Err(Enrolment::Refused(format!(
-            "no join token `{}`",
-            request.token_id
-        )));
+    let mut signed: Option<String> = None;
+    // Nodes joining at once with one token race for it: each spends a
+    // use with a compare-and-swap and, losing, reads it again.
+    let deadline = tokio::time::Instant::now() + JOIN_PATIENCE;
+    let certificate = loop {
+        let (record, revision) = read_token(state, &request.token_id).await?;
+        record
+            .admit(&request.secret, &request.node, now())
+            .map_err(|refusal| Enrolment::Refused(refusal.to_string()))?;
+        // Signed once the token admits the node and before a use is
+        // spent, so a bad CSR costs no use; issued only if the spend
+        // commits.
+        let certificate = match signed.take() {
+            Some(certificate) => certificate,
+            None => sign_node(&ca, &request.node, &request.csr_pem)?,
+        };
+        let key = keys::join_token(&request.token_id);
+        let txn = Txn::new()
+            .when(Compare::mod_revision(&key, CompareOp::Equal, revision))
+            .then(Op::put(&key, encode(&record.spend())));
+        if state
+            .store()
+            .txn(txn)
+            .await
+            .map_err(ApiError::from)?
+            .is_committed()
+        {
+            break certificate;
+        }
+        signed = Some(certificate);
+        if tokio::time::Instant::now() >= deadline {
+            return Err(ApiError::conflict(
+                "the join token kept changing while this node enrolled: try again",
+            )
+            .into());
+        }
+        tokio::time::sleep(Duration::from_millis(fastrand::u64(5..50))).await;
     };
-    let record = decode(&request.token_id, &kv.value)?;
-    record
-        .admit(&request.secret, &request.node, now())
-        .map_err(|refusal| Enrolment::Refused(refusal.to_string()))?;
-    // Signed before the use is spent, so a bad CSR costs no use; issued
-    // only if the spend commits.
-    let certificate = sign_node(&ca, &request.node, &request.csr_pem)?;
-    let txn = Txn::new()
-        .when(Compare::mod_revision(
-            &key,
-            CompareOp::Equal,
-            kv.mod_revision,
-        ))
-        .then(Op::put(&key, encode(&record.spend())));
-    if !state
-        .store()
-        .txn(txn)
-        .await
-        .map_err(ApiError::from)?
-        .is_committed()
-    {
-        return Err(ApiError::conflict(
-            "the join token changed while this node enrolled (another node used it): try again",
-        )
-        .into());
-    }
     Ok(NodeCertificate {
         certificate_pem: certificate,
         ca_pem: ca.cert_pem().to_owned(),
     })
+}
+
+/// The token's record and its revision; refused (for the log) when
+/// there is none.
+async fn read_token(state: &ApiState, id: &str) -> Result<(JoinTokenRecord, i64), Enrolment> {
+    if !is_token_id(id) {
+        return Err(Enrolment::Refused(
+            "the token id is not one this server makes".into(),
+        ));
+    }
+    let Some(kv) = state
+        .store()
+        .get(&keys::join_token(id))
+        .await
+        .map_err(ApiError::from)?
+    else {
+        return Err(Enrolment::Refused(format!("no join token `{id}`")));
+    };
+    Ok((decode(id, &kv.value)?, kv.mod_revision))
 }
 
 /// `POST /v1/agent/nodes/{node}/certificate`: a node (authenticated as

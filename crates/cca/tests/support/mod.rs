@@ -6,6 +6,7 @@
 #![allow(dead_code, reason = "each test file uses a different part")]
 
 use std::ffi::OsStr;
+use std::path::Path;
 use std::io::{BufRead, BufReader};
 use std::process::{Child, ChildStderr, Command, Output, Stdio};
 
@@ -98,6 +99,60 @@ fn listen_url(mut stderr: BufReader<ChildStderr>) -> String {
             let url = url.to_owned();
             std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
             return url;
+        }
+    }
+}
+
+/// A child process killed (and reaped) on drop.
+pub(crate) struct Proc(pub(crate) Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Proc {
+    pub(crate) fn pid(&self) -> i32 {
+        i32::try_from(self.0.id()).expect("pid fits")
+    }
+
+    /// SIGTERM and wait (a graceful stop).
+    pub(crate) fn terminate(mut self) {
+        signal(self.pid(), "TERM");
+        let _ = self.0.wait();
+    }
+}
+
+pub(crate) fn signal(pid: i32, name: &str) {
+    let status = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill -{name} {pid}");
+}
+
+/// Kills every process whose working directory is inside `dir` (the
+/// workloads, which outlive their agents by design).
+pub(crate) fn kill_processes_under(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|name| name.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if std::fs::read_link(entry.path().join("cwd")).is_ok_and(|cwd| cwd.starts_with(dir)) {
+            let _ = Command::new("kill")
+                .arg("-KILL")
+                .arg(pid.to_string())
+                .status();
         }
     }
 }
