@@ -8,7 +8,11 @@
 //! bearer token instead. Whether a request may go on without one is the
 //! routes' decision (agent routes require a node certificate), so a
 //! missing certificate gets an HTTP answer that says what is missing
-//! rather than a bare TLS alert.
+//! rather than a bare TLS alert. A certificate the cluster revoked is
+//! refused at the handshake, with a `certificate_revoked` alert: the
+//! verifier reads the [`RevocationList`] at every handshake, so a
+//! revocation takes effect at the next one (connections already open
+//! keep going until they close).
 //!
 //! Handshakes run in their own tasks with a deadline: one slow or silent
 //! client must not hold the accept loop, and through it every other
@@ -21,10 +25,15 @@ use std::time::Duration;
 use axum::extract::connect_info::Connected;
 use axum::serve::{IncomingStream, Listener};
 use cca_trust::identity::Identity;
+use cca_trust::pki::CertInfo;
+use cca_trust::revocation::Revocations;
+use rustls::client::danger::HandshakeSignatureValid;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
+use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -112,17 +121,135 @@ fn certified_key(chain_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, Tl
     Ok(Arc::new(certified))
 }
 
-/// The API's TLS settings: its certificate and the CA client certificates
-/// must chain to.
+/// The certificates the server refuses although they chain to the CA,
+/// replaceable while it serves. Every handshake with a client certificate
+/// reads it (a clone of an `Arc` under a read lock held for no more than
+/// that), so a replaced list refuses from the next handshake on.
+#[derive(Debug, Default)]
+pub struct RevocationList {
+    current: RwLock<Arc<Revocations>>,
+}
+
+impl RevocationList {
+    pub fn new(revocations: Revocations) -> Self {
+        Self {
+            current: RwLock::new(Arc::new(revocations)),
+        }
+    }
+
+    /// Refuses what `revocations` revokes from the next handshake on.
+    pub fn replace(&self, revocations: Revocations) {
+        let next = Arc::new(revocations);
+        let mut current = self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let previous = std::mem::replace(&mut *current, next);
+        drop(current);
+        // A long list is freed here, after the lock, not under it.
+        drop(previous);
+    }
+
+    /// The revocations in force.
+    pub fn current(&self) -> Arc<Revocations> {
+        Arc::clone(
+            &self
+                .current
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
+/// rustls's verifier (chain to the cluster CA, validity, usage), then the
+/// revocations: a certificate is looked up only once it is known to be
+/// the cluster's, and a revoked one fails the handshake with the
+/// `certificate_revoked` alert.
+#[derive(Debug)]
+struct RevokingVerifier {
+    inner: Arc<dyn ClientCertVerifier>,
+    revocations: Arc<RevocationList>,
+}
+
+impl ClientCertVerifier for RevokingVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        let revocations = self.revocations.current();
+        if revocations.is_empty() {
+            return Ok(verified);
+        }
+        // webpki has parsed it already, so this only fails on a
+        // certificate no CA of ours would sign.
+        let info = CertInfo::parse(end_entity.as_ref())
+            .map_err(|_| rustls::Error::InvalidCertificate(CertificateError::BadEncoding))?;
+        match revocations.check(&info) {
+            Ok(()) => Ok(verified),
+            Err(revoked) => {
+                tracing::warn!(%revoked, "refused a revoked client certificate");
+                Err(rustls::Error::InvalidCertificate(CertificateError::Revoked))
+            }
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+
+    fn requires_raw_public_keys(&self) -> bool {
+        self.inner.requires_raw_public_keys()
+    }
+}
+
+/// The API's TLS settings: its certificate, the CA client certificates
+/// must chain to, and the client certificates it no longer accepts.
 #[derive(Clone, Debug)]
 pub struct ServerTls {
     config: Arc<rustls::ServerConfig>,
     certificate: Arc<ServerCertificate>,
+    revocations: Arc<RevocationList>,
 }
 
 impl ServerTls {
     /// Serves `certificate`; client certificates are verified against
-    /// `ca_pem` (and only it) when a client presents one.
+    /// `ca_pem` (and only it) when a client presents one. Nothing is
+    /// revoked until [`ServerTls::revocations`] is given a list.
     pub fn new(ca_pem: &str, certificate: Arc<ServerCertificate>) -> Result<Self, TlsError> {
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
@@ -135,11 +262,16 @@ impl ServerTls {
                 .map_err(|error| TlsError::Config(format!("the cluster CA: {error}")))?;
         }
         let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-        let verifier =
+        let webpki =
             WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
                 .allow_unauthenticated()
                 .build()
                 .map_err(|error| TlsError::Config(error.to_string()))?;
+        let revocations = Arc::new(RevocationList::default());
+        let verifier = Arc::new(RevokingVerifier {
+            inner: webpki,
+            revocations: Arc::clone(&revocations),
+        });
         let mut config = rustls::ServerConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|error| TlsError::Config(error.to_string()))?
@@ -149,12 +281,18 @@ impl ServerTls {
         Ok(Self {
             config: Arc::new(config),
             certificate,
+            revocations,
         })
     }
 
     /// The certificate being served (to replace it on renewal).
     pub fn certificate(&self) -> &Arc<ServerCertificate> {
         &self.certificate
+    }
+
+    /// The revoked client certificates (to replace when they change).
+    pub fn revocations(&self) -> &Arc<RevocationList> {
+        &self.revocations
     }
 }
 

@@ -8,6 +8,7 @@ mod support;
 use std::sync::Arc;
 
 use cca_api::{ServerCertificate, ServerTls, TlsListener};
+use cca_trust::pki::CertAndKey;
 use cca_wire::Client;
 use cca_wire::tls::{ClientCertificate, ClientTls};
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, SanType};
@@ -61,9 +62,30 @@ async fn serve_tls(
     server: &Issued,
 ) -> (String, Arc<ServerCertificate>, oneshot::Sender<()>) {
     let chain = format!("{}{}", server.cert_pem, ca.pem());
+    let served = serve_tls_pem(h, &ca.pem(), &chain, &server.key_pem).await;
+    let certificate = Arc::clone(served.tls.certificate());
+    (served.url, certificate, served.stop)
+}
+
+/// The harness's API served over TLS.
+struct Served {
+    url: String,
+    port: u16,
+    tls: ServerTls,
+    stop: oneshot::Sender<()>,
+}
+
+/// Serves the harness's API over TLS with the certificate chain
+/// `chain_pem` and its key, trusting client certificates of `ca_pem`.
+async fn serve_tls_pem(
+    h: &support::Harness,
+    ca_pem: &str,
+    chain_pem: &str,
+    key_pem: &str,
+) -> Served {
     let certificate =
-        Arc::new(ServerCertificate::from_pem(&chain, &server.key_pem).expect("server cert"));
-    let tls = ServerTls::new(&ca.pem(), Arc::clone(&certificate)).expect("tls");
+        Arc::new(ServerCertificate::from_pem(chain_pem, key_pem).expect("server cert"));
+    let tls = ServerTls::new(ca_pem, certificate).expect("tls");
     let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("binds");
@@ -77,7 +99,12 @@ async fn serve_tls(
         })
         .await;
     });
-    (format!("https://localhost:{port}"), certificate, stop)
+    Served {
+        url: format!("https://localhost:{port}"),
+        port,
+        tls,
+        stop,
+    }
 }
 
 fn client(url: &str, ca: &Ca, certificate: Option<&Issued>) -> Client {
@@ -345,4 +372,246 @@ async fn changes_and_refusals_are_audited_with_who_asked() {
     })
     .await;
     assert!(kept.len() <= 4, "{kept:?}");
+}
+
+/// Certificates of a [`ClusterCa`] made at fixed instants, the way the
+/// cluster makes them, so that tests of revocation and rotation run on a
+/// fake clock: "an hour later" is an argument, never a sleep. Every
+/// validity brackets the test's real time, which rustls checks.
+mod fixed {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use cca_trust::identity::Identity;
+    use cca_trust::pki::{CertAndKey, CertInfo, ClusterCa, Issue, Names};
+
+    const HOUR: Duration = Duration::from_secs(3600);
+    /// Long enough to cover the wall clock of any run of these tests.
+    const LIFE: Duration = Duration::from_secs(40 * 365 * 24 * 3600);
+
+    /// 2025-06-15, the instant the test cluster's CA was made.
+    pub(crate) fn at(hours: u32) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_750_000_000) + HOUR * hours
+    }
+
+    pub(crate) fn ca() -> ClusterCa {
+        ClusterCa::generate("test", at(0), LIFE + HOUR * 24 * 365).expect("the CA")
+    }
+
+    /// A certificate for `identity` (`node:n1`) serving `hosts`, issued
+    /// `hours` after the CA.
+    pub(crate) fn issue(ca: &ClusterCa, identity: &str, hosts: &[&str], hours: u32) -> CertAndKey {
+        let identity: Identity = identity.parse().expect("identity");
+        let names = Names::from_hosts(hosts).expect("names");
+        let request = Issue::new(identity, names).valid_for(LIFE);
+        ca.issue(&request, at(hours)).expect("issues")
+    }
+
+    pub(crate) fn serial(issued: &CertAndKey) -> String {
+        CertInfo::parse(&issued.cert_pem).expect("parses").serial
+    }
+}
+
+fn client_of(url: &str, ca: &cca_trust::pki::ClusterCa, issued: &CertAndKey) -> Client {
+    let certificate =
+        ClientCertificate::from_pem(&issued.cert_pem, &issued.key_pem).expect("client cert");
+    let tls = ClientTls::new(ca.cert_pem()).with_certificate(Arc::new(certificate));
+    Client::with_tls(url, &tls).expect("client")
+}
+
+/// `openssl s_client` with `issued` as its certificate, asking for
+/// `/v1/identity` over HTTP/1.1: what it printed, both streams.
+async fn openssl_identity(
+    port: u16,
+    ca: &cca_trust::pki::ClusterCa,
+    issued: &CertAndKey,
+) -> String {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = |name: &str| dir.path().join(name);
+    std::fs::write(path("ca.pem"), ca.cert_pem()).expect("writes");
+    std::fs::write(path("cert.pem"), &issued.cert_pem).expect("writes");
+    std::fs::write(path("key.pem"), &issued.key_pem).expect("writes");
+    let mut child = tokio::process::Command::new("openssl")
+        .arg("s_client")
+        .args(["-connect", &format!("127.0.0.1:{port}")])
+        .args(["-servername", "localhost", "-verify_return_error"])
+        .arg("-CAfile")
+        .arg(path("ca.pem"))
+        .arg("-cert")
+        .arg(path("cert.pem"))
+        .arg("-key")
+        .arg(path("key.pem"))
+        .args(["-alpn", "http/1.1", "-ign_eof"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("openssl runs (scripts/test installs it)");
+    let mut stdin = child.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stdin,
+        b"GET /v1/identity HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("writes the request");
+    drop(stdin);
+    let output = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("openssl ends")
+        .expect("openssl runs");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// A handshake and a `GET /v1/identity` with rustls alone, presenting
+/// `issued` over TLS `version`: the error, the alert among it, as text.
+async fn rustls_request(
+    port: u16,
+    ca: &cca_trust::pki::ClusterCa,
+    issued: &CertAndKey,
+    version: &'static rustls::SupportedProtocolVersion,
+) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(ca.cert_der().clone()).expect("a root");
+    let certificate =
+        ClientCertificate::from_pem(&issued.cert_pem, &issued.key_pem).expect("client cert");
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[version])
+        .expect("versions")
+        .with_root_certificates(roots)
+        .with_client_cert_resolver(Arc::new(certificate));
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|error| error.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+    let mut stream = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|error| format!("handshake: {error}"))?;
+    stream
+        .write_all(b"GET /v1/identity HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .map_err(|error| format!("writing: {error}"))?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .map_err(|error| format!("reading: {error}"))?;
+    let answer = String::from_utf8_lossy(&answer);
+    if answer.starts_with("HTTP/1.1 200") {
+        Ok(())
+    } else {
+        Err(format!("answered: {answer}"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_certificate_is_refused_from_the_next_handshake() {
+    use cca_trust::identity::Identity;
+    use cca_trust::revocation::{Revocations, RevokedEntry};
+
+    let h = harness().await;
+    let ca = fixed::ca();
+    let server = fixed::issue(&ca, "server:s1", &["localhost"], 0);
+    let chain = format!("{}{}", server.cert_pem, ca.cert_pem());
+    let served = serve_tls_pem(&h, ca.cert_pem(), &chain, &server.key_pem).await;
+    let n1 = fixed::issue(&ca, "node:n1", &[], 1);
+    let n2 = fixed::issue(&ca, "node:n2", &[], 1);
+
+    let open = client_of(&served.url, &ca, &n1);
+    let seen = open.identity().await.expect("n1 connects");
+    assert_eq!(seen.identity.expect("an identity").name, "n1");
+    client_of(&served.url, &ca, &n2)
+        .identity()
+        .await
+        .expect("n2 connects");
+
+    // n1's key leaked: its certificate is revoked by serial.
+    served
+        .tls
+        .revocations()
+        .replace(Revocations::new([RevokedEntry::Serial {
+            serial: fixed::serial(&n1).parse().expect("serial"),
+            since: fixed::at(2),
+        }]));
+    let error = client_of(&served.url, &ca, &n1)
+        .identity()
+        .await
+        .expect_err("the next handshake with n1's certificate");
+    assert!(error.to_string().contains("cannot reach"), "{error}");
+    // Under TLS 1.3 the server judges the client's certificate after the
+    // client has finished its handshake, so reqwest sees the connection
+    // close; rustls itself reads the alert, under 1.3 as under 1.2.
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        let refused = rustls_request(served.port, &ca, &n1, version)
+            .await
+            .expect_err("refused");
+        assert!(
+            refused.contains("CertificateRevoked"),
+            "{version:?}: a TLS alert saying the certificate is revoked: {refused}"
+        );
+        rustls_request(served.port, &ca, &n2, version)
+            .await
+            .expect("n2 is not revoked");
+    }
+    client_of(&served.url, &ca, &n2)
+        .identity()
+        .await
+        .expect("another identity still connects");
+    open.identity()
+        .await
+        .expect("a connection opened before the revocation goes on until it closes");
+
+    let refused = openssl_identity(served.port, &ca, &n1).await;
+    assert!(
+        refused.contains("alert certificate revoked"),
+        "openssl is told its certificate is revoked:\n{refused}"
+    );
+    assert!(!refused.contains("HTTP/1.1 200"), "{refused}");
+    let answered = openssl_identity(served.port, &ca, &n2).await;
+    assert!(
+        answered.contains("HTTP/1.1 200") && answered.contains("\"n2\""),
+        "openssl with n2's certificate gets an answer:\n{answered}"
+    );
+
+    // n2 is removed at hour 20 and added again at hour 21: every
+    // certificate of it issued before hour 20 is refused, the new one
+    // is not. The replaced list no longer revokes n1's serial.
+    served
+        .tls
+        .revocations()
+        .replace(Revocations::new([RevokedEntry::Identity {
+            identity: Identity::Node("n2".into()),
+            issued_before: fixed::at(20),
+        }]));
+    let renewed = fixed::issue(&ca, "node:n2", &[], 17);
+    for before in [&n2, &renewed] {
+        client_of(&served.url, &ca, before)
+            .identity()
+            .await
+            .expect_err("issued before n2 was removed");
+        let refused = rustls_request(served.port, &ca, before, &rustls::version::TLS13)
+            .await
+            .expect_err("refused");
+        assert!(refused.contains("CertificateRevoked"), "{refused}");
+    }
+    let readded = fixed::issue(&ca, "node:n2", &[], 21);
+    let seen = client_of(&served.url, &ca, &readded)
+        .identity()
+        .await
+        .expect("n2's certificate issued after it was added again");
+    assert_eq!(seen.identity.expect("an identity").name, "n2");
+    client_of(&served.url, &ca, &n1)
+        .identity()
+        .await
+        .expect("n1's serial is no longer revoked");
+    let _ = served.stop.send(());
 }
