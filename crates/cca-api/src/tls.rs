@@ -12,7 +12,8 @@
 //! refused at the handshake, with a `certificate_revoked` alert: the
 //! verifier reads the [`RevocationList`] at every handshake, so a
 //! revocation takes effect at the next one (connections already open
-//! keep going until they close).
+//! keep going until they close). Sessions are never resumed: every
+//! handshake verifies the client's certificate.
 //!
 //! Handshakes run in their own tasks with a deadline: one slow or silent
 //! client must not hold the accept loop, and through it every other
@@ -278,6 +279,13 @@ impl ServerTls {
             .with_client_cert_verifier(verifier)
             .with_cert_resolver(Arc::clone(&certificate) as Arc<dyn ResolvesServerCert>);
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        // No session resumption: a resumed session takes the client's
+        // certificate from the session it resumes without verifying it
+        // again, so it would outlive a revocation (and a renewed server
+        // certificate). A full handshake costs one ECDSA signature and
+        // one verification more.
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
         Ok(Self {
             config: Arc::new(config),
             certificate,

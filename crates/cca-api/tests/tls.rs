@@ -474,8 +474,16 @@ async fn rustls_request(
     issued: &CertAndKey,
     version: &'static rustls::SupportedProtocolVersion,
 ) -> Result<(), String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    request_with(port, rustls_config(ca, issued, version)).await
+}
 
+/// A rustls client configuration presenting `issued` over TLS `version`;
+/// it keeps the sessions it may resume, as any long-lived client does.
+fn rustls_config(
+    ca: &cca_trust::pki::ClusterCa,
+    issued: &CertAndKey,
+    version: &'static rustls::SupportedProtocolVersion,
+) -> Arc<rustls::ClientConfig> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(ca.cert_der().clone()).expect("a root");
     let certificate =
@@ -487,7 +495,14 @@ async fn rustls_request(
         .with_root_certificates(roots)
         .with_client_cert_resolver(Arc::new(certificate));
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    Arc::new(config)
+}
+
+/// A handshake and a `GET /v1/identity` with `config`.
+async fn request_with(port: u16, config: Arc<rustls::ClientConfig>) -> Result<(), String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    let connector = tokio_rustls::TlsConnector::from(config);
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .map_err(|error| error.to_string())?;
@@ -613,5 +628,41 @@ async fn a_revoked_certificate_is_refused_from_the_next_handshake() {
         .identity()
         .await
         .expect("n1's serial is no longer revoked");
+    let _ = served.stop.send(());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_session_does_not_outlive_a_revocation() {
+    use cca_trust::revocation::{Revocations, RevokedEntry};
+
+    let h = harness().await;
+    let ca = fixed::ca();
+    let server = fixed::issue(&ca, "server:s1", &["localhost"], 0);
+    let chain = format!("{}{}", server.cert_pem, ca.cert_pem());
+    let served = serve_tls_pem(&h, ca.cert_pem(), &chain, &server.key_pem).await;
+    let n1 = fixed::issue(&ca, "node:n1", &[], 1);
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        served.tls.revocations().replace(Revocations::default());
+        // One configuration for both connections: the second would
+        // resume the first's session, whose certificate was checked then.
+        let config = rustls_config(&ca, &n1, version);
+        request_with(served.port, Arc::clone(&config))
+            .await
+            .expect("n1 connects");
+        served
+            .tls
+            .revocations()
+            .replace(Revocations::new([RevokedEntry::Serial {
+                serial: fixed::serial(&n1).parse().expect("serial"),
+                since: fixed::at(2),
+            }]));
+        let refused = request_with(served.port, config)
+            .await
+            .expect_err("no session outlives the revocation");
+        assert!(
+            refused.contains("CertificateRevoked"),
+            "{version:?}: {refused}"
+        );
+    }
     let _ = served.stop.send(());
 }
