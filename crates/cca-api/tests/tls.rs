@@ -1,7 +1,9 @@
 //! The API over HTTPS: the server presents its certificate, verifies
-//! client certificates against the cluster CA alone, and tells each request
-//! which identity its connection proved; clients trust the cluster CA
-//! alone. Certificates are made here with rcgen, as `cca init` makes them.
+//! client certificates against the cluster CA alone, refuses revoked ones
+//! at the next handshake, and tells each request which identity its
+//! connection proved; clients trust the cluster CA alone; certificates
+//! rotate under open streams. Certificates are made here with rcgen, or
+//! by the cluster's own `ClusterCa` at fixed instants (`fixed`).
 
 mod support;
 
@@ -665,4 +667,344 @@ async fn a_resumed_session_does_not_outlive_a_revocation() {
         );
     }
     let _ = served.stop.send(());
+}
+
+/// The rotation test's server: what it knows of each connection.
+#[derive(Clone, Debug)]
+struct SeenConnection {
+    number: u64,
+    client_serial: String,
+}
+
+static CONNECTIONS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
+    for SeenConnection
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
+        let (_, connection) = stream.io().get_ref();
+        let client_serial = connection
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| cca_trust::pki::CertInfo::parse(leaf.as_ref()).ok())
+            .map_or_else(|| "-".to_owned(), |info| info.serial);
+        Self {
+            number: CONNECTIONS.fetch_add(1, std::sync::atomic::Ordering::SeqCst),
+            client_serial,
+        }
+    }
+}
+
+/// The streams the rotation test's server sends: a 1 KiB line every
+/// 5 ms until `stop`, then `END`, so a stream cut short is told from
+/// one that ended.
+struct Streaming {
+    stop: tokio::sync::watch::Receiver<bool>,
+    sent: std::sync::atomic::AtomicU64,
+}
+
+/// A stream's last line.
+const END: &[u8] = b"END\n";
+
+fn rotation_app(streaming: Arc<Streaming>) -> axum::Router {
+    use axum::extract::{ConnectInfo, State};
+    use axum::routing::get;
+
+    async fn who(
+        ConnectInfo(seen): ConnectInfo<SeenConnection>,
+        version: axum::http::Version,
+    ) -> String {
+        format!("{} {} {version:?}", seen.number, seen.client_serial)
+    }
+
+    async fn stream(State(streaming): State<Arc<Streaming>>) -> axum::body::Body {
+        let lines = futures_util::stream::unfold(0u64, move |line| {
+            let streaming = Arc::clone(&streaming);
+            async move {
+                if line == u64::MAX {
+                    return None;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                let (chunk, next) = if *streaming.stop.borrow() {
+                    (bytes::Bytes::from_static(END), u64::MAX)
+                } else {
+                    let text = format!("{line:08} {}\n", "x".repeat(1014));
+                    (bytes::Bytes::from(text), line + 1)
+                };
+                streaming
+                    .sent
+                    .fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::SeqCst);
+                Some((Ok::<_, std::convert::Infallible>(chunk), next))
+            }
+        });
+        axum::body::Body::from_stream(lines)
+    }
+
+    axum::Router::new()
+        .route("/who", get(who))
+        .route("/stream", get(stream))
+        .with_state(streaming)
+}
+
+/// A reqwest client over cca-wire's TLS settings presenting `certificate`:
+/// HTTP/2 (one connection for every request and stream) or HTTP/1.1,
+/// optionally with a new connection, so a new handshake, per request.
+fn rotation_client(
+    ca: &cca_trust::pki::ClusterCa,
+    certificate: &Arc<ClientCertificate>,
+    http1: bool,
+    new_connection_per_request: bool,
+) -> reqwest::Client {
+    let mut config = ClientTls::new(ca.cert_pem())
+        .with_certificate(Arc::clone(certificate))
+        .rustls_config()
+        .expect("TLS settings");
+    let mut builder = reqwest::Client::builder().tls_info(true);
+    if http1 {
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        builder = builder.http1_only();
+    }
+    if new_connection_per_request {
+        builder = builder.pool_max_idle_per_host(0);
+    }
+    builder
+        .tls_backend_preconfigured(config)
+        .build()
+        .expect("client")
+}
+
+/// One `GET /who`: the serial of the server's certificate the client saw
+/// on the connection, and the server's `connection serial version`.
+async fn who(client: &reqwest::Client, url: &str) -> Result<(String, String), String> {
+    let response = client
+        .get(format!("{url}/who"))
+        .send()
+        .await
+        .map_err(|error| format!("{error:?}"))?;
+    if !response.status().is_success() {
+        return Err(format!("status {}", response.status()));
+    }
+    let server_serial = response
+        .extensions()
+        .get::<reqwest::tls::TlsInfo>()
+        .and_then(|info| info.peer_certificate())
+        .and_then(|der| cca_trust::pki::CertInfo::parse(der).ok())
+        .map(|info| info.serial)
+        .ok_or("no server certificate")?;
+    let body = response
+        .text()
+        .await
+        .map_err(|error| format!("{error:?}"))?;
+    Ok((server_serial, body))
+}
+
+/// Reads one long-lived stream to its end: the bytes it carried, or why
+/// it broke. `progress` counts the bytes as they come.
+async fn follow(
+    client: reqwest::Client,
+    url: String,
+    progress: Arc<std::sync::atomic::AtomicU64>,
+) -> Result<u64, String> {
+    let mut response = client
+        .get(format!("{url}/stream"))
+        .send()
+        .await
+        .map_err(|error| format!("opening: {error:?}"))?;
+    if response.version() != reqwest::Version::HTTP_2 {
+        return Err(format!("the stream is {:?}", response.version()));
+    }
+    let mut bytes = 0u64;
+    let mut tail = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|error| format!("after {bytes} bytes: {error:?}"))?
+    {
+        bytes += chunk.len() as u64;
+        progress.fetch_add(chunk.len() as u64, std::sync::atomic::Ordering::SeqCst);
+        tail.extend_from_slice(&chunk);
+        let keep = tail.len().saturating_sub(END.len());
+        tail.drain(..keep);
+    }
+    if tail != END {
+        return Err(format!("cut short after {bytes} bytes"));
+    }
+    Ok(bytes)
+}
+
+/// Polls `done` every 10 ms for up to 20 s.
+async fn until(what: &str, done: impl Fn() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !done() {
+        assert!(tokio::time::Instant::now() < deadline, "waited for {what}");
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
+/// The server's and a client's certificates are replaced while HTTP/2
+/// streams carry data and HTTP/1.1 requests come and go through the TLS
+/// listener: nothing fails, the open connections keep their certificates,
+/// new handshakes present the renewed ones. The server is a small router
+/// of its own on [`TlsListener`] and [`ServerTls`], as the API's: its
+/// streams send all the time, where the API's send only on changes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_rotate_without_dropping_a_stream_or_a_request() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    const STREAMS: usize = 8;
+    let ca = fixed::ca();
+    // The first certificates at hour 0; their renewals at hour 16, two
+    // thirds into a node certificate's day, as the agents renew.
+    let server_first = fixed::issue(&ca, "server:s1", &["localhost"], 0);
+    let server_renewed = fixed::issue(&ca, "server:s1", &["localhost"], 16);
+    let node_first = fixed::issue(&ca, "node:n1", &[], 0);
+    let node_renewed = fixed::issue(&ca, "node:n1", &[], 16);
+    let [s1, s2, n1, n2] =
+        [&server_first, &server_renewed, &node_first, &node_renewed].map(fixed::serial);
+
+    let chain = |issued: &CertAndKey| format!("{}{}", issued.cert_pem, ca.cert_pem());
+    let served = Arc::new(
+        ServerCertificate::from_pem(&chain(&server_first), &server_first.key_pem)
+            .expect("server cert"),
+    );
+    let tls = ServerTls::new(ca.cert_pem(), Arc::clone(&served)).expect("tls");
+    let tcp = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("binds");
+    let url = format!(
+        "https://localhost:{}",
+        tcp.local_addr().expect("address").port()
+    );
+    let listener = TlsListener::new(tcp, &tls).expect("listener");
+    let (stop_streams, stop) = tokio::sync::watch::channel(false);
+    let streaming = Arc::new(Streaming {
+        stop,
+        sent: AtomicU64::new(0),
+    });
+    let app = rotation_app(Arc::clone(&streaming))
+        .into_make_service_with_connect_info::<SeenConnection>();
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let presented = Arc::new(
+        ClientCertificate::from_pem(&node_first.cert_pem, &node_first.key_pem)
+            .expect("client cert"),
+    );
+    let h2 = rotation_client(&ca, &presented, false, false);
+    let h1_kept = rotation_client(&ca, &presented, true, false);
+    let h1_new = rotation_client(&ca, &presented, true, true);
+
+    let (first_h2, _) = who(&h2, &url).await.expect("h2 answers");
+    let (_, first_h2_seen) = who(&h2, &url).await.expect("h2 answers");
+    assert_eq!(first_h2, s1);
+    let progress: Vec<Arc<AtomicU64>> = (0..STREAMS).map(|_| Arc::default()).collect();
+    let streams: Vec<_> = progress
+        .iter()
+        .map(|progress| tokio::spawn(follow(h2.clone(), url.clone(), Arc::clone(progress))))
+        .collect();
+    until("every stream to carry bytes", || {
+        progress.iter().all(|p| p.load(Ordering::SeqCst) > 0)
+    })
+    .await;
+
+    // HTTP/1.1 requests all along: on one kept connection, and each on a
+    // new connection. Every answer is kept: (server serial, body).
+    let requesting = Arc::new(AtomicBool::new(true));
+    let requests: Vec<_> = [h1_kept.clone(), h1_new.clone()]
+        .into_iter()
+        .map(|client| {
+            let (url, requesting) = (url.clone(), Arc::clone(&requesting));
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                while requesting.load(Ordering::SeqCst) {
+                    answers.push(who(&client, &url).await);
+                    tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+                }
+                answers
+            })
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+
+    // Rotate both certificates mid-stream.
+    let at_rotation: Vec<u64> = progress.iter().map(|p| p.load(Ordering::SeqCst)).collect();
+    served
+        .replace(&chain(&server_renewed), &server_renewed.key_pem)
+        .expect("server certificate replaced");
+    presented
+        .replace(&node_renewed.cert_pem, &node_renewed.key_pem)
+        .expect("client certificate replaced");
+    until(
+        "every stream to carry 20 KiB more after the rotation",
+        || {
+            progress
+                .iter()
+                .zip(&at_rotation)
+                .all(|(p, before)| p.load(Ordering::SeqCst) >= before + 20 * 1024)
+        },
+    )
+    .await;
+
+    // A new handshake presents both new certificates.
+    let (server_serial, seen) = who(&h1_new, &url).await.expect("a new connection");
+    assert_eq!(
+        server_serial, s2,
+        "the client sees the renewed server certificate"
+    );
+    assert!(
+        seen.contains(&format!(" {n2} ")) && seen.ends_with("HTTP/1.1"),
+        "the server sees the renewed node certificate: {seen}"
+    );
+    let fresh = rotation_client(&ca, &presented, false, false);
+    let (server_serial, seen) = who(&fresh, &url).await.expect("a new h2 connection");
+    assert_eq!(server_serial, s2);
+    assert!(
+        seen.contains(&format!(" {n2} ")) && seen.ends_with("HTTP/2.0"),
+        "{seen}"
+    );
+    // The open HTTP/2 connection is the one from before, still on the
+    // certificates it was opened with.
+    let (server_serial, seen) = who(&h2, &url).await.expect("the open h2 connection");
+    assert_eq!(server_serial, s1);
+    let connection = |seen: &str| seen.split(' ').next().unwrap_or_default().to_owned();
+    assert_eq!(connection(&seen), connection(&first_h2_seen), "{seen}");
+    assert!(seen.contains(&format!(" {n1} ")), "{seen}");
+
+    requesting.store(false, Ordering::SeqCst);
+    stop_streams.send(true).expect("streams stop");
+    let mut failures = Vec::new();
+    let mut received = 0u64;
+    for stream in streams {
+        match stream.await.expect("stream task") {
+            Ok(bytes) => received += bytes,
+            Err(error) => failures.push(format!("stream: {error}")),
+        }
+    }
+    let mut answered = Vec::new();
+    for requests in requests {
+        let answers = requests.await.expect("request task");
+        for answer in answers {
+            match answer {
+                Ok(answer) => answered.push(answer),
+                Err(error) => failures.push(format!("request: {error}")),
+            }
+        }
+    }
+    let sent = streaming.sent.load(Ordering::SeqCst);
+    let rotated =
+        |(server, seen): &(String, String)| (server == &s2) && seen.contains(&format!(" {n2} "));
+    let before =
+        |(server, seen): &(String, String)| (server == &s1) && seen.contains(&format!(" {n1} "));
+    println!(
+        "rotation: {STREAMS} HTTP/2 streams carried {received} bytes across it; \
+         {} HTTP/1.1 requests answered ({} of them with both new certificates); \
+         {} failures",
+        answered.len(),
+        answered.iter().filter(|a| rotated(a)).count(),
+        failures.len()
+    );
+    assert_eq!(failures, Vec::<String>::new(), "nothing failed");
+    assert_eq!(received, sent, "every byte sent was received");
+    assert!(answered.iter().any(before), "requests before the rotation");
+    assert!(answered.iter().any(rotated), "requests after the rotation");
+    server.abort();
 }
