@@ -11,16 +11,22 @@
 //! rather than a bare TLS alert. A certificate the cluster revoked is
 //! refused at the handshake, with a `certificate_revoked` alert: the
 //! verifier reads the [`RevocationList`] at every handshake, so a
-//! revocation takes effect at the next one (connections already open
-//! keep going until they close). Sessions are never resumed: every
-//! handshake verifies the client's certificate.
+//! revocation takes effect at the next one. Sessions are never resumed:
+//! every handshake verifies the client's certificate. A connection
+//! already open when its certificate is revoked is closed
+//! ([`TlsConnection`] watches the list), so a removed node's streams end
+//! with its certificate rather than whenever they would have.
 //!
 //! Handshakes run in their own tasks with a deadline: one slow or silent
 //! client must not hold the accept loop, and through it every other
 //! connection.
 
+use std::future::Future;
+use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::connect_info::Connected;
@@ -35,8 +41,9 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -125,16 +132,27 @@ fn certified_key(chain_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, Tl
 /// The certificates the server refuses although they chain to the CA,
 /// replaceable while it serves. Every handshake with a client certificate
 /// reads it (a clone of an `Arc` under a read lock held for no more than
-/// that), so a replaced list refuses from the next handshake on.
-#[derive(Debug, Default)]
+/// that), so a replaced list refuses from the next handshake on, and
+/// open connections hear of each replacement and close if theirs is
+/// revoked.
+#[derive(Debug)]
 pub struct RevocationList {
     current: RwLock<Arc<Revocations>>,
+    /// Counts replacements, for open connections to wake on.
+    replaced: watch::Sender<u64>,
+}
+
+impl Default for RevocationList {
+    fn default() -> Self {
+        Self::new(Revocations::default())
+    }
 }
 
 impl RevocationList {
     pub fn new(revocations: Revocations) -> Self {
         Self {
             current: RwLock::new(Arc::new(revocations)),
+            replaced: watch::Sender::new(0),
         }
     }
 
@@ -149,6 +167,7 @@ impl RevocationList {
         drop(current);
         // A long list is freed here, after the lock, not under it.
         drop(previous);
+        self.replaced.send_modify(|count| *count += 1);
     }
 
     /// The revocations in force.
@@ -308,7 +327,7 @@ impl ServerTls {
 /// stops accepting.
 #[derive(Debug)]
 pub struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    ready: mpsc::Receiver<(TlsConnection, SocketAddr)>,
     local: SocketAddr,
     accepting: JoinHandle<()>,
 }
@@ -324,7 +343,8 @@ impl TlsListener {
         let local = listener.local_addr()?;
         let (sender, ready) = mpsc::channel(READY_BACKLOG);
         let acceptor = TlsAcceptor::from(Arc::clone(&tls.config));
-        let accepting = tokio::spawn(accept_loop(listener, acceptor, sender));
+        let revocations = Arc::clone(&tls.revocations);
+        let accepting = tokio::spawn(accept_loop(listener, acceptor, revocations, sender));
         Ok(Self {
             ready,
             local,
@@ -336,7 +356,8 @@ impl TlsListener {
 async fn accept_loop(
     listener: TcpListener,
     acceptor: TlsAcceptor,
-    ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+    revocations: Arc<RevocationList>,
+    ready: mpsc::Sender<(TlsConnection, SocketAddr)>,
 ) {
     loop {
         let (stream, address) = match listener.accept().await {
@@ -350,10 +371,12 @@ async fn accept_loop(
         };
         let _ = stream.set_nodelay(true);
         let (acceptor, handed) = (acceptor.clone(), ready.clone());
+        let revocations = Arc::clone(&revocations);
         tokio::spawn(async move {
             match tokio::time::timeout(HANDSHAKE_DEADLINE, acceptor.accept(stream)).await {
                 Ok(Ok(stream)) => {
-                    let _ = handed.send((stream, address)).await;
+                    let connection = TlsConnection::new(stream, &revocations);
+                    let _ = handed.send((connection, address)).await;
                 }
                 Ok(Err(error)) => tracing::debug!(%address, %error, "TLS handshake failed"),
                 Err(_) => tracing::debug!(%address, "TLS handshake timed out"),
@@ -365,8 +388,147 @@ async fn accept_loop(
     }
 }
 
+/// A handshaken connection that closes once the client's certificate is
+/// revoked: its reads and writes then fail, which ends the connection and
+/// every stream on it. Without a client certificate, a plain TLS stream.
+pub struct TlsConnection {
+    stream: TlsStream<TcpStream>,
+    guard: Option<RevocationGuard>,
+}
+
+/// The client certificate of one connection, looked up again at every
+/// replacement of the list.
+struct RevocationGuard {
+    certificate: CertInfo,
+    list: Arc<RevocationList>,
+    replaced: Pin<Box<dyn Future<Output = Option<watch::Receiver<u64>>> + Send>>,
+    revoked: bool,
+}
+
+impl std::fmt::Debug for TlsConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConnection")
+            .field(
+                "client_serial",
+                &self.guard.as_ref().map(|g| &g.certificate.serial),
+            )
+            .field("revoked", &self.guard.as_ref().is_some_and(|g| g.revoked))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Waits for the next replacement of the list; `None` once the list is
+/// gone (the server with it).
+async fn next_replacement(mut replaced: watch::Receiver<u64>) -> Option<watch::Receiver<u64>> {
+    replaced.changed().await.ok()?;
+    Some(replaced)
+}
+
+impl TlsConnection {
+    fn new(stream: TlsStream<TcpStream>, list: &Arc<RevocationList>) -> Self {
+        let certificate = stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| CertInfo::parse(leaf.as_ref()).ok());
+        let guard = certificate.map(|certificate| {
+            // Subscribed before the first look, so a replacement between
+            // the handshake and here is not missed.
+            let replaced = list.replaced.subscribe();
+            let revoked = list.current().check(&certificate).is_err();
+            RevocationGuard {
+                certificate,
+                list: Arc::clone(list),
+                replaced: Box::pin(next_replacement(replaced)),
+                revoked,
+            }
+        });
+        Self { stream, guard }
+    }
+
+    /// The TLS stream: the peer's certificates, the protocol.
+    pub fn tls(&self) -> &TlsStream<TcpStream> {
+        &self.stream
+    }
+
+    /// Whether the client's certificate has been revoked since the
+    /// handshake; registers `cx` to be woken at the next replacement.
+    fn poll_revoked(&mut self, cx: &mut Context<'_>) -> Result<(), io::Error> {
+        let Some(guard) = &mut self.guard else {
+            return Ok(());
+        };
+        while !guard.revoked {
+            match guard.replaced.as_mut().poll(cx) {
+                Poll::Pending => break,
+                Poll::Ready(None) => {
+                    guard.replaced = Box::pin(std::future::pending());
+                    break;
+                }
+                Poll::Ready(Some(replaced)) => {
+                    if let Err(revoked) = guard.list.current().check(&guard.certificate) {
+                        tracing::warn!(%revoked, "closing a connection: its client certificate was revoked");
+                        guard.revoked = true;
+                    }
+                    guard.replaced = Box::pin(next_replacement(replaced));
+                }
+            }
+        }
+        if guard.revoked {
+            return Err(io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "the client's certificate was revoked",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl AsyncRead for TlsConnection {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.poll_revoked(cx)?;
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for TlsConnection {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_revoked(cx)?;
+        Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        self.poll_revoked(cx)?;
+        Pin::new(&mut self.stream).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
+}
+
 impl Listener for TlsListener {
-    type Io = TlsStream<TcpStream>;
+    type Io = TlsConnection;
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
@@ -393,7 +555,7 @@ pub struct Peer {
 
 impl Connected<IncomingStream<'_, TlsListener>> for Peer {
     fn connect_info(stream: IncomingStream<'_, TlsListener>) -> Self {
-        let (_, connection) = stream.io().get_ref();
+        let (_, connection) = stream.io().tls().get_ref();
         let identity = connection
             .peer_certificates()
             .and_then(|chain| chain.first())

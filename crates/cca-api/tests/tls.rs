@@ -585,7 +585,7 @@ async fn a_revoked_certificate_is_refused_from_the_next_handshake() {
         .expect("another identity still connects");
     open.identity()
         .await
-        .expect("a connection opened before the revocation goes on until it closes");
+        .expect_err("the connection opened before is closed, a new one refused");
 
     let refused = openssl_identity(served.port, &ca, &n1).await;
     assert!(
@@ -682,7 +682,7 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsL
     for SeenConnection
 {
     fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
-        let (_, connection) = stream.io().get_ref();
+        let (_, connection) = stream.io().tls().get_ref();
         let client_serial = connection
             .peer_certificates()
             .and_then(|chain| chain.first())
@@ -1007,4 +1007,122 @@ async fn certificates_rotate_without_dropping_a_stream_or_a_request() {
     assert!(answered.iter().any(before), "requests before the rotation");
     assert!(answered.iter().any(rotated), "requests after the rotation");
     server.abort();
+}
+
+/// An open HTTP/1.1 connection over rustls: `GET /v1/identity` answered
+/// on it, kept alive.
+struct OpenConnection {
+    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+}
+
+impl OpenConnection {
+    async fn open(port: u16, config: Arc<rustls::ClientConfig>) -> Self {
+        let connector = tokio_rustls::TlsConnector::from(config);
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connects");
+        let name = rustls::pki_types::ServerName::try_from("localhost").expect("name");
+        let stream = connector.connect(name, tcp).await.expect("handshake");
+        let mut connection = Self { stream };
+        connection.identity().await.expect("answers");
+        connection
+    }
+
+    /// The answer's text, or why there was none.
+    async fn identity(&mut self) -> Result<String, String> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        self.stream
+            .write_all(b"GET /v1/identity HTTP/1.1\r\nHost: localhost\r\n\r\n")
+            .await
+            .map_err(|error| format!("writing: {error}"))?;
+        let mut answer = Vec::new();
+        let mut buffer = [0u8; 4096];
+        // The answer is small JSON with a Content-Length: done at its `}`.
+        while !(answer.windows(4).any(|w| w == b"\r\n\r\n") && answer.ends_with(b"}")) {
+            let read = tokio::time::timeout(
+                std::time::Duration::from_secs(10),
+                self.stream.read(&mut buffer),
+            )
+            .await
+            .map_err(|_| "no answer in 10 s".to_owned())?
+            .map_err(|error| format!("reading: {error}"))?;
+            if read == 0 {
+                return Err("the server closed the connection".into());
+            }
+            answer.extend_from_slice(&buffer[..read]);
+        }
+        Ok(String::from_utf8_lossy(&answer).into_owned())
+    }
+
+    /// Whether the server closes the connection within `wait`, with
+    /// nothing asked.
+    async fn closed_within(&mut self, wait: std::time::Duration) -> bool {
+        use tokio::io::AsyncReadExt;
+
+        let mut buffer = [0u8; 64];
+        match tokio::time::timeout(wait, self.stream.read(&mut buffer)).await {
+            Err(_) => false,
+            Ok(Ok(0) | Err(_)) => true,
+            Ok(Ok(_)) => panic!("the server sent something unasked"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_connection_closes_when_its_certificate_is_revoked() {
+    use cca_trust::identity::Identity;
+    use cca_trust::revocation::{Revocations, RevokedEntry};
+    use std::time::Duration;
+
+    let h = harness().await;
+    let ca = fixed::ca();
+    let server = fixed::issue(&ca, "server:s1", &["localhost"], 0);
+    let chain = format!("{}{}", server.cert_pem, ca.cert_pem());
+    let served = serve_tls_pem(&h, ca.cert_pem(), &chain, &server.key_pem).await;
+    let n1 = fixed::issue(&ca, "node:n1", &[], 1);
+    let n2 = fixed::issue(&ca, "node:n2", &[], 1);
+    let tls13 = &rustls::version::TLS13;
+    let mut first = OpenConnection::open(served.port, rustls_config(&ca, &n1, tls13)).await;
+    let mut second = OpenConnection::open(
+        served.port,
+        rustls_config(&ca, &n1, &rustls::version::TLS12),
+    )
+    .await;
+    let mut other = OpenConnection::open(served.port, rustls_config(&ca, &n2, tls13)).await;
+    assert!(
+        !first.closed_within(Duration::from_millis(200)).await,
+        "idle, open"
+    );
+
+    // A replacement that revokes nothing of theirs closes nothing.
+    served
+        .tls
+        .revocations()
+        .replace(Revocations::new([RevokedEntry::Identity {
+            identity: Identity::Node("n3".into()),
+            issued_before: fixed::at(20),
+        }]));
+    assert!(!first.closed_within(Duration::from_millis(200)).await);
+    first.identity().await.expect("still answered");
+
+    // n1 is removed: both its connections close at once, unasked.
+    served
+        .tls
+        .revocations()
+        .replace(Revocations::new([RevokedEntry::Identity {
+            identity: Identity::Node("n1".into()),
+            issued_before: fixed::at(20),
+        }]));
+    assert!(
+        first.closed_within(Duration::from_secs(10)).await,
+        "n1's TLS 1.3 connection"
+    );
+    assert!(
+        second.closed_within(Duration::from_secs(10)).await,
+        "n1's TLS 1.2 connection"
+    );
+    let seen = other.identity().await.expect("n2's connection goes on");
+    assert!(seen.contains("\"n2\""), "{seen}");
+    let _ = served.stop.send(());
 }
