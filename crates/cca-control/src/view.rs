@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 
+use cca_model::access::RevocationRecord;
 use cca_model::cluster::{
     ApplyChunk, ApplyCommit, DesiredGeneration, Disruption, Endpoints, Heartbeat, Instance,
     InstanceStatus, NodeControl, NodeInfo, NodeStatus, ReplacementResume, ServiceMeta, StagedWrite,
@@ -77,6 +78,8 @@ pub struct View {
     pub network_policies: Table<NetworkPolicy>,
     pub groups: Table<GroupSpec>,
     pub node_controls: Table<NodeControl>,
+    /// Revoked certificates by record id: the API's TLS refuses them.
+    pub revocations: Table<RevocationRecord>,
     /// Placements by instance id (ids are unique across services).
     pub instances: Table<Instance>,
     /// The same placements by service, then instance id: what a
@@ -321,6 +324,9 @@ impl View {
                 rev,
                 Value::NodeControl,
             )?,
+            Key::Revocation { id } => {
+                put(&mut self.revocations, id, bytes, rev, Value::Revocation)?
+            }
             Key::ReplacementResume {} => put_single(
                 &mut self.replacement_resume,
                 bytes,
@@ -418,6 +424,7 @@ impl View {
             Key::NodeControl { node } => {
                 remove(&mut self.node_controls, node, rev, Value::NodeControl)
             }
+            Key::Revocation { id } => remove(&mut self.revocations, id, rev, Value::Revocation),
             Key::ReplacementResume {} => {
                 remove_single(&mut self.replacement_resume, rev, Value::ReplacementResume)
             }
@@ -501,6 +508,7 @@ impl View {
             Key::NetworkPolicy { policy } => at(&self.network_policies, policy),
             Key::Group { group } => at(&self.groups, group),
             Key::NodeControl { node } => at(&self.node_controls, node),
+            Key::Revocation { id } => at(&self.revocations, id),
             Key::ReplacementResume {} => self
                 .replacement_resume
                 .as_ref()

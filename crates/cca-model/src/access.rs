@@ -7,6 +7,44 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::Millis;
 
+/// `trust/revoked/{id}`: certificates taken back before they expire. The
+/// id is `serial-{hex}` for one certificate, `{kind}-{name}` (`node-n1`,
+/// `user-alice`) for an identity; revoking an identity again moves its
+/// cutoff.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevocationRecord {
+    pub target: RevokedTarget,
+    /// When it was revoked; for an identity, its certificates issued
+    /// before this instant are refused, later ones (a node that joined
+    /// again) are not.
+    pub at: Millis,
+    /// Who revoked it (`user:admin`).
+    #[serde(default)]
+    pub by: String,
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// What a revocation covers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RevokedTarget {
+    /// The one certificate with this serial (lower-case hex).
+    Serial { serial: String },
+    /// Every certificate of `kind:name` (`node`, `user` or `server`).
+    Identity { kind: String, name: String },
+}
+
+impl RevokedTarget {
+    /// The record's id: its key's last segment.
+    pub fn id(&self) -> String {
+        match self {
+            RevokedTarget::Serial { serial } => format!("serial-{serial}"),
+            RevokedTarget::Identity { kind, name } => format!("{kind}-{name}"),
+        }
+    }
+}
+
 /// `trust/token/{id}`: a join token as the server keeps it. The secret is
 /// kept only as its SHA-256, so reading the store does not let anyone
 /// join.

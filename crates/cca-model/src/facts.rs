@@ -13,7 +13,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::access::JoinTokenRecord;
+use crate::access::{JoinTokenRecord, RevocationRecord};
 use crate::cluster::{
     ApplyChunk, ApplyCommit, AuditRecord, DesiredGeneration, Disruption, Endpoints, Event,
     Heartbeat, Instance, InstanceStatus, LeaderRecord, NodeControl, NodeInfo, NodeStatus,
@@ -224,6 +224,10 @@ fact_kinds! {
     /// create`; spent by `POST /v1/join`).
     JoinToken { id } = "trust/token/{}",
         JoinTokenRecord, Owner::Api, applied: false;
+    /// Certificates taken back before they expire (`cca cert revoke`):
+    /// refused from the next handshake on.
+    Revocation { id } = "trust/revoked/{}",
+        RevocationRecord, Owner::Api, applied: false;
     /// The leader lease; its mod revision is the fencing token.
     Leader {} = "meta/leader",
         LeaderRecord, Owner::Server, applied: false;

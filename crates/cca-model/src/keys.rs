@@ -111,6 +111,11 @@ pub fn join_token(id: &str) -> String {
     Key::JoinToken { id: id.to_owned() }.to_string()
 }
 
+/// `trust/revoked/{id}`: a revocation (`RevokedTarget::id`).
+pub fn revocation(id: &str) -> String {
+    Key::Revocation { id: id.to_owned() }.to_string()
+}
+
 /// `desired/network/policy/{name}`: allow/deny rules between services.
 pub fn desired_network_policy(policy: &str) -> String {
     Key::NetworkPolicy {

@@ -36,7 +36,10 @@ impl Cluster {
     fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = dir.path().join("config");
-        let init = cca_in(&["init", "--cluster", "enrol", "--server-name", "s1"], &config);
+        let init = cca_in(
+            &["init", "--cluster", "enrol", "--server-name", "s1"],
+            &config,
+        );
         assert!(init.status.success(), "cca init: {}", text(&init));
         let store = format!("embedded:{}", dir.path().join("store").display());
         let server = Server::start_with([
@@ -91,7 +94,15 @@ impl Cluster {
     /// `cca agent --join TOKEN` for `node`, in the background.
     fn start_agent(&mut self, node: &str, token: &str) {
         let child = Command::new(CCA)
-            .args(["agent", "--server", &self.url(), "--node", node, "--join", token])
+            .args([
+                "agent",
+                "--server",
+                &self.url(),
+                "--node",
+                node,
+                "--join",
+                token,
+            ])
             .args(["--no-cluster-network", "--address", "127.0.0.1"])
             .args(["--listen", "127.0.0.1:0", "--cpu", "2", "--memory", "2Gi"])
             .arg("--data-dir")
@@ -193,13 +204,21 @@ fn three_nodes_join_with_tokens_and_each_acts_only_as_itself() {
     let nodes = cluster.eventually(&["get", "nodes"], &["n1", "n2", "n3"]);
     assert_eq!(nodes.matches("ready").count(), 3, "{nodes}");
     let tokens = cluster.ok(&["token", "ls"]);
-    assert!(tokens.contains("used up") && tokens.contains("rack 1"), "{tokens}");
-    assert!(!tokens.contains(token.rsplit('.').next().expect("secret")), "{tokens}");
+    assert!(
+        tokens.contains("used up") && tokens.contains("rack 1"),
+        "{tokens}"
+    );
+    assert!(
+        !tokens.contains(token.rsplit('.').next().expect("secret")),
+        "{tokens}"
+    );
 
     // The key never left the node, and only the node may read it.
     let node_file = cluster.data_dir("n1").join("tls/node.pem");
     let mode = std::os::unix::fs::PermissionsExt::mode(
-        &std::fs::metadata(&node_file).expect("node.pem").permissions(),
+        &std::fs::metadata(&node_file)
+            .expect("node.pem")
+            .permissions(),
     );
     assert_eq!(mode & 0o777, 0o600);
 
@@ -222,7 +241,10 @@ fn three_nodes_join_with_tokens_and_each_acts_only_as_itself() {
     // The joins are in the audit log, with the token that admitted them.
     let audit = cluster.ok(&["audit"]);
     for node in ["n1", "n2", "n3"] {
-        assert!(audit.contains(&format!("node `{node}` joined with token")), "{audit}");
+        assert!(
+            audit.contains(&format!("node `{node}` joined with token")),
+            "{audit}"
+        );
     }
 }
 
@@ -274,11 +296,17 @@ fn bad_join_tokens_are_refused_and_the_reason_is_audited() {
     let (_, credentials) = good.split_once("::").expect("shape");
     let other_cluster = format!("K10{}::{credentials}", "ab".repeat(32));
     let shown = refused("o1", &other_cluster);
-    assert!(shown.contains("not the cluster the join token is for"), "{shown}");
+    assert!(
+        shown.contains("not the cluster the join token is for"),
+        "{shown}"
+    );
 
     // Not a token at all.
     let shown = refused("x1", "K10nonsense");
-    assert!(shown.contains("`::` after the fingerprint is missing"), "{shown}");
+    assert!(
+        shown.contains("`::` after the fingerprint is missing"),
+        "{shown}"
+    );
 
     // Each refusal the server saw is audited with its reason; the one for
     // another cluster never reached it.

@@ -6,8 +6,8 @@
 #![allow(dead_code, reason = "each test file uses a different part")]
 
 use std::ffi::OsStr;
-use std::path::Path;
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Child, ChildStderr, Command, Output, Stdio};
 
 pub(crate) const CCA: &str = env!("CARGO_BIN_EXE_cca");
