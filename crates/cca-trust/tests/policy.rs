@@ -289,6 +289,72 @@ fn every_tag_of_a_rule_must_be_on_the_object_with_its_value() {
 }
 
 #[test]
+fn a_decision_names_the_first_rule_that_applies() {
+    let in_a = |effect| {
+        rule(
+            effect,
+            "read:service",
+            TenantCondition::In(vec!["a".into()]),
+            &[],
+        )
+    };
+    let tagged = |effect| rule(effect, "read:service", TenantCondition::Any, &[("t", "1")]);
+    let set = PolicySet::new(&[
+        role(
+            "two-in",
+            vec![allow("read:gate"), in_a(Effect::Allow), in_a(Effect::Allow)],
+        ),
+        role(
+            "two-tags",
+            vec![tagged(Effect::Allow), tagged(Effect::Allow)],
+        ),
+        role(
+            "deny-twice",
+            vec![in_a(Effect::Deny), tagged(Effect::Deny), in_a(Effect::Deny)],
+        ),
+    ])
+    .expect("valid");
+    let cases = [
+        (&["two-in"][..], Some("a"), tags(&[]), ("two-in", 1)),
+        (
+            &["two-tags"][..],
+            None,
+            tags(&[("t", "1")]),
+            ("two-tags", 0),
+        ),
+        (
+            &["viewer", "two-in"][..],
+            Some("a"),
+            tags(&[]),
+            ("viewer", 0),
+        ),
+    ];
+    for (roles, tenant, object_tags, (role, rule_index)) in cases {
+        let who = user("u", roles, None);
+        assert_eq!(
+            check(&set, &who, "read:service", tenant, &object_tags),
+            Decision::Allow {
+                role: role.into(),
+                rule_index
+            },
+            "{roles:?}"
+        );
+    }
+    let who = user("u", &["two-in", "deny-twice"], None);
+    let Decision::Deny(denial) = check(&set, &who, "read:service", Some("a"), &tags(&[("t", "1")]))
+    else {
+        panic!("denied")
+    };
+    assert_eq!(
+        denial.reason,
+        DenyReason::DeniedBy {
+            role: "deny-twice".into(),
+            rule_index: 0
+        }
+    );
+}
+
+#[test]
 fn deny_wins_within_a_role_and_across_roles() {
     let set = PolicySet::new(&[
         role(
@@ -636,7 +702,9 @@ fn any_rule() -> impl Strategy<Value = Rule> {
         proptest::sample::subsequence(ACTIONS.to_vec(), 1..=2),
         proptest::sample::subsequence(RESOURCES.to_vec(), 1..=2),
         tenant_condition(),
-        tag_map(),
+        // Mostly no tags, so that several rules often apply at once and
+        // which one a decision names is put to the test.
+        prop_oneof![2 => Just(BTreeMap::new()), 1 => tag_map()],
     )
         .prop_map(|(effect, actions, resources, tenant, tags)| Rule {
             effect,
