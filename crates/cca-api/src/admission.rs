@@ -139,6 +139,7 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     ("/v1/tokens", Lane::User),
     ("/v1/tokens/{id}", Lane::User),
     ("/v1/join", Lane::User),
+    ("/v1/revocations", Lane::User),
     ("/v1/services", Lane::Bulk),
     ("/v1/instances", Lane::Bulk),
     ("/v1/nodes", Lane::Bulk),

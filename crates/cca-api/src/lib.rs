@@ -27,6 +27,7 @@ mod update;
 mod validate;
 
 use std::future::Future;
+use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
@@ -38,7 +39,9 @@ pub use error::ApiError;
 pub use routes::{app, liveness_app};
 pub use secrets::{SecretKey, SecretKeyError};
 pub use state::{ApiConfig, ApiState, MetricsRenderer, no_extra_metrics};
-pub use tls::{Peer, ServerCertificate, ServerTls, TlsError, TlsListener};
+pub use tls::{
+    Peer, RevocationList, ServerCertificate, ServerTls, TlsConnection, TlsError, TlsListener,
+};
 
 /// Serves the API on `listener` until `shutdown` resolves, then stops
 /// accepting, ends open streams, and waits for requests in flight. Also
@@ -62,7 +65,18 @@ pub async fn serve(
         shutdown.await;
         stopping.begin_shutdown();
     };
-    let result = serve_router(listener.into(), app(state), shutdown).await;
+    let listener = listener.into();
+    let revoking = match &listener {
+        ApiListener::Tls(tls) => Some(tokio::spawn(routes::follow_revocations(
+            state.clone(),
+            Arc::clone(tls.revocations()),
+        ))),
+        ApiListener::Plain(_) => None,
+    };
+    let result = serve_router(listener, app(state), shutdown).await;
+    if let Some(revoking) = revoking {
+        revoking.abort();
+    }
     retention.abort();
     settling.abort();
     let _ = stop_audit.send(());

@@ -330,6 +330,7 @@ pub struct TlsListener {
     ready: mpsc::Receiver<(TlsConnection, SocketAddr)>,
     local: SocketAddr,
     accepting: JoinHandle<()>,
+    revocations: Arc<RevocationList>,
 }
 
 impl Drop for TlsListener {
@@ -344,12 +345,23 @@ impl TlsListener {
         let (sender, ready) = mpsc::channel(READY_BACKLOG);
         let acceptor = TlsAcceptor::from(Arc::clone(&tls.config));
         let revocations = Arc::clone(&tls.revocations);
-        let accepting = tokio::spawn(accept_loop(listener, acceptor, revocations, sender));
+        let accepting = tokio::spawn(accept_loop(
+            listener,
+            acceptor,
+            Arc::clone(&revocations),
+            sender,
+        ));
         Ok(Self {
             ready,
             local,
             accepting,
+            revocations,
         })
+    }
+
+    /// The revocations its handshakes check (the server's, shared).
+    pub fn revocations(&self) -> &Arc<RevocationList> {
+        &self.revocations
     }
 }
 

@@ -496,6 +496,18 @@ impl Client {
             .await
     }
 
+    /// Revokes certificates (see [`RevokeRequest`]).
+    pub async fn revoke(&self, request: &RevokeRequest) -> ClientResult<RevocationEntry> {
+        self.json(self.request(Method::POST, "/v1/revocations").json(request))
+            .await
+    }
+
+    /// Every revocation in force.
+    pub async fn revocations(&self) -> ClientResult<Vec<RevocationEntry>> {
+        self.json(self.request(Method::GET, "/v1/revocations"))
+            .await
+    }
+
     /// The files (connection URLs, secret values) of an instance placed on
     /// `node`, for its agent to write before creating it.
     pub async fn instance_files(&self, node: &str, id: &str) -> ClientResult<InstanceFiles> {

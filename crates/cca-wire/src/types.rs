@@ -633,3 +633,26 @@ pub struct NodeCertificate {
 pub struct RenewRequest {
     pub csr_pem: String,
 }
+
+/// `POST /v1/revocations`: take back certificates before they expire —
+/// exactly one of one certificate (`serial`), every certificate of a node,
+/// or of a user, issued until now.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevokeRequest {
+    #[serde(default)]
+    pub serial: Option<String>,
+    #[serde(default)]
+    pub node: Option<String>,
+    #[serde(default)]
+    pub user: Option<String>,
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// One revocation as `cca cert revocations` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RevocationEntry {
+    pub id: String,
+    #[serde(flatten)]
+    pub record: cca_model::access::RevocationRecord,
+}

@@ -166,6 +166,9 @@ pub(crate) async fn retention_task(state: ApiState) {
         {
             tracing::warn!(%error, "audit retention failed; retrying next interval");
         }
+        if let Err(error) = super::revoke::prune_revocations(&state).await {
+            tracing::warn!(%error, "pruning expired revocations failed; retrying next interval");
+        }
     }
 }
 

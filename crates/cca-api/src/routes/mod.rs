@@ -8,6 +8,7 @@ mod events;
 mod instance_io;
 mod ops;
 mod reads;
+mod revoke;
 mod secrets;
 mod watch;
 
@@ -25,6 +26,7 @@ use crate::error::{self, ApiError};
 use crate::state::ApiState;
 
 pub(crate) use events::{prune_events, retention_task};
+pub(crate) use revoke::follow_revocations;
 
 /// The API's router over `state`.
 pub fn app(state: ApiState) -> Router {
@@ -98,6 +100,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         ("/v1/tokens", get(enrol::list).post(enrol::create)),
         ("/v1/tokens/{id}", delete(enrol::revoke)),
         ("/v1/join", post(enrol::join)),
+        ("/v1/revocations", get(revoke::list).post(revoke::revoke)),
         ("/v1/status", get(reads::status)),
         ("/v1/identity", get(reads::identity)),
         (

@@ -75,6 +75,7 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Watch(args) => watch(&args).await,
         ClusterCommand::Logs(args) => super::io::logs(&args).await,
         ClusterCommand::Token(args) => super::token::run(args).await,
+        ClusterCommand::Cert(args) => super::cert::run(args).await,
         // Answered by `run` (completions) and `dispatch` (exec's exit code).
         ClusterCommand::Exec(_) | ClusterCommand::Secret(_) | ClusterCommand::Completions(_) => {
             Ok(())

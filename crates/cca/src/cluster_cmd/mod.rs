@@ -1,15 +1,16 @@
 //! Arguments of the cluster commands (`apply`, `diff`, `get`, `describe`,
 //! `history`, `status`, `scale`, `delete`, `drain`, `disable-node`, `enable-node`,
-//! `events`, `watch`, `logs`, `exec`, `secret`, `token`, `completions`) and their
+//! `events`, `watch`, `logs`, `exec`, `secret`, `token`, `cert`, `completions`) and their
 //! dispatch.
 //! Each command is a call of the typed API client ([`cca_wire::Client`]);
 //! [`commands`] holds the calls, [`describe`] the long views, [`io`] logs
-//! and exec, [`secret`] secret values, [`token`] join tokens, [`output`]
+//! and exec, [`secret`] secret values, [`token`] join tokens, [`cert`] revocations, [`output`]
 //! the printing.
 //!
 //! Exit codes: 0 success, 1 any error (the server's message is printed),
 //! 2 usage errors (from clap); `exec` exits with the remote command's code.
 
+mod cert;
 pub(crate) mod commands;
 mod describe;
 mod io;
@@ -96,6 +97,8 @@ pub(crate) enum ClusterCommand {
     Secret(secret::SecretArgs),
     /// Make, list and revoke join tokens for new nodes.
     Token(token::TokenArgs),
+    /// Revoke certificates (one, or a node's or user's) and list revocations.
+    Cert(cert::CertArgs),
     /// Print a shell completion script.
     Completions(CompletionsArgs),
 }
