@@ -191,9 +191,13 @@ pub(crate) async fn record(
     if audited(&method, &route, status) {
         let record = AuditRecord {
             at: now_millis(),
-            who: peer
-                .as_ref()
-                .and_then(|peer| peer.identity.as_ref())
+            // The caller `auth` established (a token's user too), else
+            // the certificate's.
+            who: response
+                .extensions()
+                .get::<crate::auth::Caller>()
+                .map(|caller| &caller.identity)
+                .or_else(|| peer.as_ref().and_then(|peer| peer.identity.as_ref()))
                 .map(|identity| format!("{}:{}", identity.kind(), identity.name())),
             address: peer.map_or_else(String::new, |peer| peer.address.to_string()),
             method: method.to_string(),

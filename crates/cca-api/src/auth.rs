@@ -7,14 +7,21 @@
 //! token is its credential. [`Authentication::Open`] is plain HTTP on
 //! loopback (`cca dev`, tests), where nobody proves anything.
 //!
-//! Roles, tenants and bearer tokens refine the user side (issue 14); the
-//! node rule stays as it is.
+//! A user may instead present a signed token (`Authorization: Bearer`):
+//! one this server issued (`cca user token`, `cca login`), checked
+//! against its own key and the revoked token ids, or an OIDC issuer's
+//! ID token when the server trusts one (`cca server --oidc-issuer`). What
+//! a user may then do is `authz`'s: their stored record's roles decide.
+
+use std::sync::RwLock;
+use std::time::Duration;
 
 use axum::extract::{ConnectInfo, MatchedPath, Request, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use cca_trust::identity::Identity;
+use cca_trust::jwt::{Claims, SigningKey, TokenError, Verifier};
 
 use crate::error::ApiError;
 use crate::state::ApiState;
@@ -26,8 +33,105 @@ pub enum Authentication {
     /// Nobody proves anything: only for a server on loopback.
     #[default]
     Open,
-    /// A client certificate of the cluster CA on every request.
+    /// A client certificate of the cluster CA, or a user's signed token,
+    /// on every request.
     Certificates,
+}
+
+/// The audience of the tokens this server issues.
+pub const TOKEN_AUDIENCE: &str = "ccattler-api";
+
+/// Who made a request, as this server established it: in the request's
+/// extensions for the handlers and the response's for the audit log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Caller {
+    pub(crate) identity: Identity,
+    pub(crate) via: Via,
+}
+
+/// How the caller proved it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Via {
+    Certificate,
+    /// A token this server issued.
+    Token {
+        jti: Option<String>,
+        expires_at: u64,
+    },
+    /// An ID token of the trusted OIDC issuer.
+    Oidc,
+}
+
+/// Issues this server's user tokens and checks presented ones: its own
+/// (ES256 with the config directory's `token.key`) and, if configured,
+/// an OIDC issuer's.
+#[derive(Debug)]
+pub struct TokenAuthority {
+    key: SigningKey,
+    ours: Verifier,
+    oidc: Option<RwLock<Verifier>>,
+}
+
+impl TokenAuthority {
+    /// Tokens signed by `key`, issued as `issuer` (unique to the cluster:
+    /// another cluster's tokens name another issuer).
+    pub fn new(key: SigningKey, issuer: impl Into<String>) -> Self {
+        let ours = Verifier::new(key.jwk_set(), issuer, TOKEN_AUDIENCE);
+        Self {
+            key,
+            ours,
+            oidc: None,
+        }
+    }
+
+    /// Also accepts ID tokens checked by `oidc` (its issuer's JWKS).
+    #[must_use]
+    pub fn with_oidc(mut self, oidc: Verifier) -> Self {
+        self.oidc = Some(RwLock::new(oidc));
+        self
+    }
+
+    /// Replaces the OIDC issuer's keys (a JWKS refresh).
+    pub fn set_oidc_keys(&self, keys: cca_trust::jwt::JwkSet) {
+        if let Some(oidc) = &self.oidc {
+            oidc.write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .set_keys(keys);
+        }
+    }
+
+    /// A token for user `name`, valid for `ttl` from `now`.
+    pub(crate) fn issue(
+        &self,
+        name: &str,
+        now: std::time::SystemTime,
+        ttl: Duration,
+    ) -> (String, Claims) {
+        let claims = Claims::new(self.ours.issuer(), name, TOKEN_AUDIENCE, now, ttl);
+        (cca_trust::jwt::sign(&self.key, &claims), claims)
+    }
+
+    /// Who `token` proves, or why it proves nothing.
+    fn verify(&self, token: &str, now: std::time::SystemTime) -> Result<(Claims, Via), TokenError> {
+        match self.ours.verify(token, now) {
+            Ok(claims) => {
+                let via = Via::Token {
+                    jti: claims.jti.clone(),
+                    expires_at: claims.exp,
+                };
+                Ok((claims, via))
+            }
+            Err(TokenError::WrongIssuer { found, expected }) => match &self.oidc {
+                Some(oidc) => oidc
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .verify(token, now)
+                    .map(|claims| (claims, Via::Oidc)),
+                None => Err(TokenError::WrongIssuer { found, expected }),
+            },
+            Err(error) => Err(error),
+        }
+    }
 }
 
 /// The identity the request's connection proved, if any.
@@ -38,11 +142,21 @@ pub(crate) fn caller(request: &Request) -> Option<Identity> {
         .and_then(|ConnectInfo(peer)| peer.identity.clone())
 }
 
-/// Refuses requests whose caller may not use their route (see the module
-/// documentation).
+/// Routes anyone may call: who-am-I, and the join (a joining node has no
+/// certificate yet: its join token is its credential, checked there).
+fn is_open(route: &str) -> bool {
+    route == "/v1/identity" || route == "/v1/join"
+}
+
+fn unauthorized(message: impl Into<String>) -> ApiError {
+    ApiError::new(StatusCode::UNAUTHORIZED, message)
+}
+
+/// Establishes who is calling and whether they may: see the module
+/// documentation and `authz`.
 pub(crate) async fn authenticate(
     State(state): State<ApiState>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     if state.config().authentication == Authentication::Open {
@@ -53,24 +167,144 @@ pub(crate) async fn authenticate(
         .get::<MatchedPath>()
         .map_or("", MatchedPath::as_str)
         .to_owned();
-    match admit(&route, request.uri().path(), caller(&request).as_ref()) {
-        Ok(()) => next.run(request).await,
-        Err(refusal) => refusal.into_response(),
+    let caller = match identify(&state, &request) {
+        Ok(caller) => caller,
+        Err(refusal) => return refusal.into_response(),
+    };
+    if let Err(refusal) = admit(&state, &request, &route, caller.as_ref()) {
+        let mut response = refusal.into_response();
+        if let Some(caller) = caller {
+            response.extensions_mut().insert(caller);
+        }
+        return response;
     }
+    if let Some(caller) = &caller {
+        request.extensions_mut().insert(caller.clone());
+    }
+    let mut response = next.run(request).await;
+    if let Some(caller) = caller {
+        response.extensions_mut().insert(caller);
+    }
+    response
 }
 
-/// The rule, pure: may `caller` use `route` (the matched pattern) at `path`?
-fn admit(route: &str, path: &str, caller: Option<&Identity>) -> Result<(), ApiError> {
-    // Who-am-I, and the join: a joining node has no certificate yet (its
-    // join token is its credential, checked by the route).
-    if route == "/v1/identity" || route == "/v1/join" {
+/// The caller: a bearer token's user if the request has one, else the
+/// connection's certificate, else nobody.
+fn identify(state: &ApiState, request: &Request) -> Result<Option<Caller>, ApiError> {
+    let bearer = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .map(|value| {
+            value
+                .to_str()
+                .ok()
+                .and_then(|text| text.strip_prefix("Bearer "))
+                .map(str::trim)
+                .ok_or_else(|| unauthorized("the Authorization header must read `Bearer TOKEN`"))
+        })
+        .transpose()?;
+    let Some(token) = bearer else {
+        return Ok(caller(request).map(|identity| Caller {
+            identity,
+            via: Via::Certificate,
+        }));
+    };
+    let Some(tokens) = state.token_authority() else {
+        return Err(unauthorized(
+            "this server accepts no bearer tokens: use a client certificate",
+        ));
+    };
+    let (claims, via) = tokens
+        .verify(token, cca_model::clock::system_now())
+        .map_err(|error| unauthorized(format!("the bearer token is refused: {error}")))?;
+    if let Via::Token { jti: Some(jti), .. } = &via {
+        let id = cca_model::access::RevokedTarget::Token {
+            jti: jti.clone(),
+            expires_at: 0,
+        }
+        .id();
+        if state.cache().view().revocations.contains_key(&id) {
+            return Err(unauthorized(
+                "the bearer token was revoked (logged out, or by an administrator): log in again",
+            ));
+        }
+    }
+    cca_trust::identity::check_name(&claims.sub).map_err(|error| {
+        unauthorized(format!(
+            "the bearer token's subject is not a user name: {error}"
+        ))
+    })?;
+    Ok(Some(Caller {
+        identity: Identity::User(claims.sub),
+        via,
+    }))
+}
+
+/// Whether `caller` may use `route`: nodes their own agent routes, users
+/// what their roles allow (`authz`).
+fn admit(
+    state: &ApiState,
+    request: &Request,
+    route: &str,
+    caller: Option<&Caller>,
+) -> Result<(), ApiError> {
+    if is_open(route) {
         return Ok(());
     }
+    let identity = caller.map(|caller| &caller.identity);
+    let path = request.uri().path();
+    rule(route, path, identity)?;
+    let Some(Caller {
+        identity: Identity::User(name),
+        via,
+    }) = caller
+    else {
+        return Ok(());
+    };
+    if route == "/v1/logout" {
+        return Ok(());
+    }
+    let view = state.cache().view();
+    let user =
+        crate::authz::user_record(&view, name, *via == Via::Certificate).ok_or_else(|| {
+            ApiError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "user `{name}` is not a user of this cluster: an administrator adds them with \
+                 `cca user create {name} --role ROLE`"
+                ),
+            )
+        })?;
+    let named = object_name(route, path);
+    // A user may mint tokens for themself.
+    if route == "/v1/users/{name}/tokens" && named == Some(name.as_str()) {
+        return Ok(());
+    }
+    let need = crate::authz::requirement(request.method(), route).ok_or_else(|| {
+        ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("{route} has no authorization rule: refused"),
+        )
+    })?;
+    crate::authz::check(state, &view, &user, need, named)
+}
+
+/// The value of the route's last variable segment (`{name}`, `{id}`).
+fn object_name<'p>(route: &str, path: &'p str) -> Option<&'p str> {
+    let parts: Vec<&str> = route.split('/').collect();
+    let variable = parts.iter().rposition(|part| part.starts_with('{'))?;
+    path.split('/').nth(variable)
+}
+
+/// The rule by kind of caller, pure: may `caller` use `route` (the
+/// matched pattern) at `path` at all?
+fn rule(route: &str, path: &str, caller: Option<&Identity>) -> Result<(), ApiError> {
     let Some(caller) = caller else {
         return Err(ApiError::new(
             StatusCode::UNAUTHORIZED,
-            "this server needs a client certificate of the cluster CA: nodes get theirs \
-             when they join, users from `cca init` or their administrator",
+            "this server needs a client certificate of the cluster CA or a user's bearer \
+             token: nodes get certificates when they join, users a token from their \
+             administrator (`cca user token`) or their OIDC issuer",
         ));
     };
     if route.starts_with("/v1/agent/") {
@@ -139,7 +373,10 @@ mod tests {
     use super::*;
 
     fn status(route: &str, path: &str, caller: Option<&Identity>) -> Option<u16> {
-        admit(route, path, caller)
+        if is_open(route) {
+            return None;
+        }
+        rule(route, path, caller)
             .err()
             .map(|error| error.status.as_u16())
     }

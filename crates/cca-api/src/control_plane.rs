@@ -36,6 +36,8 @@ pub struct ControlPlaneConfig {
     /// The cluster CA with its key, to enrol nodes and renew their
     /// certificates; without it the token and join routes answer 503.
     pub authority: Option<Arc<cca_trust::pki::ClusterCa>>,
+    /// Issues and checks user tokens; without it bearer tokens are refused.
+    pub tokens: Option<crate::auth::TokenAuthority>,
 }
 
 impl ControlPlaneConfig {
@@ -49,6 +51,7 @@ impl ControlPlaneConfig {
             api: ApiConfig::default(),
             secret_key: None,
             authority: None,
+            tokens: None,
         }
     }
 }
@@ -104,6 +107,9 @@ impl ControlPlane {
         }
         if let Some(authority) = config.authority {
             state = state.with_authority(authority);
+        }
+        if let Some(tokens) = config.tokens {
+            state = state.with_token_authority(tokens);
         }
         state = state.with_network_ranges(cca_model::net::AddressRanges {
             cluster: config.network.cluster_cidr,

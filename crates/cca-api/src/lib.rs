@@ -12,6 +12,7 @@ mod admission;
 mod apply;
 mod audit;
 pub mod auth;
+mod authz;
 pub mod control_plane;
 pub mod error;
 mod hub;
@@ -73,7 +74,9 @@ pub async fn serve(
         ))),
         ApiListener::Plain(_) => None,
     };
+    let roles = tokio::spawn(authz::follow_roles(state.clone()));
     let result = serve_router(listener, app(state), shutdown).await;
+    roles.abort();
     if let Some(revoking) = revoking {
         revoking.abort();
     }

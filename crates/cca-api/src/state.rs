@@ -91,6 +91,8 @@ struct Inner {
     network: Arc<NetworkFeed>,
     secret_key: RwLock<Option<Arc<SecretKey>>>,
     authority: RwLock<Option<Arc<cca_trust::pki::ClusterCa>>>,
+    policies: crate::authz::Policies,
+    tokens: RwLock<Option<Arc<crate::auth::TokenAuthority>>>,
     audit: crate::audit::AuditLog,
     /// Taken by the first `serve`, which runs it.
     audit_writer: std::sync::Mutex<Option<crate::audit::AuditWriter>>,
@@ -131,6 +133,8 @@ impl ApiState {
             network: Arc::default(),
             secret_key: RwLock::new(None),
             authority: RwLock::new(None),
+            policies: crate::authz::Policies::default(),
+            tokens: RwLock::new(None),
         };
         Self {
             inner: Arc::new(inner),
@@ -167,6 +171,31 @@ impl ApiState {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(ca);
         self
+    }
+
+    /// Issues and checks user tokens with `tokens`.
+    #[must_use]
+    pub fn with_token_authority(self, tokens: crate::auth::TokenAuthority) -> Self {
+        *self
+            .inner
+            .tokens
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(tokens));
+        self
+    }
+
+    /// How user tokens are issued and checked, if this server does.
+    pub(crate) fn token_authority(&self) -> Option<Arc<crate::auth::TokenAuthority>> {
+        self.inner
+            .tokens
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The roles in force.
+    pub(crate) fn policies(&self) -> &crate::authz::Policies {
+        &self.inner.policies
     }
 
     /// The cluster CA, or 503 when this server has none.

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use cca_model::access::RevocationRecord;
+use cca_model::access::{RevocationRecord, RoleRecord, UserRecord};
 use cca_model::cluster::{
     ApplyChunk, ApplyCommit, DesiredGeneration, Disruption, Endpoints, Heartbeat, Instance,
     InstanceStatus, NodeControl, NodeInfo, NodeStatus, ReplacementResume, ServiceMeta, StagedWrite,
@@ -80,6 +80,10 @@ pub struct View {
     pub node_controls: Table<NodeControl>,
     /// Revoked certificates by record id: the API's TLS refuses them.
     pub revocations: Table<RevocationRecord>,
+    /// Users by name: what each may do (`auth`).
+    pub users: Table<UserRecord>,
+    /// Custom roles by name.
+    pub roles: Table<RoleRecord>,
     /// Placements by instance id (ids are unique across services).
     pub instances: Table<Instance>,
     /// The same placements by service, then instance id: what a
@@ -327,6 +331,8 @@ impl View {
             Key::Revocation { id } => {
                 put(&mut self.revocations, id, bytes, rev, Value::Revocation)?
             }
+            Key::User { name } => put(&mut self.users, name, bytes, rev, Value::User)?,
+            Key::Role { name } => put(&mut self.roles, name, bytes, rev, Value::Role)?,
             Key::ReplacementResume {} => put_single(
                 &mut self.replacement_resume,
                 bytes,
@@ -425,6 +431,8 @@ impl View {
                 remove(&mut self.node_controls, node, rev, Value::NodeControl)
             }
             Key::Revocation { id } => remove(&mut self.revocations, id, rev, Value::Revocation),
+            Key::User { name } => remove(&mut self.users, name, rev, Value::User),
+            Key::Role { name } => remove(&mut self.roles, name, rev, Value::Role),
             Key::ReplacementResume {} => {
                 remove_single(&mut self.replacement_resume, rev, Value::ReplacementResume)
             }
@@ -509,6 +517,8 @@ impl View {
             Key::Group { group } => at(&self.groups, group),
             Key::NodeControl { node } => at(&self.node_controls, node),
             Key::Revocation { id } => at(&self.revocations, id),
+            Key::User { name } => at(&self.users, name),
+            Key::Role { name } => at(&self.roles, name),
             Key::ReplacementResume {} => self
                 .replacement_resume
                 .as_ref()

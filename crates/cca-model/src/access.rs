@@ -39,6 +39,8 @@ pub enum RevokedTarget {
     Serial { serial: String },
     /// Every certificate of `kind:name` (`node`, `user` or `server`).
     Identity { kind: String, name: String },
+    /// One user token, by its `jti`, until it expires anyway.
+    Token { jti: String, expires_at: Millis },
 }
 
 impl RevokedTarget {
@@ -47,6 +49,7 @@ impl RevokedTarget {
         match self {
             RevokedTarget::Serial { serial } => format!("serial-{serial}"),
             RevokedTarget::Identity { kind, name } => format!("{kind}-{name}"),
+            RevokedTarget::Token { jti, .. } => format!("token-{jti}"),
         }
     }
 }

@@ -13,7 +13,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::access::{JoinTokenRecord, RevocationRecord};
+use crate::access::{JoinTokenRecord, RevocationRecord, RoleRecord, UserRecord};
 use crate::cluster::{
     ApplyChunk, ApplyCommit, AuditRecord, DesiredGeneration, Disruption, Endpoints, Event,
     Heartbeat, Instance, InstanceStatus, LeaderRecord, NodeControl, NodeInfo, NodeStatus,
@@ -224,6 +224,12 @@ fact_kinds! {
     /// create`; spent by `POST /v1/join`).
     JoinToken { id } = "trust/token/{}",
         JoinTokenRecord, Owner::Api, applied: false;
+    /// A user and the roles they hold (`cca user create`).
+    User { name } = "trust/user/{}",
+        UserRecord, Owner::Api, applied: false;
+    /// A custom role (`cca role create`); the built-in ones are not stored.
+    Role { name } = "trust/role/{}",
+        RoleRecord, Owner::Api, applied: false;
     /// Certificates taken back before they expire (`cca cert revoke`):
     /// refused from the next handshake on.
     Revocation { id } = "trust/revoked/{}",

@@ -111,6 +111,22 @@ pub fn join_token(id: &str) -> String {
     Key::JoinToken { id: id.to_owned() }.to_string()
 }
 
+/// `trust/user/{name}`: a user's record.
+pub fn user(name: &str) -> String {
+    Key::User {
+        name: name.to_owned(),
+    }
+    .to_string()
+}
+
+/// `trust/role/{name}`: a custom role.
+pub fn role(name: &str) -> String {
+    Key::Role {
+        name: name.to_owned(),
+    }
+    .to_string()
+}
+
 /// `trust/revoked/{id}`: a revocation (`RevokedTarget::id`).
 pub fn revocation(id: &str) -> String {
     Key::Revocation { id: id.to_owned() }.to_string()

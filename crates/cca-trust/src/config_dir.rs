@@ -9,6 +9,7 @@
 //! server.key  the server's key                                       0600
 //! admin.pem   the local admin's client certificate (user `admin`)    0600
 //! admin.key   its key                                                0600
+//! token.key   the key user tokens are signed with (ES256, PKCS#8)    0600
 //! ```
 //!
 //! A node keeps its own credentials in its data directory
@@ -30,6 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use crate::identity::Identity;
+use crate::jwt::SigningKey;
 use crate::pki::{self, CertInfo, ClusterCa, Fingerprint, Issue, Names};
 
 /// The default config directory.
@@ -173,7 +175,12 @@ impl ConfigDir {
             .map_err(certificate(&self.admin_cert()))?;
         create_dir(&self.root)?;
         let chain = format!("{}{}", server.cert_pem, ca.cert_pem());
+        let token_key = SigningKey::generate().map_err(|error| ConfigError::File {
+            path: self.token_key(),
+            problem: error.to_string(),
+        })?;
         let files = [
+            (self.token_key(), token_key.to_pkcs8_pem(), 0o600),
             (self.ca_key(), ca.key_pem(), 0o600),
             (self.ca_cert(), ca.cert_pem().to_owned(), 0o644),
             (self.server_key(), server.key_pem.clone(), 0o600),
@@ -188,6 +195,27 @@ impl ConfigDir {
             fingerprint: ca.fingerprint(),
             files: files.into_iter().map(|(path, _, _)| path).collect(),
         })
+    }
+
+    /// The key user tokens are signed with.
+    pub fn token_key(&self) -> PathBuf {
+        self.root.join("token.key")
+    }
+
+    /// The token signing key, checked (0600); made (and written 0600) when
+    /// the directory predates it.
+    pub fn load_token_key(&self) -> Result<SigningKey, ConfigError> {
+        let path = self.token_key();
+        let bad = |error: crate::jwt::KeyError| ConfigError::File {
+            path: path.clone(),
+            problem: error.to_string(),
+        };
+        if path.exists() {
+            return SigningKey::from_pkcs8_pem(&read_key(&path)?).map_err(bad);
+        }
+        let key = SigningKey::generate().map_err(bad)?;
+        write_file(&path, &key.to_pkcs8_pem(), 0o600)?;
+        Ok(key)
     }
 
     /// The server's files, checked as a server starts: the CA loads and its

@@ -134,6 +134,18 @@ fn comma_joined<S: serde::Serializer>(tags: &[String], serializer: S) -> Result<
 pub struct Client {
     http: reqwest::Client,
     base: String,
+    /// A user's token, sent as `Authorization: Bearer` on every request.
+    bearer: Option<Bearer>,
+}
+
+/// A bearer token that `Debug` does not print.
+#[derive(Clone)]
+struct Bearer(std::sync::Arc<str>);
+
+impl std::fmt::Debug for Bearer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Bearer([hidden])")
+    }
 }
 
 impl Client {
@@ -181,7 +193,15 @@ impl Client {
         Self {
             http,
             base: base.trim_end_matches('/').to_owned(),
+            bearer: None,
         }
+    }
+
+    /// Presents `token` (a user's) on every request.
+    #[must_use]
+    pub fn with_bearer(mut self, token: &str) -> Self {
+        self.bearer = Some(Bearer(token.into()));
+        self
     }
 
     pub fn base_url(&self) -> &str {
@@ -508,6 +528,61 @@ impl Client {
             .await
     }
 
+    /// Makes or changes user `name`.
+    pub async fn put_user(
+        &self,
+        name: &str,
+        request: &UserRequest,
+    ) -> ClientResult<cca_model::access::UserRecord> {
+        let path = format!("/v1/users/{}", segment(name));
+        self.json(self.request(Method::PUT, &path).json(request))
+            .await
+    }
+
+    pub async fn users(&self) -> ClientResult<Vec<cca_model::access::UserRecord>> {
+        self.json(self.request(Method::GET, "/v1/users")).await
+    }
+
+    /// Removes user `name` and revokes their certificates and tokens.
+    pub async fn delete_user(&self, name: &str) -> ClientResult<cca_model::access::UserRecord> {
+        let path = format!("/v1/users/{}", segment(name));
+        self.json(self.request(Method::DELETE, &path)).await
+    }
+
+    /// A signed token for user `name`.
+    pub async fn user_token(
+        &self,
+        name: &str,
+        request: &UserTokenRequest,
+    ) -> ClientResult<IssuedToken> {
+        let path = format!("/v1/users/{}/tokens", segment(name));
+        self.json(self.request(Method::POST, &path).json(request))
+            .await
+    }
+
+    /// Makes or changes custom role `role.name`.
+    pub async fn put_role(
+        &self,
+        role: &cca_model::access::RoleRecord,
+    ) -> ClientResult<cca_model::access::RoleRecord> {
+        let path = format!("/v1/roles/{}", segment(&role.name));
+        self.json(self.request(Method::PUT, &path).json(role)).await
+    }
+
+    pub async fn roles(&self) -> ClientResult<Vec<RoleInfo>> {
+        self.json(self.request(Method::GET, "/v1/roles")).await
+    }
+
+    pub async fn delete_role(&self, name: &str) -> ClientResult<cca_model::access::RoleRecord> {
+        let path = format!("/v1/roles/{}", segment(name));
+        self.json(self.request(Method::DELETE, &path)).await
+    }
+
+    /// Revokes the token this client presents.
+    pub async fn logout(&self) -> ClientResult<LoggedOut> {
+        self.json(self.request(Method::POST, "/v1/logout")).await
+    }
+
     /// The files (connection URLs, secret values) of an instance placed on
     /// `node`, for its agent to write before creating it.
     pub async fn instance_files(&self, node: &str, id: &str) -> ClientResult<InstanceFiles> {
@@ -520,7 +595,11 @@ impl Client {
     }
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        self.http.request(method, format!("{}{path}", self.base))
+        let request = self.http.request(method, format!("{}{path}", self.base));
+        match &self.bearer {
+            Some(Bearer(token)) => request.bearer_auth(&**token),
+            None => request,
+        }
     }
 
     async fn json<T: DeserializeOwned>(&self, request: RequestBuilder) -> ClientResult<T> {

@@ -504,11 +504,17 @@ impl std::fmt::Debug for InstanceFile {
 /// `GET /v1/identity`: who the server takes the caller for.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CallerIdentity {
-    /// The identity the caller proved (a verified client certificate);
-    /// `None` when it proved none.
+    /// The identity the caller proved (a verified client certificate or
+    /// a bearer token); `None` when it proved none.
     pub identity: Option<Principal>,
     /// The caller's address as the server sees it.
     pub address: String,
+    /// How it proved it: `certificate`, `token` or `oidc`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
+    /// A user's roles and tenant, from their record.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<cca_model::access::UserRecord>,
 }
 
 /// A node, user or server, by kind and name.
@@ -655,4 +661,55 @@ pub struct RevocationEntry {
     pub id: String,
     #[serde(flatten)]
     pub record: cca_model::access::RevocationRecord,
+}
+
+/// `PUT /v1/users/{name}`: make or change a user.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserRequest {
+    pub roles: Vec<String>,
+    #[serde(default)]
+    pub tenant: Option<String>,
+}
+
+/// A role as `cca role ls` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RoleInfo {
+    #[serde(flatten)]
+    pub role: cca_model::access::RoleRecord,
+    /// Built into the server (not stored, not changeable).
+    pub builtin: bool,
+}
+
+/// `POST /v1/users/{name}/tokens`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserTokenRequest {
+    /// Seconds; the server's default (8 h) if absent.
+    #[serde(default)]
+    pub ttl_secs: Option<u64>,
+}
+
+/// A user token: shown once.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IssuedToken {
+    pub token: String,
+    /// Its id, to revoke it by.
+    pub jti: String,
+    /// Seconds since 1970.
+    pub expires_at: u64,
+}
+
+impl std::fmt::Debug for IssuedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IssuedToken")
+            .field("jti", &self.jti)
+            .field("expires_at", &self.expires_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `POST /v1/logout`: the token presented is revoked.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoggedOut {
+    /// The revoked token's id; `None` when the caller presented none.
+    pub revoked: Option<String>,
 }

@@ -176,7 +176,8 @@ pub(crate) fn run(args: ServerArgs) -> Result<ExitCode> {
 
 async fn serve(args: ServerArgs) -> Result<()> {
     // Pre-flight: the certificates and keys, before anything else.
-    let trust = load_trust(&args.config_dir)?;
+    let mut trust = load_trust(&args.config_dir)?;
+    let tokens = trust.as_mut().and_then(|trust| trust.tokens.take());
     if trust.is_none() {
         check_listen(args.listen, args.insecure)?;
     }
@@ -210,6 +211,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
         api: api_config(&args, trust.is_some()),
         secret_key: Some(secret_key),
         authority: trust.as_ref().map(|trust| Arc::clone(&trust.authority)),
+        tokens,
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -434,9 +436,17 @@ fn load_trust(config_dir: &std::path::Path) -> Result<Option<Trust>> {
         .context("checking the server's certificates")?;
     let certificate = cca_api::ServerCertificate::from_pem(&files.chain_pem, &files.key_pem)?;
     let tls = cca_api::ServerTls::new(files.ca.cert_pem(), Arc::new(certificate))?;
+    let token_key = config
+        .load_token_key()
+        .context("loading the user-token signing key")?;
+    // The CA's fingerprint names the issuer: another cluster's tokens
+    // are refused even before their signature is.
+    let tokens =
+        cca_api::auth::TokenAuthority::new(token_key, format!("cca:{}", files.ca.fingerprint()));
     Ok(Some(Trust {
         tls,
         authority: Arc::new(files.ca),
+        tokens: Some(tokens),
     }))
 }
 
@@ -445,6 +455,8 @@ fn load_trust(config_dir: &std::path::Path) -> Result<Option<Trust>> {
 struct Trust {
     tls: cca_api::ServerTls,
     authority: Arc<cca_trust::pki::ClusterCa>,
+    /// Taken by the control plane's setup.
+    tokens: Option<cca_api::auth::TokenAuthority>,
 }
 
 /// What the control plane runs beside the API.

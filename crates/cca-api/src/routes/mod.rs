@@ -10,6 +10,7 @@ mod ops;
 mod reads;
 mod revoke;
 mod secrets;
+mod users;
 mod watch;
 
 use std::time::Instant;
@@ -101,6 +102,20 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         ("/v1/tokens/{id}", delete(enrol::revoke)),
         ("/v1/join", post(enrol::join)),
         ("/v1/revocations", get(revoke::list).post(revoke::revoke)),
+        ("/v1/users", get(users::users)),
+        (
+            "/v1/users/{name}",
+            get(users::user)
+                .put(users::put_user)
+                .delete(users::delete_user),
+        ),
+        ("/v1/users/{name}/tokens", post(users::token)),
+        ("/v1/roles", get(users::roles)),
+        (
+            "/v1/roles/{name}",
+            put(users::put_role).delete(users::delete_role),
+        ),
+        ("/v1/logout", post(users::logout)),
         ("/v1/status", get(reads::status)),
         ("/v1/identity", get(reads::identity)),
         (

@@ -198,19 +198,44 @@ pub(crate) async fn metrics(State(state): State<ApiState>) -> impl IntoResponse 
     )
 }
 
-/// `GET /v1/identity`: the identity the caller's connection proved.
+/// `GET /v1/identity`: who the server takes the caller for, how it
+/// proved it, and a user's roles and tenant.
 pub(crate) async fn identity(
+    State(state): State<ApiState>,
     peer: Option<axum::Extension<axum::extract::ConnectInfo<Peer>>>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
 ) -> Json<CallerIdentity> {
     let peer = peer.map(|axum::Extension(axum::extract::ConnectInfo(peer))| peer);
+    let caller = caller.map(|axum::Extension(caller)| caller);
+    let identity = caller
+        .as_ref()
+        .map(|caller| caller.identity.clone())
+        .or_else(|| peer.as_ref().and_then(|peer| peer.identity.clone()));
+    let via = caller.as_ref().map(|caller| {
+        match caller.via {
+            crate::auth::Via::Certificate => "certificate",
+            crate::auth::Via::Token { .. } => "token",
+            crate::auth::Via::Oidc => "oidc",
+        }
+        .to_owned()
+    });
+    let user = match (&identity, &caller) {
+        (Some(cca_trust::identity::Identity::User(name)), Some(caller)) => {
+            crate::authz::user_record(
+                &state.cache().view(),
+                name,
+                caller.via == crate::auth::Via::Certificate,
+            )
+        }
+        _ => None,
+    };
     Json(CallerIdentity {
-        identity: peer
-            .as_ref()
-            .and_then(|peer| peer.identity.as_ref())
-            .map(|identity| Principal {
-                kind: identity.kind().to_owned(),
-                name: identity.name().to_owned(),
-            }),
+        identity: identity.map(|identity| Principal {
+            kind: identity.kind().to_owned(),
+            name: identity.name().to_owned(),
+        }),
         address: peer.map_or_else(String::new, |peer| peer.address.to_string()),
+        via,
+        user,
     })
 }

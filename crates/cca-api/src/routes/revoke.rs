@@ -89,8 +89,8 @@ pub(crate) async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<Re
     ))
 }
 
-/// What a record means to the TLS check; `None` for one that cannot be
-/// read (a hand-written fact), which is logged.
+/// What a record means to the TLS check; `None` for a token's (not a
+/// certificate's) and for one that cannot be read (a hand-written fact).
 fn entry(record: &RevocationRecord) -> Option<RevokedEntry> {
     let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(record.at).unwrap_or(0));
     match &record.target {
@@ -98,6 +98,7 @@ fn entry(record: &RevocationRecord) -> Option<RevokedEntry> {
             serial: serial.parse().ok()?,
             since: at,
         }),
+        RevokedTarget::Token { .. } => None,
         RevokedTarget::Identity { kind, name } => {
             Identity::from_uri(&format!("{}{kind}/{name}", cca_trust::identity::URI_SCHEME)).map(
                 |identity| RevokedEntry::Identity {
@@ -124,7 +125,8 @@ pub(crate) async fn follow_revocations(state: ApiState, list: Arc<RevocationList
         if shown.as_ref() != Some(&revisions) {
             let entries = view.revocations.iter().filter_map(|(id, held)| {
                 let entry = entry(&held.value);
-                if entry.is_none() {
+                let token = matches!(held.value.target, RevokedTarget::Token { .. });
+                if entry.is_none() && !token {
                     tracing::warn!(%id, "a revocation record names nothing revocable: ignored");
                 }
                 entry
@@ -144,10 +146,12 @@ pub(crate) async fn prune_revocations(state: &ApiState) -> Result<(), cca_store:
     let view = state.cache().view();
     let now = system_now();
     for (id, held) in view.revocations.iter() {
-        let Some(entry) = entry(&held.value) else {
-            continue;
+        let expired = match (&held.value.target, entry(&held.value)) {
+            (RevokedTarget::Token { expires_at, .. }, _) => *expires_at < now_millis(),
+            (_, Some(entry)) => !Revocations::new([entry]).prunable(now).is_empty(),
+            (_, None) => false,
         };
-        if Revocations::new([entry]).prunable(now).is_empty() {
+        if !expired {
             continue;
         }
         let key = keys::revocation(id);

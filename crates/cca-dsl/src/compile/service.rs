@@ -126,6 +126,7 @@ impl Compiler<'_> {
                 .network
                 .is_some_and(|(mode, _)| mode == NetworkMode::Host),
             affinity: draft.affinity,
+            tenant: None,
         };
         self.program.services.insert(name, spec);
     }

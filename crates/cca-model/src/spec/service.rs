@@ -41,6 +41,11 @@ pub struct ServiceSpec {
     /// (`affinity = "client-ip"`).
     #[serde(default, skip_serializing_if = "is_default")]
     pub affinity: Affinity,
+    /// The tenant the service belongs to, stamped by the API from the
+    /// program's tenant at apply (never written in a `.cca` file); `None`:
+    /// cluster-wide, seen only by cluster-wide users.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 fn is_default<T: Default + PartialEq>(value: &T) -> bool {
@@ -73,6 +78,7 @@ impl ServiceSpec {
             scale_to_zero: None,
             host_network: false,
             affinity: Affinity::None,
+            tenant: None,
         }
     }
 }

@@ -95,5 +95,6 @@ fn describe(target: &RevokedTarget) -> String {
     match target {
         RevokedTarget::Serial { serial } => format!("certificate {serial}"),
         RevokedTarget::Identity { kind, name } => format!("every certificate of {kind}:{name}"),
+        RevokedTarget::Token { jti, .. } => format!("user token {jti}"),
     }
 }

@@ -76,6 +76,11 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Logs(args) => super::io::logs(&args).await,
         ClusterCommand::Token(args) => super::token::run(args).await,
         ClusterCommand::Cert(args) => super::cert::run(args).await,
+        ClusterCommand::User(args) => super::user::run_user(args).await,
+        ClusterCommand::Role(args) => super::user::run_role(args).await,
+        ClusterCommand::Login(args) => super::login::login(args).await,
+        ClusterCommand::Logout(args) => super::login::logout(args).await,
+        ClusterCommand::Identity(args) => super::login::identity(args).await,
         // Answered by `run` (completions) and `dispatch` (exec's exit code).
         ClusterCommand::Exec(_) | ClusterCommand::Secret(_) | ClusterCommand::Completions(_) => {
             Ok(())
@@ -83,11 +88,40 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
     }
 }
 
-/// A client of the server `addr` names: over HTTPS as the local admin
-/// when the config directory holds a cluster CA, else plain HTTP.
+/// A client of the server `addr` names, with the caller's credentials:
+/// `$CCA_TOKEN` (with the config directory's CA), else what `cca login`
+/// kept, else the config directory's local admin certificate over HTTPS,
+/// else plain HTTP when there is no cluster CA.
 pub(super) fn client(addr: &ServerAddr) -> Result<Client> {
     let config = cca_trust::config_dir::ConfigDir::new(&addr.config_dir);
     let secure = config.has_ca();
+    if let Some(token) = std::env::var("CCA_TOKEN")
+        .ok()
+        .filter(|t| !t.trim().is_empty())
+    {
+        let ca_pem = std::fs::read_to_string(config.ca_cert()).with_context(|| {
+            format!(
+                "CCA_TOKEN is set, and {} holds no cluster CA to check the server with: pass \
+                 --config-dir, or `cca login` with --ca-file",
+                addr.config_dir.display()
+            )
+        })?;
+        let server = addr
+            .server
+            .clone()
+            .unwrap_or_else(|| super::DEFAULT_SERVER.replacen("http://", "https://", 1));
+        return client_with(&super::login::Credentials {
+            server,
+            token: token.trim().to_owned(),
+            ca_pem,
+        });
+    }
+    if !secure && let Some(mut kept) = super::login::Credentials::load()? {
+        if let Some(server) = &addr.server {
+            kept.server.clone_from(server);
+        }
+        return client_with(&kept);
+    }
     let server = match &addr.server {
         Some(server) => server.clone(),
         None if secure => super::DEFAULT_SERVER.replacen("http://", "https://", 1),
@@ -98,7 +132,7 @@ pub(super) fn client(addr: &ServerAddr) -> Result<Client> {
     }
     if !secure {
         anyhow::bail!(
-            "{server} is served over HTTPS, and {} holds no cluster CA to check it with: pass --config-dir (or set CCA_CONFIG_DIR) to the directory `cca init` made",
+            "{server} is served over HTTPS, and {} holds no cluster CA to check it with: pass --config-dir (or set CCA_CONFIG_DIR) to the directory `cca init` made, or `cca login`",
             addr.config_dir.display()
         );
     }
@@ -109,6 +143,18 @@ pub(super) fn client(addr: &ServerAddr) -> Result<Client> {
     let tls = cca_wire::tls::ClientTls::new(admin.ca_pem)
         .with_certificate(std::sync::Arc::new(certificate));
     Ok(Client::with_tls(&server, &tls)?)
+}
+
+/// A client presenting a user's token over HTTPS checked against their CA.
+pub(super) fn client_with(credentials: &super::login::Credentials) -> Result<Client> {
+    if !credentials.server.starts_with("https://") {
+        anyhow::bail!(
+            "a token is only sent over HTTPS: {} is not an https:// URL",
+            credentials.server
+        );
+    }
+    let tls = cca_wire::tls::ClientTls::new(credentials.ca_pem.clone());
+    Ok(Client::with_tls(&credentials.server, &tls)?.with_bearer(&credentials.token))
 }
 
 /// Compiles every file (reporting diagnostics on stderr) into one program.

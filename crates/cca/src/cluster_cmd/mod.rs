@@ -14,9 +14,11 @@ mod cert;
 pub(crate) mod commands;
 mod describe;
 mod io;
+mod login;
 pub(crate) mod output;
 mod secret;
 mod token;
+mod user;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -99,6 +101,16 @@ pub(crate) enum ClusterCommand {
     Token(token::TokenArgs),
     /// Revoke certificates (one, or a node's or user's) and list revocations.
     Cert(cert::CertArgs),
+    /// Make, list and remove users; print a user's token.
+    User(user::UserArgs),
+    /// Make, list and remove custom roles.
+    Role(user::RoleArgs),
+    /// Keep a user token (from `cca user token` or an OIDC issuer) for the CLI.
+    Login(login::LoginArgs),
+    /// Revoke the kept token and forget it.
+    Logout(login::LogoutArgs),
+    /// Show who the server takes you for (user, roles, tenant).
+    Identity(login::SessionArgs),
     /// Print a shell completion script.
     Completions(CompletionsArgs),
 }

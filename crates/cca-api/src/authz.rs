@@ -1,0 +1,261 @@
+//! What a user may do: every route (but the open ones and the agent
+//! routes, which `auth` keeps to their own node) maps to the action and
+//! kind of object it touches ([`requirement`]), the object's tenant and
+//! tags come from the cache, and the cluster's roles
+//! (`cca_trust::policy`, built-in and custom, rebuilt by
+//! [`follow_roles`] when a role changes) decide, deny winning. The user's
+//! stored record, not their token's claims, says which roles they hold, so
+//! a role taken away counts from the next request.
+//!
+//! The local admin (`user:admin`, whose certificate `cca init` makes) holds
+//! the `admin` role without a record, so the first users can be made; to
+//! retire it, revoke its certificate (`cca cert revoke --user admin`).
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
+
+use axum::http::{Method, StatusCode};
+use cca_control::View;
+use cca_model::access::{Action, Resource, UserRecord};
+use cca_trust::config_dir::ADMIN_USER;
+use cca_trust::policy::{Decision, PolicySet, Principal, Request};
+
+use crate::error::ApiError;
+use crate::state::ApiState;
+
+/// What a route needs, and how to find the object it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Requirement {
+    pub(crate) action: Action,
+    pub(crate) resource: Resource,
+    /// Which path segment names the object, if one does.
+    pub(crate) object: Object,
+}
+
+/// How a route names its object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Object {
+    /// A list or the cluster: no one object.
+    None,
+    /// `{name}` or `{id}`: the last variable segment.
+    Named,
+}
+
+const fn need(action: Action, resource: Resource, object: Object) -> Requirement {
+    Requirement {
+        action,
+        resource,
+        object,
+    }
+}
+
+/// The requirement of `method` on `route` (the matched pattern); `None`
+/// for a route this table does not know, which is refused.
+pub(crate) fn requirement(method: &Method, route: &str) -> Option<Requirement> {
+    use Action::{Delete, Exec, Logs, Read, Write};
+    use Object::{Named, None as Whole};
+    use Resource::{Audit, Cluster, Event, Instance, Node, Role, Secret, Service, Token, User};
+    let read = *method == Method::GET || *method == Method::HEAD;
+    let delete = *method == Method::DELETE;
+    let pick = |action_for_reads, other| if read { action_for_reads } else { other };
+    Some(match route {
+        // A program touches every kind of object it holds; the handler
+        // checks each (see `routes::ops::apply`).
+        "/v1/apply" => need(Write, Service, Whole),
+        "/v1/diff" => need(Read, Service, Whole),
+        "/v1/services" => need(Read, Service, Whole),
+        "/v1/services/{name}" if delete => need(Delete, Service, Named),
+        "/v1/services/{name}" => need(Read, Service, Named),
+        "/v1/services/{name}/scale" => need(Write, Service, Named),
+        "/v1/services/{name}/history" => need(Read, Service, Named),
+        "/v1/services/{name}/logs" => need(Logs, Service, Named),
+        "/v1/instances" => need(Read, Instance, Whole),
+        "/v1/instances/{id}" => need(Read, Instance, Named),
+        "/v1/instances/{id}/logs" => need(Logs, Instance, Named),
+        "/v1/instances/{id}/exec" => need(Exec, Instance, Named),
+        "/v1/nodes" => need(Read, Node, Whole),
+        "/v1/nodes/{name}" => need(Read, Node, Named),
+        "/v1/nodes/{name}/drain" | "/v1/nodes/{name}/disable" | "/v1/nodes/{name}/enable" => {
+            need(Write, Node, Named)
+        }
+        "/v1/secrets" => need(Read, Secret, Whole),
+        "/v1/secrets/{name}" if delete => need(Delete, Secret, Named),
+        "/v1/secrets/{name}" => need(Write, Secret, Named),
+        "/v1/secret-key/rotate" | "/v1/cluster/resume-replacement" => need(Write, Cluster, Whole),
+        "/v1/status" | "/metrics" => need(Read, Cluster, Whole),
+        "/v1/events" => need(Read, Event, Whole),
+        "/v1/audit" => need(Read, Audit, Whole),
+        // A watch streams raw facts of every kind, credentials' records
+        // included: for those who may read users.
+        "/v1/watch" => need(Read, User, Whole),
+        "/v1/tokens" => need(pick(Read, Write), Token, Whole),
+        "/v1/tokens/{id}" => need(Delete, Token, Named),
+        "/v1/revocations" => need(pick(Read, Write), User, Whole),
+        "/v1/users" => need(pick(Read, Write), User, Whole),
+        "/v1/users/{name}" if delete => need(Delete, User, Named),
+        "/v1/users/{name}" => need(pick(Read, Write), User, Named),
+        "/v1/users/{name}/tokens" => need(Write, User, Named),
+        "/v1/roles" => need(pick(Read, Write), Role, Whole),
+        "/v1/roles/{name}" if delete => need(Delete, Role, Named),
+        "/v1/roles/{name}" => need(pick(Read, Write), Role, Named),
+        _ => return None,
+    })
+}
+
+/// The roles in force, rebuilt when a custom role changes.
+#[derive(Debug)]
+pub(crate) struct Policies {
+    current: RwLock<Arc<PolicySet>>,
+}
+
+impl Default for Policies {
+    fn default() -> Self {
+        let (set, _) = PolicySet::from_stored(std::iter::empty());
+        Self {
+            current: RwLock::new(Arc::new(set)),
+        }
+    }
+}
+
+impl Policies {
+    pub(crate) fn current(&self) -> Arc<PolicySet> {
+        Arc::clone(
+            &self
+                .current
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    fn replace(&self, set: PolicySet) {
+        let old = std::mem::replace(
+            &mut *self
+                .current
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            Arc::new(set),
+        );
+        drop(old);
+    }
+}
+
+/// Keeps the API's roles equal to the cache's from now until the cache
+/// stops. A stored role that does not check denies its holders everything
+/// (logged), and a rebuild runs off the async workers.
+pub(crate) async fn follow_roles(state: ApiState) {
+    let mut views = state.cache().views();
+    let mut shown: Option<Vec<(String, i64)>> = None;
+    loop {
+        let view = Arc::clone(&views.borrow_and_update());
+        let revisions: Vec<(String, i64)> = view
+            .roles
+            .iter()
+            .map(|(name, held)| (name.clone(), held.mod_revision))
+            .collect();
+        if shown.as_ref() != Some(&revisions) {
+            let roles: Vec<_> = view
+                .roles
+                .values()
+                .map(|held| (*held.value).clone())
+                .collect();
+            let built =
+                tokio::task::spawn_blocking(move || PolicySet::from_stored(roles.iter())).await;
+            if let Ok((set, problems)) = built {
+                for problem in problems {
+                    tracing::warn!(%problem, "a stored role is unusable: its holders may do nothing");
+                }
+                state.policies().replace(set);
+            }
+            shown = Some(revisions);
+        }
+        if views.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// The local admin's record: the `admin` role, cluster-wide.
+fn local_admin() -> UserRecord {
+    UserRecord {
+        name: ADMIN_USER.to_owned(),
+        roles: vec!["admin".to_owned()],
+        tenant: None,
+        created_at: 0,
+        created_by: "cca init".to_owned(),
+    }
+}
+
+/// The record of user `name`: stored, or the local admin's when `name`
+/// proved itself with a certificate and has none.
+pub(crate) fn user_record(view: &View, name: &str, by_certificate: bool) -> Option<UserRecord> {
+    match view.users.get(name) {
+        Some(held) => Some((*held.value).clone()),
+        None if by_certificate && name == ADMIN_USER => Some(local_admin()),
+        None => None,
+    }
+}
+
+/// The tenant and tags of the object `name` of `resource`, as the view
+/// has them (none for cluster-wide objects and unknown names).
+fn object<'v>(
+    view: &'v View,
+    resource: Resource,
+    name: &str,
+) -> (Option<&'v str>, BTreeMap<String, String>) {
+    let service = match resource {
+        Resource::Service => Some(name),
+        Resource::Instance => view
+            .instances
+            .get(name)
+            .map(|instance| instance.service.as_str())
+            .or_else(|| {
+                view.statuses
+                    .get(name)
+                    .map(|status| status.service.as_str())
+            }),
+        _ => None,
+    };
+    let Some(service) = service else {
+        return (None, BTreeMap::new());
+    };
+    let tenant = view
+        .services
+        .get(service)
+        .and_then(|spec| spec.value.tenant.as_deref());
+    let tags = view
+        .tags
+        .get(service)
+        .map(|tags| {
+            tags.iter()
+                .map(|(key, value)| (key.clone(), (*value.value).clone()))
+                .collect()
+        })
+        .unwrap_or_default();
+    (tenant, tags)
+}
+
+/// Whether `user` may do `need` (on the object named `name`): 403 naming
+/// why when not.
+pub(crate) fn check(
+    state: &ApiState,
+    view: &View,
+    user: &UserRecord,
+    need: Requirement,
+    name: Option<&str>,
+) -> Result<(), ApiError> {
+    let (tenant, tags) = match (need.object, name) {
+        (Object::Named, Some(name)) => object(view, need.resource, name),
+        _ => (None, BTreeMap::new()),
+    };
+    let request = Request::new(need.action, need.resource)
+        .in_tenant(tenant)
+        .tagged(&tags);
+    match state
+        .policies()
+        .current()
+        .decide(&Principal::of(user), &request)
+    {
+        Decision::Allow { .. } => Ok(()),
+        Decision::Deny(denial) => Err(ApiError::new(StatusCode::FORBIDDEN, denial.to_string())),
+    }
+}
