@@ -79,6 +79,7 @@ pub(crate) async fn apply_program(
     for _ in 0..ATTEMPTS {
         let generation = Generation::read(store).await?;
         let (current, read_at) = read_desired(store).await?;
+        crate::tenancy::check_takeover(program, &current)?;
         // Which versions instances run, from a view that holds every
         // instance committed before the desired facts were read.
         let view = tokio::time::timeout(CATCH_UP, state.cache().view_at_least(read_at))
@@ -166,7 +167,8 @@ pub(crate) fn plan(
     for (key, kv) in current {
         if is_program_managed(key)
             && !wanted.contains(key.as_str())
-            && (prune || belongs_to_program(key, program))
+            && ((prune && crate::tenancy::may_prune(key, current, program.tenant.as_deref()))
+                || belongs_to_program(key, program))
         {
             report.deleted.push(key.clone());
             guard(&mut txn, key, Some(kv));

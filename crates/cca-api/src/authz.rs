@@ -259,3 +259,65 @@ pub(crate) fn check(
         Decision::Deny(denial) => Err(ApiError::new(StatusCode::FORBIDDEN, denial.to_string())),
     }
 }
+
+/// What a list shows a user: the objects they may read. `None` (nobody
+/// authenticates, `cca dev`) shows everything.
+pub(crate) struct Lens {
+    policies: Arc<PolicySet>,
+    user: UserRecord,
+    resource: Resource,
+}
+
+impl Lens {
+    /// The lens of `caller` on lists of `resource`.
+    pub(crate) fn of(
+        state: &ApiState,
+        caller: Option<&crate::auth::Caller>,
+        resource: Resource,
+    ) -> Option<Lens> {
+        let caller = caller?;
+        let cca_trust::identity::Identity::User(name) = &caller.identity else {
+            return None;
+        };
+        let user = user_record(
+            &state.cache().view(),
+            name,
+            caller.via == crate::auth::Via::Certificate,
+        )?;
+        Some(Lens {
+            policies: state.policies().current(),
+            user,
+            resource,
+        })
+    }
+
+    /// Whether the lens shows the object of service `service` (the service
+    /// itself, or one of its instances or events).
+    pub(crate) fn shows_service(&self, view: &View, service: &str) -> bool {
+        let (tenant, tags) = object(view, Resource::Service, service);
+        self.shows(tenant, &tags)
+    }
+
+    /// Whether it shows an object with this tenant and these tags.
+    pub(crate) fn shows(&self, tenant: Option<&str>, tags: &BTreeMap<String, String>) -> bool {
+        self.policies
+            .visible(&Principal::of(&self.user), self.resource)
+            .shows(tenant, tags)
+    }
+}
+
+/// Keeps the items of `items` that `lens` shows, by the service each
+/// belongs to.
+pub(crate) fn filter_by_service<T>(
+    lens: Option<&Lens>,
+    view: &View,
+    items: &mut Vec<T>,
+    service: impl Fn(&T) -> Option<String>,
+) {
+    if let Some(lens) = lens {
+        items.retain(|item| match service(item) {
+            Some(name) => lens.shows_service(view, &name),
+            None => lens.shows(None, &BTreeMap::new()),
+        });
+    }
+}

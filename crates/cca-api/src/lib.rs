@@ -23,6 +23,7 @@ mod routes;
 pub mod secrets;
 mod staged;
 mod state;
+mod tenancy;
 pub mod tls;
 mod update;
 mod validate;

@@ -324,8 +324,11 @@ impl fmt::Display for Denial {
             resource => resource.as_str(),
         };
         write!(f, " may not {verb} {object}")?;
-        if let Some(tenant) = &self.object_tenant {
-            write!(f, " in tenant `{tenant}`")?;
+        // Another tenant's name is not the user's to learn.
+        match (&self.object_tenant, &self.tenant) {
+            (Some(object), Some(own)) if object != own => f.write_str(" of another tenant")?,
+            (Some(object), _) => write!(f, " in tenant `{object}`")?,
+            (None, _) => {}
         }
         match &self.reason {
             DenyReason::NoRuleAllows => f.write_str(": no rule allows it"),

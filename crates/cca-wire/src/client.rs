@@ -208,18 +208,24 @@ impl Client {
         &self.base
     }
 
+    /// Applies `program` (for `program.tenant`, when a cluster-wide user
+    /// applies for a tenant).
     pub async fn apply(&self, program: &Program, prune: bool) -> ClientResult<ApplyReport> {
-        let request = self
-            .request(Method::POST, "/v1/apply")
-            .query(&[("prune", prune)]);
-        self.json(request.json(program)).await
+        self.json(self.program_request("/v1/apply", program, prune))
+            .await
     }
 
     pub async fn diff(&self, program: &Program, prune: bool) -> ClientResult<ApplyReport> {
-        let request = self
-            .request(Method::POST, "/v1/diff")
-            .query(&[("prune", prune)]);
-        self.json(request.json(program)).await
+        self.json(self.program_request("/v1/diff", program, prune))
+            .await
+    }
+
+    fn program_request(&self, path: &str, program: &Program, prune: bool) -> RequestBuilder {
+        let mut request = self.request(Method::POST, path).query(&[("prune", prune)]);
+        if let Some(tenant) = &program.tenant {
+            request = request.query(&[("tenant", tenant)]);
+        }
+        request.json(program)
     }
 
     /// Services carrying every `k=v` tag.

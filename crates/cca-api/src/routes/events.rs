@@ -31,12 +31,34 @@ pub(crate) struct EventQuery {
     limit: Option<usize>,
 }
 
+/// `GET /v1/events`: for a tenant's user, only events about their
+/// tenant's services and instances.
 pub(crate) async fn list(
     State(state): State<ApiState>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     QueryArgs(query): QueryArgs<EventQuery>,
 ) -> ApiResult<Json<Vec<EventRecord>>> {
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
-    let records = read_events(&state, query.since, query.subject.as_deref(), limit).await?;
+    let mut records = read_events(&state, query.since, query.subject.as_deref(), limit).await?;
+    let lens = crate::authz::Lens::of(
+        &state,
+        caller.as_deref(),
+        cca_model::access::Resource::Event,
+    );
+    let view = state.cache().view();
+    crate::authz::filter_by_service(lens.as_ref(), &view, &mut records, |record| {
+        let subject = &record.event.subject;
+        if let Some(service) = subject.strip_prefix("service/") {
+            Some(service.to_owned())
+        } else if let Some(id) = subject.strip_prefix("instance/") {
+            view.instances
+                .get(id)
+                .map(|instance| instance.service.clone())
+                .or_else(|| view.statuses.get(id).map(|status| status.service.clone()))
+        } else {
+            None
+        }
+    });
     Ok(Json(records))
 }
 

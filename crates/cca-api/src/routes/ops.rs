@@ -32,13 +32,18 @@ pub(crate) struct ApplyQuery {
     /// Also delete program-managed facts the program does not have.
     #[serde(default)]
     prune: bool,
+    /// The tenant a cluster-wide user applies for (`cca apply --tenant`).
+    #[serde(default)]
+    tenant: Option<String>,
 }
 
 pub(crate) async fn apply(
     State(state): State<ApiState>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     QueryArgs(query): QueryArgs<ApplyQuery>,
     JsonBody(program): JsonBody<Program>,
 ) -> ApiResult<Json<ApplyReport>> {
+    let program = for_tenant(&state, caller, query.tenant.clone(), program)?;
     apply_program(&state, &program, query.prune, false)
         .await
         .map(Json)
@@ -46,12 +51,28 @@ pub(crate) async fn apply(
 
 pub(crate) async fn diff(
     State(state): State<ApiState>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     QueryArgs(query): QueryArgs<ApplyQuery>,
     JsonBody(program): JsonBody<Program>,
 ) -> ApiResult<Json<ApplyReport>> {
+    let program = for_tenant(&state, caller, query.tenant.clone(), program)?;
     apply_program(&state, &program, query.prune, true)
         .await
         .map(Json)
+}
+
+/// The program stamped with the tenant it is applied for (`tenancy`).
+fn for_tenant(
+    state: &ApiState,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
+    asked: Option<String>,
+    mut program: Program,
+) -> ApiResult<Program> {
+    let caller = caller.map(|axum::Extension(caller)| caller);
+    let own = crate::tenancy::of_caller(state, caller.as_ref());
+    let tenant = crate::tenancy::of_program(own, asked)?;
+    crate::tenancy::stamp(&mut program, tenant)?;
+    Ok(program)
 }
 
 /// Sets a service's replicas in its spec, guarded by the spec's revision.

@@ -7,6 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Json;
+use cca_model::access::Resource;
+
+use crate::authz::{Lens, filter_by_service};
 use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::IntoResponse;
@@ -67,11 +70,17 @@ fn tags(raw: Option<&str>) -> ApiResult<Vec<(String, String)>> {
 
 pub(crate) async fn services(
     State(state): State<ApiState>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     QueryArgs(query): QueryArgs<ServiceQuery>,
 ) -> ApiResult<Json<Vec<ServiceSummary>>> {
     let tags = tags(query.tag.as_deref())?;
     let view = fresh_view(&state).await?;
-    Ok(Json(read::services(&view, &tags)))
+    let mut services = read::services(&view, &tags);
+    let lens = Lens::of(&state, caller.as_deref(), Resource::Service);
+    filter_by_service(lens.as_ref(), &view, &mut services, |s| {
+        Some(s.name.clone())
+    });
+    Ok(Json(services))
 }
 
 pub(crate) async fn service(
@@ -118,6 +127,7 @@ pub(crate) async fn service_history(
 
 pub(crate) async fn instances(
     State(state): State<ApiState>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     QueryArgs(query): QueryArgs<InstanceQuery>,
 ) -> ApiResult<Json<Vec<InstanceSummary>>> {
     let filter = InstanceFilter {
@@ -127,7 +137,12 @@ pub(crate) async fn instances(
         all: query.all,
     };
     let view = fresh_view(&state).await?;
-    Ok(Json(read::instances(&view, &filter)))
+    let mut instances = read::instances(&view, &filter);
+    let lens = Lens::of(&state, caller.as_deref(), Resource::Instance);
+    filter_by_service(lens.as_ref(), &view, &mut instances, |i| {
+        Some(i.service.clone())
+    });
+    Ok(Json(instances))
 }
 
 pub(crate) async fn instance(

@@ -40,6 +40,10 @@ pub struct Program {
     pub secrets: BTreeMap<String, SecretSpec>,
     pub networks: BTreeMap<String, NetworkPolicy>,
     pub groups: BTreeMap<String, GroupSpec>,
+    /// The tenant the program's services belong to: set by the API from
+    /// who applies it (never by a `.cca` file); `None`: cluster-wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// One desired fact: a key under `desired/` and its JSON value.

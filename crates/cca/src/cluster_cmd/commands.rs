@@ -164,7 +164,9 @@ fn compile(args: &ApplyArgs) -> Result<Program> {
         set: args.set.clone(),
         set_from_env: args.set_from_env.clone(),
     };
-    compile_files(&args.files, &options)
+    let mut program = compile_files(&args.files, &options)?;
+    program.tenant.clone_from(&args.tenant);
+    Ok(program)
 }
 
 /// Compiles `files` with the given values into one program; diagnostics go

@@ -122,9 +122,14 @@ pub(crate) struct ApplyArgs {
     pub(crate) addr: ServerAddr,
     #[command(flatten)]
     pub(crate) out: OutputArgs,
-    /// Also delete services, gates, … that none of the files define.
+    /// Also delete services, gates, … that none of the files define (of
+    /// the program's tenant only).
     #[arg(long)]
     pub(crate) prune: bool,
+    /// Apply for this tenant (a cluster-wide user's choice; a tenant's
+    /// users always apply for their own).
+    #[arg(long)]
+    pub(crate) tenant: Option<String>,
     /// A `.ccv` values file; may repeat, later files win.
     #[arg(long = "values", value_name = "FILE")]
     pub(crate) values: Vec<PathBuf>,
