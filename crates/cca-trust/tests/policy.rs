@@ -424,8 +424,9 @@ fn a_denial_says_who_may_not_do_what_and_why() {
     };
     assert_eq!(
         denial.to_string(),
-        "user `bob` (roles developer, tenant `a`) may not delete service in tenant `b`: \
-         no rule allows it"
+        "user `bob` (roles developer, tenant `a`) may not delete service of another tenant: \
+         no rule allows it",
+        "another tenant's name is not told"
     );
     let nobody = user("eve", &[], None);
     let Decision::Deny(denial) = check(&set, &nobody, "read:node", None, &tags(&[])) else {
