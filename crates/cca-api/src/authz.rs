@@ -202,6 +202,13 @@ fn object<'v>(
     resource: Resource,
     name: &str,
 ) -> (Option<&'v str>, BTreeMap<String, String>) {
+    if resource == Resource::Secret {
+        let tenant = view
+            .secrets
+            .get(name)
+            .and_then(|sealed| sealed.value.tenant.as_deref());
+        return (tenant, BTreeMap::new());
+    }
     let service = match resource {
         Resource::Service => Some(name),
         Resource::Instance => view
@@ -234,6 +241,31 @@ fn object<'v>(
     (tenant, tags)
 }
 
+/// Kinds of objects that belong to tenants.
+fn is_tenant_scoped(resource: Resource) -> bool {
+    matches!(
+        resource,
+        Resource::Service
+            | Resource::Instance
+            | Resource::Gate
+            | Resource::Connection
+            | Resource::Secret
+            | Resource::NetworkPolicy
+            | Resource::Event
+    )
+}
+
+/// Whether the view holds the object `name` of `resource` (services and
+/// instances: the kinds whose tenant the view knows).
+fn exists(view: &View, resource: Resource, name: &str) -> bool {
+    match resource {
+        Resource::Service => view.services.contains_key(name),
+        Resource::Instance => view.instances.contains_key(name) || view.statuses.contains_key(name),
+        Resource::Secret => view.secrets.contains_key(name),
+        _ => false,
+    }
+}
+
 /// Whether `user` may do `need` (on the object named `name`): 403 naming
 /// why when not.
 pub(crate) fn check(
@@ -244,7 +276,13 @@ pub(crate) fn check(
     name: Option<&str>,
 ) -> Result<(), ApiError> {
     let (tenant, tags) = match (need.object, name) {
-        (Object::Named, Some(name)) => object(view, need.resource, name),
+        (Object::Named, Some(name)) if exists(view, need.resource, name) => {
+            object(view, need.resource, name)
+        }
+        // A list, or an object still to be made: the user acts in their
+        // own tenant (what they make is stamped with it; lists are
+        // filtered by `Lens`).
+        _ if is_tenant_scoped(need.resource) => (user.tenant.as_deref(), BTreeMap::new()),
         _ => (None, BTreeMap::new()),
     };
     let request = Request::new(need.action, need.resource)

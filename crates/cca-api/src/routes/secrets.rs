@@ -43,9 +43,11 @@ const ROTATE_PAGE: usize = 1000;
 /// `PUT /v1/secrets/{name}`: seals and stores a value.
 pub(crate) async fn set(
     State(state): State<ApiState>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
     Path(name): Path<String>,
     JsonBody(request): JsonBody<SetSecretRequest>,
 ) -> ApiResult<Json<SetSecretReply>> {
+    let tenant = crate::tenancy::of_caller(&state, caller.as_deref());
     check_secret_name(&name)?;
     if request.value.is_empty() {
         return Err(ApiError::invalid(format!(
@@ -61,12 +63,25 @@ pub(crate) async fn set(
     let secret_key = state.secret_key()?;
     let value = SecretValue::new(request.value);
     let sealed_name = name.clone();
-    let sealed = blocking(move || secret_key.seal(&sealed_name, &value, now_millis()))
+    let mut sealed = blocking(move || secret_key.seal(&sealed_name, &value, now_millis()))
         .await?
         .map_err(secret_error)?;
+    sealed.tenant.clone_from(&tenant);
     let key = keys::desired_secret(&name);
     let (created, revision) = read_modify_write(&state, &format!("secret `{name}`"), || async {
         let existing = state.store().get(&key).await?;
+        let held = existing
+            .as_ref()
+            .and_then(|kv| serde_json::from_slice::<SealedSecret>(&kv.value).ok())
+            .map(|sealed| sealed.tenant);
+        if let Some(held) = held
+            && held != tenant
+        {
+            return Err(ApiError::new(
+                axum::http::StatusCode::FORBIDDEN,
+                format!("secret `{name}` belongs to another tenant (or is cluster-wide)"),
+            ));
+        }
         let guard = match &existing {
             Some(kv) => Compare::mod_revision(&key, CompareOp::Equal, kv.mod_revision),
             None => Compare::absent(&key),
@@ -95,8 +110,16 @@ pub(crate) async fn set(
 }
 
 /// `GET /v1/secrets`: every secret declared, set or granted; never a value.
-pub(crate) async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<SecretInfo>>> {
+pub(crate) async fn list(
+    State(state): State<ApiState>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
+) -> ApiResult<Json<Vec<SecretInfo>>> {
     let view = crate::routes::reads::fresh_view(&state).await?;
+    let lens = crate::authz::Lens::of(
+        &state,
+        caller.as_deref(),
+        cca_model::access::Resource::Secret,
+    );
     let mut secrets: BTreeMap<String, SecretInfo> = BTreeMap::new();
     for name in view.secret_declarations.keys() {
         entry(&mut secrets, name).declared = true;
@@ -111,7 +134,18 @@ pub(crate) async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<Se
             entry(&mut secrets, secret).used_by.push(service.clone());
         }
     }
-    Ok(Json(secrets.into_values().collect()))
+    let mut secrets: Vec<SecretInfo> = secrets.into_values().collect();
+    if let Some(lens) = &lens {
+        let none = BTreeMap::new();
+        secrets.retain(|info| {
+            let tenant = view
+                .secrets
+                .get(&info.name)
+                .and_then(|sealed| sealed.value.tenant.as_deref());
+            lens.shows(tenant, &none)
+        });
+    }
+    Ok(Json(secrets))
 }
 
 fn entry<'a>(secrets: &'a mut BTreeMap<String, SecretInfo>, name: &str) -> &'a mut SecretInfo {
@@ -183,6 +217,7 @@ pub(crate) async fn instance_files(
         state: &state,
         key: None,
         service,
+        tenant: spec.value.tenant.clone(),
     };
     let mut files = Vec::new();
     for name in &spec.value.connections {
@@ -226,6 +261,8 @@ struct Values<'a> {
     state: &'a ApiState,
     key: Option<Arc<SecretKey>>,
     service: &'a str,
+    /// The service's tenant: only its secrets are opened.
+    tenant: Option<String>,
 }
 
 impl Values<'_> {
@@ -246,6 +283,13 @@ impl Values<'_> {
                 "stored secret `{name}` does not decode: {error}; set it again with `cca secret set {name}`"
             ))
         })?;
+        if sealed.tenant != self.tenant {
+            return Err(ApiError::conflict(format!(
+                "secret `{name}` (used by service `{}`) belongs to another tenant: a service \
+                 receives only its own tenant's secrets",
+                self.service
+            )));
+        }
         let key = match &self.key {
             Some(key) => Arc::clone(key),
             None => {

@@ -195,6 +195,7 @@ impl SecretKey {
         let aead = data_key.aead().ok_or_else(seal_error)?;
         let (nonce, ciphertext) = seal_with(&aead, name, value).ok_or_else(seal_error)?;
         Ok(SealedSecret {
+            tenant: None,
             format: FORMAT_ENVELOPE,
             algorithm: ALGORITHM.to_owned(),
             key_id: self.primary.key_id().to_owned(),
@@ -236,9 +237,12 @@ impl SecretKey {
         }
         let (value, data_key) = self.open_keeping_key(name, sealed)?;
         let Some(data_key) = data_key else {
-            return self
-                .seal(name, &value, sealed.set_at)
-                .map(Rewrap::Rewrapped);
+            return self.seal(name, &value, sealed.set_at).map(|fresh| {
+                Rewrap::Rewrapped(SealedSecret {
+                    tenant: sealed.tenant.clone(),
+                    ..fresh
+                })
+            });
         };
         // The value opened under this data key, so the key is good and the
         // ciphertext stays as it is.
@@ -304,6 +308,7 @@ impl SecretKey {
         let legacy = self.primary.legacy()?;
         let (nonce, ciphertext) = seal_with(legacy.aead(), name, value)?;
         Some(SealedSecret {
+            tenant: None,
             format: FORMAT_DIRECT,
             algorithm: ALGORITHM.to_owned(),
             key_id: legacy.id().to_owned(),

@@ -66,6 +66,10 @@ pub struct SealedSecret {
     pub nonce: String,
     pub ciphertext: String,
     pub set_at: crate::cluster::Millis,
+    /// The tenant of the user who set it; `None`: cluster-wide. Only that
+    /// tenant's services receive it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// `desired/connection/{name}`: parts of a URL the agent assembles (with
