@@ -70,6 +70,8 @@ pub struct TokenAuthority {
     key: SigningKey,
     ours: Verifier,
     oidc: Option<RwLock<Verifier>>,
+    /// Who keeps the OIDC keys fresh.
+    oidc_issuer: Option<crate::oidc::OidcIssuer>,
 }
 
 impl TokenAuthority {
@@ -81,14 +83,22 @@ impl TokenAuthority {
             key,
             ours,
             oidc: None,
+            oidc_issuer: None,
         }
     }
 
-    /// Also accepts ID tokens checked by `oidc` (its issuer's JWKS).
+    /// Also accepts ID tokens of `issuer`, checked by `verifier` (its keys
+    /// fetched: `OidcIssuer::verifier`) and kept fresh while serving.
     #[must_use]
-    pub fn with_oidc(mut self, oidc: Verifier) -> Self {
-        self.oidc = Some(RwLock::new(oidc));
+    pub fn with_oidc(mut self, issuer: crate::oidc::OidcIssuer, verifier: Verifier) -> Self {
+        self.oidc = Some(RwLock::new(verifier));
+        self.oidc_issuer = Some(issuer);
         self
+    }
+
+    /// The OIDC issuer to keep fresh, if any.
+    pub(crate) fn oidc_issuer(&self) -> Option<&crate::oidc::OidcIssuer> {
+        self.oidc_issuer.as_ref()
     }
 
     /// Replaces the OIDC issuer's keys (a JWKS refresh).
@@ -121,14 +131,18 @@ impl TokenAuthority {
                 };
                 Ok((claims, via))
             }
-            Err(TokenError::WrongIssuer { found, expected }) => match &self.oidc {
-                Some(oidc) => oidc
-                    .read()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .verify(token, now)
-                    .map(|claims| (claims, Via::Oidc)),
-                None => Err(TokenError::WrongIssuer { found, expected }),
-            },
+            // Not ours (another key or issuer): the OIDC issuer's, if one
+            // is trusted, and then its verdict is the one that counts.
+            Err(error @ (TokenError::WrongIssuer { .. } | TokenError::UnknownKid { .. })) => {
+                match &self.oidc {
+                    Some(oidc) => oidc
+                        .read()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .verify(token, now)
+                        .map(|claims| (claims, Via::Oidc)),
+                    None => Err(error),
+                }
+            }
             Err(error) => Err(error),
         }
     }

@@ -18,6 +18,7 @@ pub mod error;
 mod hub;
 mod metrics;
 mod netfeed;
+pub mod oidc;
 mod read;
 mod routes;
 pub mod secrets;
@@ -76,8 +77,15 @@ pub async fn serve(
         ApiListener::Plain(_) => None,
     };
     let roles = tokio::spawn(authz::follow_roles(state.clone()));
+    let refreshing = state.token_authority().and_then(|tokens| {
+        let issuer = tokens.oidc_issuer()?.clone();
+        Some(tokio::spawn(issuer.refresh(tokens)))
+    });
     let result = serve_router(listener, app(state), shutdown).await;
     roles.abort();
+    if let Some(refreshing) = refreshing {
+        refreshing.abort();
+    }
     if let Some(revoking) = revoking {
         revoking.abort();
     }

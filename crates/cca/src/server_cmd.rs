@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
 use cca_api::{ApiConfig, ControlPlane, ControlPlaneConfig, Lane, LaneLimits, SecretKey};
 use cca_control::controllers::{DisruptionConfig, NetworkConfig, SchedulerConfig};
 use cca_control::runner::RunnerConfig;
@@ -32,6 +32,14 @@ pub(crate) struct ServerArgs {
     /// without one, plain HTTP on loopback only.
     #[arg(long, env = "CCA_CONFIG_DIR", default_value = cca_trust::config_dir::DEFAULT_DIR)]
     config_dir: PathBuf,
+    /// Also accept ID tokens of this OIDC issuer (its discovery document
+    /// and keys are fetched at start and every 10 minutes); the user is the
+    /// token's `sub`. Needs a cluster CA and --oidc-audience.
+    #[arg(long, value_name = "URL", requires = "oidc_audience")]
+    oidc_issuer: Option<String>,
+    /// The audience (client id) the issuer's ID tokens must carry.
+    #[arg(long, value_name = "ID", requires = "oidc_issuer")]
+    oidc_audience: Option<String>,
     /// Address the API listens on (port 0 picks a free port; the address
     /// is printed on stderr).
     #[arg(long, env = "CCA_LISTEN", default_value = cca_wire::DEFAULT_LISTEN)]
@@ -177,7 +185,24 @@ pub(crate) fn run(args: ServerArgs) -> Result<ExitCode> {
 async fn serve(args: ServerArgs) -> Result<()> {
     // Pre-flight: the certificates and keys, before anything else.
     let mut trust = load_trust(&args.config_dir)?;
-    let tokens = trust.as_mut().and_then(|trust| trust.tokens.take());
+    let mut tokens = trust.as_mut().and_then(|trust| trust.tokens.take());
+    if let (Some(issuer), Some(audience)) = (&args.oidc_issuer, &args.oidc_audience) {
+        let Some(ours) = tokens.take() else {
+            bail!(
+                "--oidc-issuer needs a cluster CA in {} (`cca init`): tokens are only accepted over HTTPS",
+                args.config_dir.display()
+            );
+        };
+        let issuer = cca_api::oidc::OidcIssuer {
+            issuer: issuer.trim_end_matches('/').to_owned(),
+            audience: audience.clone(),
+        };
+        let verifier = issuer
+            .verifier()
+            .await
+            .with_context(|| format!("trusting the OIDC issuer {}", issuer.issuer))?;
+        tokens = Some(ours.with_oidc(issuer, verifier));
+    }
     if trust.is_none() {
         check_listen(args.listen, args.insecure)?;
     }

@@ -418,3 +418,101 @@ fn tenants_see_and_touch_only_their_own_and_bad_tokens_are_refused() {
     );
     assert!(!audit.contains(parts[2]), "no signature in the log");
 }
+
+/// Serves `issuer`'s discovery document and JWKS on `listener` from a
+/// thread of its own (it ends with the test process).
+fn serve_issuer(listener: std::net::TcpListener, issuer: &cca_trust::jwt::testing::TestIssuer) {
+    let discovery = issuer.discovery_document();
+    let jwks = issuer.jwks_document();
+    listener.set_nonblocking(true).expect("nonblocking");
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        runtime.block_on(async move {
+            let app = axum::Router::new()
+                .route(
+                    "/.well-known/openid-configuration",
+                    axum::routing::get(move || async move { discovery }),
+                )
+                .route(
+                    cca_trust::jwt::testing::JWKS_PATH,
+                    axum::routing::get(move || async move { jwks }),
+                );
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            let _ = axum::serve(listener, app).await;
+        });
+    });
+}
+
+#[test]
+fn an_oidc_issuers_id_token_logs_a_user_in() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("address"));
+    let issuer = cca_trust::jwt::testing::TestIssuer::new(url.clone());
+    serve_issuer(listener, &issuer);
+
+    let dir = tempfile::tempdir().expect("temp dir");
+    let config = dir.path().join("config");
+    let init = Command::new(CCA)
+        .args(["init", "--cluster", "oidc"])
+        .env("CCA_CONFIG_DIR", &config)
+        .output()
+        .expect("cca init");
+    assert!(init.status.success(), "{}", text(&init));
+    let store = format!("embedded:{}", dir.path().join("store").display());
+    let server = Server::start_with([
+        "--store",
+        store.as_str(),
+        "--listen",
+        "127.0.0.1:0",
+        "--config-dir",
+        config.to_str().expect("utf-8"),
+        "--dns-listen",
+        "127.0.0.1:0",
+        "--oidc-issuer",
+        url.as_str(),
+        "--oidc-audience",
+        "cca-cli",
+    ]);
+    let cluster = Cluster {
+        dir,
+        config,
+        server: Some(server),
+        agent: None,
+    };
+    cluster.ok(None, &["user", "create", "carol-42", "--role", "viewer"]);
+    let now = SystemTime::now();
+    let ten_minutes = Duration::from_secs(600);
+    let id_token = issuer.token("carol-42", "cca-cli", now, ten_minutes);
+    let ca = cluster.config.join("ca.pem");
+    let login = cluster.ok(
+        None,
+        &[
+            "login",
+            "--token",
+            &id_token,
+            "--ca-file",
+            ca.to_str().expect("utf-8"),
+        ],
+    );
+    assert!(login.contains("as user:carol-42"), "{login}");
+    let who = cluster.ok(Some(&id_token), &["identity"]);
+    assert!(
+        who.contains("user:carol-42 (by oidc)") && who.contains("viewer"),
+        "{who}"
+    );
+    cluster.ok(Some(&id_token), &["get", "services"]);
+    cluster.refused(Some(&id_token), &["token", "create"], "may not write token");
+
+    // For another client, or a subject with no user here: refused.
+    let other_audience = issuer.token("carol-42", "another-app", now, ten_minutes);
+    cluster.refused(Some(&other_audience), &["get", "services"], "audience");
+    let stranger = issuer.token("dave", "cca-cli", now, ten_minutes);
+    cluster.refused(
+        Some(&stranger),
+        &["get", "services"],
+        "is not a user of this cluster",
+    );
+}
