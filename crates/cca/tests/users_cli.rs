@@ -11,7 +11,7 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -354,7 +354,7 @@ fn tenants_see_and_touch_only_their_own_and_bad_tokens_are_refused() {
     assert_eq!(status, 401, "{body}");
     assert!(body.contains("expired"), "{body}");
 
-    let now = SystemTime::now();
+    let now = cca_model::clock::system_now();
     let stranger = SigningKey::generate().expect("key");
     let foreign = sign(
         &stranger,
@@ -483,7 +483,7 @@ fn an_oidc_issuers_id_token_logs_a_user_in() {
         agent: None,
     };
     cluster.ok(None, &["user", "create", "carol-42", "--role", "viewer"]);
-    let now = SystemTime::now();
+    let now = cca_model::clock::system_now();
     let ten_minutes = Duration::from_secs(600);
     let id_token = issuer.token("carol-42", "cca-cli", now, ten_minutes);
     let ca = cluster.config.join("ca.pem");

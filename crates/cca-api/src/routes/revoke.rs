@@ -44,7 +44,7 @@ pub(crate) async fn revoke(
     let id = record.target.id();
     state
         .store()
-        .txn(Txn::new().then(Op::put(&keys::revocation(&id), encode(&record))))
+        .txn(Txn::new().then(Op::put(keys::revocation(&id), encode(&record))))
         .await?;
     Ok(Json(RevocationEntry { id, record }))
 }
