@@ -183,10 +183,10 @@ pub(crate) async fn authenticate(
         .to_owned();
     let caller = match identify(&state, &request) {
         Ok(caller) => caller,
-        Err(refusal) => return refusal.into_response(),
+        Err(refusal) => return refuse(request, refusal).await,
     };
     if let Err(refusal) = admit(&state, &request, &route, caller.as_ref()) {
-        let mut response = refusal.into_response();
+        let mut response = refuse(request, refusal).await;
         if let Some(caller) = caller {
             response.extensions_mut().insert(caller);
         }
@@ -200,6 +200,15 @@ pub(crate) async fn authenticate(
         response.extensions_mut().insert(caller);
     }
     response
+}
+
+/// The refusal's answer, once a small request body has been read: an
+/// HTTP/2 answer sent before the body ends the stream early, which some
+/// clients (curl) report as a framing error instead of the refusal.
+async fn refuse(request: Request, refusal: ApiError) -> Response {
+    const DRAINED: usize = 64 * 1024;
+    let _ = axum::body::to_bytes(request.into_body(), DRAINED).await;
+    refusal.into_response()
 }
 
 /// The caller: a bearer token's user if the request has one, else the

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use cca_trust::identity::Identity;
+use cca_trust::pki::{ClusterCa, Issue, Names};
 use support::{CCA, Proc, Server, kill_processes_under};
 
 /// A cluster with a CA: the server and the agents joined to it.
@@ -160,12 +162,16 @@ impl Cluster {
     /// curl as `node` (its certificate and key are one file) to `path`:
     /// (HTTP status, body).
     fn curl_as_node(&self, node: &str, method: &str, path: &str) -> (u16, String) {
-        let tls = self.data_dir(node).join("tls");
+        self.curl_with(&self.data_dir(node).join("tls/node.pem"), method, path)
+    }
+
+    /// curl presenting the certificate and key in `credentials` (one PEM file).
+    fn curl_with(&self, credentials: &Path, method: &str, path: &str) -> (u16, String) {
         let output = Command::new("curl")
             .args(["-s", "-w", "\n%{http_code}", "-X", method, "--cacert"])
-            .arg(tls.join("ca.pem"))
+            .arg(self.config.join("ca.pem"))
             .arg("--cert")
-            .arg(tls.join("node.pem"))
+            .arg(credentials)
             .args(["-H", "content-type: application/json", "-d", "{}"])
             .arg(format!("{}{path}", self.url()))
             .output()
@@ -238,6 +244,24 @@ fn three_nodes_join_with_tokens_and_each_acts_only_as_itself() {
     assert_eq!(status, 403, "{body}");
     let (status, body) = cluster.curl_as_node("n1", "GET", "/v1/services");
     assert_eq!(status, 403, "{body}");
+
+    // An expired certificate of n1, and one for n1 from another CA: the
+    // handshake fails (curl gets no HTTP status at all).
+    let read = |file: &str| std::fs::read_to_string(cluster.config.join(file)).expect("ca file");
+    let ca = ClusterCa::load(&read("ca.pem"), &read("ca.key")).expect("the cluster CA");
+    let two_days_ago = cca_model::clock::system_now() - Duration::from_secs(2 * 86_400);
+    let n1 = Issue::new(Identity::Node("n1".into()), Names::none());
+    let expired = ca.issue(&n1, two_days_ago).expect("issued");
+    let stranger = ClusterCa::generate("other", two_days_ago, Duration::from_secs(86_400 * 30))
+        .expect("another CA")
+        .issue(&n1, cca_model::clock::system_now())
+        .expect("issued");
+    for (what, issued) in [("expired", expired), ("another CA's", stranger)] {
+        let file = cluster.dir.path().join("forged.pem");
+        std::fs::write(&file, format!("{}{}", issued.cert_pem, issued.key_pem)).expect("write");
+        let (status, body) = cluster.curl_with(&file, "POST", "/v1/agent/nodes/n1/heartbeat");
+        assert_eq!(status, 0, "an {what} certificate was served: {body}");
+    }
     // The joins are in the audit log, with the token that admitted them.
     let audit = cluster.ok(&["audit"]);
     for node in ["n1", "n2", "n3"] {
