@@ -452,7 +452,7 @@ fn announce(address: SocketAddr, tls: bool) {
 /// The TLS settings from `config_dir` when `cca init` made a CA there,
 /// checked (certificate chain and validity, key permissions and fit);
 /// `None` when it holds no CA.
-fn load_trust(config_dir: &std::path::Path) -> Result<Option<Trust>> {
+pub(crate) fn load_trust(config_dir: &std::path::Path) -> Result<Option<Trust>> {
     let config = cca_trust::config_dir::ConfigDir::new(config_dir);
     if !config.has_ca() {
         return Ok(None);
@@ -490,7 +490,7 @@ pub(crate) struct Trust {
     pub(crate) agent_tls: cca_wire::tls::ClientTls,
     pub(crate) authority: Arc<cca_trust::pki::ClusterCa>,
     /// Taken by the control plane's setup.
-    tokens: Option<cca_api::auth::TokenAuthority>,
+    pub(crate) tokens: Option<cca_api::auth::TokenAuthority>,
 }
 
 /// What the control plane runs beside the API.
