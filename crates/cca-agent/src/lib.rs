@@ -220,37 +220,54 @@ pub async fn run(
     Ok(())
 }
 
+/// Serves the agent API on `config.listen` and returns the URL the node
+/// registers: over HTTPS with the node's certificate, to the API server
+/// alone, when the node has one (`serve`); plain HTTP without.
 async fn serve_agent_api(
     config: &AgentConfig,
     runtime: Arc<dyn Runtime>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(String, tokio::task::JoinHandle<()>), AgentError> {
+    let listen_failed = |err: std::io::Error| AgentError::Listen {
+        address: config.listen.to_string(),
+        problem: err.to_string(),
+    };
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
-        .map_err(|err| AgentError::Listen {
-            address: config.listen.to_string(),
-            problem: err.to_string(),
-        })?;
-    let port = listener
-        .local_addr()
-        .map_err(|err| AgentError::Listen {
-            address: config.listen.to_string(),
-            problem: err.to_string(),
-        })?
-        .port();
+        .map_err(listen_failed)?;
+    let port = listener.local_addr().map_err(listen_failed)?.port();
     let router = serve::router(runtime);
-    let server = tokio::spawn(async move {
-        let stopped = async move {
-            let _ = shutdown.wait_for(|stop| *stop).await;
-        };
-        if let Err(error) = axum::serve(listener, router)
+    let stopped = async move {
+        let _ = shutdown.wait_for(|stop| *stop).await;
+    };
+    let (scheme, server) = match &config.trust {
+        Some(trust) => {
+            let tls = serve::server_tls(trust)?;
+            let listener = cca_tls::TlsListener::new(listener, &tls).map_err(listen_failed)?;
+            ("https", spawn_server(listener, router, stopped))
+        }
+        None => ("http", spawn_server(listener, router, stopped)),
+    };
+    Ok((format!("{scheme}://{}:{port}", config.address), server))
+}
+
+fn spawn_server<L>(
+    listener: L,
+    router: axum::Router,
+    stopped: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
+    tokio::spawn(async move {
+        let served = axum::serve(listener, router)
             .with_graceful_shutdown(stopped)
-            .await
-        {
+            .await;
+        if let Err(error) = served {
             tracing::error!(%error, "the agent API stopped");
         }
-    });
-    Ok((format!("http://{}:{port}", config.address), server))
+    })
 }
 
 fn register_request(config: &AgentConfig, agent_url: Option<String>) -> RegisterRequest {

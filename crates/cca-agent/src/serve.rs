@@ -2,6 +2,15 @@
 //! and `cca exec` to: `GET /v1/instances/{id}/logs?tail&follow` streams
 //! output lines as text; `POST /v1/instances/{id}/exec` runs a command in
 //! the instance's context. Errors are JSON `{"error": "..."}`.
+//!
+//! Exec runs commands on the node, so on a node with a certificate the API
+//! is served over HTTPS ([`server_tls`]) to the API server alone: the
+//! handshake requires a client certificate of the cluster CA naming an
+//! API server (`cca://server/NAME`), and refuses anyone else, other nodes
+//! and users included. It serves the node's own certificate, the one its
+//! renewals replace, so a renewed certificate serves from the next
+//! handshake on. A node without a certificate (`cca dev --insecure`,
+//! tests) serves plain HTTP.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,8 +22,12 @@ use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use cca_runtime::{ExecRequest, InstanceState, LogOptions, Runtime};
+use cca_tls::{ExpectedPeer, ServerTls};
 use cca_wire::types::{ExecCommand, ExecResult};
 use serde::Deserialize;
+
+use crate::AgentError;
+use crate::enrol::NodeTrust;
 
 /// Longest exec timeout accepted.
 const MAX_EXEC_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -32,6 +45,20 @@ pub fn router(runtime: Arc<dyn Runtime>) -> axum::Router {
         .route("/v1/instances/{id}/logs", get(logs))
         .route("/v1/instances/{id}/exec", post(exec))
         .with_state(runtime)
+}
+
+/// The agent API's TLS: the node's certificate (replaced by renewals),
+/// served only to API servers of the node's cluster.
+pub fn server_tls(trust: &NodeTrust) -> Result<ServerTls, AgentError> {
+    let ca_pem = trust.tls.ca_pem().ok_or_else(|| {
+        AgentError::Trust("the node's TLS names no cluster CA to check the API server with".into())
+    })?;
+    ServerTls::requiring(
+        ca_pem,
+        Arc::clone(&trust.renewal.presented),
+        ExpectedPeer::Server,
+    )
+    .map_err(|error| AgentError::Trust(format!("the agent API's TLS: {error}")))
 }
 
 fn error(status: StatusCode, message: String) -> Response {

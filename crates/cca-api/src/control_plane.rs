@@ -38,6 +38,10 @@ pub struct ControlPlaneConfig {
     pub authority: Option<Arc<cca_trust::pki::ClusterCa>>,
     /// Issues and checks user tokens; without it bearer tokens are refused.
     pub tokens: Option<crate::auth::TokenAuthority>,
+    /// How the server calls agents that serve HTTPS (its own certificate
+    /// as the client's); without it only plain-HTTP agents serve logs
+    /// and exec ([`ApiState::with_agent_tls`]).
+    pub agent_tls: Option<cca_wire::tls::ClientTls>,
 }
 
 impl ControlPlaneConfig {
@@ -52,6 +56,7 @@ impl ControlPlaneConfig {
             secret_key: None,
             authority: None,
             tokens: None,
+            agent_tls: None,
         }
     }
 }
@@ -110,6 +115,9 @@ impl ControlPlane {
         }
         if let Some(tokens) = config.tokens {
             state = state.with_token_authority(tokens);
+        }
+        if let Some(tls) = config.agent_tls {
+            state = state.with_agent_tls(tls);
         }
         state = state.with_network_ranges(cca_model::net::AddressRanges {
             cluster: config.network.cluster_cidr,

@@ -2,8 +2,8 @@
 //! watch-fed cache (for fast, consistent reads), limits, admission (the
 //! lanes' permits and queues), the request metrics, a pluggable renderer for the control plane's own metrics, the
 //! assignment hub feeding every agent's stream (an index over the cache),
-//! the cluster's secret key, and the shutdown signal that ends long-lived
-//! streams.
+//! the cluster's secret key, the TLS the server calls agents with, and
+//! the shutdown signal that ends long-lived streams.
 
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -93,6 +93,7 @@ struct Inner {
     authority: RwLock<Option<Arc<cca_trust::pki::ClusterCa>>>,
     policies: crate::authz::Policies,
     tokens: RwLock<Option<Arc<crate::auth::TokenAuthority>>>,
+    agent_tls: RwLock<Option<Arc<AgentTls>>>,
     audit: crate::audit::AuditLog,
     /// Taken by the first `serve`, which runs it.
     audit_writer: std::sync::Mutex<Option<crate::audit::AuditWriter>>,
@@ -135,6 +136,7 @@ impl ApiState {
             authority: RwLock::new(None),
             policies: crate::authz::Policies::default(),
             tokens: RwLock::new(None),
+            agent_tls: RwLock::new(None),
         };
         Self {
             inner: Arc::new(inner),
@@ -188,6 +190,32 @@ impl ApiState {
     pub(crate) fn token_authority(&self) -> Option<Arc<crate::auth::TokenAuthority>> {
         self.inner
             .tokens
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Calls agents that serve HTTPS (`https://` agent URLs) with `tls`:
+    /// the cluster CA, and this server's own certificate as the client's
+    /// (an agent serves only API servers). Without it such agents cannot
+    /// be reached (502 saying so); plain `http://` agents can either way.
+    #[must_use]
+    pub fn with_agent_tls(self, tls: cca_wire::tls::ClientTls) -> Self {
+        *self
+            .inner
+            .agent_tls
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Arc::new(AgentTls {
+            tls,
+            clients: std::sync::Mutex::default(),
+        }));
+        self
+    }
+
+    /// How this server calls HTTPS agents, when it can.
+    pub(crate) fn agent_tls(&self) -> Option<Arc<AgentTls>> {
+        self.inner
+            .agent_tls
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
@@ -322,6 +350,15 @@ impl ApiState {
         };
         Op::put(self.inner.event_ids.key(at), encode(&event))
     }
+}
+
+/// The TLS the server calls agents with, and the HTTPS client of each
+/// node it called (each expects that node's certificate; kept for its
+/// connection pool; built by `routes::instance_io`).
+#[derive(Debug)]
+pub(crate) struct AgentTls {
+    pub(crate) tls: cca_wire::tls::ClientTls,
+    pub(crate) clients: std::sync::Mutex<std::collections::HashMap<String, reqwest::Client>>,
 }
 
 /// No extra metrics.

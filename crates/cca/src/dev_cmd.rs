@@ -5,25 +5,37 @@
 //! ready (so the scheduler has somewhere to place them), prints the
 //! instances and the URL of every running service port, keeps the status
 //! live until Ctrl-C, then stops its instances cleanly. Wiring only.
+//!
+//! It runs the secure setup on loopback: a cluster CA of its own in
+//! `DATA/trust` (made by `cca init`'s code on the first start, reused
+//! after), HTTPS with client certificates required, and its agent on a
+//! node certificate the CA issues directly (no join), serving its logs and
+//! exec API over mTLS. The CLI finds `./.cca-dev/trust` by itself (see
+//! `cluster_cmd::ServerAddr`). `--insecure` serves plain HTTP without any
+//! of it, as before.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
+use cca_agent::enrol::{NodeTrust, node_names};
 use cca_api::ControlPlaneConfig;
 use cca_dsl::commands::ValueOptions;
 use cca_store::embedded::{Config as StoreConfig, EmbeddedStore};
+use cca_trust::config_dir::{ConfigDir, InitOptions, NodeCredentials};
+use cca_trust::identity::Identity;
+use cca_trust::pki::{ClusterCa, Issue, Names};
 use cca_wire::Client;
 use cca_wire::client::InstanceQuery;
 use clap::Args;
 use tokio::sync::watch;
 
 use crate::cluster_cmd::{commands::compile_files, output};
-use crate::server_cmd::{check_listen, run_control_plane, shutdown_signal};
+use crate::server_cmd::{Trust, check_listen, load_trust, run_control_plane, shutdown_signal};
 
 /// `cca dev [--data-dir DIR] [--listen ADDR [--insecure]] [FILES…]`
 #[derive(Debug, Args)]
@@ -31,12 +43,14 @@ pub(crate) struct DevArgs {
     /// Where the store and the instances live.
     #[arg(long, default_value = ".cca-dev")]
     data_dir: PathBuf,
-    /// Where the API listens (the CLI's default server address).
+    /// Where the API listens (the CLI's default server address); a
+    /// loopback address unless --insecure.
     #[arg(long, default_value = cca_wire::DEFAULT_LISTEN)]
     listen: SocketAddr,
-    /// Listen on an address other than loopback although `cca dev` serves
-    /// plain HTTP without authentication: anyone who reaches it controls
-    /// the cluster.
+    /// Serve plain HTTP without a CA or authentication (on any address:
+    /// anyone who reaches it controls the cluster), and run the agent
+    /// without a certificate. Without it `cca dev` serves HTTPS on
+    /// loopback with a CA of its own in DATA/trust.
     #[arg(long)]
     insecure: bool,
     /// A `.ccv` values file; may repeat, later files win.
@@ -62,7 +76,16 @@ pub(crate) fn run(args: DevArgs) -> Result<ExitCode> {
 }
 
 async fn dev(args: DevArgs) -> Result<()> {
-    check_listen(args.listen, args.insecure)?;
+    if args.insecure {
+        check_listen(args.listen, true)?;
+    } else if !args.listen.ip().to_canonical().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on {}: `cca dev` serves its own CA's certificates on loopback \
+             only; listen on 127.0.0.1, or serve a cluster other machines reach with `cca init` \
+             and `cca server` (or pass --insecure for plain HTTP without authentication)",
+            args.listen
+        );
+    }
     let options = ValueOptions {
         files: args.values.clone(),
         set: args.set.clone(),
@@ -71,6 +94,12 @@ async fn dev(args: DevArgs) -> Result<()> {
     // Compile first: a typo should not cost a cluster start.
     let program = compile_files(&args.files, &options)?;
     let secret_key = crate::server_cmd::load_secret_key(&args.data_dir.join("secret.key"))?;
+    let trust_dir = args.data_dir.join("trust");
+    let trust = if args.insecure {
+        None
+    } else {
+        Some(dev_trust(&trust_dir)?)
+    };
     let store = EmbeddedStore::open(StoreConfig::new(args.data_dir.join("store")))
         .await
         .with_context(|| format!("opening the store in {}", args.data_dir.display()))?;
@@ -80,10 +109,27 @@ async fn dev(args: DevArgs) -> Result<()> {
     let address = listener
         .local_addr()
         .context("reading the listen address")?;
+    let scheme = if trust.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{address}");
+    let (listener, client, node_ca) = match trust.as_ref() {
+        Some(trust) => (
+            cca_api::ApiListener::Tls(
+                cca_api::TlsListener::new(listener, &trust.tls)
+                    .context("preparing the TLS listener")?,
+            ),
+            crate::cluster_cmd::commands::admin_client(&ConfigDir::new(&trust_dir), &url)?,
+            Some(Arc::clone(&trust.authority)),
+        ),
+        None => (
+            cca_api::ApiListener::Plain(listener),
+            Client::new(&url),
+            None,
+        ),
+    };
     let (stop, stopping) = watch::channel(false);
     let plane = tokio::spawn(run_control_plane(
         Arc::new(store),
-        dev_setup(secret_key),
+        dev_setup(secret_key, trust),
         listener,
         None,
         Some(SocketAddr::from(([127, 0, 0, 1], cca_model::net::DNS_PORT))),
@@ -100,8 +146,7 @@ async fn dev(args: DevArgs) -> Result<()> {
              (run as root to have them)."
         ));
     }
-    let agent = start_agent(&args, address, stopping).await?;
-    let client = Client::new(&format!("http://{address}"));
+    let agent = start_agent(&args, &url, node_ca.as_deref(), stopping).await?;
     // Apply once the agent's node is ready: the scheduler places at once
     // (no startup grace here), and would otherwise warn that no nodes are
     // registered about a node that is a moment away.
@@ -111,11 +156,18 @@ async fn dev(args: DevArgs) -> Result<()> {
         .await
         .context("applying the files")?;
     say(&format!(
-        "cca dev: API on http://{address}; applied {} created, {} changed, {} deleted. Ctrl-C stops everything.",
+        "cca dev: API on {url}; applied {} created, {} changed, {} deleted. Ctrl-C stops everything.",
         report.created.len(),
         report.changed.len(),
         report.deleted.len()
     ));
+    if !args.insecure {
+        say(&format!(
+            "cca dev: its CA and admin certificate are in {dir}; cca commands run from this \
+             directory find them (elsewhere: --config-dir {dir})",
+            dir = trust_dir.display()
+        ));
+    }
     tokio::select! {
         () = live_status(&client) => {}
         () = shutdown_signal() => {}
@@ -153,25 +205,68 @@ async fn stopped(mut stopping: watch::Receiver<bool>) {
 
 /// The usual controllers, but placing at once: a dev cluster has no
 /// agents still arriving, so the startup grace would only make you wait.
-fn dev_setup(secret_key: cca_api::SecretKey) -> ControlPlaneConfig {
+/// With `trust`, certificates are required as by `cca server` with a CA.
+fn dev_setup(secret_key: cca_api::SecretKey, trust: Option<Trust>) -> ControlPlaneConfig {
     let mut config = ControlPlaneConfig::new("cca-dev");
     config.scheduler.startup_grace = Duration::ZERO;
     config.runner.leader.ttl = Duration::from_secs(5);
     config.secret_key = Some(secret_key);
+    if let Some(trust) = trust {
+        config.api.authentication = cca_api::auth::Authentication::Certificates;
+        config.authority = Some(trust.authority);
+        config.tokens = trust.tokens;
+        config.agent_tls = Some(trust.agent_tls);
+    }
     config
+}
+
+/// The dev cluster's CA, server and admin certificates in `dir`: made on
+/// the first start (as `cca init` makes them, for loopback), reused after.
+fn dev_trust(dir: &Path) -> Result<Trust> {
+    let config = ConfigDir::new(dir);
+    if !config.has_ca() {
+        let options = InitOptions {
+            cluster: "dev".to_owned(),
+            server: "cca-dev".to_owned(),
+            hosts: Names::from_hosts(["localhost", "127.0.0.1", "::1"])?,
+        };
+        config.init(&options, cca_model::clock::system_now())?;
+    }
+    load_trust(dir)?.with_context(|| format!("{} holds no cluster CA", dir.display()))
+}
+
+/// The agent's certificate, issued by the dev CA directly (the agent is in
+/// this process: no join), saved where `cca agent` keeps one so renewals
+/// work as on any node.
+fn dev_node_trust(ca: &ClusterCa, node: &str, data_dir: &Path) -> Result<NodeTrust> {
+    let now = cca_model::clock::system_now();
+    let names = node_names(node, Some(std::net::Ipv4Addr::LOCALHOST.into()))?;
+    let issued = ca.issue(
+        &Issue::new(Identity::Node(node.to_owned()), names.clone()),
+        now,
+    )?;
+    let credentials = NodeCredentials::in_data_dir(data_dir);
+    credentials.save(ca.cert_pem(), &issued.cert_pem, &issued.key_pem)?;
+    let files = credentials.load(node, now)?;
+    Ok(NodeTrust::new(node, names, credentials, &files)?)
 }
 
 async fn start_agent(
     args: &DevArgs,
-    api: SocketAddr,
+    api: &str,
+    ca: Option<&ClusterCa>,
     stopping: watch::Receiver<bool>,
 ) -> Result<tokio::task::JoinHandle<Result<(), cca_agent::AgentError>>> {
     let data_dir = args.data_dir.join("agent");
-    let mut agent_args =
-        crate::agent_cmd::AgentArgs::for_dev(format!("http://{api}"), data_dir.clone());
+    let mut agent_args = crate::agent_cmd::AgentArgs::for_dev(api.to_owned(), data_dir.clone());
     agent_args.no_cluster_network = args.no_cluster_network;
     let mut config = crate::agent_cmd::agent_config(&agent_args, &data_dir)?;
     config.stop_instances_on_exit = true;
+    if let Some(ca) = ca {
+        let trust = dev_node_trust(ca, &config.node, &data_dir)
+            .context("issuing the dev agent's certificate")?;
+        config.trust = Some(Arc::new(trust));
+    }
     let node = crate::agent_cmd::node_runtime(&agent_args, &config).await?;
     config.network = node.network;
     Ok(tokio::spawn(cca_agent::run(config, node.runtime, stopping)))

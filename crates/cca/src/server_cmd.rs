@@ -237,6 +237,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
         secret_key: Some(secret_key),
         authority: trust.as_ref().map(|trust| Arc::clone(&trust.authority)),
         tokens,
+        agent_tls: trust.as_ref().map(|trust| trust.agent_tls.clone()),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -451,7 +452,7 @@ fn announce(address: SocketAddr, tls: bool) {
 /// The TLS settings from `config_dir` when `cca init` made a CA there,
 /// checked (certificate chain and validity, key permissions and fit);
 /// `None` when it holds no CA.
-fn load_trust(config_dir: &std::path::Path) -> Result<Option<Trust>> {
+pub(crate) fn load_trust(config_dir: &std::path::Path) -> Result<Option<Trust>> {
     let config = cca_trust::config_dir::ConfigDir::new(config_dir);
     if !config.has_ca() {
         return Ok(None);
@@ -459,8 +460,14 @@ fn load_trust(config_dir: &std::path::Path) -> Result<Option<Trust>> {
     let files = config
         .load_server(cca_model::clock::system_now())
         .context("checking the server's certificates")?;
-    let certificate = cca_api::ServerCertificate::from_pem(&files.chain_pem, &files.key_pem)?;
-    let tls = cca_api::ServerTls::new(files.ca.cert_pem(), Arc::new(certificate))?;
+    let certificate = Arc::new(cca_api::ServerCertificate::from_pem(
+        &files.chain_pem,
+        &files.key_pem,
+    )?);
+    let tls = cca_api::ServerTls::new(files.ca.cert_pem(), Arc::clone(&certificate))?;
+    // Server certificates carry clientAuth: the same one calls agents.
+    let agent_tls =
+        cca_wire::tls::ClientTls::new(files.ca.cert_pem()).with_certificate(certificate);
     let token_key = config
         .load_token_key()
         .context("loading the user-token signing key")?;
@@ -470,18 +477,20 @@ fn load_trust(config_dir: &std::path::Path) -> Result<Option<Trust>> {
         cca_api::auth::TokenAuthority::new(token_key, format!("cca:{}", files.ca.fingerprint()));
     Ok(Some(Trust {
         tls,
+        agent_tls,
         authority: Arc::new(files.ca),
         tokens: Some(tokens),
     }))
 }
 
-/// What a server with a cluster CA serves with: HTTPS, and the CA that
-/// enrols nodes.
-struct Trust {
-    tls: cca_api::ServerTls,
-    authority: Arc<cca_trust::pki::ClusterCa>,
+/// What a server with a cluster CA serves with: HTTPS, the TLS it calls
+/// agents with, and the CA that enrols nodes.
+pub(crate) struct Trust {
+    pub(crate) tls: cca_api::ServerTls,
+    pub(crate) agent_tls: cca_wire::tls::ClientTls,
+    pub(crate) authority: Arc<cca_trust::pki::ClusterCa>,
     /// Taken by the control plane's setup.
-    tokens: Option<cca_api::auth::TokenAuthority>,
+    pub(crate) tokens: Option<cca_api::auth::TokenAuthority>,
 }
 
 /// What the control plane runs beside the API.

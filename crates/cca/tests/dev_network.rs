@@ -155,7 +155,10 @@ fn two_replicas_of_an_off_the_shelf_image_both_answer_under_cca_dev() {
 
     // The service's VIP reaches them too.
     let services = in_namespace(&namespace.0, CCA)
-        .args(["get", "services", "--server", "http://127.0.0.1:9770"])
+        .args(["get", "services", "--server", "https://127.0.0.1:9770"])
+        // `cca dev`'s own CA and local admin.
+        .arg("--config-dir")
+        .arg(data.join("trust"))
         .output()
         .expect("cca get runs");
     let table = String::from_utf8_lossy(&services.stdout).into_owned();

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use cca_trust::identity::Identity;
 use cca_trust::pki::{ClusterCa, Issue, Names};
-use support::{CCA, Proc, Server, kill_processes_under};
+use support::{CCA, Proc, Server, kill_processes_under, text};
 
 /// A cluster with a CA: the server and the agents joined to it.
 struct Cluster {
@@ -37,24 +37,7 @@ impl Drop for Cluster {
 impl Cluster {
     fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let config = dir.path().join("config");
-        let init = cca_in(
-            &["init", "--cluster", "enrol", "--server-name", "s1"],
-            &config,
-        );
-        assert!(init.status.success(), "cca init: {}", text(&init));
-        let store = format!("embedded:{}", dir.path().join("store").display());
-        let server = Server::start_with([
-            "--store",
-            store.as_str(),
-            "--listen",
-            "127.0.0.1:0",
-            "--config-dir",
-            config.to_str().expect("utf-8 path"),
-            "--dns-listen",
-            "127.0.0.1:0",
-        ]);
-        assert!(server.url.starts_with("https://"), "{}", server.url);
+        let (server, config) = Server::start_with_ca(dir.path(), "enrol");
         Cluster {
             dir,
             config,
@@ -69,18 +52,11 @@ impl Cluster {
 
     /// `cca ARGS` as the local admin.
     fn cca(&self, args: &[&str]) -> Output {
-        Command::new(CCA)
-            .args(args)
-            .env("CCA_CONFIG_DIR", &self.config)
-            .env("CCA_SERVER", self.url())
-            .output()
-            .expect("cca runs")
+        self.server.as_ref().expect("server").cca(args)
     }
 
     fn ok(&self, args: &[&str]) -> String {
-        let output = self.cca(args);
-        assert!(output.status.success(), "cca {args:?}: {}", text(&output));
-        String::from_utf8_lossy(&output.stdout).into_owned()
+        self.server.as_ref().expect("server").ok(args)
     }
 
     fn token(&self, extra: &[&str]) -> String {
@@ -180,23 +156,6 @@ impl Cluster {
         let (body, status) = shown.rsplit_once('\n').expect("status line");
         (status.trim().parse().expect("status"), body.to_owned())
     }
-}
-
-fn cca_in(args: &[&str], config: &Path) -> Output {
-    Command::new(CCA)
-        .args(args)
-        .env("CCA_CONFIG_DIR", config)
-        .env_remove("CCA_SERVER")
-        .output()
-        .expect("cca runs")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
 }
 
 #[test]

@@ -7,9 +7,18 @@
 //! each line prefixed `[{instance}] `. Failures answer JSON errors: 404
 //! for an unknown instance or service, 502 when the node or its agent
 //! cannot be reached, the agent's own 4xx passed through.
+//!
+//! An agent with a node certificate serves HTTPS (its agent URL says
+//! `https://`) to API servers alone: the server calls it presenting its
+//! own certificate, and accepts only a certificate of the cluster CA that
+//! names exactly that node (`cca://node/{node}`), so another node's
+//! agent, even at that address, cannot answer for it.
 
 use std::sync::OnceLock;
 use std::time::Duration;
+
+use cca_trust::identity::Identity;
+use cca_wire::tls::ExpectedPeer;
 
 use axum::Json;
 use axum::body::Body;
@@ -35,6 +44,8 @@ const AGENT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_EXEC_TIMEOUT_MS: u64 = 10 * 60 * 1000;
 /// Extra time the agent gets past an exec's own timeout to answer.
 const EXEC_ANSWER_GRACE: Duration = Duration::from_secs(10);
+/// HTTPS clients of agents kept at once (one per node called).
+const MAX_AGENT_CLIENTS: usize = 16_384;
 /// Chunks buffered between an agent and a slow client.
 const CHUNK_BUFFER: usize = 64;
 
@@ -57,7 +68,7 @@ pub(crate) async fn instance_logs(
 ) -> ApiResult<Response> {
     let permit = state.stream_permit()?;
     let view = fresh_view(&state).await?;
-    let agent = AgentTarget::of_instance(&view, &id)?;
+    let agent = AgentTarget::of_instance(&state, &view, &id)?;
     let upstream = agent.open_logs(&query).await?;
     Ok(text_stream(&state, permit, |out| async move {
         relay_verbatim(upstream, &out).await;
@@ -75,7 +86,11 @@ pub(crate) async fn service_logs(
     let permit = state.stream_permit()?;
     let view = fresh_view(&state).await?;
     let ids = instances_of_service(&view, &name)?;
-    let opened = join_all(ids.iter().map(|id| open_instance_logs(&view, id, &query))).await;
+    let opened = join_all(
+        ids.iter()
+            .map(|id| open_instance_logs(&state, &view, id, &query)),
+    )
+    .await;
     let (upstreams, failures) = split_opened(ids, opened)?;
     let follow = query.follow;
     Ok(text_stream(&state, permit, move |out| async move {
@@ -107,7 +122,7 @@ pub(crate) async fn exec(
 ) -> ApiResult<Json<ExecResult>> {
     check_exec(&command)?;
     let view = fresh_view(&state).await?;
-    let agent = AgentTarget::of_instance(&view, &id)?;
+    let agent = AgentTarget::of_instance(&state, &view, &id)?;
     agent.exec(&command).await.map(Json)
 }
 
@@ -133,12 +148,14 @@ struct AgentTarget {
     node: String,
     /// The agent's base URL, without a trailing `/`.
     url: String,
+    /// The client for it: plain, or HTTPS expecting the node's certificate.
+    http: reqwest::Client,
 }
 
 impl AgentTarget {
     /// Finds the agent of the node `id` is placed on (or, when its
     /// placement is gone, last reported from).
-    fn of_instance(view: &View, id: &str) -> ApiResult<Self> {
+    fn of_instance(state: &ApiState, view: &View, id: &str) -> ApiResult<Self> {
         let node = view
             .instances
             .get(id)
@@ -163,10 +180,12 @@ impl AgentTarget {
                      API server can reach"
                 ))
             })?;
+        let http = agent_http(state, &node, url)?;
         Ok(Self {
             instance: id.to_owned(),
             node,
             url: url.to_owned(),
+            http,
         })
     }
 
@@ -180,7 +199,8 @@ impl AgentTarget {
 
     /// Asks the agent for the instance's log stream.
     async fn open_logs(&self, query: &LogsQuery) -> ApiResult<reqwest::Response> {
-        let mut request = agent_http()
+        let mut request = self
+            .http
             .get(self.endpoint("logs"))
             .query(&[("follow", query.follow)]);
         if let Some(tail) = query.tail {
@@ -193,7 +213,8 @@ impl AgentTarget {
     /// Runs `command` through the agent and returns its result.
     async fn exec(&self, command: &ExecCommand) -> ApiResult<ExecResult> {
         let timeout = Duration::from_millis(command.timeout_ms) + EXEC_ANSWER_GRACE;
-        let response = agent_http()
+        let response = self
+            .http
             .post(self.endpoint("exec"))
             .json(command)
             .timeout(timeout)
@@ -263,17 +284,59 @@ fn error_chain(error: &reqwest::Error) -> String {
     text
 }
 
-/// The HTTP client for agents, shared for its connection pool. Only the
-/// connection is bounded in time: a followed log stream may stay quiet
-/// for as long as its instance does.
-fn agent_http() -> &'static reqwest::Client {
-    static AGENT_HTTP: OnceLock<reqwest::Client> = OnceLock::new();
-    AGENT_HTTP.get_or_init(|| {
-        reqwest::Client::builder()
-            .connect_timeout(AGENT_CONNECT_TIMEOUT)
-            .build()
-            .unwrap_or_default()
-    })
+/// The HTTP client for `node`'s agent at `url`: the one plain client,
+/// shared for its connection pool, or over HTTPS the node's own client,
+/// built once. Only the connection is bounded in time: a followed log
+/// stream may stay quiet for as long as its instance does.
+fn agent_http(state: &ApiState, node: &str, url: &str) -> ApiResult<reqwest::Client> {
+    static PLAIN: OnceLock<reqwest::Client> = OnceLock::new();
+    if !url.starts_with("https://") {
+        return Ok(PLAIN
+            .get_or_init(|| {
+                reqwest::Client::builder()
+                    .connect_timeout(AGENT_CONNECT_TIMEOUT)
+                    .build()
+                    .unwrap_or_default()
+            })
+            .clone());
+    }
+    let agents = state.agent_tls().ok_or_else(|| {
+        bad_gateway(format!(
+            "the agent of node `{node}` serves HTTPS at {url}, and this server has no \
+             certificate to call it with; start `cca server` with the --config-dir that \
+             holds the cluster CA"
+        ))
+    })?;
+    let mut clients = agents
+        .clients
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(client) = clients.get(node) {
+        return Ok(client.clone());
+    }
+    let unusable = |error: String| {
+        bad_gateway(format!(
+            "cannot build the HTTPS client for the agent of node `{node}`: {error}"
+        ))
+    };
+    let config = agents
+        .tls
+        .clone()
+        .expecting(ExpectedPeer::Exactly(Identity::Node(node.to_owned())))
+        .rustls_config()
+        .map_err(|error| unusable(error.to_string()))?;
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(config)
+        .connect_timeout(AGENT_CONNECT_TIMEOUT)
+        .build()
+        .map_err(|error| unusable(error.to_string()))?;
+    // Nodes come and go; a cluster's worth of clients is kept, and a
+    // forgotten one costs one handshake more.
+    if clients.len() >= MAX_AGENT_CLIENTS {
+        clients.clear();
+    }
+    clients.insert(node.to_owned(), client.clone());
+    Ok(client)
 }
 
 /// Every instance of the service, placed or reported, ended ones too
@@ -296,11 +359,14 @@ fn instances_of_service(view: &View, name: &str) -> ApiResult<Vec<String>> {
 }
 
 async fn open_instance_logs(
+    state: &ApiState,
     view: &View,
     id: &str,
     query: &LogsQuery,
 ) -> ApiResult<reqwest::Response> {
-    AgentTarget::of_instance(view, id)?.open_logs(query).await
+    AgentTarget::of_instance(state, view, id)?
+        .open_logs(query)
+        .await
 }
 
 /// Instances whose stream opened, instances whose did not. When none

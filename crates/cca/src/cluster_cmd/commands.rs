@@ -93,7 +93,7 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
 /// kept, else the config directory's local admin certificate over HTTPS,
 /// else plain HTTP when there is no cluster CA.
 pub(super) fn client(addr: &ServerAddr) -> Result<Client> {
-    let config = cca_trust::config_dir::ConfigDir::new(&addr.config_dir);
+    let config = cca_trust::config_dir::ConfigDir::new(addr.config_dir());
     let secure = config.has_ca();
     if let Some(token) = std::env::var("CCA_TOKEN")
         .ok()
@@ -103,7 +103,7 @@ pub(super) fn client(addr: &ServerAddr) -> Result<Client> {
             format!(
                 "CCA_TOKEN is set, and {} holds no cluster CA to check the server with: pass \
                  --config-dir, or `cca login` with --ca-file",
-                addr.config_dir.display()
+                config.root().display()
             )
         })?;
         let server = addr
@@ -133,16 +133,24 @@ pub(super) fn client(addr: &ServerAddr) -> Result<Client> {
     if !secure {
         anyhow::bail!(
             "{server} is served over HTTPS, and {} holds no cluster CA to check it with: pass --config-dir (or set CCA_CONFIG_DIR) to the directory `cca init` made, or `cca login`",
-            addr.config_dir.display()
+            config.root().display()
         );
     }
+    admin_client(&config, &server)
+}
+
+/// A client of `server` (`https://…`) as the local admin of `config`.
+pub(crate) fn admin_client(
+    config: &cca_trust::config_dir::ConfigDir,
+    server: &str,
+) -> Result<Client> {
     let admin = config
         .load_admin(cca_model::clock::system_now())
         .context("reading the local admin's certificate")?;
     let certificate = cca_wire::tls::ClientCertificate::from_pem(&admin.cert_pem, &admin.key_pem)?;
     let tls = cca_wire::tls::ClientTls::new(admin.ca_pem)
         .with_certificate(std::sync::Arc::new(certificate));
-    Ok(Client::with_tls(&server, &tls)?)
+    Ok(Client::with_tls(server, &tls)?)
 }
 
 /// A client presenting a user's token over HTTPS checked against their CA.

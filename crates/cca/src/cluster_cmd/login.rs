@@ -112,7 +112,7 @@ pub(super) async fn login(args: LoginArgs) -> Result<()> {
         Some(path) => std::fs::read_to_string(path)
             .with_context(|| format!("reading the CA certificate {}", path.display()))?,
         None => {
-            let config = cca_trust::config_dir::ConfigDir::new(&args.addr.config_dir);
+            let config = cca_trust::config_dir::ConfigDir::new(args.addr.config_dir());
             std::fs::read_to_string(config.ca_cert()).with_context(|| {
                 format!(
                     "no cluster CA at {}: pass --ca-file with the cluster's ca.pem",

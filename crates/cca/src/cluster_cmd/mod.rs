@@ -42,9 +42,30 @@ pub(crate) struct ServerAddr {
     #[arg(long, env = "CCA_SERVER", value_name = "URL")]
     pub(crate) server: Option<String>,
     /// The cluster's trust (`cca init`): its CA and the local admin's
-    /// certificate, for an `https://` server.
-    #[arg(long, env = "CCA_CONFIG_DIR", default_value = cca_trust::config_dir::DEFAULT_DIR, value_name = "DIR")]
-    pub(crate) config_dir: std::path::PathBuf,
+    /// certificate, for an `https://` server [default: /etc/ccattler; when
+    /// it holds no CA, ./.cca-dev/trust if `cca dev` made one there].
+    #[arg(long = "config-dir", env = "CCA_CONFIG_DIR", value_name = "DIR")]
+    pub(crate) config_dir_arg: Option<std::path::PathBuf>,
+}
+
+/// Where `cca dev` keeps its CA when run with its default data directory.
+const DEV_CONFIG_DIR: &str = ".cca-dev/trust";
+
+impl ServerAddr {
+    /// The config directory: the one given, else `/etc/ccattler` when it
+    /// holds a CA, else the `cca dev` CA of the current directory when
+    /// there is one (so the quick start needs no flags), else
+    /// `/etc/ccattler`.
+    pub(crate) fn config_dir(&self) -> std::path::PathBuf {
+        use cca_trust::config_dir::{ConfigDir, DEFAULT_DIR};
+        if let Some(dir) = &self.config_dir_arg {
+            return dir.clone();
+        }
+        if !ConfigDir::new(DEFAULT_DIR).has_ca() && ConfigDir::new(DEV_CONFIG_DIR).has_ca() {
+            return DEV_CONFIG_DIR.into();
+        }
+        DEFAULT_DIR.into()
+    }
 }
 
 /// How a read command prints.

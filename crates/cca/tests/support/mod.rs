@@ -21,6 +21,9 @@ pub(crate) const NO_TRUST: &str = "/nonexistent/cca-test-without-a-ca";
 pub(crate) struct Server {
     pub(crate) child: Child,
     pub(crate) url: String,
+    /// The config directory commands run with (its CA and local admin);
+    /// `None`: [`NO_TRUST`].
+    pub(crate) config: Option<std::path::PathBuf>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -39,6 +42,38 @@ impl Server {
         let mut server = Self::start_with(["--store", &store, "--listen", "127.0.0.1:0"]);
         server._dir = Some(dir);
         server
+    }
+
+    /// `cca init` in `dir/config` (cluster `cluster`, server `s1`), then a
+    /// server with that config directory on a loopback port over HTTPS,
+    /// its store in `dir/store`. Returns the config directory too.
+    pub(crate) fn start_with_ca(dir: &Path, cluster: &str) -> (Self, std::path::PathBuf) {
+        let config = dir.join("config");
+        let init = Command::new(CCA)
+            .args(["init", "--cluster", cluster, "--server-name", "s1"])
+            .env("CCA_CONFIG_DIR", &config)
+            .env_remove("CCA_SERVER")
+            .output()
+            .expect("cca init runs");
+        assert!(
+            init.status.success(),
+            "cca init: {}",
+            String::from_utf8_lossy(&init.stderr)
+        );
+        let store = format!("embedded:{}", dir.join("store").display());
+        let mut server = Self::start_with([
+            "--store",
+            store.as_str(),
+            "--listen",
+            "127.0.0.1:0",
+            "--config-dir",
+            config.to_str().expect("utf-8 path"),
+            "--dns-listen",
+            "127.0.0.1:0",
+        ]);
+        assert!(server.url.starts_with("https://"), "{}", server.url);
+        server.config = Some(config.clone());
+        (server, config)
     }
 
     /// `cca server ARGS`, once it announces where it listens.
@@ -60,16 +95,22 @@ impl Server {
         Server {
             child,
             url,
+            config: None,
             _dir: None,
         }
     }
 
-    /// Runs `cca ARGS` against this server.
+    /// Runs `cca ARGS` against this server (as the local admin when it
+    /// has a config directory).
     pub(crate) fn cca(&self, args: &[&str]) -> Output {
+        let config = self
+            .config
+            .as_deref()
+            .unwrap_or_else(|| Path::new(NO_TRUST));
         Command::new(CCA)
             .args(args)
             .env("CCA_SERVER", &self.url)
-            .env("CCA_CONFIG_DIR", NO_TRUST)
+            .env("CCA_CONFIG_DIR", config)
             .output()
             .expect("cca runs")
     }
@@ -85,6 +126,15 @@ impl Server {
         );
         stdout
     }
+}
+
+/// A command's stdout, then its stderr.
+pub(crate) fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
 }
 
 /// Reads the server's stderr until it says where it listens, then keeps
