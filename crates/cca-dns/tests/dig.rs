@@ -287,17 +287,30 @@ fn a_swapped_map_answers_the_next_query() {
     });
 }
 
+/// A UDP socket and a TCP listener on the same port: with port 0, a port
+/// free for UDP may be someone else's for TCP (other tests run beside
+/// this one), so another is tried.
+async fn udp_and_tcp(address: SocketAddr) -> (UdpSocket, TcpListener) {
+    for _ in 0..20 {
+        let udp = UdpSocket::bind(address)
+            .await
+            .expect("a free port for the fake upstream");
+        let port = udp.local_addr().expect("its address");
+        match TcpListener::bind(port).await {
+            Ok(tcp) => return (udp, tcp),
+            Err(_) if address.port() == 0 => continue,
+            Err(error) => panic!("TCP on {port}: {error}"),
+        }
+    }
+    panic!("no port free for both UDP and TCP after 20 tries");
+}
+
 /// A fake upstream resolver on UDP and TCP at `address` (port 0: a free
 /// one) answering every query with [`UPSTREAM_ANSWER`]; with `truncate`,
 /// its UDP answers are empty with TC set. Returns the address.
 async fn fake_upstream(address: SocketAddr, truncate: bool) -> SocketAddr {
-    let udp = UdpSocket::bind(address)
-        .await
-        .expect("a free port for the fake upstream");
+    let (udp, tcp) = udp_and_tcp(address).await;
     let address = udp.local_addr().expect("its address");
-    let tcp = TcpListener::bind(address)
-        .await
-        .expect("TCP on the same port");
     tokio::spawn(async move {
         let mut buffer = [0u8; 4096];
         while let Ok((len, peer)) = udp.recv_from(&mut buffer).await {
