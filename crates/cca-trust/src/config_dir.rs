@@ -445,12 +445,43 @@ mod tests {
     }
 
     #[test]
+    fn the_token_key_loads_back_and_is_made_for_an_older_directory() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = ConfigDir::new(dir.path().join("cca"));
+        config.init(&options(), now()).expect("init");
+        let made = config.load_token_key().expect("loads");
+        assert_eq!(
+            config.load_token_key().expect("again").key_id(),
+            made.key_id()
+        );
+        fs::remove_file(config.token_key()).expect("remove");
+        let fresh = config.load_token_key().expect("made anew");
+        assert_ne!(fresh.key_id(), made.key_id());
+        let mode = fs::metadata(config.token_key())
+            .expect("written")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o600);
+        fs::set_permissions(config.token_key(), fs::Permissions::from_mode(0o644)).expect("chmod");
+        assert!(matches!(
+            config.load_token_key(),
+            Err(ConfigError::TooOpen { .. })
+        ));
+    }
+
+    #[test]
     fn init_writes_a_ca_a_server_and_an_admin_that_load_back() {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = ConfigDir::new(dir.path().join("cca"));
         let made = config.init(&options(), now()).expect("init");
-        assert_eq!(made.files.len(), 6);
-        for key in [config.ca_key(), config.server_key(), config.admin_key()] {
+        assert_eq!(made.files.len(), 7);
+        for key in [
+            config.ca_key(),
+            config.server_key(),
+            config.admin_key(),
+            config.token_key(),
+        ] {
             let mode = fs::metadata(&key).expect("exists").permissions().mode() & 0o777;
             assert_eq!(mode, 0o600, "{}", key.display());
         }
