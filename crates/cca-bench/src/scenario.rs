@@ -196,6 +196,9 @@ pub struct BenchConfig {
     pub observers: usize,
     /// `network`: instances stopped, one at a time.
     pub endpoint_changes: usize,
+    /// Production security on: the API over HTTPS with client
+    /// certificates required, each agent with its own node certificate.
+    pub tls: bool,
 }
 
 impl BenchConfig {
@@ -225,6 +228,7 @@ impl BenchConfig {
             service_replicas: 3,
             observers: 3,
             endpoint_changes: 100,
+            tls: false,
         }
     }
 
@@ -237,6 +241,21 @@ impl BenchConfig {
                 "store rate fraction {fraction}: it is a share of the store's raw commit \
                  rate, more than 0 and at most 1 (0.5 paces the store to half its rate)"
             )));
+        }
+        if self.tls {
+            // Both ends of every agent's two connections, and room for
+            // the store, the listeners and the harness.
+            let needed = self.nodes as u64 * 4 + 1_024;
+            if let Some(limit) = crate::measure::open_file_limit()
+                && limit < needed
+            {
+                return Err(BenchError::Config(format!(
+                    "with TLS every node holds two connections of its own, both ends in this \
+                     process: {} nodes need about {needed} open files, but the limit is \
+                     {limit}; raise it (`ulimit -n`, or run as root) or simulate fewer nodes",
+                    self.nodes
+                )));
+            }
         }
         Ok(())
     }
@@ -320,6 +339,13 @@ pub struct Report {
     /// Agents that registered again during the measured part (their lease
     /// was gone, or they restarted).
     pub re_registrations: u64,
+    /// Whether the run had production security on (`--tls`).
+    pub tls: bool,
+    /// With TLS: seconds it took to make the cluster CA and issue every
+    /// certificate (server, harness, one per node), before the cluster
+    /// started and outside every measured span.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificates_seconds: Option<f64>,
     /// `network`: the endpoint-propagation figures (the latencies above
     /// are then per change, to every observer).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -405,10 +431,12 @@ pub async fn run_scenario(
         Err(error) => Err(error),
     };
     progress.phase("stopping", 0);
+    let certificates_seconds = cluster.certificates_seconds();
     cluster.stop().await;
     let outcome = outcome?;
     let mut report = report(scenario, config, txn_rate, outcome);
     report.store_paced_txn_per_s = paced;
+    report.certificates_seconds = certificates_seconds;
     Ok(report)
 }
 
@@ -1050,6 +1078,7 @@ fn cluster_config(config: &BenchConfig) -> ClusterConfig {
         startup_grace: config.startup_grace,
         agent_tick: Duration::from_millis(500),
         resume_replacement_after: config.resume_replacement_after,
+        tls: config.tls,
     }
 }
 
@@ -1119,6 +1148,8 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         lease_expiries: outcome.leases.expiries,
         false_lease_expiries: outcome.leases.false_expiries,
         re_registrations: outcome.leases.re_registrations,
+        tls: config.tls,
+        certificates_seconds: None,
         network: outcome.network,
     }
 }
