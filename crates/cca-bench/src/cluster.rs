@@ -11,8 +11,12 @@
 //! the cluster CA (`Authentication::Certificates`), and every agent
 //! presents its own node's ([`crate::trust`]): no connection can be
 //! shared, so each agent holds two (API and liveness), four descriptors
-//! per node in this process with both ends — `cca benchmark` raises the
-//! open-file limit to fit. The control plane runs on a runtime of its
+//! per node in this process with both ends. Where the open-file limit
+//! cannot hold that (5,000 nodes under 20,000),
+//! [`ClusterConfig::liveness_over_api`] sends registrations and
+//! heartbeats over each agent's API connection to the main listener
+//! instead, as agents of a `cca server` without `--liveness-listen` do:
+//! two descriptors per node. The control plane runs on a runtime of its
 //! own ([`PlaneRuntime`], as many workers as the machine has cores), the
 //! store and the agents on the caller's — as a server process is apart
 //! from its etcd and its machines. The harness can kill nodes, restart
@@ -73,6 +77,10 @@ pub struct ClusterConfig {
     /// listeners, each agent with its own node certificate, the harness
     /// with a user's.
     pub tls: bool,
+    /// Agents send registrations and heartbeats over their API client to
+    /// the main listener (its `liveness` lane), not to the liveness
+    /// listener: one connection per agent fewer.
+    pub liveness_over_api: bool,
 }
 
 /// An instance a node's runtime runs.
@@ -440,19 +448,23 @@ impl Cluster {
     /// is its identity); without, one HTTP/2 connection to each listener
     /// per [`AGENTS_PER_CONNECTION`] agents.
     fn links(&self, server: &str, liveness: &str) -> Result<Vec<LinkOptions>, BenchError> {
-        let link = |client: Client, liveness_client: Client| LinkOptions {
+        let over_api = self.config.liveness_over_api;
+        let link = |client: Client, liveness_client: Option<Client>| LinkOptions {
             client: Some(client),
             without_agent_api: true,
-            liveness_client: Some(liveness_client),
+            // `None`: the agent sends them over `client`.
+            liveness_client: liveness_client.filter(|_| !over_api),
             liveness_runtime: Some(self.agents_liveness.handle().clone()),
         };
         let mut links = Vec::with_capacity(self.config.nodes);
         if let Some(pki) = &self.pki {
             for index in 0..self.config.nodes {
-                links.push(link(
-                    pki.node_client(index, server)?,
-                    pki.node_client(index, liveness)?,
-                ));
+                let liveness_client = if over_api {
+                    None
+                } else {
+                    Some(pki.node_client(index, liveness)?)
+                };
+                links.push(link(pki.node_client(index, server)?, liveness_client));
             }
             return Ok(links);
         }
@@ -466,7 +478,7 @@ impl Cluster {
                     pair
                 }
             };
-            links.push(link(client, liveness_client));
+            links.push(link(client, Some(liveness_client)));
         }
         Ok(links)
     }

@@ -199,6 +199,9 @@ pub struct BenchConfig {
     /// Production security on: the API over HTTPS with client
     /// certificates required, each agent with its own node certificate.
     pub tls: bool,
+    /// Agents send registrations and heartbeats over their API
+    /// connection to the main listener (see [`ClusterConfig`]).
+    pub liveness_over_api: bool,
 }
 
 impl BenchConfig {
@@ -229,6 +232,7 @@ impl BenchConfig {
             observers: 3,
             endpoint_changes: 100,
             tls: false,
+            liveness_over_api: false,
         }
     }
 
@@ -243,16 +247,24 @@ impl BenchConfig {
             )));
         }
         if self.tls {
-            // Both ends of every agent's two connections, and room for
+            // Both ends of every agent's own connections, and room for
             // the store, the listeners and the harness.
-            let needed = self.nodes as u64 * 4 + 1_024;
+            let connections: u64 = if self.liveness_over_api { 1 } else { 2 };
+            let needed = self.nodes as u64 * connections * 2 + 1_024;
             if let Some(limit) = crate::measure::open_file_limit()
                 && limit < needed
             {
+                let fewer = if self.liveness_over_api {
+                    ""
+                } else {
+                    ", send heartbeats over the API connection (one connection per node \
+                     fewer: --liveness-over-api)"
+                };
                 return Err(BenchError::Config(format!(
-                    "with TLS every node holds two connections of its own, both ends in this \
-                     process: {} nodes need about {needed} open files, but the limit is \
-                     {limit}; raise it (`ulimit -n`, or run as root) or simulate fewer nodes",
+                    "with TLS every node holds {connections} connection(s) of its own, both \
+                     ends in this process: {} nodes need about {needed} open files, but the \
+                     limit is {limit}; raise it (`ulimit -n`; raising the hard limit needs \
+                     CAP_SYS_RESOURCE){fewer}, or simulate fewer nodes",
                     self.nodes
                 )));
             }
@@ -341,6 +353,10 @@ pub struct Report {
     pub re_registrations: u64,
     /// Whether the run had production security on (`--tls`).
     pub tls: bool,
+    /// Whether agents sent registrations and heartbeats over their API
+    /// connection (`--liveness-over-api`). Left out when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub liveness_over_api: bool,
     /// With TLS: seconds it took to make the cluster CA and issue every
     /// certificate (server, harness, one per node), before the cluster
     /// started and outside every measured span.
@@ -1079,6 +1095,7 @@ fn cluster_config(config: &BenchConfig) -> ClusterConfig {
         agent_tick: Duration::from_millis(500),
         resume_replacement_after: config.resume_replacement_after,
         tls: config.tls,
+        liveness_over_api: config.liveness_over_api,
     }
 }
 
@@ -1149,6 +1166,7 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         false_lease_expiries: outcome.leases.false_expiries,
         re_registrations: outcome.leases.re_registrations,
         tls: config.tls,
+        liveness_over_api: config.liveness_over_api,
         certificates_seconds: None,
         network: outcome.network,
     }

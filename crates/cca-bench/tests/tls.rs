@@ -23,27 +23,32 @@ impl Progress for Quiet {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deploy_with_tls_converges_and_reports_its_certificates() {
-    let mut config = BenchConfig::new(4, 20, StoreTarget::Embedded(None));
-    config.node_ttl = Duration::from_secs(2);
-    config.timeout = Duration::from_secs(30);
-    config.probe_window = Duration::from_millis(200);
-    config.tls = true;
-    let report = cca_bench::run_scenario(Scenario::Deploy, &config, &Quiet)
-        .await
-        .unwrap_or_else(|error| panic!("deploy with TLS: {error}"));
-    assert!(report.passed(), "{report:#?}");
-    assert_eq!(report.instances, 20, "{report:#?}");
-    assert_eq!(report.success_rate, 1.0, "{report:#?}");
-    assert!(report.tls, "{report:#?}");
-    assert!(
-        report
-            .certificates_seconds
-            .is_some_and(|seconds| seconds > 0.0),
-        "{report:#?}"
-    );
-    let json = serde_json::to_value(&report).expect("a report serialises");
-    assert_eq!(json["tls"], true);
-    assert!(json["certificates_seconds"].is_number(), "{json}");
+    // Heartbeats to the liveness listener, then over the API connection.
+    for liveness_over_api in [false, true] {
+        let mut config = BenchConfig::new(4, 20, StoreTarget::Embedded(None));
+        config.node_ttl = Duration::from_secs(2);
+        config.timeout = Duration::from_secs(30);
+        config.probe_window = Duration::from_millis(200);
+        config.tls = true;
+        config.liveness_over_api = liveness_over_api;
+        let report = cca_bench::run_scenario(Scenario::Deploy, &config, &Quiet)
+            .await
+            .unwrap_or_else(|error| panic!("deploy with TLS: {error}"));
+        assert!(report.passed(), "{report:#?}");
+        assert_eq!(report.instances, 20, "{report:#?}");
+        assert_eq!(report.success_rate, 1.0, "{report:#?}");
+        assert!(report.tls, "{report:#?}");
+        assert_eq!(report.liveness_over_api, liveness_over_api);
+        assert!(
+            report
+                .certificates_seconds
+                .is_some_and(|seconds| seconds > 0.0),
+            "{report:#?}"
+        );
+        let json = serde_json::to_value(&report).expect("a report serialises");
+        assert_eq!(json["tls"], true);
+        assert!(json["certificates_seconds"].is_number(), "{json}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -65,6 +70,7 @@ async fn a_tls_cluster_admits_only_certificates_and_nodes_only_as_themselves() {
         agent_tick: Duration::from_millis(100),
         resume_replacement_after: None,
         tls: true,
+        liveness_over_api: false,
     };
     let cluster = Cluster::start(store, config).await.expect("cluster starts");
     // Nodes become ready only if their registrations and heartbeats, over
