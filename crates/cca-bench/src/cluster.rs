@@ -75,7 +75,7 @@ pub struct ClusterConfig {
     pub resume_replacement_after: Option<Duration>,
     /// Production security: HTTPS with client certificates on both
     /// listeners, each agent with its own node certificate, the harness
-    /// with a user's.
+    /// with the local admin's.
     pub tls: bool,
     /// Agents send registrations and heartbeats over their API client to
     /// the main listener (its `liveness` lane), not to the liveness
@@ -212,7 +212,7 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// A client of the cluster's API (with TLS, as the user `bench`).
+    /// A client of the cluster's API (with TLS, as the local admin).
     pub fn client(&self) -> &Client {
         &self.client
     }

@@ -1,7 +1,8 @@
 //! The cluster PKI of a `--tls` run: a fresh cluster CA, the server's
 //! certificate (`cca://server/bench`, for `127.0.0.1` and `localhost`),
-//! a user certificate for the harness (`cca://user/bench`: it applies,
-//! scales and reads status as an operator would) and one certificate per
+//! the local admin's certificate for the harness (`cca://user/admin`,
+//! whose `admin` role needs no stored record: it applies, scales and reads
+//! status as an operator after `cca init` would) and one certificate per
 //! simulated node (`cca://node/NAME`), so that every agent proves its own
 //! identity and the API's node rule (a node acts only as itself) is
 //! checked on every agent request, as in production. Everything is
@@ -14,6 +15,7 @@
 use std::sync::Arc;
 
 use cca_api::{ServerCertificate, ServerTls};
+use cca_trust::config_dir::ADMIN_USER;
 use cca_trust::identity::Identity;
 use cca_trust::pki::{CA_VALIDITY, CertAndKey, ClusterCa, Issue, Names};
 use cca_wire::Client;
@@ -21,7 +23,7 @@ use cca_wire::tls::{ClientCertificate, ClientTls};
 
 use crate::BenchError;
 
-/// The name of the benchmark's cluster, server and harness user.
+/// The name of the benchmark's cluster and server.
 const NAME: &str = "bench";
 
 /// Every certificate of a `--tls` run, ready to serve and present.
@@ -61,9 +63,12 @@ impl BenchPki {
         let server = ServerTls::new(ca.cert_pem(), Arc::new(certificate))
             .map_err(trust("the server's TLS settings"))?;
         let harness = ca
-            .issue(&Issue::new(Identity::User(NAME.into()), Names::none()), now)
-            .map_err(trust("the harness's user certificate"))?;
-        let harness = client_certificate(&harness, "the harness's user certificate")?;
+            .issue(
+                &Issue::new(Identity::User(ADMIN_USER.into()), Names::none()),
+                now,
+            )
+            .map_err(trust("the local admin's certificate"))?;
+        let harness = client_certificate(&harness, "the local admin's certificate")?;
         let nodes = issue_nodes(&ca, names, now)?;
         Ok(Self {
             ca_pem: ca.cert_pem().to_owned(),
@@ -84,7 +89,7 @@ impl BenchPki {
         self.issue_seconds
     }
 
-    /// A client of `base` (`https://…`) that presents the harness's user
+    /// A client of `base` (`https://…`) that presents the local admin's
     /// certificate.
     pub(crate) fn harness_client(&self, base: &str) -> Result<Client, BenchError> {
         self.client(base, &self.harness)

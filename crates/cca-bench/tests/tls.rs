@@ -2,7 +2,7 @@
 //! deploy converges with every agent on HTTPS with its own node
 //! certificate, and the cluster it runs on really demands certificates:
 //! plain HTTP is not served, a node's certificate opens only its own
-//! agent routes, the harness's user certificate the user routes.
+//! agent routes, the harness's (the local admin's) the user routes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -86,7 +86,7 @@ async fn a_tls_cluster_admits_only_certificates_and_nodes_only_as_themselves() {
         .client()
         .status()
         .await
-        .expect("the harness is a user");
+        .expect("the harness is the local admin");
     assert_eq!(status.nodes.ready, 2);
 
     let names = cluster.node_names();

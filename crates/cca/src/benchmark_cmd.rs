@@ -57,7 +57,7 @@ pub(crate) struct BenchmarkArgs {
     /// Production security: a fresh cluster CA, the API and its liveness
     /// listener over HTTPS with client certificates required, every
     /// simulated agent with its own node certificate (one connection of
-    /// its own to each listener), the harness as a user. Certificates are
+    /// its own to each listener), the harness as the local admin. Certificates are
     /// issued before the cluster starts.
     #[arg(long)]
     tls: bool,
