@@ -6,7 +6,17 @@
 //! serve no agent API (nothing here asks simulated instances for logs or
 //! exec): 5,000 nodes cost ~170 descriptors instead of two per node and
 //! per request in flight, which would not fit under this machine's
-//! open-file limit of 20,000. The control plane runs on a runtime of its
+//! open-file limit of 20,000. With TLS ([`ClusterConfig::tls`]) both
+//! listeners serve HTTPS, every request needs a client certificate of
+//! the cluster CA (`Authentication::Certificates`), and every agent
+//! presents its own node's ([`crate::trust`]): no connection can be
+//! shared, so each agent holds two (API and liveness), four descriptors
+//! per node in this process with both ends. Where the open-file limit
+//! cannot hold that (5,000 nodes under 20,000),
+//! [`ClusterConfig::liveness_over_api`] sends registrations and
+//! heartbeats over each agent's API connection to the main listener
+//! instead, as agents of a `cca server` without `--liveness-listen` do:
+//! two descriptors per node. The control plane runs on a runtime of its
 //! own ([`PlaneRuntime`], as many workers as the machine has cores), the
 //! store and the agents on the caller's — as a server process is apart
 //! from its etcd and its machines. The harness can kill nodes, restart
@@ -20,7 +30,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cca_agent::{AgentConfig, AgentError, LinkOptions, SupervisorConfig};
-use cca_api::{ApiConfig, ControlPlane, ControlPlaneConfig, Lane};
+use cca_api::auth::Authentication;
+use cca_api::{
+    ApiConfig, ApiListener, ControlPlane, ControlPlaneConfig, Lane, ServerTls, TlsListener,
+};
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::sim::{SimConfig, SimRuntime};
 use cca_store::Store;
@@ -31,6 +44,7 @@ use tokio::time::Instant;
 
 use crate::BenchError;
 use crate::plane_runtime::PlaneRuntime;
+use crate::trust::BenchPki;
 use crate::workload::GOLD_LABEL;
 
 /// Agents sharing one HTTP/2 connection: each holds one long-lived
@@ -59,6 +73,14 @@ pub struct ClusterConfig {
     /// When a pause of lost-node replacement ends on its own (`None`:
     /// only returning heartbeats or an operator end it).
     pub resume_replacement_after: Option<Duration>,
+    /// Production security: HTTPS with client certificates on both
+    /// listeners, each agent with its own node certificate, the harness
+    /// with the local admin's.
+    pub tls: bool,
+    /// Agents send registrations and heartbeats over their API client to
+    /// the main listener (its `liveness` lane), not to the liveness
+    /// listener: one connection per agent fewer.
+    pub liveness_over_api: bool,
 }
 
 /// An instance a node's runtime runs.
@@ -69,11 +91,13 @@ pub(crate) struct RunningInstance {
     pub(crate) node: String,
 }
 
-/// One simulated node: its agent task and its runtime.
+/// One simulated node: its agent task, its runtime and its clients.
 #[derive(Debug)]
 struct SimNode {
     name: String,
     runtime: Arc<SimRuntime>,
+    /// The node's API and liveness clients (a restarted agent reuses them).
+    link: LinkOptions,
     stop: watch::Sender<bool>,
     task: Option<JoinHandle<Result<(), AgentError>>>,
 }
@@ -93,9 +117,8 @@ pub struct Cluster {
     agents_liveness: PlaneRuntime,
     config: ClusterConfig,
     client: Client,
-    /// The liveness client of the agents started last (a restarted agent
-    /// shares it).
-    liveness_client: Client,
+    /// The certificates of a TLS cluster.
+    pki: Option<Arc<BenchPki>>,
     api_stop: watch::Sender<bool>,
     api_task: JoinHandle<std::io::Result<()>>,
     nodes: Vec<SimNode>,
@@ -119,21 +142,29 @@ impl Cluster {
     /// the API listens (agents register in the background: see
     /// [`Cluster::wait_ready`]).
     pub async fn start(store: Arc<dyn Store>, config: ClusterConfig) -> Result<Self, BenchError> {
+        let pki = if config.tls {
+            let names: Vec<String> = (0..config.nodes).map(node_name).collect();
+            let issued = tokio::task::spawn_blocking(move || BenchPki::generate(&names))
+                .await
+                .map_err(|error| BenchError::Task {
+                    what: "certificate issuing".into(),
+                    problem: error.to_string(),
+                })??;
+            Some(Arc::new(issued))
+        } else {
+            None
+        };
         let runtime = PlaneRuntime::new(plane_workers())?;
         let plane_config = control_plane_config(&config);
+        let server_tls = pki.as_ref().map(|pki| pki.server().clone());
         // Started on its runtime, so that every task it spawns (cache,
-        // runner, API connections, hub) and the listener's socket live
-        // there.
+        // runner, API connections, hub, TLS handshakes) and the listener's
+        // socket live there.
         let (plane, address, api_stop, api_task) = runtime
             .handle()
             .spawn(async move {
                 let plane = ControlPlane::start(store, plane_config).await?;
-                let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                    .await
-                    .map_err(BenchError::io("binding the API listener"))?;
-                let address = listener
-                    .local_addr()
-                    .map_err(BenchError::io("reading the API address"))?;
+                let (listener, address) = listen(server_tls.as_ref(), "API").await?;
                 let (api_stop, mut api_stopping) = watch::channel(false);
                 let state = plane.state().clone();
                 let api_task = tokio::spawn(cca_api::serve(listener, state, async move {
@@ -147,10 +178,21 @@ impl Cluster {
                 problem: error.to_string(),
             })??;
         let liveness = PlaneRuntime::named(1, "cca-bench-liveness")?;
-        let (liveness_address, liveness_task) =
-            serve_liveness(&liveness, plane.state().clone(), api_stop.subscribe()).await?;
+        let (liveness_address, liveness_task) = serve_liveness(
+            &liveness,
+            plane.state().clone(),
+            pki.as_ref().map(|pki| pki.server().clone()),
+            api_stop.subscribe(),
+        )
+        .await?;
         let agents_liveness = PlaneRuntime::named(1, "cca-bench-heartbeats")?;
         let agent_dirs = agent_dirs()?;
+        let scheme = if pki.is_some() { "https" } else { "http" };
+        let server = format!("{scheme}://{address}");
+        let client = match &pki {
+            Some(pki) => pki.harness_client(&server)?,
+            None => Client::new(&server),
+        };
         let mut cluster = Self {
             plane,
             runtime,
@@ -158,21 +200,36 @@ impl Cluster {
             liveness_task,
             agents_liveness,
             config,
-            client: Client::new(&format!("http://{address}")),
-            liveness_client: Client::new(&format!("http://{liveness_address}")),
+            client,
+            pki,
             api_stop,
             api_task,
             nodes: Vec::new(),
             dead: HashSet::new(),
             _agent_dirs: agent_dirs,
         };
-        cluster.start_agents(address, liveness_address)?;
+        cluster.start_agents(&server, &format!("{scheme}://{liveness_address}"))?;
         Ok(cluster)
     }
 
-    /// A client of the cluster's API.
+    /// A client of the cluster's API (with TLS, as the local admin).
     pub fn client(&self) -> &Client {
         &self.client
+    }
+
+    /// With TLS, node `name`'s own client (it presents the node's
+    /// certificate: the only one its agent routes accept). `None` without
+    /// TLS, where anyone may call them, or when there is no such node.
+    pub fn node_tls_client(&self, name: &str) -> Option<Client> {
+        self.pki.as_ref()?;
+        let node = self.nodes.iter().find(|node| node.name == name)?;
+        node.link.client.clone()
+    }
+
+    /// Seconds it took to issue the certificates of a TLS cluster (before
+    /// it started, outside every measured span); `None` without TLS.
+    pub fn certificates_seconds(&self) -> Option<f64> {
+        self.pki.as_ref().map(|pki| pki.issue_seconds())
     }
 
     /// Names of every simulated node, in order.
@@ -249,12 +306,7 @@ impl Cluster {
             node.runtime = Arc::new(SimRuntime::new(sim));
         }
         let mut config = agent_config(&self.config, index, name, &server, self._agent_dirs.path());
-        config.link = LinkOptions {
-            client: Some(self.client.clone()),
-            without_agent_api: true,
-            liveness_client: Some(self.liveness_client.clone()),
-            liveness_runtime: Some(self.agents_liveness.handle().clone()),
-        };
+        config.link = node.link.clone();
         let (stop, stopping) = watch::channel(false);
         let driven: Arc<dyn cca_runtime::Runtime> = Arc::clone(&node.runtime) as _;
         node.task = Some(tokio::spawn(cca_agent::run(config, driven, stopping)));
@@ -364,60 +416,113 @@ impl Cluster {
         agents_liveness.shut_down().await;
     }
 
-    fn start_agents(&mut self, api: SocketAddr, liveness: SocketAddr) -> Result<(), BenchError> {
-        let server = format!("http://{api}");
-        let liveness = format!("http://{liveness}");
-        let mut client = Client::http2(&server)?;
-        self.liveness_client = Client::http2(&liveness)?;
-        for index in 0..self.config.nodes {
-            if index > 0 && index.is_multiple_of(AGENTS_PER_CONNECTION) {
-                client = Client::http2(&server)?;
-                self.liveness_client = Client::http2(&liveness)?;
-            }
-            let name = format!("sim-{index:05}");
+    /// Starts every agent, its clients made before any agent starts (a
+    /// client that cannot be built stops the run before anything ran).
+    fn start_agents(&mut self, server: &str, liveness: &str) -> Result<(), BenchError> {
+        let links = self.links(server, liveness)?;
+        for (index, link) in links.into_iter().enumerate() {
+            let name = node_name(index);
             let sim = SimConfig {
                 seed: self.config.sim.seed.wrapping_add(index as u64),
                 ..self.config.sim.clone()
             };
             let runtime = Arc::new(SimRuntime::new(sim));
             let mut config =
-                agent_config(&self.config, index, &name, &server, self._agent_dirs.path());
-            config.link = LinkOptions {
-                client: Some(client.clone()),
-                without_agent_api: true,
-                liveness_client: Some(self.liveness_client.clone()),
-                liveness_runtime: Some(self.agents_liveness.handle().clone()),
-            };
+                agent_config(&self.config, index, &name, server, self._agent_dirs.path());
+            config.link = link.clone();
             let (stop, stopping) = watch::channel(false);
             let driven: Arc<dyn cca_runtime::Runtime> = Arc::clone(&runtime) as _;
             let task = tokio::spawn(cca_agent::run(config, driven, stopping));
             self.nodes.push(SimNode {
                 name,
                 runtime,
+                link,
                 stop,
                 task: Some(task),
             });
         }
         Ok(())
     }
+
+    /// Every node's clients: with TLS, two of its own (its certificate
+    /// is its identity); without, one HTTP/2 connection to each listener
+    /// per [`AGENTS_PER_CONNECTION`] agents.
+    fn links(&self, server: &str, liveness: &str) -> Result<Vec<LinkOptions>, BenchError> {
+        let over_api = self.config.liveness_over_api;
+        let link = |client: Client, liveness_client: Option<Client>| LinkOptions {
+            client: Some(client),
+            without_agent_api: true,
+            // `None`: the agent sends them over `client`.
+            liveness_client: liveness_client.filter(|_| !over_api),
+            liveness_runtime: Some(self.agents_liveness.handle().clone()),
+        };
+        let mut links = Vec::with_capacity(self.config.nodes);
+        if let Some(pki) = &self.pki {
+            for index in 0..self.config.nodes {
+                let liveness_client = if over_api {
+                    None
+                } else {
+                    Some(pki.node_client(index, liveness)?)
+                };
+                links.push(link(pki.node_client(index, server)?, liveness_client));
+            }
+            return Ok(links);
+        }
+        let mut shared: Option<(Client, Client)> = None;
+        for index in 0..self.config.nodes {
+            let (client, liveness_client) = match &shared {
+                Some(pair) if !index.is_multiple_of(AGENTS_PER_CONNECTION) => pair.clone(),
+                _ => {
+                    let pair = (Client::http2(server)?, Client::http2(liveness)?);
+                    shared = Some(pair.clone());
+                    pair
+                }
+            };
+            links.push(link(client, Some(liveness_client)));
+        }
+        Ok(links)
+    }
+}
+
+/// Simulated node `index`'s name.
+fn node_name(index: usize) -> String {
+    format!("sim-{index:05}")
+}
+
+/// A loopback listener on a free port, serving HTTPS with `tls` when
+/// given; call it on the runtime that will serve it (a TLS listener's
+/// handshakes run where it was made).
+async fn listen(
+    tls: Option<&ServerTls>,
+    what: &str,
+) -> Result<(ApiListener, SocketAddr), BenchError> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(BenchError::io(format!("binding the {what} listener")))?;
+    let address = listener
+        .local_addr()
+        .map_err(BenchError::io(format!("reading the {what} address")))?;
+    let listener = match tls {
+        Some(tls) => ApiListener::Tls(TlsListener::new(listener, tls).map_err(BenchError::io(
+            format!("serving TLS on the {what} listener"),
+        ))?),
+        None => ApiListener::Plain(listener),
+    };
+    Ok((listener, address))
 }
 
 /// Serves the liveness routes of `state` on a loopback listener on
-/// `runtime` until `stop` turns true.
+/// `runtime` (with TLS when given) until `stop` turns true.
 async fn serve_liveness(
     runtime: &PlaneRuntime,
     state: cca_api::ApiState,
+    tls: Option<ServerTls>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(SocketAddr, JoinHandle<std::io::Result<()>>), BenchError> {
     runtime
         .handle()
         .spawn(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .map_err(BenchError::io("binding the liveness listener"))?;
-            let address = listener
-                .local_addr()
-                .map_err(BenchError::io("reading the liveness address"))?;
+            let (listener, address) = listen(tls.as_ref(), "liveness").await?;
             let task = tokio::spawn(cca_api::serve_liveness(listener, state, async move {
                 let _ = stop.wait_for(|stop| *stop).await;
             }));
@@ -479,10 +584,16 @@ fn api_config(config: &ClusterConfig) -> ApiConfig {
     // flight fill the runtime's queue, and a heartbeat behind them waits.
     let reports = lanes.get_mut(Lane::Reports);
     reports.queued = reports.queued.max(config.nodes);
+    let authentication = if config.tls {
+        Authentication::Certificates
+    } else {
+        Authentication::Open
+    };
     ApiConfig {
         max_streams: defaults.max_streams.max(config.nodes + 64),
         lanes,
         node_lease_ttl: config.node_ttl,
+        authentication,
         ..defaults
     }
 }

@@ -19,6 +19,9 @@ pub enum BenchError {
     #[error("I/O: {what}: {error}")]
     Io { what: String, error: std::io::Error },
 
+    #[error("the TLS setup of the benchmark's cluster: {0}")]
+    Trust(String),
+
     #[error("invalid benchmark settings: {0}")]
     Config(String),
 

@@ -22,6 +22,7 @@ mod scenario;
 pub mod slow_store;
 mod stats;
 mod tracker;
+mod trust;
 mod verify;
 pub mod workload;
 

@@ -67,6 +67,11 @@ pub fn peak_rss_bytes() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// The soft open-file limit of this process (`None`: unlimited).
+pub(crate) fn open_file_limit() -> Option<u64> {
+    rustix::process::getrlimit(rustix::process::Resource::Nofile).current
+}
+
 /// Raises the soft open-file limit to at least `wanted` (up to the hard
 /// limit, and the hard limit too when allowed): every simulated node holds
 /// a few sockets. Returns the soft limit in force afterwards.

@@ -165,7 +165,11 @@ pub(crate) async fn drive(
         .collect();
     let mut observers = Vec::new();
     for (index, name) in names.iter().enumerate() {
-        observers.push(Observer::start(cluster.client().base_url(), name, index)?);
+        // The node's own client: with TLS, only it may follow its map.
+        let client = cluster
+            .node_tls_client(name)
+            .unwrap_or_else(|| Client::new(cluster.client().base_url()));
+        observers.push(Observer::start(client, name, index)?);
     }
     let measured = measure(cluster, store, &observers, config, instances, progress).await;
     for observer in observers {
@@ -470,7 +474,7 @@ struct Observer {
 }
 
 impl Observer {
-    fn start(server: &str, node: &str, index: usize) -> Result<Self, BenchError> {
+    fn start(client: Client, node: &str, index: usize) -> Result<Self, BenchError> {
         let namespace = Namespace::create(format!("cca-nb-{}-{index}", std::process::id()))?;
         let data_dir = tempfile::Builder::new()
             .prefix("cca-bench-observer-")
@@ -481,7 +485,7 @@ impl Observer {
         updates.mark_unchanged();
         let (stop, stopping) = watch::channel(false);
         let follower = tokio::spawn(follow_network(
-            Client::new(server),
+            client,
             node.to_owned(),
             data_dir.path().to_owned(),
             views,

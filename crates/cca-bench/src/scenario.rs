@@ -196,6 +196,12 @@ pub struct BenchConfig {
     pub observers: usize,
     /// `network`: instances stopped, one at a time.
     pub endpoint_changes: usize,
+    /// Production security on: the API over HTTPS with client
+    /// certificates required, each agent with its own node certificate.
+    pub tls: bool,
+    /// Agents send registrations and heartbeats over their API
+    /// connection to the main listener (see [`ClusterConfig`]).
+    pub liveness_over_api: bool,
 }
 
 impl BenchConfig {
@@ -225,6 +231,8 @@ impl BenchConfig {
             service_replicas: 3,
             observers: 3,
             endpoint_changes: 100,
+            tls: false,
+            liveness_over_api: false,
         }
     }
 
@@ -237,6 +245,29 @@ impl BenchConfig {
                 "store rate fraction {fraction}: it is a share of the store's raw commit \
                  rate, more than 0 and at most 1 (0.5 paces the store to half its rate)"
             )));
+        }
+        if self.tls {
+            // Both ends of every agent's own connections, and room for
+            // the store, the listeners and the harness.
+            let connections: u64 = if self.liveness_over_api { 1 } else { 2 };
+            let needed = self.nodes as u64 * connections * 2 + 1_024;
+            if let Some(limit) = crate::measure::open_file_limit()
+                && limit < needed
+            {
+                let fewer = if self.liveness_over_api {
+                    ""
+                } else {
+                    ", send heartbeats over the API connection (one connection per node \
+                     fewer: --liveness-over-api)"
+                };
+                return Err(BenchError::Config(format!(
+                    "with TLS every node holds {connections} connection(s) of its own, both \
+                     ends in this process: {} nodes need about {needed} open files, but the \
+                     limit is {limit}; raise it (`ulimit -n`; raising the hard limit needs \
+                     CAP_SYS_RESOURCE){fewer}, or simulate fewer nodes",
+                    self.nodes
+                )));
+            }
         }
         Ok(())
     }
@@ -320,6 +351,17 @@ pub struct Report {
     /// Agents that registered again during the measured part (their lease
     /// was gone, or they restarted).
     pub re_registrations: u64,
+    /// Whether the run had production security on (`--tls`).
+    pub tls: bool,
+    /// Whether agents sent registrations and heartbeats over their API
+    /// connection (`--liveness-over-api`). Left out when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub liveness_over_api: bool,
+    /// With TLS: seconds it took to make the cluster CA and issue every
+    /// certificate (server, harness, one per node), before the cluster
+    /// started and outside every measured span.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub certificates_seconds: Option<f64>,
     /// `network`: the endpoint-propagation figures (the latencies above
     /// are then per change, to every observer).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -405,10 +447,12 @@ pub async fn run_scenario(
         Err(error) => Err(error),
     };
     progress.phase("stopping", 0);
+    let certificates_seconds = cluster.certificates_seconds();
     cluster.stop().await;
     let outcome = outcome?;
     let mut report = report(scenario, config, txn_rate, outcome);
     report.store_paced_txn_per_s = paced;
+    report.certificates_seconds = certificates_seconds;
     Ok(report)
 }
 
@@ -1050,6 +1094,8 @@ fn cluster_config(config: &BenchConfig) -> ClusterConfig {
         startup_grace: config.startup_grace,
         agent_tick: Duration::from_millis(500),
         resume_replacement_after: config.resume_replacement_after,
+        tls: config.tls,
+        liveness_over_api: config.liveness_over_api,
     }
 }
 
@@ -1119,6 +1165,9 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         lease_expiries: outcome.leases.expiries,
         false_lease_expiries: outcome.leases.false_expiries,
         re_registrations: outcome.leases.re_registrations,
+        tls: config.tls,
+        liveness_over_api: config.liveness_over_api,
+        certificates_seconds: None,
         network: outcome.network,
     }
 }

@@ -98,6 +98,8 @@ async fn a_node_rebooted_during_a_rolling_update_restarts_old_instances_as_old()
         startup_grace: Duration::ZERO,
         agent_tick: Duration::from_millis(100),
         resume_replacement_after: None,
+        tls: false,
+        liveness_over_api: false,
     };
     let mut cluster = Cluster::start(store, config).await.expect("cluster starts");
     cluster.wait_ready(WAIT).await.expect("the node is ready");
