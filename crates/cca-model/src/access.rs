@@ -399,7 +399,7 @@ pub struct BadName {
 
 /// The name rule of users, roles and tenants: 1–63 characters of
 /// lower-case letters, digits, `-`, `_` and `.`, starting with a letter
-/// or digit. The same rule as `cca_trust::identity::check_name`, since a
+/// or digit. `cca_trust::identity::check_name` is this rule too, since a
 /// user's name is also in their certificate's URI, and a role's or
 /// tenant's in fact keys: nothing in them may need escaping.
 pub fn check_name(kind: &'static str, name: &str) -> Result<(), BadName> {

@@ -100,27 +100,13 @@ pub struct BadName {
 
 /// Names are 1–63 characters of lower-case letters, digits, `-`, `_` and
 /// `.`, starting with a letter or digit: they appear in URIs, file names
-/// and fact keys, so nothing in them may need escaping.
+/// and fact keys, so nothing in them may need escaping. The one rule of
+/// users, roles and tenants too (`cca_model::access::check_name`).
 pub fn check_name(name: &str) -> Result<(), BadName> {
-    let bad = |why| {
-        Err(BadName {
-            name: name.to_owned(),
-            why,
-        })
-    };
-    if name.is_empty() || name.len() > 63 {
-        return bad("a name has 1 to 63 characters");
-    }
-    if !name
-        .bytes()
-        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.'))
-    {
-        return bad("use lower-case letters, digits, `-`, `_` and `.` only");
-    }
-    if !name.as_bytes()[0].is_ascii_alphanumeric() {
-        return bad("a name starts with a letter or a digit");
-    }
-    Ok(())
+    cca_model::access::check_name("node, user or server", name).map_err(|bad| BadName {
+        name: bad.name,
+        why: bad.why,
+    })
 }
 
 impl FromStr for Identity {

@@ -36,19 +36,27 @@ fn by(caller: &MaybeCaller) -> String {
         })
 }
 
-/// `PUT /v1/users/{name}`.
+/// `PUT /v1/users/{name}`: makes the user, or changes their roles and
+/// tenant (keeping when and by whom they were made).
 pub(crate) async fn put_user(
     State(state): State<ApiState>,
     caller: MaybeCaller,
     Path(name): Path<String>,
     JsonBody(request): JsonBody<UserRequest>,
 ) -> ApiResult<Json<UserRecord>> {
+    let existing = state
+        .cache()
+        .view()
+        .users
+        .get(&name)
+        .map(|held| (held.value.created_at, held.value.created_by.clone()));
+    let (created_at, created_by) = existing.unwrap_or_else(|| (now_millis(), by(&caller)));
     let record = UserRecord {
         name: name.clone(),
         roles: request.roles,
         tenant: request.tenant,
-        created_at: now_millis(),
-        created_by: by(&caller),
+        created_at,
+        created_by,
     };
     let policies = state.policies().current();
     policies
