@@ -329,18 +329,27 @@ impl Lens {
         })
     }
 
-    /// Whether the lens shows the object of service `service` (the service
-    /// itself, or one of its instances or events).
-    pub(crate) fn shows_service(&self, view: &View, service: &str) -> bool {
-        let (tenant, tags) = object(view, Resource::Service, service);
-        self.shows(tenant, &tags)
-    }
-
-    /// Whether it shows an object with this tenant and these tags.
-    pub(crate) fn shows(&self, tenant: Option<&str>, tags: &BTreeMap<String, String>) -> bool {
-        self.policies
-            .visible(&Principal::of(&self.user), self.resource)
-            .shows(tenant, tags)
+    /// Keeps the items the lens shows; `object` gives each item's tenant
+    /// and tags. The user's roles are looked up once for the whole list.
+    pub(crate) fn retain<T>(
+        &self,
+        items: &mut Vec<T>,
+        object: impl Fn(&T) -> (Option<String>, BTreeMap<String, String>),
+    ) {
+        let visible = self
+            .policies
+            .visible(&Principal::of(&self.user), self.resource);
+        if visible.everything() {
+            return;
+        }
+        if visible.nothing() {
+            items.clear();
+            return;
+        }
+        items.retain(|item| {
+            let (tenant, tags) = object(item);
+            visible.shows(tenant.as_deref(), &tags)
+        });
     }
 }
 
@@ -353,9 +362,12 @@ pub(crate) fn filter_by_service<T>(
     service: impl Fn(&T) -> Option<String>,
 ) {
     if let Some(lens) = lens {
-        items.retain(|item| match service(item) {
-            Some(name) => lens.shows_service(view, &name),
-            None => lens.shows(None, &BTreeMap::new()),
+        lens.retain(items, |item| match service(item) {
+            Some(name) => {
+                let (tenant, tags) = object(view, Resource::Service, &name);
+                (tenant.map(str::to_owned), tags)
+            }
+            None => (None, BTreeMap::new()),
         });
     }
 }

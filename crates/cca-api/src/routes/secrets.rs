@@ -136,13 +136,12 @@ pub(crate) async fn list(
     }
     let mut secrets: Vec<SecretInfo> = secrets.into_values().collect();
     if let Some(lens) = &lens {
-        let none = BTreeMap::new();
-        secrets.retain(|info| {
+        lens.retain(&mut secrets, |info| {
             let tenant = view
                 .secrets
                 .get(&info.name)
-                .and_then(|sealed| sealed.value.tenant.as_deref());
-            lens.shows(tenant, &none)
+                .and_then(|sealed| sealed.value.tenant.clone());
+            (tenant, BTreeMap::new())
         });
     }
     Ok(Json(secrets))
