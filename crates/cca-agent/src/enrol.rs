@@ -183,6 +183,10 @@ impl std::fmt::Debug for Renewal {
 pub struct NodeTrust {
     pub tls: ClientTls,
     pub renewal: Renewal,
+    /// How often the agent asks the server for the cluster's revocations
+    /// (`revocations`); [`crate::revocations::DEFAULT_REFRESH`] unless
+    /// set.
+    pub revocation_refresh: Duration,
 }
 
 impl NodeTrust {
@@ -204,6 +208,7 @@ impl NodeTrust {
                 presented,
                 clock: Arc::new(cca_model::clock::system_now),
             },
+            revocation_refresh: crate::revocations::DEFAULT_REFRESH,
         })
     }
 }

@@ -18,6 +18,7 @@ pub mod network;
 pub mod node;
 mod restart;
 mod retry;
+pub mod revocations;
 pub mod runtimes;
 pub mod serve;
 pub mod supervisor;
@@ -122,12 +123,11 @@ pub async fn run(
         problem: format!("cannot create the data directory: {err}"),
     })?;
     let cached = Desired::load(&config.data_dir)?;
-    let (agent_url, server) = if config.link.without_agent_api {
-        (None, None)
+    let (agent_url, server, revoked) = if config.link.without_agent_api {
+        (None, None, None)
     } else {
-        let (url, server) =
-            serve_agent_api(&config, Arc::clone(&runtime), shutdown.clone()).await?;
-        (Some(url), Some(server))
+        let served = serve_agent_api(&config, Arc::clone(&runtime), shutdown.clone()).await?;
+        (Some(served.url), Some(served.task), served.revocations)
     };
     let connect = |server: &str| match &config.trust {
         Some(trust) => Client::with_tls(server, &trust.tls)
@@ -152,6 +152,18 @@ pub async fn run(
             trust.renewal.clone(),
             shutdown.clone(),
         ));
+        if let Some(list) = revoked {
+            tasks.spawn(revocations::follow_revocations(
+                Arc::new(client.clone()),
+                revocations::Follow {
+                    node: config.node.clone(),
+                    data_dir: config.data_dir.clone(),
+                    every: trust.revocation_refresh,
+                },
+                list,
+                shutdown.clone(),
+            ));
+        }
     }
     let registration = link::keep_registered(
         liveness_client,
@@ -220,14 +232,23 @@ pub async fn run(
     Ok(())
 }
 
-/// Serves the agent API on `config.listen` and returns the URL the node
-/// registers: over HTTPS with the node's certificate, to the API server
-/// alone, when the node has one (`serve`); plain HTTP without.
+/// The agent API being served.
+struct AgentApi {
+    /// What the node registers.
+    url: String,
+    task: tokio::task::JoinHandle<()>,
+    /// What its handshakes refuse, over HTTPS.
+    revocations: Option<Arc<cca_tls::RevocationList>>,
+}
+
+/// Serves the agent API on `config.listen`: over HTTPS with the node's
+/// certificate, to the API server alone, when the node has one (`serve`);
+/// plain HTTP without.
 async fn serve_agent_api(
     config: &AgentConfig,
     runtime: Arc<dyn Runtime>,
     mut shutdown: watch::Receiver<bool>,
-) -> Result<(String, tokio::task::JoinHandle<()>), AgentError> {
+) -> Result<AgentApi, AgentError> {
     let listen_failed = |err: std::io::Error| AgentError::Listen {
         address: config.listen.to_string(),
         problem: err.to_string(),
@@ -240,15 +261,24 @@ async fn serve_agent_api(
     let stopped = async move {
         let _ = shutdown.wait_for(|stop| *stop).await;
     };
-    let (scheme, server) = match &config.trust {
+    let (scheme, task, revocations) = match &config.trust {
         Some(trust) => {
             let tls = serve::server_tls(trust)?;
             let listener = cca_tls::TlsListener::new(listener, &tls).map_err(listen_failed)?;
-            ("https", spawn_server(listener, router, stopped))
+            let revocations = Arc::clone(tls.revocations());
+            (
+                "https",
+                spawn_server(listener, router, stopped),
+                Some(revocations),
+            )
         }
-        None => ("http", spawn_server(listener, router, stopped)),
+        None => ("http", spawn_server(listener, router, stopped), None),
     };
-    Ok((format!("{scheme}://{}:{port}", config.address), server))
+    Ok(AgentApi {
+        url: format!("{scheme}://{}:{port}", config.address),
+        task,
+        revocations,
+    })
 }
 
 fn spawn_server<L>(

@@ -9,8 +9,9 @@
 //! API server (`cca://server/NAME`), and refuses anyone else, other nodes
 //! and users included. It serves the node's own certificate, the one its
 //! renewals replace, so a renewed certificate serves from the next
-//! handshake on. A node without a certificate (`cca dev --insecure`,
-//! tests) serves plain HTTP.
+//! handshake on, and refuses the certificates the cluster revoked
+//! (`revocations` keeps its listener's list). A node without a
+//! certificate (`cca dev --insecure`, tests) serves plain HTTP.
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -119,6 +119,9 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     // Rare (a third of a day per node), and a node whose certificate
     // lapses stops working: beside the reports, not behind users.
     ("/v1/agent/nodes/{node}/certificate", Lane::Reports),
+    // Every node's poll (each few seconds at most), small and from the
+    // cache: beside the reports; shed, the agent keeps its last list.
+    ("/v1/agent/nodes/{node}/revocations", Lane::Reports),
     ("/v1/apply", Lane::User),
     ("/v1/diff", Lane::User),
     ("/v1/services/{name}", Lane::User),

@@ -16,9 +16,11 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::identity::Identity;
+use cca_model::access::{RevocationRecord, RevokedTarget};
+
+use crate::identity::{Identity, URI_SCHEME};
 use crate::pki::{
     CLOCK_SKEW, CertInfo, NODE_CERT_VALIDITY, SERVER_CERT_VALIDITY, USER_CERT_VALIDITY,
 };
@@ -109,6 +111,29 @@ pub enum RevokedEntry {
 }
 
 impl RevokedEntry {
+    /// What a stored record means to the TLS check; `None` for a user
+    /// token's (not a certificate's) and for one that names nothing
+    /// revocable (a hand-written fact). One reading for every follower of
+    /// the records: the API's listeners and the agents' alike.
+    pub fn from_record(record: &RevocationRecord) -> Option<RevokedEntry> {
+        let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(record.at).unwrap_or(0));
+        match &record.target {
+            RevokedTarget::Serial { serial } => Some(RevokedEntry::Serial {
+                serial: serial.parse().ok()?,
+                since: at,
+            }),
+            RevokedTarget::Token { .. } => None,
+            RevokedTarget::Identity { kind, name } => {
+                Identity::from_uri(&format!("{URI_SCHEME}{kind}/{name}")).map(|identity| {
+                    RevokedEntry::Identity {
+                        identity,
+                        issued_before: at,
+                    }
+                })
+            }
+        }
+    }
+
     /// The instant the revocation took effect.
     pub fn since(&self) -> SystemTime {
         match self {
@@ -270,8 +295,6 @@ fn issued_at(certificate: &CertInfo) -> SystemTime {
 
 #[cfg(test)]
 mod tests {
-    use std::time::UNIX_EPOCH;
-
     use super::*;
     use crate::pki::{ClusterCa, Issue, Names};
 
@@ -294,6 +317,51 @@ mod tests {
 
     fn serial(text: &str) -> Serial {
         text.parse().expect("serial")
+    }
+
+    #[test]
+    fn stored_records_read_as_entries_and_tokens_as_nothing() {
+        let record = |target| RevocationRecord {
+            target,
+            at: 1_750_000_000_000,
+            by: "user:admin".into(),
+            reason: String::new(),
+        };
+        let at = UNIX_EPOCH + Duration::from_secs(1_750_000_000);
+        assert_eq!(
+            RevokedEntry::from_record(&record(RevokedTarget::Serial {
+                serial: "0A1B".into()
+            })),
+            Some(RevokedEntry::Serial {
+                serial: serial("a1b"),
+                since: at
+            })
+        );
+        assert_eq!(
+            RevokedEntry::from_record(&record(RevokedTarget::Identity {
+                kind: "node".into(),
+                name: "n1".into()
+            })),
+            Some(RevokedEntry::Identity {
+                identity: Identity::Node("n1".into()),
+                issued_before: at
+            })
+        );
+        for nothing in [
+            RevokedTarget::Token {
+                jti: "j".into(),
+                expires_at: 0,
+            },
+            RevokedTarget::Serial {
+                serial: "not hex".into(),
+            },
+            RevokedTarget::Identity {
+                kind: "planet".into(),
+                name: "n1".into(),
+            },
+        ] {
+            assert_eq!(RevokedEntry::from_record(&record(nothing)), None);
+        }
     }
 
     #[test]

@@ -522,6 +522,13 @@ impl Client {
             .await
     }
 
+    /// The certificate revocations, as `node` sees them (its agent API
+    /// refuses them).
+    pub async fn node_revocations(&self, node: &str) -> ClientResult<Vec<RevocationEntry>> {
+        let path = format!("/v1/agent/nodes/{}/revocations", segment(node));
+        self.json(self.request(Method::GET, &path)).await
+    }
+
     /// Revokes certificates (see [`RevokeRequest`]).
     pub async fn revoke(&self, request: &RevokeRequest) -> ClientResult<RevocationEntry> {
         self.json(self.request(Method::POST, "/v1/revocations").json(request))

@@ -88,6 +88,12 @@ pub(crate) struct AgentArgs {
     /// (Without root the agent stays out anyway, and says so.)
     #[arg(long)]
     pub(crate) no_cluster_network: bool,
+    /// How often a node with a certificate asks the server for the
+    /// cluster's certificate revocations, which its own API refuses from
+    /// the next handshake on (the last list is kept while the server is
+    /// away).
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::flags::duration)]
+    revocation_refresh: Duration,
     /// The VXLAN network identifier of the overlay (the same on every node).
     #[arg(long, default_value_t = 42, value_name = "VNI")]
     vxlan_id: u32,
@@ -121,6 +127,7 @@ impl AgentArgs {
             registry_config: None,
             oci_runtime: None,
             no_cluster_network: false,
+            revocation_refresh: cca_agent::revocations::DEFAULT_REFRESH,
             vxlan_id: 42,
             vxlan_port: 4789,
             dns_port: cca_model::net::DNS_PORT,
@@ -177,7 +184,9 @@ async fn node_trust(args: &AgentArgs, node: &str) -> Result<Option<NodeTrust>> {
     } else {
         return Ok(None);
     };
-    Ok(Some(NodeTrust::new(node, names, credentials, &files)?))
+    let mut trust = NodeTrust::new(node, names, credentials, &files)?;
+    trust.revocation_refresh = args.revocation_refresh;
+    Ok(Some(trust))
 }
 
 /// Enrols the node with `token` and reports it.

@@ -5,8 +5,10 @@
 //! the node's own, or with the local admin's is refused at the handshake;
 //! with the server's it is served. `cca logs` and `cca exec` go through
 //! the server to the agent, and a plain-HTTP request to the agent's port
-//! gets nothing. Every process started here is killed when the test
-//! ends, pass or fail.
+//! gets nothing. The agent follows the cluster's revocations: once the
+//! server's certificate is revoked, the agent refuses it at the next
+//! handshake. Every process started here is killed when the test ends,
+//! pass or fail.
 
 mod support;
 
@@ -72,6 +74,7 @@ impl Cluster {
             .args(["--join", token])
             .args(["--no-cluster-network", "--address", "127.0.0.1"])
             .args(["--listen", &listen, "--cpu", "2", "--memory", "2Gi"])
+            .args(["--revocation-refresh", "200ms"])
             .arg("--data-dir")
             .arg(self.node_dir())
             .env("CCA_CONFIG_DIR", support::NO_TRUST)
@@ -132,6 +135,22 @@ impl Cluster {
     }
 }
 
+/// Polls `probe` for up to 30 s until it gives `wanted`.
+fn wait_for<T: PartialEq + std::fmt::Debug>(what: &str, wanted: T, mut probe: impl FnMut() -> T) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let found = probe();
+        if found == wanted {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: still {found:?}, not {wanted:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
 /// A loopback port nothing listens on now (bound, then released).
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -187,5 +206,35 @@ fn the_agent_api_serves_the_api_server_alone_over_mtls() {
     assert!(
         log.contains("not an API server"),
         "the agent logs why it refused:\n{log}"
+    );
+}
+
+#[test]
+fn the_agent_refuses_a_certificate_the_cluster_revoked() {
+    let cluster = Cluster::start();
+    cluster.eventually(&["get", "nodes"], "ready");
+    let config = &cluster.config;
+    let server = [config.join("server.pem"), config.join("server.key")];
+    let with_server_certificate = || cluster.curl_agent("https", &[&server[0], &server[1]]);
+    wait_for(
+        "the agent API with the server's certificate",
+        Some(404),
+        with_server_certificate,
+    );
+
+    let pem = std::fs::read(&server[0]).expect("server.pem");
+    let serial = cca_trust::pki::CertInfo::parse(pem)
+        .expect("the server's certificate")
+        .serial;
+    cluster.ok(&["cert", "revoke", "--serial", &serial, "--reason", "test"]);
+    wait_for(
+        "the agent API with the revoked server certificate",
+        None,
+        with_server_certificate,
+    );
+    let log = std::fs::read_to_string(cluster.dir.path().join("agent.log")).unwrap_or_default();
+    assert!(
+        log.contains("follows the cluster's revocations"),
+        "the agent says it took the list:\n{log}"
     );
 }

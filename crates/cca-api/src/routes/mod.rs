@@ -142,6 +142,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
             get(secrets::instance_files),
         ),
         ("/v1/agent/nodes/{node}/certificate", post(enrol::renew)),
+        ("/v1/agent/nodes/{node}/revocations", get(revoke::for_node)),
         ("/metrics", get(reads::metrics)),
     ]
 }

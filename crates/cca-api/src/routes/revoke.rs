@@ -1,13 +1,14 @@
 //! Revoked certificates: `POST /v1/revocations` takes back one certificate
 //! (by serial) or every certificate of a node or a user issued until now;
-//! `GET /v1/revocations` lists them. The records are facts
+//! `GET /v1/revocations` lists them, and `GET
+//! /v1/agent/nodes/{node}/revocations` lists the certificates' for agents,
+//! which refuse them at their own API. The records are facts
 //! (`trust/revoked/{id}`); [`follow_revocations`] turns the cache's copy
 //! into what the TLS listeners check at every handshake, and closes open
 //! connections of what was revoked. The retention task deletes a record
 //! once every certificate it could refuse has expired.
 
 use std::sync::Arc;
-use std::time::{Duration, UNIX_EPOCH};
 
 use axum::Json;
 use axum::extract::{ConnectInfo, State};
@@ -15,7 +16,7 @@ use cca_model::access::{RevocationRecord, RevokedTarget};
 use cca_model::clock::system_now;
 use cca_model::keys;
 use cca_store::{Compare, CompareOp, Op, Txn};
-use cca_trust::identity::{Identity, check_name};
+use cca_trust::identity::check_name;
 use cca_trust::revocation::{Revocations, RevokedEntry, Serial};
 use cca_wire::types::{RevocationEntry, RevokeRequest};
 
@@ -89,25 +90,24 @@ pub(crate) async fn list(State(state): State<ApiState>) -> ApiResult<Json<Vec<Re
     ))
 }
 
-/// What a record means to the TLS check; `None` for a token's (not a
-/// certificate's) and for one that cannot be read (a hand-written fact).
-fn entry(record: &RevocationRecord) -> Option<RevokedEntry> {
-    let at = UNIX_EPOCH + Duration::from_millis(u64::try_from(record.at).unwrap_or(0));
-    match &record.target {
-        RevokedTarget::Serial { serial } => Some(RevokedEntry::Serial {
-            serial: serial.parse().ok()?,
-            since: at,
-        }),
-        RevokedTarget::Token { .. } => None,
-        RevokedTarget::Identity { kind, name } => {
-            Identity::from_uri(&format!("{}{kind}/{name}", cca_trust::identity::URI_SCHEME)).map(
-                |identity| RevokedEntry::Identity {
-                    identity,
-                    issued_before: at,
-                },
-            )
-        }
-    }
+/// `GET /v1/agent/nodes/{node}/revocations`: the certificate revocations,
+/// for an agent to refuse them at its own API's handshakes. Only a node
+/// may ask, and only as itself (`auth`); it learns which certificates
+/// are revoked, never a user token's id. Read from the cache, not the
+/// store: every node polls it, and a revocation a moment late is what a
+/// period means anyway.
+pub(crate) async fn for_node(State(state): State<ApiState>) -> Json<Vec<RevocationEntry>> {
+    let view = state.cache().view();
+    Json(
+        view.revocations
+            .iter()
+            .filter(|(_, held)| !matches!(held.value.target, RevokedTarget::Token { .. }))
+            .map(|(id, held)| RevocationEntry {
+                id: id.clone(),
+                record: (*held.value).clone(),
+            })
+            .collect(),
+    )
 }
 
 /// Keeps `list` equal to the revocations in the cache, from now until the
@@ -124,7 +124,7 @@ pub(crate) async fn follow_revocations(state: ApiState, list: Arc<RevocationList
             .collect();
         if shown.as_ref() != Some(&revisions) {
             let entries = view.revocations.iter().filter_map(|(id, held)| {
-                let entry = entry(&held.value);
+                let entry = RevokedEntry::from_record(&held.value);
                 let token = matches!(held.value.target, RevokedTarget::Token { .. });
                 if entry.is_none() && !token {
                     tracing::warn!(%id, "a revocation record names nothing revocable: ignored");
@@ -146,7 +146,7 @@ pub(crate) async fn prune_revocations(state: &ApiState) -> Result<(), cca_store:
     let view = state.cache().view();
     let now = system_now();
     for (id, held) in view.revocations.iter() {
-        let expired = match (&held.value.target, entry(&held.value)) {
+        let expired = match (&held.value.target, RevokedEntry::from_record(&held.value)) {
             (RevokedTarget::Token { expires_at, .. }, _) => *expires_at < now_millis(),
             (_, Some(entry)) => !Revocations::new([entry]).prunable(now).is_empty(),
             (_, None) => false,
