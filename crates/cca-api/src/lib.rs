@@ -20,6 +20,7 @@ mod metrics;
 mod netfeed;
 pub mod oidc;
 mod read;
+pub mod renewal;
 mod routes;
 pub mod secrets;
 mod staged;

@@ -43,6 +43,13 @@ impl Certificate {
         Ok(())
     }
 
+    /// The certificate presented now (the chain's first), DER; `None`
+    /// while empty.
+    pub fn leaf(&self) -> Option<CertificateDer<'static>> {
+        self.current()
+            .and_then(|certified| certified.cert.first().cloned())
+    }
+
     fn current(&self) -> Option<Arc<CertifiedKey>> {
         self.current
             .read()

@@ -12,6 +12,10 @@
 //! token.key   the key user tokens are signed with (ES256, PKCS#8)    0600
 //! ```
 //!
+//! The server renews `server.pem` itself two thirds into its life
+//! ([`ConfigDir::renew_server`]): the same key, so only that file
+//! changes.
+//!
 //! A node keeps its own credentials in its data directory
 //! ([`NodeCredentials`]): `tls/ca.pem` (0644) and `tls/node.pem` (0600),
 //! the node's certificate followed by its key in one file, so a renewal
@@ -80,6 +84,23 @@ pub struct ServerFiles {
     pub chain_pem: String,
     pub key_pem: String,
     pub certificate: CertInfo,
+}
+
+/// The server's certificate after a renewal, as written.
+#[derive(Debug)]
+pub struct RenewedServer {
+    /// The new certificate followed by the CA's.
+    pub chain_pem: String,
+    pub certificate: CertInfo,
+}
+
+/// How long until a server certificate that is `certificate` at `now` is
+/// due for renewal (two thirds into its life): zero once due.
+pub fn server_renewal_wait(certificate: &CertInfo, now: SystemTime) -> std::time::Duration {
+    certificate
+        .renew_at()
+        .duration_since(now)
+        .unwrap_or_default()
 }
 
 /// The files a client authenticates with, checked.
@@ -257,6 +278,32 @@ impl ConfigDir {
             ca,
             chain_pem,
             key_pem,
+            certificate,
+        })
+    }
+
+    /// Renews the server's certificate: `ca` issues it again for the
+    /// same key, identity and host names, valid a year from `now`, and
+    /// `server.pem` is replaced atomically (0644, as `init` writes it: a
+    /// certificate is public). The key file is not touched, so a crash
+    /// leaves the old certificate or the new one, each fitting
+    /// `server.key`.
+    pub fn renew_server(
+        &self,
+        ca: &ClusterCa,
+        now: SystemTime,
+    ) -> Result<RenewedServer, ConfigError> {
+        let bad = |source| ConfigError::Certificate {
+            path: self.server_cert(),
+            source,
+        };
+        let current = read(&self.server_cert())?;
+        let cert_pem = ca.reissue(&current, now).map_err(bad)?;
+        let certificate = pki::verify_issued(&cert_pem, ca.cert_pem(), now).map_err(bad)?;
+        let chain_pem = format!("{cert_pem}{}", ca.cert_pem());
+        write_file(&self.server_cert(), &chain_pem, 0o644)?;
+        Ok(RenewedServer {
+            chain_pem,
             certificate,
         })
     }
@@ -502,6 +549,54 @@ mod tests {
         assert!(
             again.to_string().contains("refusing to overwrite"),
             "{again}"
+        );
+    }
+
+    #[test]
+    fn the_server_certificate_is_renewed_for_the_same_key_and_names() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = ConfigDir::new(dir.path());
+        config.init(&options(), now()).expect("init");
+        let before = config.load_server(now()).expect("server files");
+        let wait = server_renewal_wait(&before.certificate, now());
+        let two_thirds = pki::SERVER_CERT_VALIDITY * 2 / 3;
+        assert!(
+            wait <= two_thirds && wait + Duration::from_secs(600) > two_thirds,
+            "due two thirds into a year: {wait:?}"
+        );
+        let due = now() + wait;
+        assert_eq!(
+            server_renewal_wait(&before.certificate, due + Duration::from_secs(1)),
+            Duration::ZERO
+        );
+
+        let renewed = config.renew_server(&before.ca, due).expect("renews");
+        let after = config
+            .load_server(before.certificate.not_after + Duration::from_secs(3600))
+            .expect("the renewed files load, and outlive the old certificate");
+        assert_eq!(after.chain_pem, renewed.chain_pem);
+        assert_eq!(after.certificate.serial, renewed.certificate.serial);
+        assert_ne!(after.certificate.serial, before.certificate.serial);
+        assert_eq!(after.certificate.identity, before.certificate.identity);
+        assert_eq!(after.certificate.names, before.certificate.names);
+        assert_eq!(after.key_pem, before.key_pem, "the same key");
+        let mode = fs::metadata(config.server_cert())
+            .expect("written")
+            .permissions()
+            .mode()
+            & 0o777;
+        assert_eq!(mode, 0o644);
+
+        // Another cluster's CA does not renew this server's certificate.
+        let other = ClusterCa::generate("other", now(), pki::CA_VALIDITY).expect("ca");
+        let refused = config.renew_server(&other, due).expect_err("not its CA");
+        assert!(
+            refused.to_string().contains("not signed by the CA"),
+            "{refused}"
+        );
+        assert_eq!(
+            config.load_server(due).expect("unchanged").chain_pem,
+            renewed.chain_pem
         );
     }
 

@@ -581,6 +581,47 @@ impl ClusterCa {
         })
     }
 
+    /// A new certificate for the key, identity and host names of
+    /// `cert_pem` (one this CA issued), valid from `now` for its kind's
+    /// default life: the server renewing its own certificate. The key
+    /// stays, so only the certificate file changes and a renewal is one
+    /// atomic write (a crash never pairs a new key with an old
+    /// certificate). Refused for a certificate this CA did not issue or
+    /// one that names no identity.
+    pub fn reissue(&self, cert_pem: &str, now: SystemTime) -> Result<String> {
+        let der = certificate_der(cert_pem.as_bytes())?;
+        let (_, cert) = X509Certificate::from_der(&der)
+            .map_err(|error| unreadable("the certificate (X.509)", error))?;
+        let info = CertInfo::from_x509(&cert, &der)?;
+        let (_, ca) = X509Certificate::from_der(&self.cert_der)
+            .map_err(|error| unreadable("the CA certificate (X.509)", error))?;
+        if cert.issuer().as_raw() != ca.subject().as_raw()
+            || cert.verify_signature(Some(ca.public_key())).is_err()
+        {
+            return Err(Error::NotIssuedBy {
+                subject: info.subject,
+                ca: self.fingerprint(),
+            });
+        }
+        let identity = info.identity.clone().ok_or_else(|| {
+            unreadable(
+                "the certificate to renew",
+                "it names no identity (`cca://…`)",
+            )
+        })?;
+        let spki = cert.public_key();
+        let public_key = SubjectPublicKeyInfo::from_der(spki.raw).map_err(|_| Error::CsrKey {
+            algorithm: spki.algorithm.algorithm.to_id_string(),
+        })?;
+        self.sign(
+            &public_key,
+            &identity,
+            &info.names,
+            default_validity(&identity),
+            now,
+        )
+    }
+
     /// Signs an enrolling node's CSR after checking it: its signature must
     /// verify, it must ask for `expected`'s identity URI and no other, and
     /// its host names must be among `allowed` (the caller decides which a

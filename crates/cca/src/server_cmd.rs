@@ -203,6 +203,12 @@ async fn serve(args: ServerArgs) -> Result<()> {
             .with_context(|| format!("trusting the OIDC issuer {}", issuer.issuer))?;
         tokens = Some(ours.with_oidc(issuer, verifier));
     }
+    // Dropped when `serve` returns, which stops the renewal.
+    let (_renewing, renewal_stopping) = tokio::sync::watch::channel(false);
+    if let Some(renewal) = trust.as_mut().and_then(|trust| trust.renewal.take()) {
+        announce_certificate(&renewal.current);
+        tokio::spawn(cca_api::renewal::keep_renewed(renewal, renewal_stopping));
+    }
     if trust.is_none() {
         check_listen(args.listen, args.insecure)?;
     }
@@ -449,9 +455,26 @@ fn announce(address: SocketAddr, tls: bool) {
     eprintln!("cca server listening on {scheme}://{address}");
 }
 
+/// Says how long the server's certificate has left and when it renews.
+fn announce_certificate(certificate: &cca_trust::pki::CertInfo) {
+    let now = cca_model::clock::system_now();
+    let left = certificate
+        .not_after
+        .duration_since(now)
+        .unwrap_or_default();
+    tracing::info!(
+        serial = %certificate.serial,
+        expires = %humantime::format_rfc3339_seconds(certificate.not_after),
+        days_left = left.as_secs() / 86_400,
+        renews = %humantime::format_rfc3339_seconds(certificate.renew_at()),
+        "the server's certificate (renewed by this server, with the CA key in its config directory)"
+    );
+}
+
 /// The TLS settings from `config_dir` when `cca init` made a CA there,
-/// checked (certificate chain and validity, key permissions and fit);
-/// `None` when it holds no CA.
+/// checked (certificate chain and validity, key permissions and fit),
+/// and the renewal of the server's certificate; `None` when it holds no
+/// CA.
 pub(crate) fn load_trust(config_dir: &std::path::Path) -> Result<Option<Trust>> {
     let config = cca_trust::config_dir::ConfigDir::new(config_dir);
     if !config.has_ca() {
@@ -466,8 +489,8 @@ pub(crate) fn load_trust(config_dir: &std::path::Path) -> Result<Option<Trust>> 
     )?);
     let tls = cca_api::ServerTls::new(files.ca.cert_pem(), Arc::clone(&certificate))?;
     // Server certificates carry clientAuth: the same one calls agents.
-    let agent_tls =
-        cca_wire::tls::ClientTls::new(files.ca.cert_pem()).with_certificate(certificate);
+    let agent_tls = cca_wire::tls::ClientTls::new(files.ca.cert_pem())
+        .with_certificate(Arc::clone(&certificate));
     let token_key = config
         .load_token_key()
         .context("loading the user-token signing key")?;
@@ -475,11 +498,21 @@ pub(crate) fn load_trust(config_dir: &std::path::Path) -> Result<Option<Trust>> 
     // are refused even before their signature is.
     let tokens =
         cca_api::auth::TokenAuthority::new(token_key, format!("cca:{}", files.ca.fingerprint()));
+    let authority = Arc::new(files.ca);
+    let renewal = cca_api::renewal::ServerRenewal {
+        dir: config,
+        ca: Arc::clone(&authority),
+        key_pem: files.key_pem,
+        presented: certificate,
+        current: files.certificate,
+        clock: Arc::new(cca_model::clock::system_now),
+    };
     Ok(Some(Trust {
         tls,
         agent_tls,
-        authority: Arc::new(files.ca),
+        authority,
         tokens: Some(tokens),
+        renewal: Some(renewal),
     }))
 }
 
@@ -491,6 +524,8 @@ pub(crate) struct Trust {
     pub(crate) authority: Arc<cca_trust::pki::ClusterCa>,
     /// Taken by the control plane's setup.
     pub(crate) tokens: Option<cca_api::auth::TokenAuthority>,
+    /// Keeps the server's certificate fresh; taken by `cca server`.
+    pub(crate) renewal: Option<cca_api::renewal::ServerRenewal>,
 }
 
 /// What the control plane runs beside the API.
