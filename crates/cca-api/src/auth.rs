@@ -72,6 +72,8 @@ pub struct TokenAuthority {
     oidc: Option<RwLock<Verifier>>,
     /// Who keeps the OIDC keys fresh.
     oidc_issuer: Option<crate::oidc::OidcIssuer>,
+    /// The keys fetched on an unknown kid, rate-limited.
+    refetch: crate::oidc::Refetch,
 }
 
 impl TokenAuthority {
@@ -84,6 +86,7 @@ impl TokenAuthority {
             ours,
             oidc: None,
             oidc_issuer: None,
+            refetch: crate::oidc::Refetch::default(),
         }
     }
 
@@ -121,7 +124,26 @@ impl TokenAuthority {
         (cca_trust::jwt::sign(&self.key, &claims), claims)
     }
 
-    /// Who `token` proves, or why it proves nothing.
+    /// Who `token` proves, or why it proves nothing; a token naming a key
+    /// the OIDC issuer's set does not hold has the keys fetched again
+    /// first (at most once per [`crate::oidc::REFETCH_INTERVAL`]), so
+    /// tokens of a rotated key are accepted at once.
+    async fn verify_fetching(&self, token: &str) -> Result<(Claims, Via), TokenError> {
+        let verdict = self.verify(token, cca_model::clock::system_now());
+        match (&verdict, &self.oidc_issuer) {
+            (Err(TokenError::UnknownKid { .. }), Some(issuer)) => {
+                if let Some(keys) = self.refetch.keys(issuer).await {
+                    self.set_oidc_keys(keys);
+                }
+                // Again, whether this request fetched or another did
+                // meanwhile: a kid still unknown is refused.
+                self.verify(token, cca_model::clock::system_now())
+            }
+            _ => verdict,
+        }
+    }
+
+    /// Who `token` proves with the keys held now, or why it proves nothing.
     fn verify(&self, token: &str, now: std::time::SystemTime) -> Result<(Claims, Via), TokenError> {
         match self.ours.verify(token, now) {
             Ok(claims) => {
@@ -181,7 +203,12 @@ pub(crate) async fn authenticate(
         .get::<MatchedPath>()
         .map_or("", MatchedPath::as_str)
         .to_owned();
-    let caller = match identify(&state, &request) {
+    let presented = match bearer(&request) {
+        Ok(presented) => presented,
+        Err(refusal) => return refuse(request, refusal).await,
+    };
+    let certified = caller(&request);
+    let caller = match identify(&state, presented, certified).await {
         Ok(caller) => caller,
         Err(refusal) => return refuse(request, refusal).await,
     };
@@ -211,10 +238,9 @@ async fn refuse(request: Request, refusal: ApiError) -> Response {
     refusal.into_response()
 }
 
-/// The caller: a bearer token's user if the request has one, else the
-/// connection's certificate, else nobody.
-fn identify(state: &ApiState, request: &Request) -> Result<Option<Caller>, ApiError> {
-    let bearer = request
+/// The request's bearer token, if it has one.
+fn bearer(request: &Request) -> Result<Option<String>, ApiError> {
+    request
         .headers()
         .get(header::AUTHORIZATION)
         .map(|value| {
@@ -222,12 +248,21 @@ fn identify(state: &ApiState, request: &Request) -> Result<Option<Caller>, ApiEr
                 .to_str()
                 .ok()
                 .and_then(|text| text.strip_prefix("Bearer "))
-                .map(str::trim)
+                .map(|token| token.trim().to_owned())
                 .ok_or_else(|| unauthorized("the Authorization header must read `Bearer TOKEN`"))
         })
-        .transpose()?;
+        .transpose()
+}
+
+/// The caller: a bearer token's user if the request has one, else the
+/// identity the connection's certificate proved, else nobody.
+async fn identify(
+    state: &ApiState,
+    bearer: Option<String>,
+    certified: Option<Identity>,
+) -> Result<Option<Caller>, ApiError> {
     let Some(token) = bearer else {
-        return Ok(caller(request).map(|identity| Caller {
+        return Ok(certified.map(|identity| Caller {
             identity,
             via: Via::Certificate,
         }));
@@ -238,7 +273,8 @@ fn identify(state: &ApiState, request: &Request) -> Result<Option<Caller>, ApiEr
         ));
     };
     let (claims, via) = tokens
-        .verify(token, cca_model::clock::system_now())
+        .verify_fetching(&token)
+        .await
         .map_err(|error| unauthorized(format!("the bearer token is refused: {error}")))?;
     if let Via::Token { jti: Some(jti), .. } = &via {
         let id = cca_model::access::RevokedTarget::Token {
@@ -393,7 +429,113 @@ pub(crate) fn check_node(
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use cca_trust::jwt::testing::{JWKS_PATH, TestIssuer};
+
     use super::*;
+    use crate::oidc::{OidcIssuer, Refetch};
+
+    /// An OIDC issuer served on loopback: its discovery document, and a
+    /// JWKS the test replaces (a key rotation), counting its fetches.
+    struct ServedIssuer {
+        url: String,
+        jwks: Arc<Mutex<String>>,
+        fetches: Arc<AtomicU32>,
+    }
+
+    async fn serve_issuer() -> ServedIssuer {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("binds");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let discovery = TestIssuer::new(url.clone()).discovery_document();
+        let jwks = Arc::new(Mutex::new(String::new()));
+        let fetches = Arc::new(AtomicU32::new(0));
+        let (served, counted) = (Arc::clone(&jwks), Arc::clone(&fetches));
+        let router = axum::Router::new()
+            .route(
+                "/.well-known/openid-configuration",
+                axum::routing::get(move || async move { discovery }),
+            )
+            .route(
+                JWKS_PATH,
+                axum::routing::get(move || async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    served.lock().expect("lock").clone()
+                }),
+            );
+        tokio::spawn(async move { axum::serve(listener, router).await });
+        ServedIssuer { url, jwks, fetches }
+    }
+
+    #[tokio::test]
+    async fn a_token_of_an_unknown_key_id_fetches_the_keys_at_once_but_rarely() {
+        let served = serve_issuer().await;
+        let first = TestIssuer::new(served.url.clone());
+        *served.jwks.lock().expect("lock") = first.jwks_document();
+        let issuer = OidcIssuer {
+            issuer: served.url.clone(),
+            audience: "cca-cli".into(),
+        };
+        let verifier = issuer.verifier().await.expect("the issuer's keys");
+        let mut authority = TokenAuthority::new(SigningKey::generate().expect("key"), "cca:test")
+            .with_oidc(issuer, verifier);
+        let interval = Duration::from_millis(300);
+        authority.refetch = Refetch::every(interval);
+        let fetches = || served.fetches.load(Ordering::SeqCst);
+        let token = |issuer: &TestIssuer| {
+            issuer.token(
+                "alice",
+                "cca-cli",
+                cca_model::clock::system_now(),
+                Duration::from_secs(600),
+            )
+        };
+        let subject = |verdict: Result<(Claims, Via), TokenError>| {
+            verdict.map(|(claims, via)| (claims.sub, via))
+        };
+        assert_eq!(
+            subject(authority.verify_fetching(&token(&first)).await).expect("known key"),
+            ("alice".to_owned(), Via::Oidc)
+        );
+        assert_eq!(fetches(), 1, "only the start's fetch");
+
+        // The issuer rotates: its new key's first token is accepted at
+        // once, after one fetch.
+        let rotated = TestIssuer::new(served.url.clone());
+        *served.jwks.lock().expect("lock") = rotated.jwks_document();
+        assert!(authority.verify_fetching(&token(&rotated)).await.is_ok());
+        assert_eq!(fetches(), 2);
+
+        // Made-up key ids within the interval, many at once: refused on
+        // the keys held, without another fetch.
+        let unknown = token(&TestIssuer::new(served.url.clone()));
+        let attempts = (0..20).map(|_| authority.verify_fetching(&unknown));
+        for verdict in futures_util::future::join_all(attempts).await {
+            assert!(
+                matches!(verdict, Err(TokenError::UnknownKid { .. })),
+                "{verdict:?}"
+            );
+        }
+        assert_eq!(fetches(), 2, "no fetch within the interval");
+
+        // Once the interval has passed, the next unknown key id fetches
+        // again, and a key published meanwhile is accepted.
+        let third = TestIssuer::new(served.url.clone());
+        *served.jwks.lock().expect("lock") = third.jwks_document();
+        tokio::time::sleep(interval).await;
+        assert!(authority.verify_fetching(&token(&third)).await.is_ok());
+        assert_eq!(fetches(), 3);
+        assert!(
+            matches!(
+                authority.verify_fetching(&token(&first)).await,
+                Err(TokenError::UnknownKid { .. })
+            ),
+            "the old key is gone with the fetched set"
+        );
+    }
 
     fn status(route: &str, path: &str, caller: Option<&Identity>) -> Option<u16> {
         if is_open(route) {
