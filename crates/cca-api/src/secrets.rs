@@ -262,6 +262,7 @@ mod tests {
             port: 5432,
             database: Some("app".into()),
             params: BTreeMap::from([("sslmode".into(), "require".into())]),
+            tenant: None,
         };
         let password = SecretValue::new("p@ss:w/rd");
         assert_eq!(

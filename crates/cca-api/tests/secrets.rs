@@ -47,6 +47,7 @@ fn program() -> cca_model::spec::Program {
             port: 5432,
             database: Some("app".into()),
             params: BTreeMap::new(),
+            tenant: None,
         },
     );
     for name in ["db_password", "api_token", "report"] {
@@ -55,6 +56,7 @@ fn program() -> cca_model::spec::Program {
             SecretSpec {
                 name: name.into(),
                 description: None,
+                tenant: None,
             },
         );
     }
@@ -470,6 +472,7 @@ async fn a_key_rotation_rewraps_every_record_and_the_old_key_can_go() {
         SecretSpec {
             name: "legacy".into(),
             description: None,
+            tenant: None,
         },
     );
     let (status, _) = h

@@ -393,6 +393,7 @@ mod tests {
         let moved = own("web-a", "n1", "10.42.0.9");
         let policy = NetworkPolicy {
             name: "p".into(),
+            tenant: None,
             rules: vec![NetworkRule {
                 action: RuleAction::Deny,
                 from: Peer::Any,

@@ -376,6 +376,7 @@ fn policy_allows_and_denies_by_the_first_matching_rule() {
         NetworkChange::Service(Arc::new(service("other", None, &[], &[other]))),
         NetworkChange::Policy(Arc::new(NetworkPolicy {
             name: "default".into(),
+            tenant: None,
             rules: vec![
                 rule(
                     RuleAction::Deny,

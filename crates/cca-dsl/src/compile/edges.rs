@@ -139,6 +139,7 @@ impl Compiler<'_> {
             port: port_number.unwrap_or(0),
             sticky,
             tls,
+            tenant: None,
         };
         self.program.gates.insert(name, spec);
     }
@@ -295,6 +296,7 @@ impl Compiler<'_> {
             port: 0,
             database: None,
             params: BTreeMap::new(),
+            tenant: None,
         };
         for item in self.entries(Some(block), Context::Connection) {
             match item.key() {
@@ -341,9 +343,14 @@ impl Compiler<'_> {
             }
         }
         if fresh {
-            self.program
-                .secrets
-                .insert(name.clone(), SecretSpec { name, description });
+            self.program.secrets.insert(
+                name.clone(),
+                SecretSpec {
+                    name,
+                    description,
+                    tenant: None,
+                },
+            );
         }
     }
 
@@ -366,9 +373,14 @@ impl Compiler<'_> {
             }
         }
         if fresh {
-            self.program
-                .networks
-                .insert(name.clone(), NetworkPolicy { name, rules });
+            self.program.networks.insert(
+                name.clone(),
+                NetworkPolicy {
+                    name,
+                    rules,
+                    tenant: None,
+                },
+            );
         }
     }
 
@@ -460,9 +472,14 @@ impl Compiler<'_> {
             }
         }
         if fresh && block.is_some() {
-            self.program
-                .groups
-                .insert(name.clone(), GroupSpec { name, services });
+            self.program.groups.insert(
+                name.clone(),
+                GroupSpec {
+                    name,
+                    services,
+                    tenant: None,
+                },
+            );
         }
     }
 }

@@ -18,6 +18,11 @@ pub struct GateSpec {
     pub port: u16,
     pub sticky: Option<Sticky>,
     pub tls: Option<Tls>,
+    /// The tenant it belongs to, stamped by the API from the program's
+    /// tenant at apply (never written in a `.cca` file); `None`:
+    /// cluster-wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// Cookie-based session affinity.
@@ -84,6 +89,11 @@ pub struct ConnectionSpec {
     pub port: u16,
     pub database: Option<String>,
     pub params: BTreeMap<String, String>,
+    /// The tenant it belongs to, stamped by the API from the program's
+    /// tenant at apply (never written in a `.cca` file); `None`:
+    /// cluster-wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// `desired/secret-decl/{name}`: a secret the program expects to exist. The
@@ -93,6 +103,11 @@ pub struct ConnectionSpec {
 pub struct SecretSpec {
     pub name: String,
     pub description: Option<String>,
+    /// The tenant it belongs to, stamped by the API from the program's
+    /// tenant at apply (never written in a `.cca` file); `None`:
+    /// cluster-wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// `desired/service/{svc}/secret/{secret}`: a service may read a secret.
@@ -111,6 +126,11 @@ pub enum SecretGrant {
 pub struct NetworkPolicy {
     pub name: String,
     pub rules: Vec<NetworkRule>,
+    /// The tenant it belongs to, stamped by the API from the program's
+    /// tenant at apply (never written in a `.cca` file); `None`:
+    /// cluster-wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// One `allow`/`deny` line.
@@ -147,4 +167,9 @@ pub enum Peer {
 pub struct GroupSpec {
     pub name: String,
     pub services: Vec<String>,
+    /// The tenant it belongs to, stamped by the API from the program's
+    /// tenant at apply (never written in a `.cca` file); `None`:
+    /// cluster-wide.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }

@@ -187,6 +187,7 @@ mod tests {
             SecretSpec {
                 name: "db".into(),
                 description: None,
+                tenant: None,
             },
         );
         let facts = program.facts().expect("encodes");
@@ -225,6 +226,51 @@ mod tests {
             !first.services.contains_key("api"),
             "nothing of a refused merge is kept"
         );
+    }
+
+    #[test]
+    fn the_kinds_around_services_carry_a_tenant_and_old_facts_decode_without_one() {
+        let old: GateSpec = serde_json::from_str(
+            r#"{"name":"g","hosts":["a.example"],"service":"web","port":80,"sticky":null,"tls":null}"#,
+        )
+        .expect("a gate written before tenants decodes");
+        assert_eq!(old.tenant, None);
+        let mut gate = old;
+        gate.tenant = Some("a".into());
+        let bytes = serde_json::to_vec(&gate).expect("encodes");
+        assert_eq!(
+            serde_json::from_slice::<GateSpec>(&bytes).expect("decodes"),
+            gate
+        );
+        let old: ConnectionSpec = serde_json::from_str(
+            r#"{"name":"c","driver":"postgresql","user":null,"secret":null,"host":"db",
+                "port":5432,"database":null,"params":{}}"#,
+        )
+        .expect("a connection written before tenants decodes");
+        assert_eq!(old.tenant, None);
+        let old: NetworkPolicy =
+            serde_json::from_str(r#"{"name":"p","rules":[]}"#).expect("old policy decodes");
+        assert_eq!(old.tenant, None);
+        assert_eq!(
+            serde_json::to_string(&old).expect("encodes"),
+            r#"{"name":"p","rules":[]}"#,
+            "no tenant, no field: a cluster-wide fact is written as before"
+        );
+        let old: GroupSpec = serde_json::from_str(r#"{"name":"g","services":["a","b"]}"#)
+            .expect("old group decodes");
+        assert_eq!(old.tenant, None);
+        let declared = SecretSpec {
+            name: "db".into(),
+            description: None,
+            tenant: Some("b".into()),
+        };
+        assert_eq!(
+            serde_json::to_string(&declared).expect("encodes"),
+            r#"{"name":"db","description":null,"tenant":"b"}"#
+        );
+        let old: SecretSpec =
+            serde_json::from_str(r#"{"name":"db","description":null}"#).expect("old decodes");
+        assert_eq!(old.tenant, None);
     }
 
     #[test]

@@ -779,6 +779,7 @@ mod tests {
             port: 8080,
             sticky: None,
             tls: None,
+            tenant: None,
         }
     }
 
@@ -792,6 +793,7 @@ mod tests {
             port: 5432,
             database: None,
             params: BTreeMap::new(),
+            tenant: None,
         }
     }
 
@@ -817,6 +819,7 @@ mod tests {
         let secret = SecretSpec {
             name: "db-password".into(),
             description: None,
+            tenant: None,
         };
         program.secrets.insert("db-password".into(), secret);
         program.grants.entry("web".into()).or_default().insert(
@@ -972,6 +975,7 @@ mod tests {
         let members = |names: &[&str]| GroupSpec {
             name: String::new(),
             services: names.iter().map(|n| (*n).to_owned()).collect(),
+            tenant: None,
         };
         program.groups.insert(
             "g1".into(),

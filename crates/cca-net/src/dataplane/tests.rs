@@ -284,6 +284,7 @@ fn the_resync_batch_reads_as_expected() {
     map.apply(
         NetworkChange::Policy(Arc::new(NetworkPolicy {
             name: "default".into(),
+            tenant: None,
             rules: vec![rule(
                 RuleAction::Deny,
                 Peer::Any,
@@ -372,6 +373,7 @@ fn policies_keep_their_order_and_follow_members() {
     map.apply(
         NetworkChange::Policy(Arc::new(NetworkPolicy {
             name: "b".into(),
+            tenant: None,
             rules: vec![rule(RuleAction::Deny, Peer::Any, svc("db"), &[], None)],
         })),
         &mut touched,
@@ -379,6 +381,7 @@ fn policies_keep_their_order_and_follow_members() {
     map.apply(
         NetworkChange::Policy(Arc::new(NetworkPolicy {
             name: "a".into(),
+            tenant: None,
             rules: vec![
                 rule(
                     RuleAction::Allow,
@@ -637,6 +640,7 @@ fn random_policy(rng: &mut fastrand::Rng) -> NetworkPolicy {
     };
     NetworkPolicy {
         name: ["a", "b"][rng.usize(0..2)].into(),
+        tenant: None,
         rules: (0..rng.usize(0..4))
             .map(|_| {
                 let action = if rng.bool() {
