@@ -9,7 +9,9 @@
 //! has are deleted; objects the program does not mention are left alone,
 //! unless `prune` is set, in which case every program-managed fact the
 //! program does not have is deleted (operator node controls and secret
-//! values are never program-managed).
+//! values are never program-managed). Before planning, `tenancy` refuses
+//! a takeover of another tenant's object and a gate host that a gate
+//! outside the program serves.
 //!
 //! Service versions: every service spec the apply writes is also kept as a
 //! version (`desired/service/{svc}/version/{hash}`, the hash the scheduler
@@ -80,6 +82,7 @@ pub(crate) async fn apply_program(
         let generation = Generation::read(store).await?;
         let (current, read_at) = read_desired(store).await?;
         crate::tenancy::check_takeover(program, &current)?;
+        crate::tenancy::check_hosts(program, &current, prune)?;
         // Which versions instances run, from a view that holds every
         // instance committed before the desired facts were read.
         let view = tokio::time::timeout(CATCH_UP, state.cache().view_at_least(read_at))

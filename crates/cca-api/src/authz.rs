@@ -17,6 +17,7 @@ use std::sync::{Arc, RwLock};
 use axum::http::{Method, StatusCode};
 use cca_control::View;
 use cca_model::access::{Action, Resource, UserRecord};
+use cca_model::spec::Program;
 use cca_trust::config_dir::ADMIN_USER;
 use cca_trust::policy::{Decision, PolicySet, Principal, Request};
 
@@ -60,7 +61,7 @@ pub(crate) fn requirement(method: &Method, route: &str) -> Option<Requirement> {
     let pick = |action_for_reads, other| if read { action_for_reads } else { other };
     Some(match route {
         // A program touches every kind of object it holds; the handler
-        // checks each (see `routes::ops::apply`).
+        // checks each other kind (`check_program`, from `routes::ops`).
         "/v1/apply" => need(Write, Service, Whole),
         "/v1/diff" => need(Read, Service, Whole),
         "/v1/services" => need(Read, Service, Whole),
@@ -196,17 +197,43 @@ pub(crate) fn user_record(view: &View, name: &str, by_certificate: bool) -> Opti
 }
 
 /// The tenant and tags of the object `name` of `resource`, as the view
-/// has them (none for cluster-wide objects and unknown names).
+/// has them (none for cluster-wide objects and unknown names). A secret's
+/// is its value's, or its declaration's while it has no value.
 fn object<'v>(
     view: &'v View,
     resource: Resource,
     name: &str,
 ) -> (Option<&'v str>, BTreeMap<String, String>) {
-    if resource == Resource::Secret {
-        let tenant = view
-            .secrets
-            .get(name)
-            .and_then(|sealed| sealed.value.tenant.as_deref());
+    let own = match resource {
+        Resource::Secret => Some(
+            view.secrets
+                .get(name)
+                .map(|sealed| sealed.value.tenant.as_deref())
+                .or_else(|| {
+                    view.secret_declarations
+                        .get(name)
+                        .map(|declared| declared.value.tenant.as_deref())
+                })
+                .flatten(),
+        ),
+        Resource::Gate => Some(
+            view.gates
+                .get(name)
+                .and_then(|gate| gate.value.tenant.as_deref()),
+        ),
+        Resource::Connection => Some(
+            view.connections
+                .get(name)
+                .and_then(|connection| connection.value.tenant.as_deref()),
+        ),
+        Resource::NetworkPolicy => Some(
+            view.network_policies
+                .get(name)
+                .and_then(|policy| policy.value.tenant.as_deref()),
+        ),
+        _ => None,
+    };
+    if let Some(tenant) = own {
         return (tenant, BTreeMap::new());
     }
     let service = match resource {
@@ -255,13 +282,18 @@ fn is_tenant_scoped(resource: Resource) -> bool {
     )
 }
 
-/// Whether the view holds the object `name` of `resource` (services and
-/// instances: the kinds whose tenant the view knows).
+/// Whether the view holds the object `name` of `resource` (the kinds
+/// whose tenant the view knows).
 fn exists(view: &View, resource: Resource, name: &str) -> bool {
     match resource {
         Resource::Service => view.services.contains_key(name),
         Resource::Instance => view.instances.contains_key(name) || view.statuses.contains_key(name),
-        Resource::Secret => view.secrets.contains_key(name),
+        Resource::Secret => {
+            view.secrets.contains_key(name) || view.secret_declarations.contains_key(name)
+        }
+        Resource::Gate => view.gates.contains_key(name),
+        Resource::Connection => view.connections.contains_key(name),
+        Resource::NetworkPolicy => view.network_policies.contains_key(name),
         _ => false,
     }
 }
@@ -296,6 +328,53 @@ pub(crate) fn check(
         Decision::Allow { .. } => Ok(()),
         Decision::Deny(denial) => Err(ApiError::new(StatusCode::FORBIDDEN, denial.to_string())),
     }
+}
+
+/// The other kinds of object a program holds, beyond its services (the
+/// route's own `write:service` or `read:service`; groups and a service's
+/// tags and grants are part of its services).
+fn held_kinds(program: &Program) -> impl Iterator<Item = Resource> {
+    [
+        (Resource::Gate, program.gates.is_empty()),
+        (Resource::Connection, program.connections.is_empty()),
+        (Resource::NetworkPolicy, program.networks.is_empty()),
+        (Resource::Secret, program.secrets.is_empty()),
+    ]
+    .into_iter()
+    .filter(|(_, empty)| !empty)
+    .map(|(resource, _)| resource)
+}
+
+/// Whether the user `caller` may do `action` on every other kind of
+/// object `program` holds (gates, connections, network policies, secret
+/// declarations) in the program's tenant: 403 naming the first they may
+/// not. Callers that are not users (nobody authenticates, `cca dev`) pass,
+/// as they do the route's check.
+pub(crate) fn check_program(
+    state: &ApiState,
+    caller: Option<&crate::auth::Caller>,
+    program: &Program,
+    action: Action,
+) -> Result<(), ApiError> {
+    let Some(crate::auth::Caller {
+        identity: cca_trust::identity::Identity::User(name),
+        via,
+    }) = caller
+    else {
+        return Ok(());
+    };
+    let view = state.cache().view();
+    let Some(user) = user_record(&view, name, *via == crate::auth::Via::Certificate) else {
+        return Ok(());
+    };
+    let policies = state.policies().current();
+    for resource in held_kinds(program) {
+        let request = Request::new(action, resource).in_tenant(program.tenant.as_deref());
+        if let Decision::Deny(denial) = policies.decide(&Principal::of(&user), &request) {
+            return Err(ApiError::new(StatusCode::FORBIDDEN, denial.to_string()));
+        }
+    }
+    Ok(())
 }
 
 /// What a list shows a user: the objects they may read. `None` (nobody
@@ -369,5 +448,142 @@ pub(crate) fn filter_by_service<T>(
             }
             None => (None, BTreeMap::new()),
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cca_model::spec::{GateSpec, NetworkPolicy, SecretSpec};
+
+    use super::*;
+
+    fn developer(tenant: Option<&str>) -> UserRecord {
+        UserRecord {
+            name: "dev".into(),
+            roles: vec!["developer".into()],
+            tenant: tenant.map(str::to_owned),
+            created_at: 0,
+            created_by: "test".into(),
+        }
+    }
+
+    /// A view holding tenant a's gate `shop`, network policy `p`,
+    /// connection `c` and secret declaration `s` (no value yet), and the
+    /// cluster-wide gate `lobby`.
+    fn view() -> View {
+        let mut view = View::default();
+        let gate = |name: &str, tenant: Option<&str>| GateSpec {
+            name: name.into(),
+            hosts: vec![format!("{name}.example")],
+            service: "web".into(),
+            port: 80,
+            sticky: None,
+            tls: None,
+            tenant: tenant.map(str::to_owned),
+        };
+        view.put("desired/gate/shop", &json(&gate("shop", Some("a"))), 2);
+        view.put("desired/gate/lobby", &json(&gate("lobby", None)), 2);
+        let policy = NetworkPolicy {
+            name: "p".into(),
+            rules: Vec::new(),
+            tenant: Some("a".into()),
+        };
+        view.put("desired/network/policy/p", &json(&policy), 2);
+        let connection = br#"{"name":"c","driver":"postgresql","user":null,"secret":null,
+            "host":"db","port":5432,"database":null,"params":{},"tenant":"a"}"#;
+        view.put("desired/connection/c", connection, 2);
+        let declared = SecretSpec {
+            name: "s".into(),
+            description: None,
+            tenant: Some("a".into()),
+        };
+        view.put("desired/secret-decl/s", &json(&declared), 2);
+        view
+    }
+
+    fn json<T: serde::Serialize>(value: &T) -> Vec<u8> {
+        serde_json::to_vec(value).expect("encodes")
+    }
+
+    #[test]
+    fn gates_connections_policies_and_declared_secrets_are_their_tenants() {
+        let view = view();
+        for (resource, name) in [
+            (Resource::Gate, "shop"),
+            (Resource::Connection, "c"),
+            (Resource::NetworkPolicy, "p"),
+            (Resource::Secret, "s"),
+        ] {
+            assert!(exists(&view, resource, name), "{resource:?} {name}");
+            assert_eq!(object(&view, resource, name).0, Some("a"), "{name}");
+            assert!(!exists(&view, resource, "ghost"));
+            assert!(is_tenant_scoped(resource));
+        }
+        assert!(exists(&view, Resource::Gate, "lobby"));
+        assert_eq!(object(&view, Resource::Gate, "lobby").0, None);
+    }
+
+    #[test]
+    fn a_tenants_user_is_refused_another_tenants_gate_and_policy_without_hearing_whose() {
+        let view = view();
+        let (policies, _) = PolicySet::from_stored(std::iter::empty());
+        let (a, b, everyone) = (developer(Some("a")), developer(Some("b")), developer(None));
+        for (resource, name) in [
+            (Resource::Gate, "shop"),
+            (Resource::NetworkPolicy, "p"),
+            (Resource::Connection, "c"),
+            (Resource::Secret, "s"),
+        ] {
+            for action in [Action::Read, Action::Write, Action::Delete] {
+                let (tenant, tags) = object(&view, resource, name);
+                let request = Request::new(action, resource)
+                    .in_tenant(tenant)
+                    .tagged(&tags);
+                assert!(policies.allows(&Principal::of(&a), &request), "{name}");
+                assert!(policies.allows(&Principal::of(&everyone), &request));
+                let Decision::Deny(denial) = policies.decide(&Principal::of(&b), &request) else {
+                    panic!("b may {action:?} a's {name}");
+                };
+                let told = denial.to_string();
+                assert!(
+                    told.contains("of another tenant") && !told.contains("`a`"),
+                    "{told}"
+                );
+            }
+        }
+        // The cluster-wide gate is not a tenant's to read.
+        let (tenant, _) = object(&view, Resource::Gate, "lobby");
+        let request = Request::new(Action::Read, Resource::Gate).in_tenant(tenant);
+        assert!(!policies.allows(&Principal::of(&a), &request));
+    }
+
+    #[test]
+    fn a_program_needs_the_action_on_every_kind_it_holds() {
+        let mut program = Program::default();
+        assert_eq!(held_kinds(&program).count(), 0, "services: the route's");
+        program.groups.insert(
+            "g".into(),
+            cca_model::spec::GroupSpec {
+                name: "g".into(),
+                services: Vec::new(),
+                tenant: None,
+            },
+        );
+        assert_eq!(held_kinds(&program).count(), 0, "groups are services'");
+        let declared = SecretSpec {
+            name: "s".into(),
+            description: None,
+            tenant: None,
+        };
+        program.secrets.insert("s".into(), declared);
+        let gate: GateSpec = serde_json::from_str(
+            r#"{"name":"g","hosts":["g.example"],"service":"web","port":80,"sticky":null,"tls":null}"#,
+        )
+        .expect("gate");
+        program.gates.insert("g".into(), gate);
+        assert_eq!(
+            held_kinds(&program).collect::<Vec<_>>(),
+            [Resource::Gate, Resource::Secret]
+        );
     }
 }

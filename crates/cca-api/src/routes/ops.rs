@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::{Path, State};
+use cca_model::access::Action;
 use cca_model::cluster::{EventLevel, NodeControl, ReplacementResume};
 use cca_model::spec::{Program, ServiceSpec};
 use cca_model::{Kind, keys};
@@ -43,7 +44,7 @@ pub(crate) async fn apply(
     QueryArgs(query): QueryArgs<ApplyQuery>,
     JsonBody(program): JsonBody<Program>,
 ) -> ApiResult<Json<ApplyReport>> {
-    let program = for_tenant(&state, caller, query.tenant.clone(), program)?;
+    let program = for_tenant(&state, caller, Action::Write, query.tenant.clone(), program)?;
     apply_program(&state, &program, query.prune, false)
         .await
         .map(Json)
@@ -55,16 +56,19 @@ pub(crate) async fn diff(
     QueryArgs(query): QueryArgs<ApplyQuery>,
     JsonBody(program): JsonBody<Program>,
 ) -> ApiResult<Json<ApplyReport>> {
-    let program = for_tenant(&state, caller, query.tenant.clone(), program)?;
+    let program = for_tenant(&state, caller, Action::Read, query.tenant.clone(), program)?;
     apply_program(&state, &program, query.prune, true)
         .await
         .map(Json)
 }
 
-/// The program stamped with the tenant it is applied for (`tenancy`).
+/// The program stamped with the tenant it is applied for (`tenancy`),
+/// once the caller may do `action` on every kind of object it holds in
+/// that tenant (`authz::check_program`; the route checked services).
 fn for_tenant(
     state: &ApiState,
     caller: Option<axum::Extension<crate::auth::Caller>>,
+    action: Action,
     asked: Option<String>,
     mut program: Program,
 ) -> ApiResult<Program> {
@@ -72,6 +76,7 @@ fn for_tenant(
     let own = crate::tenancy::of_caller(state, caller.as_ref());
     let tenant = crate::tenancy::of_program(own, asked)?;
     crate::tenancy::stamp(&mut program, tenant)?;
+    crate::authz::check_program(state, caller.as_ref(), &program, action)?;
     Ok(program)
 }
 

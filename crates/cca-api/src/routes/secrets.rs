@@ -17,7 +17,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use cca_model::cluster::EventLevel;
 use cca_model::keys;
-use cca_model::spec::ConnectionSpec;
+use cca_model::spec::{ConnectionSpec, SecretSpec};
 use cca_store::{Compare, CompareOp, Op, RangeRequest, Txn, TxnOutcome};
 use futures_util::StreamExt;
 use tokio::time::Instant;
@@ -60,6 +60,7 @@ pub(crate) async fn set(
             request.value.len()
         )));
     }
+    let tenant = declared_tenant(&state, &name, tenant).await?;
     let secret_key = state.secret_key()?;
     let value = SecretValue::new(request.value);
     let sealed_name = name.clone();
@@ -109,6 +110,39 @@ pub(crate) async fn set(
     }))
 }
 
+/// The tenant a value of secret `name` set by a caller of `tenant` gets:
+/// theirs; for a cluster-wide caller, the tenant that declared the secret
+/// (they set it for that tenant). A tenant's user may not set a secret
+/// another tenant declared, or one declared cluster-wide: only its
+/// declarer's services could receive it.
+async fn declared_tenant(
+    state: &ApiState,
+    name: &str,
+    tenant: Option<String>,
+) -> ApiResult<Option<String>> {
+    let Some(kv) = state
+        .store()
+        .get(&keys::desired_secret_declaration(name))
+        .await?
+    else {
+        return Ok(tenant);
+    };
+    let declared = serde_json::from_slice::<SecretSpec>(&kv.value)
+        .ok()
+        .and_then(|spec| spec.tenant);
+    match tenant {
+        None => Ok(declared),
+        Some(own) if declared.as_deref() == Some(own.as_str()) => Ok(Some(own)),
+        Some(_) => Err(ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            format!(
+                "secret `{name}` is declared by another tenant (or is cluster-wide): only its \
+                 declarer's services could read it; choose another name"
+            ),
+        )),
+    }
+}
+
 /// `GET /v1/secrets`: every secret declared, set or granted; never a value.
 pub(crate) async fn list(
     State(state): State<ApiState>,
@@ -136,11 +170,16 @@ pub(crate) async fn list(
     }
     let mut secrets: Vec<SecretInfo> = secrets.into_values().collect();
     if let Some(lens) = &lens {
+        // A secret's tenant is its value's, or its declaration's while it
+        // has no value (as `authz` judges a named secret).
         lens.retain(&mut secrets, |info| {
-            let tenant = view
-                .secrets
-                .get(&info.name)
-                .and_then(|sealed| sealed.value.tenant.clone());
+            let tenant = match view.secrets.get(&info.name) {
+                Some(sealed) => sealed.value.tenant.clone(),
+                None => view
+                    .secret_declarations
+                    .get(&info.name)
+                    .and_then(|declared| declared.value.tenant.clone()),
+            };
             (tenant, BTreeMap::new())
         });
     }
@@ -232,6 +271,14 @@ pub(crate) async fn instance_files(
             ))
         })?;
         let connection: &ConnectionSpec = &connection.value;
+        // The program's references keep a connection in its services'
+        // tenant; a fact written otherwise is not handed over.
+        if connection.tenant != values.tenant {
+            return Err(ApiError::conflict(format!(
+                "connection `{name}` used by service `{service}` belongs to another tenant: \
+                 define the connection in the service's own program"
+            )));
+        }
         let password = match &connection.secret {
             Some(secret) => Some(values.get(secret).await?),
             None => None,
