@@ -2,7 +2,8 @@
 //! a server with a CA, one joined agent running two tenants' services,
 //! users of each tenant with tokens. Each tenant sees and touches only its
 //! own services and instances (reads, changes, deletes, logs, exec, takeover
-//! by apply, prune), a viewer only reads, and every forged, expired,
+//! by apply, prune) and its own gates, connections, network policies and
+//! secret declarations, a viewer only reads, and every forged, expired,
 //! foreign-key, unsigned, revoked or orphaned token is refused with 401 or
 //! 403 by the real clients (`cca`, `curl`). Every process started here is
 //! killed when the test ends, pass or fail.
@@ -417,6 +418,206 @@ fn tenants_see_and_touch_only_their_own_and_bad_tokens_are_refused() {
         "{audit}"
     );
     assert!(!audit.contains(parts[2]), "no signature in the log");
+}
+
+/// Tenant a's program with one object of every kind around `web-a`; its
+/// gate serves `host`.
+fn program_of_a(host: &str) -> String {
+    format!(
+        r#"service web-a {{
+  run = "sleep 600"
+  port http 8080
+  connection db-a
+}}
+
+secret pw-a
+
+connection db-a {{
+  driver = "postgresql"
+  secret = pw-a
+  host = "db.internal"
+  port = 5432
+}}
+
+gate shop-a {{
+  host "{host}"
+  service web-a port http
+}}
+
+network net-a {{
+  allow * -> web-a port 8080
+  deny * -> web-a
+}}
+"#
+    )
+}
+
+/// Tenant b's service `web-b`, with `more` after it.
+fn program_of_b(more: &str) -> String {
+    format!("service web-b {{\n  run = \"sleep 600\"\n  port http 8080\n}}\n{more}")
+}
+
+#[test]
+fn tenants_own_their_gates_connections_network_policies_and_secret_declarations() {
+    let cluster = Cluster::start();
+    for (user, role, tenant) in [
+        ("alice", "developer", "a"),
+        ("bob", "developer", "b"),
+        ("carol", "services-only", "a"),
+    ] {
+        if role == "services-only" {
+            cluster.ok(
+                None,
+                &[
+                    "role",
+                    "create",
+                    role,
+                    "--allow",
+                    "read:service",
+                    "--allow",
+                    "write:service",
+                ],
+            );
+        }
+        cluster.ok(
+            None,
+            &["user", "create", user, "--role", role, "--tenant", tenant],
+        );
+    }
+    let token = |user: &str| cluster.ok(None, &["user", "token", user]).trim().to_owned();
+    let (alice, bob, carol) = (token("alice"), token("bob"), token("carol"));
+    let (alice, bob, carol) = (
+        Some(alice.as_str()),
+        Some(bob.as_str()),
+        Some(carol.as_str()),
+    );
+    let path = |file: &PathBuf| file.to_str().expect("utf-8").to_owned();
+
+    // Tenant a's user applies a gate, a connection, a network policy and a
+    // secret declaration with their service.
+    let of_a = path(&cluster.write("a.cca", &program_of_a("shop-a.example")));
+    let applied = cluster.ok(alice, &["apply", &of_a]);
+    for object in [
+        "gate/shop-a",
+        "connection/db-a",
+        "network/policy/net-a",
+        "secret-decl/pw-a",
+    ] {
+        assert!(applied.contains(&format!("{object} created")), "{applied}");
+    }
+    // A tenant's user whose roles grant services only may not add the rest.
+    cluster.refused(carol, &["apply", &of_a], "may not write gate");
+
+    // b does not see them: not among its secrets, not in a pruning diff.
+    assert!(cluster.ok(alice, &["secret", "ls"]).contains("pw-a"));
+    let listed = cluster.ok(bob, &["secret", "ls"]);
+    assert!(!listed.contains("pw-a"), "{listed}");
+    let of_b = path(&cluster.write("b.cca", &program_of_b("")));
+    cluster.ok(bob, &["apply", &of_b]);
+    let diff = cluster.ok(bob, &["diff", "--prune", &of_b]);
+    assert!(
+        !diff.contains("-a") && diff.contains("0 deleted"),
+        "b's prune would touch a's: {diff}"
+    );
+
+    // b can neither change them nor route to a's service, nor claim a's
+    // host, nor write a rule deciding every tenant's flows, nor set the
+    // value of a's secret; no refusal names tenant a.
+    let refusals = [
+        (
+            "gate shop-a {\n  host \"b.example\"\n  service web-b port http\n}\n",
+            "gate `shop-a` exists and belongs to another tenant",
+        ),
+        (
+            "connection db-a {\n  driver = \"postgresql\"\n  host = \"x\"\n  port = 1\n}\n",
+            "connection `db-a` exists and belongs to another tenant",
+        ),
+        (
+            "network net-a {\n  allow * -> web-b\n}\n",
+            "network policy `net-a` exists and belongs to another tenant",
+        ),
+        (
+            "secret pw-a\n",
+            "secret `pw-a` exists and belongs to another tenant",
+        ),
+        (
+            "gate mine {\n  host \"mine.example\"\n  service web-a port http\n}\n",
+            "undefined service `web-a`",
+        ),
+        (
+            "gate mine {\n  host \"shop-a.example\"\n  service web-b port http\n}\n",
+            "host `shop-a.example` is already served by a gate of another tenant",
+        ),
+        (
+            "network lockdown {\n  deny * -> *\n}\n",
+            "would decide flows to other tenants' services",
+        ),
+    ];
+    for (index, (more, says)) in refusals.into_iter().enumerate() {
+        let file = path(&cluster.write(&format!("b{index}.cca"), &program_of_b(more)));
+        let shown = cluster.refused(bob, &["apply", &file], says);
+        assert!(!shown.contains("`a`"), "{shown}");
+    }
+    // Routing to a's service by defining it too is a takeover.
+    let web_a = program_of_b(
+        "service web-a {\n  run = \"true\"\n  port http 80\n}\n\
+         gate mine {\n  host \"mine.example\"\n  service web-a port http\n}\n",
+    );
+    let web_a = path(&cluster.write("b-web-a.cca", &web_a));
+    cluster.refused(
+        bob,
+        &["apply", &web_a],
+        "service `web-a` exists and belongs to another tenant",
+    );
+    cluster.refused(bob, &["secret", "set", "pw-a", "--from-file", &of_b], "403");
+
+    // b's pruning apply leaves a's objects; a's unchanged program finds
+    // every one of them as it left them.
+    cluster.ok(bob, &["apply", "--prune", &of_b]);
+    let diff = cluster.ok(alice, &["diff", &of_a]);
+    assert!(
+        diff.contains("diff: 0 created, 0 changed, 0 deleted"),
+        "{diff}"
+    );
+
+    // A cluster-wide user changes them for tenant a, and only for a.
+    let moved = path(&cluster.write("a2.cca", &program_of_a("shop-a2.example")));
+    cluster.refused(
+        None,
+        &["apply", &moved],
+        "service `web-a` exists and belongs to another tenant (or is cluster-wide)",
+    );
+    let changed = cluster.ok(None, &["apply", "--tenant", "a", &moved]);
+    assert!(changed.contains("gate/shop-a changed"), "{changed}");
+    let diff = cluster.ok(alice, &["diff", &moved]);
+    assert!(diff.contains("0 changed"), "a holds the change: {diff}");
+    // A value it sets for a's declared secret is a's: alice may remove it.
+    cluster.ok(None, &["secret", "set", "pw-a", "--from-file", &of_b]);
+    cluster.ok(alice, &["secret", "rm", "pw-a"]);
+    // The host a's gate left is free for b now.
+    let freed =
+        program_of_b("gate mine {\n  host \"shop-a.example\"\n  service web-b port http\n}\n");
+    let freed = path(&cluster.write("b-freed.cca", &freed));
+    cluster.ok(bob, &["apply", &freed]);
+
+    // a's own prune deletes a's.
+    let bare = path(&cluster.write(
+        "a-bare.cca",
+        "service web-a {\n  run = \"sleep 600\"\n  port http 8080\n}\n",
+    ));
+    let pruned = cluster.ok(alice, &["apply", "--prune", &bare]);
+    for object in [
+        "gate/shop-a",
+        "connection/db-a",
+        "network/policy/net-a",
+        "secret-decl/pw-a",
+    ] {
+        assert!(pruned.contains(&format!("{object} deleted")), "{pruned}");
+    }
+    assert!(
+        !pruned.contains("web-b") && !pruned.contains("mine"),
+        "{pruned}"
+    );
 }
 
 /// Serves `issuer`'s discovery document and JWKS on `listener` from a
