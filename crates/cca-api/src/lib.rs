@@ -134,7 +134,8 @@ pub async fn serve_liveness(
     serve_router(listener.into(), routes::liveness_app(state), shutdown).await
 }
 
-/// Serves `router` on `listener`, every request knowing its [`Peer`].
+/// Serves `router` on `listener`, every request knowing its [`Peer`],
+/// with Nagle's algorithm off on every connection.
 async fn serve_router(
     listener: ApiListener,
     router: axum::Router,
@@ -143,7 +144,7 @@ async fn serve_router(
     let service = router.into_make_service_with_connect_info::<Peer>();
     match listener {
         ApiListener::Plain(listener) => {
-            axum::serve(listener, service)
+            axum::serve(tls::NoDelayListener(listener), service)
                 .with_graceful_shutdown(shutdown)
                 .await
         }

@@ -6,9 +6,9 @@
 use std::net::SocketAddr;
 
 use axum::extract::connect_info::Connected;
-use axum::serve::IncomingStream;
+use axum::serve::{IncomingStream, Listener};
 use cca_trust::identity::Identity;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 
 pub use cca_tls::{
     Certificate as ServerCertificate, RevocationList, ServerTls, TlsConnection, TlsError,
@@ -34,6 +34,37 @@ impl Connected<IncomingStream<'_, TlsListener>> for Peer {
         Self {
             address: *stream.remote_addr(),
             identity,
+        }
+    }
+}
+
+/// A plain listener whose connections have Nagle's algorithm off, as the
+/// TLS listener's have: a response's frames must not wait for the ACK of
+/// the segment before them (Nagle against the peer's delayed ACKs).
+#[derive(Debug)]
+pub(crate) struct NoDelayListener(pub(crate) TcpListener);
+
+impl Listener for NoDelayListener {
+    type Io = TcpStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let (stream, address) = Listener::accept(&mut self.0).await;
+        // A socket that refuses it still serves, only slower.
+        let _ = stream.set_nodelay(true);
+        (stream, address)
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.0.local_addr()
+    }
+}
+
+impl Connected<IncomingStream<'_, NoDelayListener>> for Peer {
+    fn connect_info(stream: IncomingStream<'_, NoDelayListener>) -> Self {
+        Self {
+            address: *stream.remote_addr(),
+            identity: None,
         }
     }
 }
