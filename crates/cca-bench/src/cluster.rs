@@ -16,7 +16,10 @@
 //! [`ClusterConfig::liveness_over_api`] sends registrations and
 //! heartbeats over each agent's API connection to the main listener
 //! instead, as agents of a `cca server` without `--liveness-listen` do:
-//! two descriptors per node. The control plane runs on a runtime of its
+//! two descriptors per node. Every agent's connections are opened before
+//! it starts, on a one-thread runtime of their own ([`connect_all`]), so
+//! a heartbeat never waits behind other agents' work. The control plane
+//! runs on a runtime of its
 //! own ([`PlaneRuntime`], as many workers as the machine has cores), the
 //! store and the agents on the caller's — as a server process is apart
 //! from its etcd and its machines. The harness can kill nodes, restart
@@ -81,6 +84,11 @@ pub struct ClusterConfig {
     /// the main listener (its `liveness` lane), not to the liveness
     /// listener: one connection per agent fewer.
     pub liveness_over_api: bool,
+    /// Without TLS too, every agent holds connections of its own (as on
+    /// machines of their own) instead of sharing one per
+    /// [`AGENTS_PER_CONNECTION`]: the baseline with the same connections
+    /// as a TLS run, so that a comparison measures TLS alone.
+    pub connection_per_node: bool,
 }
 
 /// An instance a node's runtime runs.
@@ -115,6 +123,10 @@ pub struct Cluster {
     /// Where every agent's registration and heartbeat loop runs: apart
     /// from the agents' other work, as on machines of their own.
     agents_liveness: PlaneRuntime,
+    /// Where every agent's connections run (reading, writing, TLS): apart
+    /// from the agents' other work too, as each agent's are on a machine
+    /// of its own (see [`connect_all`]).
+    agents_links: PlaneRuntime,
     config: ClusterConfig,
     client: Client,
     /// The certificates of a TLS cluster.
@@ -186,6 +198,7 @@ impl Cluster {
         )
         .await?;
         let agents_liveness = PlaneRuntime::named(1, "cca-bench-heartbeats")?;
+        let agents_links = PlaneRuntime::named(plane_workers(), "cca-bench-links")?;
         let agent_dirs = agent_dirs()?;
         let scheme = if pki.is_some() { "https" } else { "http" };
         let server = format!("{scheme}://{address}");
@@ -199,6 +212,7 @@ impl Cluster {
             liveness,
             liveness_task,
             agents_liveness,
+            agents_links,
             config,
             client,
             pki,
@@ -208,7 +222,9 @@ impl Cluster {
             dead: HashSet::new(),
             _agent_dirs: agent_dirs,
         };
-        cluster.start_agents(&server, &format!("{scheme}://{liveness_address}"))?;
+        cluster
+            .start_agents(&server, &format!("{scheme}://{liveness_address}"))
+            .await?;
         Ok(cluster)
     }
 
@@ -408,18 +424,22 @@ impl Cluster {
             runtime,
             liveness,
             agents_liveness,
+            agents_links,
             ..
         } = self;
         drop(plane);
         runtime.shut_down().await;
         liveness.shut_down().await;
         agents_liveness.shut_down().await;
+        agents_links.shut_down().await;
     }
 
-    /// Starts every agent, its clients made before any agent starts (a
-    /// client that cannot be built stops the run before anything ran).
-    fn start_agents(&mut self, server: &str, liveness: &str) -> Result<(), BenchError> {
+    /// Starts every agent, its clients made (and, with TLS, connected)
+    /// before any agent starts: a client that cannot be built or connect
+    /// stops the run before anything ran.
+    async fn start_agents(&mut self, server: &str, liveness: &str) -> Result<(), BenchError> {
         let links = self.links(server, liveness)?;
+        connect_all(&links, &self.agents_links).await?;
         for (index, link) in links.into_iter().enumerate() {
             let name = node_name(index);
             let sim = SimConfig {
@@ -468,10 +488,15 @@ impl Cluster {
             }
             return Ok(links);
         }
+        let per_connection = if self.config.connection_per_node {
+            1
+        } else {
+            AGENTS_PER_CONNECTION
+        };
         let mut shared: Option<(Client, Client)> = None;
         for index in 0..self.config.nodes {
             let (client, liveness_client) = match &shared {
-                Some(pair) if !index.is_multiple_of(AGENTS_PER_CONNECTION) => pair.clone(),
+                Some(pair) if !index.is_multiple_of(per_connection) => pair.clone(),
                 _ => {
                     let pair = (Client::http2(server)?, Client::http2(liveness)?);
                     shared = Some(pair.clone());
@@ -482,6 +507,53 @@ impl Cluster {
         }
         Ok(links)
     }
+}
+
+/// Connections opened at once by [`connect_all`].
+const CONNECTING_AT_ONCE: usize = 32;
+
+/// Opens every agent's connections on `runtime`, one request each, before
+/// any agent runs. A client's connection task (its reads, writes and TLS
+/// records) runs on the runtime of the request that opened it. Opened by
+/// an agent's first request, thousands of nodes' connections would sit
+/// in the run queue of the agents' runtime, behind every agent's
+/// supervisor, or on the heartbeat thread: a heartbeat, handed to its
+/// connection's task, then waited behind thousands of other nodes' work
+/// and leases ran out, which no real cluster, one agent per machine,
+/// does. Opened here, before an agent runs, every node also holds exactly
+/// one connection (a client's first requests racing one another each open
+/// their own before ALPN says the server speaks HTTP/2), and TLS
+/// handshakes are over before anything is measured. Any answer will do
+/// (the liveness listener has no `/v1/identity`: 404): only a connection
+/// that fails stops the run.
+async fn connect_all(links: &[LinkOptions], runtime: &PlaneRuntime) -> Result<(), BenchError> {
+    let clients: Vec<Client> = links
+        .iter()
+        .flat_map(|link| [link.client.clone(), link.liveness_client.clone()])
+        .flatten()
+        .collect();
+    for batch in clients.chunks(CONNECTING_AT_ONCE) {
+        let mut connecting = tokio::task::JoinSet::new();
+        for client in batch {
+            let client = client.clone();
+            connecting.spawn_on(
+                async move {
+                    match client.identity().await {
+                        Err(error) if error.status().is_none() => Err(error),
+                        _ => Ok(()),
+                    }
+                },
+                runtime.handle(),
+            );
+        }
+        while let Some(connected) = connecting.join_next().await {
+            connected.map_err(|error| BenchError::Task {
+                what: "agent connection".into(),
+                problem: error.to_string(),
+            })??;
+        }
+    }
+    Ok(())
 }
 
 /// Simulated node `index`'s name.

@@ -1,6 +1,7 @@
 //! Measurements and limits of the benchmark process itself: the store's
 //! raw transaction rate (the ceiling every placement works against), the
-//! peak resident memory, and the open-file limit thousands of agents need.
+//! CPU time and peak resident memory it used, and the open-file limit
+//! thousands of agents need.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -65,6 +66,14 @@ pub fn peak_rss_bytes() -> Option<u64> {
         .parse::<u64>()
         .ok()?;
     Some(kib * 1024)
+}
+
+/// CPU time (user and system, every thread) this process has used.
+pub(crate) fn process_cpu() -> Duration {
+    let spent = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    let seconds = u64::try_from(spent.tv_sec).unwrap_or(0);
+    let nanos = u32::try_from(spent.tv_nsec).unwrap_or(0);
+    Duration::new(seconds, nanos)
 }
 
 /// The soft open-file limit of this process (`None`: unlimited).

@@ -202,6 +202,9 @@ pub struct BenchConfig {
     /// Agents send registrations and heartbeats over their API
     /// connection to the main listener (see [`ClusterConfig`]).
     pub liveness_over_api: bool,
+    /// Without TLS too, every agent holds connections of its own (see
+    /// [`ClusterConfig`]).
+    pub connection_per_node: bool,
 }
 
 impl BenchConfig {
@@ -233,6 +236,7 @@ impl BenchConfig {
             endpoint_changes: 100,
             tls: false,
             liveness_over_api: false,
+            connection_per_node: false,
         }
     }
 
@@ -246,7 +250,7 @@ impl BenchConfig {
                  rate, more than 0 and at most 1 (0.5 paces the store to half its rate)"
             )));
         }
-        if self.tls {
+        if self.tls || self.connection_per_node {
             // Both ends of every agent's own connections, and room for
             // the store, the listeners and the harness.
             let connections: u64 = if self.liveness_over_api { 1 } else { 2 };
@@ -261,7 +265,8 @@ impl BenchConfig {
                      fewer: --liveness-over-api)"
                 };
                 return Err(BenchError::Config(format!(
-                    "with TLS every node holds {connections} connection(s) of its own, both \
+                    "with TLS or --connection-per-node every node holds {connections} \
+                     connection(s) of its own, both \
                      ends in this process: {} nodes need about {needed} open files, but the \
                      limit is {limit}; raise it (`ulimit -n`; raising the hard limit needs \
                      CAP_SYS_RESOURCE){fewer}, or simulate fewer nodes",
@@ -335,6 +340,12 @@ pub struct Report {
     /// Peak resident memory of this process so far (control plane,
     /// agents and harness together).
     pub peak_rss_bytes: Option<u64>,
+    /// CPU seconds this process (control plane, agents, store, harness:
+    /// every thread) spent in the measured span of a deploy or scale-up:
+    /// the work done, which other load on the machine changes much less
+    /// than `seconds`. Absent for the other scenarios.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cpu_seconds: Option<f64>,
     /// Times the harness's watch fell behind the store's compaction and
     /// relisted: latencies of instances that became running in such a gap
     /// are upper bounds. Left out when 0.
@@ -357,6 +368,10 @@ pub struct Report {
     /// connection (`--liveness-over-api`). Left out when false.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub liveness_over_api: bool,
+    /// Whether agents held connections of their own without TLS too
+    /// (`--connection-per-node`; always so with TLS). Left out when false.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub connection_per_node: bool,
     /// With TLS: seconds it took to make the cluster CA and issue every
     /// certificate (server, harness, one per node), before the cluster
     /// started and outside every measured span.
@@ -397,6 +412,9 @@ pub(crate) struct Outcome {
     pub(crate) suspended: Vec<Range<Instant>>,
     /// Counted over the measured part once the scenario is done.
     pub(crate) leases: LeaseCounts,
+    /// CPU seconds the process spent in the measured span, where the
+    /// scenario measures it (deploys and scale-ups).
+    pub(crate) cpu_seconds: Option<f64>,
 }
 
 /// Runs `scenario` on a fresh cluster and reports it.
@@ -510,9 +528,10 @@ async fn deploy(
 ) -> Result<Outcome, BenchError> {
     let program = workload.program()?;
     progress.phase("deploying", workload.instances() as u64);
+    let cpu = crate::measure::process_cpu();
     let begun = Instant::now();
     cluster.client().apply(&program, false).await?;
-    converge(
+    let outcome = converge(
         cluster,
         tracker,
         &HashSet::new(),
@@ -521,7 +540,17 @@ async fn deploy(
         config,
         progress,
     )
-    .await
+    .await?;
+    Ok(with_cpu_since(outcome, cpu))
+}
+
+/// `outcome` with the CPU time spent since `before`.
+fn with_cpu_since(outcome: Outcome, before: Duration) -> Outcome {
+    let spent = crate::measure::process_cpu().saturating_sub(before);
+    Outcome {
+        cpu_seconds: Some(spent.as_secs_f64()),
+        ..outcome
+    }
 }
 
 /// Scales every service to `target`'s replicas; time from the first
@@ -535,11 +564,12 @@ async fn scale(
 ) -> Result<Outcome, BenchError> {
     let before: HashSet<String> = tracker.placements().into_keys().collect();
     progress.phase("scaling up", target.instances() as u64);
+    let cpu = crate::measure::process_cpu();
     let begun = Instant::now();
     for (service, replicas) in &target.replicas {
         cluster.client().scale(service, *replicas).await?;
     }
-    converge(
+    let outcome = converge(
         cluster,
         tracker,
         &before,
@@ -548,7 +578,8 @@ async fn scale(
         config,
         progress,
     )
-    .await
+    .await?;
+    Ok(with_cpu_since(outcome, cpu))
 }
 
 /// Kills nodes; time from the first lease expiry to every replacement
@@ -1096,6 +1127,7 @@ fn cluster_config(config: &BenchConfig) -> ClusterConfig {
         resume_replacement_after: config.resume_replacement_after,
         tls: config.tls,
         liveness_over_api: config.liveness_over_api,
+        connection_per_node: config.connection_per_node,
     }
 }
 
@@ -1161,12 +1193,14 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         total_seconds: outcome.total_seconds,
         violations: outcome.violations,
         peak_rss_bytes: peak_rss_bytes(),
+        cpu_seconds: outcome.cpu_seconds,
         tracker_relists: outcome.tracker_relists,
         lease_expiries: outcome.leases.expiries,
         false_lease_expiries: outcome.leases.false_expiries,
         re_registrations: outcome.leases.re_registrations,
         tls: config.tls,
         liveness_over_api: config.liveness_over_api,
+        connection_per_node: config.connection_per_node || config.tls,
         certificates_seconds: None,
         network: outcome.network,
     }

@@ -45,10 +45,38 @@ async fn a_deploy_with_tls_converges_and_reports_its_certificates() {
                 .is_some_and(|seconds| seconds > 0.0),
             "{report:#?}"
         );
+        assert!(report.connection_per_node, "{report:#?}");
         let json = serde_json::to_value(&report).expect("a report serialises");
         assert_eq!(json["tls"], true);
         assert!(json["certificates_seconds"].is_number(), "{json}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_deploy_with_a_connection_per_node_converges_and_reports_its_cpu() {
+    // With a liveness listener of their own, every agent's second client
+    // is opened there too (where `/v1/identity` is not found).
+    let mut config = BenchConfig::new(4, 20, StoreTarget::Embedded(None));
+    config.node_ttl = Duration::from_secs(2);
+    config.timeout = Duration::from_secs(30);
+    config.probe_window = Duration::from_millis(200);
+    config.connection_per_node = true;
+    let report = cca_bench::run_scenario(Scenario::Deploy, &config, &Quiet)
+        .await
+        .unwrap_or_else(|error| panic!("deploy with a connection per node: {error}"));
+    assert!(report.passed(), "{report:#?}");
+    assert_eq!(report.success_rate, 1.0, "{report:#?}");
+    assert!(!report.tls && report.connection_per_node, "{report:#?}");
+    let cpu = report.cpu_seconds.expect("a deploy reports its CPU time");
+    // No more than every core for the whole span (and a clock tick).
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
+    assert!(
+        cpu > 0.0 && cpu <= cores as f64 * report.seconds + 0.05,
+        "{report:#?}"
+    );
+    let json = serde_json::to_value(&report).expect("a report serialises");
+    assert_eq!(json["connection_per_node"], true, "{json}");
+    assert!(json["cpu_seconds"].is_number(), "{json}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -71,6 +99,7 @@ async fn a_tls_cluster_admits_only_certificates_and_nodes_only_as_themselves() {
         resume_replacement_after: None,
         tls: true,
         liveness_over_api: false,
+        connection_per_node: false,
     };
     let cluster = Cluster::start(store, config).await.expect("cluster starts");
     // Nodes become ready only if their registrations and heartbeats, over

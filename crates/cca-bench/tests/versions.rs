@@ -100,6 +100,7 @@ async fn a_node_rebooted_during_a_rolling_update_restarts_old_instances_as_old()
         resume_replacement_after: None,
         tls: false,
         liveness_over_api: false,
+        connection_per_node: false,
     };
     let mut cluster = Cluster::start(store, config).await.expect("cluster starts");
     cluster.wait_ready(WAIT).await.expect("the node is ready");
