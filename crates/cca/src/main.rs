@@ -19,6 +19,15 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+/// mimalloc rather than glibc's allocator: a control plane allocates
+/// small, short-lived buffers on every worker thread (requests, TLS
+/// records, watch lines, store values), and glibc's arenas took a fifth
+/// to a quarter of a loaded benchmark's CPU (server and agents) in
+/// `malloc`, `free` and their consolidation, at the price of more
+/// memory (docs/benchmarks.md, "Trust").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// CCattler: run services on a fleet of machines.
 #[derive(Debug, Parser)]
 #[command(name = "cca", version, about, propagate_version = true)]
