@@ -17,9 +17,9 @@
 //! heartbeats over each agent's API connection to the main listener
 //! instead, as agents of a `cca server` without `--liveness-listen` do:
 //! two descriptors per node. Every agent's connections are opened before
-//! it starts, on a one-thread runtime of their own ([`connect_all`]), so
-//! a heartbeat never waits behind other agents' work. The control plane
-//! runs on a runtime of its
+//! it starts, on a runtime of their own ([`connect_all`]), so a heartbeat
+//! never waits behind other agents' work. The control plane runs on a
+//! runtime of its
 //! own ([`PlaneRuntime`], as many workers as the machine has cores), the
 //! store and the agents on the caller's — as a server process is apart
 //! from its etcd and its machines. The harness can kill nodes, restart
@@ -189,7 +189,7 @@ impl Cluster {
                 what: "control plane start".into(),
                 problem: error.to_string(),
             })??;
-        let liveness = PlaneRuntime::named(1, "cca-bench-liveness")?;
+        let liveness = PlaneRuntime::named(1, crate::plane_runtime::LIVENESS_THREAD_NAME)?;
         let (liveness_address, liveness_task) = serve_liveness(
             &liveness,
             plane.state().clone(),
@@ -434,9 +434,9 @@ impl Cluster {
         agents_links.shut_down().await;
     }
 
-    /// Starts every agent, its clients made (and, with TLS, connected)
-    /// before any agent starts: a client that cannot be built or connect
-    /// stops the run before anything ran.
+    /// Starts every agent, its clients made and connected before any
+    /// agent starts: a client that cannot be built or connect stops the
+    /// run before anything ran.
     async fn start_agents(&mut self, server: &str, liveness: &str) -> Result<(), BenchError> {
         let links = self.links(server, liveness)?;
         connect_all(&links, &self.agents_links).await?;

@@ -30,10 +30,15 @@ pub(crate) struct PlaneRuntime {
     workers: usize,
 }
 
+/// The name of the control plane's threads.
+pub(crate) const PLANE_THREAD_NAME: &str = "cca-bench-plane";
+/// The name of the control plane's liveness listener's thread.
+pub(crate) const LIVENESS_THREAD_NAME: &str = "cca-bench-liveness";
+
 impl PlaneRuntime {
     /// Starts a runtime of `workers` worker threads (at least one).
     pub(crate) fn new(workers: usize) -> Result<Self, BenchError> {
-        Self::named(workers, "cca-bench-plane")
+        Self::named(workers, PLANE_THREAD_NAME)
     }
 
     /// The same, its threads named `name`.

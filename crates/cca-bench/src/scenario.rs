@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use crate::cluster::{Cluster, ClusterConfig, RunningInstance};
 use crate::measure::{peak_rss_bytes, store_txn_per_s};
+use crate::plane_runtime::{LIVENESS_THREAD_NAME, PLANE_THREAD_NAME};
 use crate::slow_store;
 use crate::stats::Summary;
 use crate::tracker::{Expiry, Faults, LeaseCounts, Placed, Tracker};
@@ -346,6 +347,12 @@ pub struct Report {
     /// than `seconds`. Absent for the other scenarios.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cpu_seconds: Option<f64>,
+    /// Of `cpu_seconds`, what the control plane's threads spent (its
+    /// runtime's workers and blocking pool, its liveness listener): what
+    /// a server would, without the agents, the store and the harness.
+    /// Threads that ended within the span are not counted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub plane_cpu_seconds: Option<f64>,
     /// Times the harness's watch fell behind the store's compaction and
     /// relisted: latencies of instances that became running in such a gap
     /// are upper bounds. Left out when 0.
@@ -415,6 +422,8 @@ pub(crate) struct Outcome {
     /// CPU seconds the process spent in the measured span, where the
     /// scenario measures it (deploys and scale-ups).
     pub(crate) cpu_seconds: Option<f64>,
+    /// The same, of the control plane's threads alone.
+    pub(crate) plane_cpu_seconds: Option<f64>,
 }
 
 /// Runs `scenario` on a fresh cluster and reports it.
@@ -528,7 +537,7 @@ async fn deploy(
 ) -> Result<Outcome, BenchError> {
     let program = workload.program()?;
     progress.phase("deploying", workload.instances() as u64);
-    let cpu = crate::measure::process_cpu();
+    let cpu = CpuReading::now();
     let begun = Instant::now();
     cluster.client().apply(&program, false).await?;
     let outcome = converge(
@@ -544,11 +553,32 @@ async fn deploy(
     Ok(with_cpu_since(outcome, cpu))
 }
 
+/// The threads of the control plane: its runtime's (workers and
+/// blocking pool, where reconciles run) and its liveness listener's.
+const PLANE_THREADS: &[&str] = &[PLANE_THREAD_NAME, LIVENESS_THREAD_NAME];
+
+/// CPU time used so far, by the whole process and by the control plane.
+struct CpuReading {
+    process: Duration,
+    plane: BTreeMap<u32, Duration>,
+}
+
+impl CpuReading {
+    fn now() -> Self {
+        Self {
+            process: crate::measure::process_cpu(),
+            plane: crate::measure::threads_cpu(PLANE_THREADS),
+        }
+    }
+}
+
 /// `outcome` with the CPU time spent since `before`.
-fn with_cpu_since(outcome: Outcome, before: Duration) -> Outcome {
-    let spent = crate::measure::process_cpu().saturating_sub(before);
+fn with_cpu_since(outcome: Outcome, before: CpuReading) -> Outcome {
+    let now = CpuReading::now();
+    let plane = crate::measure::threads_cpu_since(&before.plane, &now.plane);
     Outcome {
-        cpu_seconds: Some(spent.as_secs_f64()),
+        cpu_seconds: Some(now.process.saturating_sub(before.process).as_secs_f64()),
+        plane_cpu_seconds: Some(plane.as_secs_f64()),
         ..outcome
     }
 }
@@ -564,7 +594,7 @@ async fn scale(
 ) -> Result<Outcome, BenchError> {
     let before: HashSet<String> = tracker.placements().into_keys().collect();
     progress.phase("scaling up", target.instances() as u64);
-    let cpu = crate::measure::process_cpu();
+    let cpu = CpuReading::now();
     let begun = Instant::now();
     for (service, replicas) in &target.replicas {
         cluster.client().scale(service, *replicas).await?;
@@ -1194,6 +1224,7 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         violations: outcome.violations,
         peak_rss_bytes: peak_rss_bytes(),
         cpu_seconds: outcome.cpu_seconds,
+        plane_cpu_seconds: outcome.plane_cpu_seconds,
         tracker_relists: outcome.tracker_relists,
         lease_expiries: outcome.leases.expiries,
         false_lease_expiries: outcome.leases.false_expiries,
