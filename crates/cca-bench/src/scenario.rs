@@ -1241,6 +1241,32 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
 mod tests {
     use super::*;
 
+    #[test]
+    fn own_connections_beyond_the_open_file_limit_are_refused_before_the_run() {
+        let Some(limit) = crate::measure::open_file_limit() else {
+            eprintln!("skipped: no open-file limit to exceed");
+            return;
+        };
+        let Ok(nodes) = usize::try_from(limit) else {
+            eprintln!("skipped: the open-file limit does not fit a node count");
+            return;
+        };
+        let shared = BenchConfig::new(nodes, nodes, StoreTarget::Embedded(None));
+        // Sixty agents to a connection: no check to fail.
+        assert!(shared.check().is_ok());
+        for (tls, per_node) in [(true, false), (false, true)] {
+            let config = BenchConfig {
+                tls,
+                connection_per_node: per_node,
+                ..shared.clone()
+            };
+            let error = config.check().expect_err("more descriptors than the limit");
+            let message = error.to_string();
+            assert!(message.contains(&format!("limit is {limit}")), "{message}");
+            assert!(message.contains("--liveness-over-api"), "{message}");
+        }
+    }
+
     #[tokio::test]
     async fn an_embedded_store_under_a_missing_directory_creates_it() {
         let root = tempfile::tempdir().expect("temp dir");
