@@ -109,15 +109,7 @@ pub fn load_cached(data_dir: &Path) -> Option<NetworkView> {
 }
 
 fn save(view: &NetworkView, data_dir: &Path) -> std::io::Result<()> {
-    let map = &view.map;
-    let changes = map
-        .nodes
-        .values()
-        .cloned()
-        .map(NetworkChange::Node)
-        .chain(map.services.values().cloned().map(NetworkChange::Service))
-        .chain(map.policies.values().cloned().map(NetworkChange::Policy))
-        .collect();
+    let changes = view.map.changes();
     let cached = Cached {
         revision: view.revision,
         changes,

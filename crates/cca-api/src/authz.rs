@@ -480,6 +480,7 @@ mod tests {
             sticky: None,
             tls: None,
             tenant: tenant.map(str::to_owned),
+            ..GateSpec::default()
         };
         view.put("desired/gate/shop", &json(&gate("shop", Some("a"))), 2);
         view.put("desired/gate/lobby", &json(&gate("lobby", None)), 2);

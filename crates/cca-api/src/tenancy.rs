@@ -296,7 +296,7 @@ mod tests {
             port: 80,
             sticky: None,
             tls: None,
-            tenant: None,
+            ..GateSpec::default()
         }
     }
 

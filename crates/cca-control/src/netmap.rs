@@ -49,6 +49,7 @@ impl NetworkProjection {
             nodes: view.nodes.keys().cloned().collect(),
             services: view.services.keys().cloned().collect(),
             policies: true,
+            gates: true,
         };
         projection.project(view, &touched);
         projection
@@ -67,26 +68,7 @@ impl NetworkProjection {
 
     /// Every entry of the map as a change: what a new follower starts from.
     pub fn snapshot(&self) -> Vec<NetworkChange> {
-        let ranges = self.map.ranges.map(NetworkChange::Ranges);
-        let nodes = self.map.nodes.values().cloned().map(NetworkChange::Node);
-        let services = self
-            .map
-            .services
-            .values()
-            .cloned()
-            .map(NetworkChange::Service);
-        let policies = self
-            .map
-            .policies
-            .values()
-            .cloned()
-            .map(NetworkChange::Policy);
-        ranges
-            .into_iter()
-            .chain(nodes)
-            .chain(services)
-            .chain(policies)
-            .collect()
+        self.map.changes()
     }
 
     /// Applies one revision's fact changes; `view` is at that revision or
@@ -133,6 +115,7 @@ impl NetworkProjection {
                 touched.nodes.insert(node.clone());
             }
             Key::NetworkPolicy { .. } => touched.policies = true,
+            Key::Gate { .. } => touched.gates = true,
             _ => {}
         }
     }
@@ -170,6 +153,17 @@ impl NetworkProjection {
                     changes.push(NetworkChange::PolicyGone {
                         policy: name.clone(),
                     });
+                }
+            }
+        }
+        if touched.gates {
+            for (name, gate) in view.gates.iter() {
+                changes.push(NetworkChange::Gate(Arc::clone(&gate.value)));
+                debug_assert_eq!(name, &gate.name);
+            }
+            for name in self.map.gates.keys() {
+                if !view.gates.contains_key(name) {
+                    changes.push(NetworkChange::GateGone { gate: name.clone() });
                 }
             }
         }
@@ -453,5 +447,41 @@ mod tests {
             ]
         );
         assert!(projection.map().services.is_empty());
+    }
+
+    #[test]
+    fn gates_come_and_go() {
+        let view = base().build();
+        let mut projection = NetworkProjection::from_view(&view);
+        let gate = cca_model::spec::GateSpec {
+            name: "shop".into(),
+            hosts: vec!["shop.example.com".into()],
+            service: "web".into(),
+            port: 80,
+            ..Default::default()
+        };
+        let with_gate = ViewBuilder::from(view.clone())
+            .put(&keys::desired_gate("shop"), &gate)
+            .build();
+        let put = change(Key::Gate {
+            gate: "shop".into(),
+        });
+        let changes = projection.apply(&with_gate, std::slice::from_ref(&put));
+        assert_eq!(changes, vec![NetworkChange::Gate(Arc::new(gate))]);
+        assert_eq!(projection.snapshot().len(), 3, "node, service, gate");
+        // The same gate again is no line.
+        assert_eq!(
+            projection.apply(&with_gate, std::slice::from_ref(&put)),
+            vec![]
+        );
+        let without = ViewBuilder::from(with_gate)
+            .delete(&keys::desired_gate("shop"))
+            .build();
+        assert_eq!(
+            projection.apply(&without, &[put]),
+            vec![NetworkChange::GateGone {
+                gate: "shop".into()
+            }]
+        );
     }
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::Millis;
-use crate::spec::{NetworkPolicy, PortSpec, Protocol};
+use crate::spec::{GateSpec, NetworkPolicy, PortSpec, Protocol};
 
 /// The DNS zone services are named in: `{svc}.cca.local`.
 pub const DNS_ZONE: &str = "cca.local";
@@ -309,11 +309,22 @@ pub struct AddressRanges {
 pub enum NetworkChange {
     Ranges(AddressRanges),
     Node(NodeRoute),
-    NodeGone { node: String },
+    NodeGone {
+        node: String,
+    },
     Service(Arc<ServiceNet>),
-    ServiceGone { service: String },
+    ServiceGone {
+        service: String,
+    },
     Policy(Arc<NetworkPolicy>),
-    PolicyGone { policy: String },
+    PolicyGone {
+        policy: String,
+    },
+    /// A gate: what gate nodes route external traffic by.
+    Gate(Arc<GateSpec>),
+    GateGone {
+        gate: String,
+    },
 }
 
 /// The network as one node sees it: every node's subnet, every service's
@@ -326,6 +337,7 @@ pub struct NetworkMap {
     pub nodes: imbl::OrdMap<String, NodeRoute>,
     pub services: imbl::OrdMap<String, Arc<ServiceNet>>,
     pub policies: imbl::OrdMap<String, Arc<NetworkPolicy>>,
+    pub gates: imbl::OrdMap<String, Arc<GateSpec>>,
 }
 
 /// Which entries a batch of changes touched, for a data plane that
@@ -336,11 +348,16 @@ pub struct Touched {
     pub nodes: std::collections::BTreeSet<String>,
     pub services: std::collections::BTreeSet<String>,
     pub policies: bool,
+    pub gates: bool,
 }
 
 impl Touched {
     pub fn is_empty(&self) -> bool {
-        !self.ranges && self.nodes.is_empty() && self.services.is_empty() && !self.policies
+        !self.ranges
+            && self.nodes.is_empty()
+            && self.services.is_empty()
+            && !self.policies
+            && !self.gates
     }
 }
 
@@ -398,6 +415,19 @@ impl NetworkMap {
                 touched.policies |= changed;
                 changed
             }
+            NetworkChange::Gate(gate) => {
+                let changed = self.gates.get(&gate.name) != Some(&gate);
+                if changed {
+                    touched.gates = true;
+                    self.gates.insert(gate.name.clone(), gate);
+                }
+                changed
+            }
+            NetworkChange::GateGone { gate } => {
+                let changed = self.gates.remove(&gate).is_some();
+                touched.gates |= changed;
+                changed
+            }
         }
     }
 
@@ -416,6 +446,7 @@ impl NetworkMap {
             touched.services.insert(diff_key(item).clone());
         }
         touched.policies = before.policies != self.policies;
+        touched.gates = before.gates != self.gates;
         touched
     }
 
@@ -426,7 +457,25 @@ impl NetworkMap {
             nodes: self.nodes.keys().cloned().collect(),
             services: self.services.keys().cloned().collect(),
             policies: true,
+            gates: true,
         }
+    }
+
+    /// Every entry as a change: what a follower starting from nothing
+    /// applies to get this map.
+    pub fn changes(&self) -> Vec<NetworkChange> {
+        let ranges = self.ranges.map(NetworkChange::Ranges);
+        let nodes = self.nodes.values().cloned().map(NetworkChange::Node);
+        let services = self.services.values().cloned().map(NetworkChange::Service);
+        let policies = self.policies.values().cloned().map(NetworkChange::Policy);
+        let gates = self.gates.values().cloned().map(NetworkChange::Gate);
+        ranges
+            .into_iter()
+            .chain(nodes)
+            .chain(services)
+            .chain(policies)
+            .chain(gates)
+            .collect()
     }
 
     /// The service whose VIP is `address`.

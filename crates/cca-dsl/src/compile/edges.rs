@@ -139,7 +139,7 @@ impl Compiler<'_> {
             port: port_number.unwrap_or(0),
             sticky,
             tls,
-            tenant: None,
+            ..GateSpec::default()
         };
         self.program.gates.insert(name, spec);
     }

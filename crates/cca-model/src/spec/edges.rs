@@ -1,4 +1,4 @@
-//! The desired facts around services: gates (external HTTP entry),
+//! The desired facts around services (gates are in [`super::gate`]):
 //! connections (database URLs assembled from parts), secret declarations
 //! and grants, network policy and co-scheduled groups.
 
@@ -7,51 +7,6 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::service::Protocol;
-
-/// `desired/gate/{name}`: external traffic for `hosts` goes to a service port.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GateSpec {
-    pub name: String,
-    pub hosts: Vec<String>,
-    pub service: String,
-    /// The target port number, resolved from a port name when one was used.
-    pub port: u16,
-    pub sticky: Option<Sticky>,
-    pub tls: Option<Tls>,
-    /// The tenant it belongs to, stamped by the API from the program's
-    /// tenant at apply (never written in a `.cca` file); `None`:
-    /// cluster-wide.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tenant: Option<String>,
-}
-
-/// Cookie-based session affinity.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Sticky {
-    /// Defaults to `__CCA_STICKY_{service}`.
-    pub cookie: String,
-    pub secure: bool,
-    pub http_only: bool,
-    pub same_site: SameSite,
-}
-
-/// The cookie's `SameSite` attribute.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum SameSite {
-    Strict,
-    Lax,
-    None,
-}
-
-/// Where a gate's certificate comes from.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Tls {
-    /// The server issues a certificate for the gate's hosts from its CA.
-    SelfSigned,
-    /// PEM certificate chain and key, each held in a secret.
-    Secrets { cert: String, key: String },
-}
 
 /// `desired/secret/{name}`: a secret's value, sealed by the API server.
 /// Format 2 (envelope): the value under its own random data key

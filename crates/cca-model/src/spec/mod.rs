@@ -5,6 +5,7 @@
 //! reader of a fact decodes it the same way.
 
 mod edges;
+mod gate;
 mod quantity;
 mod service;
 mod version;
@@ -14,8 +15,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use edges::{
-    ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, NetworkRule, Peer, RuleAction, SameSite,
-    SealedSecret, SecretGrant, SecretSpec, Sticky, Tls,
+    ConnectionSpec, GroupSpec, NetworkPolicy, NetworkRule, Peer, RuleAction, SealedSecret,
+    SecretGrant, SecretSpec,
+};
+pub use gate::{
+    Balance, CircuitBreaker, DEFAULT_QUEUE, GatePath, GateSpec, GateTimeouts, Rate, RateLimit,
+    ResponseCache, Retries, SameSite, Sticky, Tls,
 };
 pub use quantity::{Cpu, Duration, Memory, Percent, QuantityError};
 pub use service::{

@@ -779,7 +779,7 @@ mod tests {
             port: 8080,
             sticky: None,
             tls: None,
-            tenant: None,
+            ..GateSpec::default()
         }
     }
 
