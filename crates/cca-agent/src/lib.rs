@@ -310,6 +310,7 @@ fn register_request(config: &AgentConfig, agent_url: Option<String>) -> Register
         labels: config.labels.clone(),
         addresses: vec![config.address.clone()],
         agent_url,
+        gate: cca_model::cluster::GateListen::default(),
     }
 }
 

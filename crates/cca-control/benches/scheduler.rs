@@ -45,6 +45,7 @@ fn cluster(count: usize) -> View {
             addresses: vec![format!("10.0.{}.{}", index / 250, index % 250)],
             agent_url: None,
             registered_at: 0,
+            gate: Default::default(),
         };
         put(&mut view, &keys::observed_node(&name), &info);
         let beat = Heartbeat {

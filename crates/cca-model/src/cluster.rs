@@ -32,6 +32,26 @@ pub struct NodeInfo {
     /// Where the agent serves logs and exec for the API server.
     pub agent_url: Option<String>,
     pub registered_at: Millis,
+    /// Where the node's gate proxy listens (`cca agent --gate-listen`):
+    /// plain HTTP first, then HTTPS when it has one. Empty: the node
+    /// serves no gates (and may not fetch gate certificates).
+    #[serde(default, skip_serializing_if = "GateListen::is_off")]
+    pub gate: GateListen,
+}
+
+/// A gate node's listening addresses.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateListen {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub https: Option<String>,
+}
+
+impl GateListen {
+    pub fn is_off(&self) -> bool {
+        self.http.is_none() && self.https.is_none()
+    }
 }
 
 impl NodeInfo {
@@ -408,6 +428,7 @@ mod tests {
             addresses: vec!["127.0.0.1".into()],
             agent_url: None,
             registered_at: 0,
+            gate: Default::default(),
         };
         assert_eq!(node.label("arch"), Some("amd64"));
         assert_eq!(node.label("zone"), Some("eu-1a"));

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use cca_model::cluster::{
-    Disruption, Endpoints, Event, Heartbeat, Instance, InstanceStatus, Millis, NodeControl,
-    NodeInfo, NodeStatus, Unplaced,
+    Disruption, Endpoints, Event, GateListen, Heartbeat, Instance, InstanceStatus, Millis,
+    NodeControl, NodeInfo, NodeStatus, Unplaced,
 };
 use cca_model::net::{NetworkChange, NodeSubnet, ServiceVip};
 use cca_model::spec::{Cpu, Memory, ServiceSpec};
@@ -296,6 +296,9 @@ pub struct RegisterRequest {
     pub addresses: Vec<String>,
     #[serde(default)]
     pub agent_url: Option<String>,
+    /// Where the node's gate proxy listens; off when it serves no gates.
+    #[serde(default, skip_serializing_if = "GateListen::is_off")]
+    pub gate: GateListen,
 }
 
 /// The lease the agent must keep alive with heartbeats.

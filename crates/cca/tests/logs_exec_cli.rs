@@ -84,6 +84,7 @@ async fn start_agent(server: &str) {
             labels: Default::default(),
             addresses: vec!["127.0.0.1".into()],
             agent_url: Some(format!("http://{address}")),
+            gate: Default::default(),
         })
         .await
         .expect("registers");

@@ -86,6 +86,7 @@ fn node_info(request: RegisterRequest, registered_at: i64) -> NodeInfo {
         addresses: request.addresses,
         agent_url: request.agent_url,
         registered_at,
+        gate: request.gate,
     }
 }
 

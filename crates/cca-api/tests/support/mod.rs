@@ -218,6 +218,7 @@ pub(crate) fn node_request(name: &str) -> cca_wire::types::RegisterRequest {
         labels: std::collections::BTreeMap::new(),
         addresses: vec!["127.0.0.1".into()],
         agent_url: None,
+        gate: Default::default(),
     }
 }
 

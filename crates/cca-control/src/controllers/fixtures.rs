@@ -39,6 +39,7 @@ pub(crate) fn node_info(name: &str, cpu: u64, memory_mi: u64) -> NodeInfo {
         addresses: vec!["127.0.0.1".into()],
         agent_url: None,
         registered_at: 0,
+        gate: Default::default(),
     }
 }
 
