@@ -6,6 +6,7 @@
 pub mod access;
 pub mod clock;
 pub mod cluster;
+pub mod exposition;
 pub mod facts;
 pub mod keys;
 pub mod net;

@@ -10,17 +10,20 @@
 //!
 //! [`client`] holds the clients' side ([`ClientTls`]), [`server`] the
 //! servers' ([`ServerTls`], the [`TlsListener`] that handshakes off the
-//! accept loop, the [`RevocationList`] every handshake checks). No IO of
+//! accept loop, the [`RevocationList`] every handshake checks), [`sni`]
+//! a gate's certificates by host name ([`HostCertificates`]). No IO of
 //! its own beyond the listener's sockets; no routes: those are the API's
 //! and the agent's.
 
 pub mod client;
 mod pem;
 pub mod server;
+pub mod sni;
 
 pub use client::{ClientTls, ExpectedPeer};
 pub use pem::Certificate;
 pub use server::{RevocationList, ServerTls, TlsConnection, TlsListener};
+pub use sni::{HostCertificates, HostPair};
 
 /// What went wrong setting up TLS.
 #[derive(Debug, thiserror::Error)]

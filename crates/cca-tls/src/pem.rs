@@ -79,7 +79,7 @@ impl ResolvesClientCert for Certificate {
     }
 }
 
-fn certified_key(chain_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, TlsError> {
+pub(crate) fn certified_key(chain_pem: &str, key_pem: &str) -> Result<Arc<CertifiedKey>, TlsError> {
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
         .collect::<Result<_, _>>()
         .map_err(|error| TlsError::Pem {

@@ -1,0 +1,286 @@
+//! What a proxy changes in the messages it forwards, as pure functions on
+//! headers: the host a request is for, the hop-by-hop headers that stay on
+//! their own connection (RFC 9110 §7.6.1), `X-Forwarded-For/Proto/Host`
+//! and `Forwarded` (RFC 7239) telling the backend who asked and how, and
+//! the sticky cookie.
+
+use std::net::{IpAddr, SocketAddr};
+
+use cca_model::spec::{SameSite, Sticky};
+use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
+use hyper::{Method, Uri};
+
+/// Headers that describe one connection, never forwarded.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+];
+
+/// The host a request is for, lowercase and without a port: the URI's
+/// authority (HTTP/2, absolute-form) or the `Host` header.
+pub fn request_host(uri: &Uri, headers: &HeaderMap) -> Option<String> {
+    let raw = match uri.authority() {
+        Some(authority) => authority.host().to_owned(),
+        None => {
+            let value = headers.get(header::HOST)?.to_str().ok()?;
+            strip_port(value).to_owned()
+        }
+    };
+    let host = raw.trim_end_matches('.').to_ascii_lowercase();
+    (!host.is_empty()).then_some(host)
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        // An IPv6 literal: `[::1]:8080`.
+        return host.split_inclusive(']').next().unwrap_or(host);
+    }
+    host.rsplit_once(':')
+        .filter(|(_, port)| port.bytes().all(|b| b.is_ascii_digit()))
+        .map_or(host, |(name, _)| name)
+}
+
+/// Whether a request asks to switch protocols (a WebSocket handshake).
+pub fn is_upgrade(headers: &HeaderMap) -> bool {
+    headers.contains_key(header::UPGRADE)
+        && headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|token| token.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+/// Removes hop-by-hop headers, those the `Connection` header names
+/// included; an upgrade keeps `Connection: upgrade` and `Upgrade`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+        .filter(|name| name != header::UPGRADE)
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    if upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    } else {
+        headers.remove(header::UPGRADE);
+    }
+}
+
+/// Who asked and how, for the backend.
+#[derive(Clone, Copy, Debug)]
+pub struct Origin<'a> {
+    pub client: SocketAddr,
+    /// `https` when the client's connection was TLS.
+    pub scheme: &'a str,
+    /// As the client wrote it (with its port, if any).
+    pub host: &'a str,
+}
+
+/// Adds the client's address to `X-Forwarded-For` and `Forwarded` (after
+/// what earlier proxies wrote), and sets `X-Forwarded-Proto`,
+/// `X-Forwarded-Host` and `Host`.
+pub fn add_forwarded(headers: &mut HeaderMap, origin: Origin<'_>) {
+    let original_host = origin.host;
+    let ip = origin.client.ip();
+    append_list(headers, "x-forwarded-for", &ip.to_string());
+    let node = match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => format!("\"[{v6}]\""),
+    };
+    let forwarded = format!(
+        "for={node};proto={};host={}",
+        origin.scheme,
+        quote_if_needed(original_host)
+    );
+    append_list(headers, "forwarded", &forwarded);
+    set(headers, "x-forwarded-proto", origin.scheme);
+    set(headers, "x-forwarded-host", original_host);
+    set(headers, "host", original_host);
+}
+
+fn quote_if_needed(value: &str) -> String {
+    if value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
+    {
+        value.to_owned()
+    } else {
+        format!("\"{}\"", value.replace('"', ""))
+    }
+}
+
+fn append_list(headers: &mut HeaderMap, name: &'static str, item: &str) {
+    let joined = match headers.get(name).and_then(|v| v.to_str().ok()) {
+        Some(existing) if !existing.trim().is_empty() => format!("{existing}, {item}"),
+        _ => item.to_owned(),
+    };
+    set(headers, name, &joined);
+}
+
+fn set(headers: &mut HeaderMap, name: &'static str, value: &str) {
+    if let Ok(value) = HeaderValue::from_str(value) {
+        headers.insert(name, value);
+    }
+}
+
+/// Whether a request can be sent again without changing its effect
+/// (RFC 9110 §9.2.2).
+pub fn is_idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// The value of cookie `name` in a request's `Cookie` headers.
+pub fn cookie<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(key, _)| *key == name)
+        .map(|(_, value)| value.trim_matches('"'))
+}
+
+/// The `Set-Cookie` that pins a session to the backend with `token`.
+pub fn sticky_cookie(sticky: &Sticky, token: &str) -> Option<HeaderValue> {
+    let same_site = match sticky.same_site {
+        SameSite::Strict => "Strict",
+        SameSite::Lax => "Lax",
+        SameSite::None => "None",
+    };
+    let mut cookie = format!("{}={token}; Path=/; SameSite={same_site}", sticky.cookie);
+    if sticky.secure {
+        cookie.push_str("; Secure");
+    }
+    if sticky.http_only {
+        cookie.push_str("; HttpOnly");
+    }
+    HeaderValue::from_str(&cookie).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(*name, HeaderValue::from_str(value).expect("value"));
+        }
+        map
+    }
+
+    #[test]
+    fn the_host_comes_from_the_authority_or_the_host_header() {
+        let h2: Uri = "https://Shop.Example.com:8443/x".parse().expect("uri");
+        assert_eq!(
+            request_host(&h2, &HeaderMap::new()).as_deref(),
+            Some("shop.example.com")
+        );
+        let h1: Uri = "/x".parse().expect("uri");
+        let host = |value: &str| request_host(&h1, &headers(&[("host", value)]));
+        assert_eq!(
+            host("shop.example.com:80").as_deref(),
+            Some("shop.example.com")
+        );
+        assert_eq!(
+            host("SHOP.example.com.").as_deref(),
+            Some("shop.example.com")
+        );
+        assert_eq!(host("[::1]:8080").as_deref(), Some("[::1]"));
+        assert_eq!(request_host(&h1, &HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn hop_by_hop_headers_stay_behind() {
+        let mut map = headers(&[
+            ("connection", "keep-alive, x-private"),
+            ("keep-alive", "timeout=5"),
+            ("x-private", "secret"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("accept", "*/*"),
+        ]);
+        strip_hop_by_hop(&mut map, false);
+        let names: Vec<&str> = map.keys().map(HeaderName::as_str).collect();
+        assert_eq!(names, vec!["accept"]);
+    }
+
+    #[test]
+    fn an_upgrade_keeps_its_handshake() {
+        let mut map = headers(&[("connection", "Upgrade"), ("upgrade", "websocket")]);
+        assert!(is_upgrade(&map));
+        strip_hop_by_hop(&mut map, true);
+        assert_eq!(map["connection"], "upgrade");
+        assert_eq!(map["upgrade"], "websocket");
+    }
+
+    #[test]
+    fn forwarded_headers_append_the_client() {
+        let mut map = headers(&[
+            ("x-forwarded-for", "198.51.100.7"),
+            ("forwarded", "for=198.51.100.7"),
+        ]);
+        let origin = Origin {
+            client: "192.0.2.1:5555".parse().expect("addr"),
+            scheme: "https",
+            host: "shop.example.com",
+        };
+        add_forwarded(&mut map, origin);
+        assert_eq!(map["x-forwarded-for"], "198.51.100.7, 192.0.2.1");
+        assert_eq!(
+            map["forwarded"],
+            "for=198.51.100.7, for=192.0.2.1;proto=https;host=shop.example.com"
+        );
+        assert_eq!(map["x-forwarded-proto"], "https");
+        assert_eq!(map["x-forwarded-host"], "shop.example.com");
+        assert_eq!(map["host"], "shop.example.com");
+        let mut v6 = HeaderMap::new();
+        let origin = Origin {
+            client: "[2001:db8::1]:5555".parse().expect("addr"),
+            scheme: "http",
+            host: "a:8080",
+        };
+        add_forwarded(&mut v6, origin);
+        assert_eq!(
+            v6["forwarded"],
+            "for=\"[2001:db8::1]\";proto=http;host=\"a:8080\""
+        );
+    }
+
+    #[test]
+    fn the_sticky_cookie_round_trips() {
+        let sticky = Sticky {
+            cookie: "__CCA_STICKY_web".into(),
+            secure: true,
+            http_only: true,
+            same_site: SameSite::Lax,
+        };
+        let set = sticky_cookie(&sticky, "00ff").expect("cookie");
+        assert_eq!(
+            set,
+            "__CCA_STICKY_web=00ff; Path=/; SameSite=Lax; Secure; HttpOnly"
+        );
+        let map = headers(&[("cookie", "a=1; __CCA_STICKY_web=00ff; b=2")]);
+        assert_eq!(cookie(&map, "__CCA_STICKY_web"), Some("00ff"));
+        assert_eq!(cookie(&map, "missing"), None);
+    }
+}

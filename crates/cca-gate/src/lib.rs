@@ -1,0 +1,123 @@
+//! Gates: the L7 ingress proxy a gate node runs (`cca agent
+//! --gate-listen`). External HTTP(S) for a gate's hosts reaches the ready
+//! backends of its services, routed by host and path prefix from the
+//! network map's gates and endpoints and updated live: a map change builds
+//! a new route table ([`table`]) and swaps it in while requests in flight
+//! finish on the one they started with.
+//!
+//! [`balance`] owns how a request picks a backend (sticky cookies,
+//! consistent hashing, round robin, least connections, outlier ejection);
+//! [`gate_state`] what a gate keeps between requests (its backend client,
+//! rate limits, retry budget); [`forward`] what the proxy changes in the
+//! messages it passes on; [`proxy`] the request path; [`server`] the
+//! listeners, TLS, idle timeouts and graceful drain; [`metrics`] what
+//! `/metrics` shows. Certificates by SNI are [`cca_tls::HostCertificates`];
+//! where they come from (the control plane) is the agent's business.
+
+pub mod balance;
+pub mod forward;
+pub mod gate_state;
+pub mod metrics;
+pub mod proxy;
+pub mod server;
+pub mod table;
+
+use std::sync::{Arc, Mutex};
+
+use cca_model::net::NetworkMap;
+use cca_tls::HostCertificates;
+use tokio::sync::watch;
+
+pub use proxy::{Proxy, ProxyOptions};
+pub use server::{Listener, ServerOptions};
+
+use crate::metrics::Metrics;
+use crate::table::{RouteTable, Routing};
+
+/// What went wrong setting up a gate's listeners.
+#[derive(Debug, thiserror::Error)]
+pub enum GateError {
+    #[error("the gate cannot build its TLS configuration: {0}")]
+    Tls(String),
+}
+
+/// A gate node's proxy: its route table, certificates and metrics.
+#[derive(Debug)]
+pub struct Gate {
+    proxy: Arc<Proxy>,
+    routing: Mutex<Routing>,
+    certificates: Arc<HostCertificates>,
+    metrics: Arc<Metrics>,
+}
+
+impl Gate {
+    pub fn new(options: ProxyOptions) -> Self {
+        let metrics = Arc::new(Metrics::default());
+        Self {
+            proxy: Arc::new(Proxy::new(Arc::clone(&metrics), options)),
+            routing: Mutex::new(Routing::new(Arc::clone(&metrics))),
+            certificates: Arc::default(),
+            metrics,
+        }
+    }
+
+    /// Routes by `map` from the next request on.
+    pub fn update(&self, map: &NetworkMap) {
+        let table = self
+            .routing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .build(map);
+        self.proxy.replace_table(table);
+    }
+
+    /// The route table requests use now.
+    pub fn table(&self) -> Arc<RouteTable> {
+        self.proxy.table()
+    }
+
+    /// The certificates HTTPS listeners serve, by SNI.
+    pub fn certificates(&self) -> &Arc<HostCertificates> {
+        &self.certificates
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    /// The TLS configuration of an HTTPS listener: certificates by SNI,
+    /// HTTP/2 or HTTP/1.1 by ALPN.
+    pub fn tls_config(&self) -> Result<Arc<rustls::ServerConfig>, GateError> {
+        let provider = rustls::crypto::aws_lc_rs::default_provider();
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(provider))
+            .with_safe_default_protocol_versions()
+            .map_err(|error| GateError::Tls(error.to_string()))?
+            .with_no_client_auth()
+            .with_cert_resolver(Arc::clone(&self.certificates) as _);
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Arc::new(config))
+    }
+
+    /// Serves `listeners` until `stop` turns true, then drains; forgets
+    /// idle rate-limit clients every ten seconds meanwhile.
+    pub async fn serve(
+        &self,
+        listeners: Vec<Listener>,
+        options: ServerOptions,
+        stop: watch::Receiver<bool>,
+    ) {
+        let served = server::serve(Arc::clone(&self.proxy), listeners, options, stop);
+        tokio::pin!(served);
+        let mut housekeeping = tokio::time::interval(std::time::Duration::from_secs(10));
+        loop {
+            tokio::select! {
+                () = &mut served => return,
+                _ = housekeeping.tick() => {
+                    for gate in self.table().gates() {
+                        gate.state.forget_idle_clients();
+                    }
+                }
+            }
+        }
+    }
+}

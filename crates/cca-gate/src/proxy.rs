@@ -1,0 +1,498 @@
+//! The request path: find the gate by host and the pool by path, apply the
+//! gate's redirect and rate limits, choose a backend (sticky cookie,
+//! affinity, balance, circuit breaker), forward with the forwarding
+//! headers, retry idempotent requests elsewhere under the retry budget,
+//! and pass a WebSocket (any HTTP/1.1 upgrade) through once the backend
+//! agrees. The gate answers itself only when it must: 404 for a host no
+//! gate serves, 503 with `Retry-After` when a target has no ready backend,
+//! 502/504 when backends fail or time out, 429 over a rate limit; each
+//! with a plain-text body saying which.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper::header::{self, HeaderValue};
+use hyper::{Request, Response, StatusCode, Uri, Version};
+use hyper_util::rt::TokioIo;
+use tokio::time::Instant;
+
+use crate::balance::{Lease, Outcome, Pool, Preference, hash64};
+use crate::forward::{self, Origin};
+use crate::metrics::{Metrics, class_index};
+use crate::server::Activity;
+use crate::table::{GateRoutes, RouteTable};
+
+/// Every body the gate sends or receives.
+pub type Body = UnsyncBoxBody<Bytes, hyper::Error>;
+
+/// How long a client is told to wait before trying a target with no
+/// ready backend again.
+const RETRY_AFTER_SECS: u64 = 5;
+
+/// One client connection as a request sees it.
+#[derive(Clone, Debug)]
+pub struct Peer {
+    pub client: SocketAddr,
+    /// The connection is TLS (the request came in over HTTPS).
+    pub tls: bool,
+    pub activity: Arc<Activity>,
+}
+
+/// How the proxy answers, beyond what each gate says.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ProxyOptions {
+    /// Log every request (target `cca_gate::access`).
+    pub access_log: bool,
+    /// The node's HTTPS port, for redirects to HTTPS (443 is left out of
+    /// the URL).
+    pub https_port: Option<u16>,
+}
+
+/// The proxy: the current route table and what serves requests with it.
+#[derive(Debug)]
+pub struct Proxy {
+    table: RwLock<Arc<RouteTable>>,
+    pub(crate) metrics: Arc<Metrics>,
+    options: ProxyOptions,
+}
+
+impl Proxy {
+    pub fn new(metrics: Arc<Metrics>, options: ProxyOptions) -> Self {
+        Self {
+            table: RwLock::default(),
+            metrics,
+            options,
+        }
+    }
+
+    /// Serves `table` from the next request on.
+    pub fn replace_table(&self, table: RouteTable) {
+        *self
+            .table
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(table);
+    }
+
+    /// The table requests use now.
+    pub fn table(&self) -> Arc<RouteTable> {
+        Arc::clone(
+            &self
+                .table
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+
+    /// Answers one request.
+    pub async fn handle(&self, request: Request<Incoming>, peer: Peer) -> Response<Body> {
+        let busy = peer.activity.begin();
+        let response = self.answer(request, &peer).await;
+        response.map(|body| {
+            Guarded {
+                inner: body,
+                _guard: busy,
+            }
+            .boxed_unsync()
+        })
+    }
+
+    async fn answer(&self, request: Request<Incoming>, peer: &Peer) -> Response<Body> {
+        let started = Instant::now();
+        let method = request.method().clone();
+        let path = request.uri().path().to_owned();
+        let host = forward::request_host(request.uri(), request.headers());
+        let table = self.table();
+        let Some(gate) = host.as_deref().and_then(|host| table.gate_for(host)) else {
+            self.metrics.unknown_host.inc();
+            let shown = host.as_deref().unwrap_or("(none)");
+            return text(
+                StatusCode::NOT_FOUND,
+                format!("no gate serves the host \"{shown}\"\n"),
+            );
+        };
+        peer.activity
+            .set_idle(Duration::from_millis(gate.spec.timeouts.idle.0));
+        let response = self.route(gate, request, peer).await;
+        let status = response.status().as_u16();
+        gate.state.metrics.by_class[class_index(Some(status))].inc();
+        let elapsed = started.elapsed();
+        gate.state.metrics.seconds.observe(elapsed.as_secs_f64());
+        if self.options.access_log {
+            tracing::info!(
+                target: "cca_gate::access",
+                gate = %gate.spec.name,
+                client = %peer.client.ip(),
+                method = %method,
+                host = host.as_deref().unwrap_or(""),
+                path = %path,
+                status,
+                ms = elapsed.as_secs_f64() * 1e3,
+                backend = response
+                    .extensions()
+                    .get::<Served>()
+                    .map_or("", |served| served.0.as_str()),
+            );
+        }
+        response
+    }
+
+    async fn route(
+        &self,
+        gate: &GateRoutes,
+        request: Request<Incoming>,
+        peer: &Peer,
+    ) -> Response<Body> {
+        let spec = &gate.spec;
+        if !peer.tls && spec.redirect_https && spec.tls.is_some() {
+            return redirect_to_https(request.uri(), request.headers(), self.options.https_port);
+        }
+        if let Err(limited) = gate.state.admit(peer.client.ip()) {
+            gate.state.metrics.rate_limited.inc();
+            let mut response = text(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!("gate \"{}\": too many requests; slow down\n", spec.name),
+            );
+            let seconds = limited.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+            return response;
+        }
+        let pool = gate.pool_for(request.uri().path());
+        gate.state.count_request();
+        self.forward(gate, pool, request, peer).await
+    }
+
+    /// Sends `request` to a backend of `pool`, retrying elsewhere when it
+    /// may.
+    async fn forward(
+        &self,
+        gate: &GateRoutes,
+        pool: &Pool,
+        mut request: Request<Incoming>,
+        peer: &Peer,
+    ) -> Response<Body> {
+        let spec = &gate.spec;
+        let upgrade =
+            request.version() == Version::HTTP_11 && forward::is_upgrade(request.headers());
+        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+        let (mut parts, body) = request.into_parts();
+        let original_host = parts
+            .headers
+            .get(header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .or_else(|| parts.uri.authority().map(ToString::to_string))
+            .unwrap_or_default();
+        let cookie = spec
+            .sticky
+            .as_ref()
+            .and_then(|sticky| forward::cookie(&parts.headers, &sticky.cookie))
+            .map(str::to_owned);
+        forward::strip_hop_by_hop(&mut parts.headers, upgrade);
+        forward::add_forwarded(
+            &mut parts.headers,
+            Origin {
+                client: peer.client,
+                scheme: if peer.tls { "https" } else { "http" },
+                host: &original_host,
+            },
+        );
+        let preference = Preference {
+            sticky: cookie.as_deref(),
+            affinity: match (&cookie, spec.balance) {
+                (Some(cookie), _) => Some(hash64(cookie.as_bytes())),
+                (None, cca_model::spec::Balance::SourceIp) => {
+                    Some(hash64(peer.client.ip().to_string().as_bytes()))
+                }
+                (None, _) => None,
+            },
+        };
+        let retryable = !upgrade && forward::is_idempotent(&parts.method) && body.is_end_stream();
+        let mut body = Some(body.boxed_unsync());
+        let path_and_query = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |pq| pq.as_str())
+            .to_owned();
+        let mut tried = Vec::new();
+        let mut last_failure: Option<Response<Body>> = None;
+        loop {
+            let Some(lease) = pool.choose(spec.balance, preference, &tried, Instant::now()) else {
+                return last_failure.unwrap_or_else(|| no_backend(spec.name.as_str(), pool));
+            };
+            let backend = Arc::clone(&lease.backend);
+            let uri = Uri::try_from(format!(
+                "http://{}:{}{path_and_query}",
+                backend.target.address, backend.target.port
+            ));
+            let Ok(uri) = uri else {
+                return text(
+                    StatusCode::BAD_REQUEST,
+                    "the request's path is not valid\n".into(),
+                );
+            };
+            let mut outgoing = Request::new(body.take().unwrap_or_else(empty));
+            *outgoing.method_mut() = parts.method.clone();
+            *outgoing.uri_mut() = uri;
+            *outgoing.version_mut() = Version::HTTP_11;
+            *outgoing.headers_mut() = parts.headers.clone();
+            let sent = Instant::now();
+            let timeout = Duration::from_millis(spec.timeouts.response.0);
+            let result = tokio::time::timeout(timeout, gate.state.client.request(outgoing)).await;
+            let elapsed = sent.elapsed().as_secs_f64();
+            backend.metrics.seconds.observe(elapsed);
+            let failure = match result {
+                Ok(Ok(response)) => {
+                    let status = response.status();
+                    backend.metrics.by_class[class_index(Some(status.as_u16()))].inc();
+                    let failed = matches!(status.as_u16(), 502..=504);
+                    let outcome = if failed {
+                        Outcome::Failure
+                    } else {
+                        Outcome::Success
+                    };
+                    pool.record(&backend, outcome, &spec.circuit_breaker, Instant::now());
+                    if !(failed && retryable && gate.state.may_retry(tried.len() as u32)) {
+                        return self.respond(
+                            gate,
+                            lease,
+                            response,
+                            cookie.as_deref(),
+                            client_upgrade,
+                        );
+                    }
+                    pass_through(response)
+                }
+                Ok(Err(error)) => {
+                    backend.metrics.by_class[class_index(None)].inc();
+                    pool.record(
+                        &backend,
+                        Outcome::Failure,
+                        &spec.circuit_breaker,
+                        Instant::now(),
+                    );
+                    tracing::debug!(gate = %spec.name, instance = %backend.target.instance, %error, "a gate backend failed");
+                    text(
+                        StatusCode::BAD_GATEWAY,
+                        format!(
+                            "gate \"{}\": the backend of service \"{}\" failed: {}\n",
+                            spec.name,
+                            pool.service,
+                            root_cause(&error)
+                        ),
+                    )
+                }
+                Err(_) => {
+                    backend.metrics.by_class[class_index(None)].inc();
+                    pool.record(
+                        &backend,
+                        Outcome::Failure,
+                        &spec.circuit_breaker,
+                        Instant::now(),
+                    );
+                    text(
+                        StatusCode::GATEWAY_TIMEOUT,
+                        format!(
+                            "gate \"{}\": the backend of service \"{}\" sent no response within {}\n",
+                            spec.name,
+                            pool.service,
+                            humanize(timeout)
+                        ),
+                    )
+                }
+            };
+            drop(lease);
+            tried.push(backend);
+            if !(retryable && gate.state.may_retry(tried.len() as u32 - 1)) {
+                return failure;
+            }
+            last_failure = Some(failure);
+        }
+    }
+
+    /// The backend's response as the client gets it.
+    fn respond(
+        &self,
+        gate: &GateRoutes,
+        lease: Lease,
+        mut response: Response<Incoming>,
+        cookie: Option<&str>,
+        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+    ) -> Response<Body> {
+        let backend = Arc::clone(&lease.backend);
+        let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+        forward::strip_hop_by_hop(response.headers_mut(), switching);
+        if let Some(sticky) = &gate.spec.sticky
+            && cookie != Some(backend.token.as_str())
+            && let Some(set) = forward::sticky_cookie(sticky, &backend.token)
+        {
+            response.headers_mut().append(header::SET_COOKIE, set);
+        }
+        let served = Served(backend.target.instance.clone());
+        if switching && let Some(client_upgrade) = client_upgrade {
+            let backend_upgrade = hyper::upgrade::on(&mut response);
+            tokio::spawn(tunnel(client_upgrade, backend_upgrade, lease));
+            let (mut parts, _) = response.into_parts();
+            parts.extensions.insert(served);
+            return Response::from_parts(parts, empty());
+        }
+        let (mut parts, body) = response.into_parts();
+        parts.extensions.insert(served);
+        let body = Guarded {
+            inner: body.boxed_unsync(),
+            _guard: lease,
+        };
+        Response::from_parts(parts, body.boxed_unsync())
+    }
+}
+
+/// The instance that answered, for the access log.
+#[derive(Clone, Debug)]
+struct Served(String);
+
+/// Copies bytes both ways between an upgraded client connection and its
+/// backend until either closes.
+async fn tunnel(
+    client: hyper::upgrade::OnUpgrade,
+    backend: hyper::upgrade::OnUpgrade,
+    lease: Lease,
+) {
+    let (client, backend) = match tokio::try_join!(client, backend) {
+        Ok(both) => both,
+        Err(error) => {
+            tracing::debug!(%error, "an upgrade through the gate did not complete");
+            return;
+        }
+    };
+    let mut client = TokioIo::new(client);
+    let mut backend = TokioIo::new(backend);
+    if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut backend).await {
+        tracing::debug!(%error, "an upgraded connection through the gate ended");
+    }
+    drop(lease);
+}
+
+/// A response body holding a guard until it is sent or dropped: its
+/// backend's request counts as in flight, its connection as busy.
+struct Guarded<G> {
+    inner: Body,
+    _guard: G,
+}
+
+impl<G: Unpin> hyper::body::Body for Guarded<G> {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+fn pass_through(response: Response<Incoming>) -> Response<Body> {
+    response.map(BodyExt::boxed_unsync)
+}
+
+fn empty() -> Body {
+    Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+/// A plain-text answer from the gate itself.
+pub fn text(status: StatusCode, body: String) -> Response<Body> {
+    let mut response = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+fn no_backend(gate: &str, pool: &Pool) -> Response<Body> {
+    let reason = if pool.service_known {
+        format!(
+            "gate \"{gate}\": service \"{}\" has no ready instance on port {}; try again shortly\n",
+            pool.service, pool.port
+        )
+    } else {
+        format!(
+            "gate \"{gate}\": service \"{}\" does not exist\n",
+            pool.service
+        )
+    };
+    let mut response = text(StatusCode::SERVICE_UNAVAILABLE, reason);
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+    response
+}
+
+fn redirect_to_https(
+    uri: &Uri,
+    headers: &hyper::HeaderMap,
+    https_port: Option<u16>,
+) -> Response<Body> {
+    let host = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| uri.authority().map(ToString::to_string))
+        .unwrap_or_default();
+    let host = host
+        .rsplit_once(':')
+        .map_or(host.as_str(), |(name, _)| name);
+    let port = match https_port {
+        Some(443) | None => String::new(),
+        Some(port) => format!(":{port}"),
+    };
+    let target = format!(
+        "https://{host}{port}{}",
+        uri.path_and_query().map_or("/", |pq| pq.as_str())
+    );
+    let mut response = text(
+        StatusCode::PERMANENT_REDIRECT,
+        format!("moved to {target}\n"),
+    );
+    if let Ok(location) = HeaderValue::from_str(&target) {
+        response.headers_mut().insert(header::LOCATION, location);
+    }
+    response
+}
+
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
+}
+
+fn humanize(duration: Duration) -> String {
+    if duration.as_millis().is_multiple_of(1000) {
+        format!("{}s", duration.as_secs())
+    } else {
+        format!("{}ms", duration.as_millis())
+    }
+}

@@ -1,0 +1,296 @@
+//! The gate's listeners: accepts client connections (plain HTTP, and HTTPS
+//! with the certificate chosen by SNI and HTTP/2 or HTTP/1.1 by ALPN),
+//! serves each with hyper (HTTP/1.1 with upgrades, HTTP/2 by its preface)
+//! and closes it when it has been idle for its gate's idle timeout. The
+//! number of open connections is bounded; past it, accepting waits. On
+//! stop it accepts no more, lets every request in flight finish (each
+//! connection closes after its current response), and after the drain
+//! deadline drops what is left.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_rustls::TlsAcceptor;
+
+use crate::proxy::{Peer, Proxy};
+
+/// Listener settings that hold before a request names its gate.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerOptions {
+    /// For a client to send a request's headers (and a TLS handshake).
+    pub header_timeout: Duration,
+    /// A connection with no request in flight for this long is closed,
+    /// until a request names a gate whose own idle timeout then applies.
+    pub idle_timeout: Duration,
+    /// Open client connections, over every listener of the node.
+    pub max_connections: usize,
+    /// HTTP/2 streams one connection may have open at once.
+    pub max_streams: u32,
+    /// How long a stop waits for requests in flight.
+    pub drain: Duration,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            header_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_connections: 100_000,
+            max_streams: 256,
+            drain: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What a connection's idle watch reads: requests in flight and when the
+/// last one ended.
+#[derive(Debug)]
+pub struct Activity {
+    opened: Instant,
+    in_flight: AtomicU32,
+    /// Milliseconds after `opened` the last request ended.
+    last: AtomicU64,
+    idle_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new(idle: Duration) -> Self {
+        Self {
+            opened: Instant::now(),
+            in_flight: AtomicU32::new(0),
+            last: AtomicU64::new(0),
+            idle_ms: AtomicU64::new(idle.as_millis() as u64),
+        }
+    }
+
+    /// Counts a request as in flight until the guard drops.
+    pub fn begin(self: &Arc<Self>) -> Busy {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        Busy(Arc::clone(self))
+    }
+
+    /// The idle timeout of the gate the connection's requests go to.
+    pub fn set_idle(&self, idle: Duration) {
+        self.idle_ms
+            .store(idle.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    /// How long until the connection counts as idle; `None`: it is.
+    fn idle_in(&self) -> Option<Duration> {
+        let idle = Duration::from_millis(self.idle_ms.load(Ordering::Relaxed));
+        if self.in_flight.load(Ordering::Relaxed) > 0 {
+            return Some(idle);
+        }
+        let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
+        let quiet = self.opened.elapsed().saturating_sub(last);
+        idle.checked_sub(quiet).filter(|left| !left.is_zero())
+    }
+}
+
+/// A request in flight on a connection.
+#[derive(Debug)]
+pub struct Busy(Arc<Activity>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let activity = &self.0;
+        let now = activity.opened.elapsed().as_millis() as u64;
+        activity.last.store(now, Ordering::Relaxed);
+        activity.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One listener: plain HTTP, or HTTPS with `tls`.
+#[derive(Debug)]
+pub struct Listener {
+    pub socket: TcpListener,
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// Serves `listeners` until `stop` turns true, then drains.
+pub async fn serve(
+    proxy: Arc<Proxy>,
+    listeners: Vec<Listener>,
+    options: ServerOptions,
+    stop: watch::Receiver<bool>,
+) {
+    let permits = Arc::new(Semaphore::new(options.max_connections));
+    let mut accepting = JoinSet::new();
+    for listener in listeners {
+        accepting.spawn(accept_loop(
+            Arc::clone(&proxy),
+            listener,
+            options,
+            Arc::clone(&permits),
+            stop.clone(),
+        ));
+    }
+    while accepting.join_next().await.is_some() {}
+}
+
+async fn accept_loop(
+    proxy: Arc<Proxy>,
+    listener: Listener,
+    options: ServerOptions,
+    permits: Arc<Semaphore>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let acceptor = listener.tls.map(TlsAcceptor::from);
+    let mut connections = JoinSet::new();
+    loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(&permits).acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => break,
+            },
+            _ = stop.wait_for(|stop| *stop) => break,
+        };
+        let accepted = tokio::select! {
+            accepted = listener.socket.accept() => accepted,
+            _ = stop.wait_for(|stop| *stop) => break,
+        };
+        let (stream, client) = match accepted {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // Out of descriptors or a connection reset before accept:
+                // back off a moment rather than spin.
+                tracing::warn!(%error, "the gate could not accept a connection");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let proxy = Arc::clone(&proxy);
+        let acceptor = acceptor.clone();
+        let stop = stop.clone();
+        connections.spawn(async move {
+            proxy.metrics.connections.inc();
+            serve_connection(&proxy, stream, client, acceptor, options, stop).await;
+            proxy.metrics.connections.dec();
+            drop(permit);
+        });
+        // Reap finished connections so the set stays small.
+        while connections.try_join_next().is_some() {}
+    }
+    let drained = async { while connections.join_next().await.is_some() {} };
+    if tokio::time::timeout(options.drain, drained).await.is_err() {
+        tracing::warn!(
+            left = connections.len(),
+            "gate connections still busy after the drain deadline are closed"
+        );
+        connections.shutdown().await;
+    }
+}
+
+async fn serve_connection(
+    proxy: &Arc<Proxy>,
+    stream: TcpStream,
+    client: SocketAddr,
+    acceptor: Option<TlsAcceptor>,
+    options: ServerOptions,
+    stop: watch::Receiver<bool>,
+) {
+    match acceptor {
+        None => serve_http(proxy, TokioIo::new(stream), client, false, options, stop).await,
+        Some(acceptor) => {
+            let handshake = tokio::time::timeout(options.header_timeout, acceptor.accept(stream));
+            match handshake.await {
+                Ok(Ok(tls)) => {
+                    serve_http(proxy, TokioIo::new(tls), client, true, options, stop).await
+                }
+                Ok(Err(error)) => {
+                    tracing::debug!(%client, %error, "a TLS handshake with the gate failed")
+                }
+                Err(_) => tracing::debug!(%client, "a TLS handshake with the gate timed out"),
+            }
+        }
+    }
+}
+
+async fn serve_http<I>(
+    proxy: &Arc<Proxy>,
+    io: TokioIo<I>,
+    client: SocketAddr,
+    tls: bool,
+    options: ServerOptions,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let activity = Arc::new(Activity::new(options.idle_timeout));
+    let peer = Peer {
+        client,
+        tls,
+        activity: Arc::clone(&activity),
+    };
+    let service_proxy = Arc::clone(proxy);
+    let service = service_fn(move |request| {
+        let proxy = Arc::clone(&service_proxy);
+        let peer = peer.clone();
+        async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_timeout)
+        .keep_alive(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(options.max_streams)
+        .keep_alive_interval(Some(options.idle_timeout / 2));
+    let connection = builder.serve_connection_with_upgrades(io, service);
+    tokio::pin!(connection);
+    let mut closing = false;
+    loop {
+        let idle_in = activity.idle_in();
+        tokio::select! {
+            served = connection.as_mut() => {
+                if let Err(error) = served {
+                    tracing::debug!(%client, error = %error, "a gate connection ended with an error");
+                }
+                return;
+            }
+            _ = tokio::time::sleep(idle_in.unwrap_or_default()), if !closing => {
+                if activity.idle_in().is_none() {
+                    closing = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+            }
+            _ = stop.wait_for(|stop| *stop), if !closing => {
+                closing = true;
+                connection.as_mut().graceful_shutdown();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_is_idle_only_with_nothing_in_flight() {
+        let activity = Arc::new(Activity::new(Duration::from_secs(10)));
+        assert_eq!(activity.idle_in(), Some(Duration::from_secs(10)));
+        let busy = activity.begin();
+        tokio::time::advance(Duration::from_secs(30)).await;
+        assert_eq!(activity.idle_in(), Some(Duration::from_secs(10)), "busy");
+        drop(busy);
+        tokio::time::advance(Duration::from_secs(4)).await;
+        assert_eq!(activity.idle_in(), Some(Duration::from_secs(6)));
+        activity.set_idle(Duration::from_secs(2));
+        assert_eq!(activity.idle_in(), None);
+    }
+}
