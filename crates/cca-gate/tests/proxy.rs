@@ -1,0 +1,536 @@
+//! The gate over real sockets: backends are hyper servers on loopback, the
+//! client is reqwest (HTTP/1.1, HTTP/2 and TLS with SNI) or a raw TCP
+//! stream (WebSocket handshake).
+
+use std::convert::Infallible;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cca_gate::{Gate, Listener, ProxyOptions, ServerOptions};
+use cca_model::net::{Affinity, NetworkMap, ServiceNet, Target};
+use cca_model::spec::{GateSpec, PortSpec, SameSite, Sticky};
+use cca_tls::HostPair;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// A backend answering every request with its name and the request's
+/// forwarding headers; `/slow` waits a second first; `/ws` upgrades and
+/// echoes.
+struct Backend {
+    address: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn backend(name: &'static str) -> Backend {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let service =
+                    service_fn(move |request: Request<hyper::body::Incoming>| async move {
+                        Ok::<_, Infallible>(answer(name, request).await)
+                    });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    Backend { address, task }
+}
+
+async fn answer(name: &str, mut request: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+    if request.uri().path() == "/ws" {
+        let upgrade = hyper::upgrade::on(&mut request);
+        tokio::spawn(async move {
+            if let Ok(upgraded) = upgrade.await {
+                let mut io = TokioIo::new(upgraded);
+                let mut buffer = [0u8; 64];
+                while let Ok(n) = io.read(&mut buffer).await {
+                    if n == 0 || io.write_all(&buffer[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        return Response::builder()
+            .status(101)
+            .header("connection", "upgrade")
+            .header("upgrade", "websocket")
+            .body(Full::default())
+            .expect("response");
+    }
+    if request.uri().path() == "/slow" {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let header = |name: &str| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_owned()
+    };
+    let body = format!(
+        "backend={name}\nhost={}\nxff={}\nproto={}\nxhost={}\nforwarded={}\n",
+        header("host"),
+        header("x-forwarded-for"),
+        header("x-forwarded-proto"),
+        header("x-forwarded-host"),
+        header("forwarded"),
+    );
+    Response::new(Full::new(Bytes::from(body)))
+}
+
+fn service(name: &str, port: u16, backends: &[(&str, SocketAddr)]) -> Arc<ServiceNet> {
+    let targets = backends
+        .iter()
+        .map(|(instance, address)| Target {
+            instance: (*instance).to_owned(),
+            node: "n1".into(),
+            address: match address.ip() {
+                std::net::IpAddr::V4(v4) => v4,
+                std::net::IpAddr::V6(_) => Ipv4Addr::LOCALHOST,
+            },
+            port: address.port(),
+        })
+        .collect();
+    Arc::new(ServiceNet {
+        name: name.into(),
+        vip: None,
+        ports: vec![PortSpec::tcp("http", port)],
+        affinity: Affinity::default(),
+        endpoints: [("http".to_owned(), targets)].into(),
+        members: vec![],
+    })
+}
+
+fn gate_spec(name: &str, hosts: &[&str], service: &str) -> GateSpec {
+    GateSpec {
+        name: name.into(),
+        hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
+        service: service.into(),
+        port: 8080,
+        ..GateSpec::default()
+    }
+}
+
+fn map(gates: Vec<GateSpec>, services: Vec<Arc<ServiceNet>>) -> NetworkMap {
+    let mut map = NetworkMap::default();
+    for gate in gates {
+        map.gates.insert(gate.name.clone(), Arc::new(gate));
+    }
+    for service in services {
+        map.services.insert(service.name.clone(), service);
+    }
+    map
+}
+
+/// A running gate; stops (and drains) when dropped.
+struct Running {
+    gate: Arc<Gate>,
+    http: SocketAddr,
+    https: SocketAddr,
+    stop: watch::Sender<bool>,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.stop.send(true);
+    }
+}
+
+async fn start(map: &NetworkMap) -> Running {
+    let gate = Arc::new(Gate::new(ProxyOptions::default()));
+    gate.update(map);
+    let http = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind");
+    let https = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .expect("bind");
+    let (http_address, https_address) = (
+        http.local_addr().expect("address"),
+        https.local_addr().expect("address"),
+    );
+    let listeners = vec![
+        Listener {
+            socket: http,
+            tls: None,
+        },
+        Listener {
+            socket: https,
+            tls: Some(gate.tls_config().expect("tls config")),
+        },
+    ];
+    let (stop, stopped) = watch::channel(false);
+    let serving = Arc::clone(&gate);
+    tokio::spawn(async move {
+        serving
+            .serve(listeners, ServerOptions::default(), stopped)
+            .await;
+    });
+    Running {
+        gate,
+        http: http_address,
+        https: https_address,
+        stop,
+    }
+}
+
+async fn get(client: &reqwest::Client, url: &str, host: &str) -> (u16, String) {
+    let response = client
+        .get(url)
+        .header("host", host)
+        .send()
+        .await
+        .expect("request");
+    let status = response.status().as_u16();
+    (status, response.text().await.expect("body"))
+}
+
+#[tokio::test]
+async fn requests_reach_the_backend_of_their_host_with_forwarding_headers() {
+    let web = backend("web-a").await;
+    let running = start(&map(
+        vec![gate_spec("shop", &["shop.example.com"], "web")],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/hello", running.http);
+    let (status, body) = get(&client, &url, "Shop.Example.com:80").await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("backend=web-a"), "{body}");
+    assert!(body.contains("host=Shop.Example.com:80"), "{body}");
+    assert!(body.contains("xff=127.0.0.1\n"), "{body}");
+    assert!(body.contains("proto=http\n"), "{body}");
+    assert!(body.contains("xhost=Shop.Example.com:80\n"), "{body}");
+    assert!(
+        body.contains("forwarded=for=127.0.0.1;proto=http;host=\"Shop.Example.com:80\""),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn an_unknown_host_is_404_and_a_target_without_backends_503() {
+    let running = start(&map(
+        vec![gate_spec("shop", &["shop.example.com"], "web")],
+        vec![service("web", 8080, &[])],
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/", running.http);
+    let (status, body) = get(&client, &url, "nobody.example.com").await;
+    assert_eq!(status, 404);
+    assert_eq!(body, "no gate serves the host \"nobody.example.com\"\n");
+    let response = client
+        .get(&url)
+        .header("host", "shop.example.com")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status().as_u16(), 503);
+    assert_eq!(response.headers()["retry-after"], "5");
+    let body = response.text().await.expect("body");
+    assert!(
+        body.contains("service \"web\" has no ready instance"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn http2_with_prior_knowledge_is_served() {
+    let web = backend("web-a").await;
+    let running = start(&map(
+        vec![gate_spec("shop", &["shop.example.com"], "web")],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let client = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .resolve("shop.example.com", running.http)
+        .build()
+        .expect("client");
+    let response = client
+        .get(format!("http://shop.example.com:{}/", running.http.port()))
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.version(), reqwest::Version::HTTP_2);
+    assert!(
+        response
+            .text()
+            .await
+            .expect("body")
+            .contains("backend=web-a")
+    );
+}
+
+fn self_signed(host: &str) -> (String, String) {
+    let key = rcgen::KeyPair::generate().expect("key");
+    let cert = rcgen::CertificateParams::new(vec![host.to_owned()])
+        .expect("params")
+        .self_signed(&key)
+        .expect("certificate");
+    (cert.pem(), key.serialize_pem())
+}
+
+#[tokio::test]
+async fn https_serves_each_host_its_own_certificate_by_sni() {
+    let web = backend("web-a").await;
+    let api = backend("api-a").await;
+    let running = start(&map(
+        vec![
+            gate_spec("shop", &["shop.example.com"], "web"),
+            gate_spec("api", &["api.example.com"], "api"),
+        ],
+        vec![
+            service("web", 8080, &[("web-a", web.address)]),
+            service("api", 8080, &[("api-a", api.address)]),
+        ],
+    ))
+    .await;
+    let (shop_chain, shop_key) = self_signed("shop.example.com");
+    let (api_chain, api_key) = self_signed("api.example.com");
+    let shop_hosts = vec!["shop.example.com".to_owned()];
+    let api_hosts = vec!["api.example.com".to_owned()];
+    let failed = running.gate.certificates().replace([
+        HostPair {
+            hosts: &shop_hosts,
+            chain_pem: &shop_chain,
+            key_pem: &shop_key,
+        },
+        HostPair {
+            hosts: &api_hosts,
+            chain_pem: &api_chain,
+            key_pem: &api_key,
+        },
+    ]);
+    assert!(failed.is_empty());
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(shop_chain.as_bytes()).expect("pem"))
+        .add_root_certificate(reqwest::Certificate::from_pem(api_chain.as_bytes()).expect("pem"))
+        .resolve("shop.example.com", running.https)
+        .resolve("api.example.com", running.https)
+        .build()
+        .expect("client");
+    for (host, expected) in [("shop", "web-a"), ("api", "api-a")] {
+        let response = client
+            .get(format!(
+                "https://{host}.example.com:{}/",
+                running.https.port()
+            ))
+            .send()
+            .await
+            .expect("a verified HTTPS request");
+        assert_eq!(
+            response.version(),
+            reqwest::Version::HTTP_2,
+            "ALPN picks h2"
+        );
+        let body = response.text().await.expect("body");
+        assert!(body.contains(&format!("backend={expected}")), "{body}");
+        assert!(body.contains("proto=https"), "{body}");
+    }
+}
+
+#[tokio::test]
+async fn a_websocket_handshake_and_its_bytes_pass_through() {
+    let web = backend("web-a").await;
+    let running = start(&map(
+        vec![gate_spec("shop", &["shop.example.com"], "web")],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let mut stream = TcpStream::connect(running.http).await.expect("connect");
+    stream
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: shop.example.com\r\nConnection: Upgrade\r\n\
+              Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        )
+        .await
+        .expect("handshake");
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        let mut byte = [0u8; 1];
+        stream.read_exact(&mut byte).await.expect("response head");
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 101"), "{head}");
+    assert!(head.contains("upgrade: websocket"), "{head}");
+    stream.write_all(b"ping").await.expect("send");
+    let mut echoed = [0u8; 4];
+    tokio::time::timeout(Duration::from_secs(5), stream.read_exact(&mut echoed))
+        .await
+        .expect("echo in time")
+        .expect("echo");
+    assert_eq!(&echoed, b"ping");
+}
+
+#[tokio::test]
+async fn a_dead_backend_costs_no_idempotent_request() {
+    let live = backend("web-live").await;
+    // A port nothing listens on: connections are refused.
+    let dead = {
+        let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        listener.local_addr().expect("address")
+    };
+    let running = start(&map(
+        vec![gate_spec("shop", &["shop.example.com"], "web")],
+        vec![service(
+            "web",
+            8080,
+            &[("web-dead", dead), ("web-live", live.address)],
+        )],
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/", running.http);
+    for _ in 0..20 {
+        let (status, body) = get(&client, &url, "shop.example.com").await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.contains("backend=web-live"));
+    }
+    let metrics = running.gate.metrics().render();
+    assert!(
+        metrics.contains(
+            "cca_gate_backend_ejections_total{service=\"web\",instance=\"web-dead\",node=\"n1\"} 1"
+        ),
+        "{metrics}"
+    );
+    // The ejected backend gets no new request, not even a POST, which
+    // could not be retried elsewhere.
+    let mut refused = 0;
+    for _ in 0..4 {
+        let response = client
+            .post(&url)
+            .header("host", "shop.example.com")
+            .body("x")
+            .send()
+            .await
+            .expect("request");
+        refused += u32::from(response.status().as_u16() == 502);
+    }
+    assert_eq!(refused, 0, "the ejected backend gets no new requests");
+}
+
+#[tokio::test]
+async fn a_sticky_session_keeps_its_backend_across_a_scale_up() {
+    let a = backend("web-a").await;
+    let b = backend("web-b").await;
+    let c = backend("web-c").await;
+    let mut spec = gate_spec("shop", &["shop.example.com"], "web");
+    spec.sticky = Some(Sticky {
+        cookie: "__CCA_STICKY_web".into(),
+        secure: false,
+        http_only: true,
+        same_site: SameSite::Lax,
+    });
+    let two = map(
+        vec![spec.clone()],
+        vec![service(
+            "web",
+            8080,
+            &[("web-a", a.address), ("web-b", b.address)],
+        )],
+    );
+    let running = start(&two).await;
+    let url = format!("http://{}/", running.http);
+    let first = reqwest::Client::new()
+        .get(&url)
+        .header("host", "shop.example.com")
+        .send()
+        .await
+        .expect("request");
+    let cookie = first.headers()["set-cookie"]
+        .to_str()
+        .expect("cookie")
+        .to_owned();
+    assert!(
+        cookie.contains("HttpOnly") && cookie.contains("SameSite=Lax"),
+        "{cookie}"
+    );
+    let pinned_to = first.text().await.expect("body");
+    let pair = cookie.split(';').next().expect("pair").to_owned();
+    running.gate.update(&map(
+        vec![spec],
+        vec![service(
+            "web",
+            8080,
+            &[
+                ("web-a", a.address),
+                ("web-b", b.address),
+                ("web-c", c.address),
+            ],
+        )],
+    ));
+    let client = reqwest::Client::new();
+    for _ in 0..10 {
+        let response = client
+            .get(&url)
+            .header("host", "shop.example.com")
+            .header("cookie", &pair)
+            .send()
+            .await
+            .expect("request");
+        assert!(
+            response.headers().get("set-cookie").is_none(),
+            "still pinned"
+        );
+        let body = response.text().await.expect("body");
+        assert_eq!(
+            body.lines().next(),
+            pinned_to.lines().next(),
+            "the session stays on its backend"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_map_change_does_not_cut_a_request_in_flight() {
+    let web = backend("web-a").await;
+    let spec = gate_spec("shop", &["shop.example.com"], "web");
+    let running = start(&map(
+        vec![spec.clone()],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let url = format!("http://{}/slow", running.http);
+    let slow =
+        tokio::spawn(async move { get(&reqwest::Client::new(), &url, "shop.example.com").await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    running
+        .gate
+        .update(&map(vec![spec], vec![service("web", 8080, &[])]));
+    let (status, body) = slow.await.expect("task");
+    assert_eq!(status, 200, "{body}");
+    let (status, _) = get(
+        &reqwest::Client::new(),
+        &format!("http://{}/", running.http),
+        "shop.example.com",
+    )
+    .await;
+    assert_eq!(status, 503, "new requests see the new map");
+}
