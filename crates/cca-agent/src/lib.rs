@@ -10,6 +10,7 @@ pub mod desired;
 pub mod enrol;
 pub mod error;
 pub mod files;
+pub mod gate;
 pub mod health;
 mod link;
 pub mod netmap;
@@ -84,6 +85,8 @@ pub struct AgentConfig {
     /// The node's certificate and the cluster CA, when the server speaks
     /// mTLS (`enrol`); `None`: plain HTTP.
     pub trust: Option<Arc<enrol::NodeTrust>>,
+    /// The node's gate role (`--gate-listen`); `None`: it serves no gates.
+    pub gate: Option<gate::GateConfig>,
 }
 
 /// Options for running many agents in one process (`cca benchmark`), where
@@ -145,6 +148,10 @@ pub async fn run(
         (None, Some(server)) => connect(server)?,
         (None, None) => client.clone(),
     };
+    let gate = match &config.gate {
+        Some(gate) => Some(gate::bind(gate, &config.address).await?),
+        None => None,
+    };
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(trust) = &config.trust {
         tasks.spawn(enrol::keep_renewed(
@@ -167,7 +174,11 @@ pub async fn run(
     }
     let registration = link::keep_registered(
         liveness_client,
-        register_request(&config, agent_url),
+        register_request(
+            &config,
+            agent_url,
+            gate.as_ref().map(|gate| gate.advertised.clone()),
+        ),
         connected,
         shutdown.clone(),
     );
@@ -182,7 +193,9 @@ pub async fn run(
         desired,
         shutdown.clone(),
     ));
-    if let Some(network) = &config.network {
+    // Awaited on stop, not aborted: the gate drains its requests in flight.
+    let mut gate_task = None;
+    if config.network.is_some() || gate.is_some() {
         let cached = netmap::load_cached(&config.data_dir).unwrap_or_default();
         let (views, view_changes) = watch::channel(Arc::new(cached));
         tasks.spawn(netmap::follow_network(
@@ -192,11 +205,14 @@ pub async fn run(
             views,
             shutdown.clone(),
         ));
-        tasks.spawn(netplane::run_plane(
-            Arc::clone(&network.plane),
-            view_changes,
-            shutdown.clone(),
-        ));
+        if let Some(network) = &config.network {
+            tasks.spawn(netplane::run_plane(
+                Arc::clone(&network.plane),
+                view_changes.clone(),
+                shutdown.clone(),
+            ));
+        }
+        gate_task = gate.map(|gate| tokio::spawn(gate.run(view_changes, shutdown.clone())));
     }
     let mut supervisor = Supervisor::new(
         &config.node,
@@ -221,6 +237,9 @@ pub async fn run(
             _ = desired_changes.changed() => {}
             _ = stop.wait_for(|stop| *stop) => break,
         }
+    }
+    if let Some(gate) = gate_task {
+        let _ = gate.await;
     }
     if config.stop_instances_on_exit {
         supervisor.stop_all().await;
@@ -300,7 +319,11 @@ where
     })
 }
 
-fn register_request(config: &AgentConfig, agent_url: Option<String>) -> RegisterRequest {
+fn register_request(
+    config: &AgentConfig,
+    agent_url: Option<String>,
+    gate: Option<cca_model::cluster::GateListen>,
+) -> RegisterRequest {
     RegisterRequest {
         name: config.node.clone(),
         cpu: config.cpu,
@@ -310,7 +333,7 @@ fn register_request(config: &AgentConfig, agent_url: Option<String>) -> Register
         labels: config.labels.clone(),
         addresses: vec![config.address.clone()],
         agent_url,
-        gate: cca_model::cluster::GateListen::default(),
+        gate: gate.unwrap_or_default(),
     }
 }
 

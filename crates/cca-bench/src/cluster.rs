@@ -708,6 +708,7 @@ fn agent_config(
         // Simulated nodes have no kernel network to program.
         network: None,
         trust: None,
+        gate: None,
     }
 }
 

@@ -104,6 +104,33 @@ pub(crate) struct AgentArgs {
     /// reach it on port 53 there).
     #[arg(long, default_value_t = cca_model::net::DNS_PORT, value_name = "PORT")]
     dns_port: u16,
+    /// Make this node a gate node: serve the cluster's gates, plain HTTP on
+    /// the first address and HTTPS on the second (`0.0.0.0:80,0.0.0.0:443`;
+    /// port 0 picks a free one).
+    #[arg(long, value_name = "HTTP[,HTTPS]", value_delimiter = ',', num_args = 1..=2)]
+    pub(crate) gate_listen: Vec<SocketAddr>,
+    /// Log every request a gate serves (JSON fields: gate, client, method,
+    /// host, path, status, ms, backend) under the target `cca_gate::access`.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    gate_access_log: bool,
+    /// Serve the gate's Prometheus metrics (plain HTTP, `/metrics`) here.
+    #[arg(long, value_name = "ADDR")]
+    pub(crate) gate_metrics_listen: Option<SocketAddr>,
+    /// Client connections a gate node keeps open at most; past it, new
+    /// ones wait to be accepted.
+    #[arg(long, default_value_t = 100_000, value_name = "N")]
+    gate_max_connections: usize,
+    /// How long a client may take to send a request's headers (and a TLS
+    /// handshake) to the gate.
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::flags::duration)]
+    gate_header_timeout: Duration,
+    /// How long a gate keeps a client connection with no request open
+    /// before a request names a gate (then that gate's `timeouts.idle`).
+    #[arg(long, default_value = "60s", value_name = "DURATION", value_parser = crate::flags::duration)]
+    gate_idle_timeout: Duration,
+    /// How long a stopping gate node waits for requests in flight.
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::flags::duration)]
+    gate_drain: Duration,
 }
 
 impl AgentArgs {
@@ -131,7 +158,36 @@ impl AgentArgs {
             vxlan_id: 42,
             vxlan_port: 4789,
             dns_port: cca_model::net::DNS_PORT,
+            gate_listen: Vec::new(),
+            gate_access_log: true,
+            gate_metrics_listen: None,
+            gate_max_connections: 100_000,
+            gate_header_timeout: Duration::from_secs(30),
+            gate_idle_timeout: Duration::from_secs(60),
+            gate_drain: Duration::from_secs(30),
         }
+    }
+
+    /// The gate role these flags ask for; `None` without `--gate-listen`.
+    fn gate_config(&self) -> Option<cca_agent::gate::GateConfig> {
+        let (http, https) = match self.gate_listen.as_slice() {
+            [] => return None,
+            [http] => (Some(*http), None),
+            [http, https, ..] => (Some(*http), Some(*https)),
+        };
+        Some(cca_agent::gate::GateConfig {
+            http,
+            https,
+            server: cca_gate::ServerOptions {
+                header_timeout: self.gate_header_timeout,
+                idle_timeout: self.gate_idle_timeout,
+                max_connections: self.gate_max_connections.max(1),
+                drain: self.gate_drain,
+                ..cca_gate::ServerOptions::default()
+            },
+            access_log: self.gate_access_log,
+            metrics_listen: self.gate_metrics_listen,
+        })
     }
 }
 
@@ -314,6 +370,7 @@ pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentCon
         link: Default::default(),
         network: None,
         trust: None,
+        gate: args.gate_config(),
     })
 }
 

@@ -64,6 +64,16 @@ pub(crate) struct DevArgs {
     /// cluster DNS on this machine.
     #[arg(long)]
     no_cluster_network: bool,
+    /// Where the dev node's gate proxy serves the program's gates: plain
+    /// HTTP, then HTTPS (port 0: a free one, printed at start).
+    #[arg(
+        long,
+        value_name = "HTTP[,HTTPS]",
+        value_delimiter = ',',
+        num_args = 1..=2,
+        default_value = "127.0.0.1:0,127.0.0.1:0"
+    )]
+    gate_listen: Vec<SocketAddr>,
     /// `.cca` files to apply on start.
     #[arg(value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -168,6 +178,9 @@ async fn dev(args: DevArgs) -> Result<()> {
             dir = trust_dir.display()
         ));
     }
+    if let Some(gates) = gate_lines(&client, &program, &trust_dir).await {
+        say(&gates);
+    }
     tokio::select! {
         () = live_status(&client) => {}
         () = shutdown_signal() => {}
@@ -178,6 +191,51 @@ async fn dev(args: DevArgs) -> Result<()> {
     plane.await.context("the control plane task")??;
     say("cca dev: stopped");
     Ok(())
+}
+
+/// Where the dev node's gate listens and a `curl` for each gate's first
+/// host; `None` when the node serves no gates.
+async fn gate_lines(
+    client: &Client,
+    program: &cca_model::spec::Program,
+    trust_dir: &Path,
+) -> Option<String> {
+    let nodes = client.nodes().await.ok()?;
+    let node = client.node(&nodes.first()?.name).await.ok()?;
+    let listen = node.info.gate;
+    let http = listen.http.as_deref();
+    let https = listen.https.as_deref();
+    let shown: Vec<String> = [
+        http.map(|a| format!("http://{a}")),
+        https.map(|a| format!("https://{a}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    if shown.is_empty() {
+        return None;
+    }
+    let mut lines = format!("cca dev: gates on {}", shown.join(" and "));
+    for gate in program.gates.values() {
+        let Some(host) = gate.hosts.first() else {
+            continue;
+        };
+        let host = host.replace("*.", "www.");
+        let (scheme, address, ca) = match (https, &gate.tls) {
+            (Some(address), Some(_)) => (
+                "https",
+                address,
+                format!(" --cacert {}", trust_dir.join("ca.pem").display()),
+            ),
+            _ => ("http", http.or(https)?, String::new()),
+        };
+        let port = address.rsplit_once(':').map_or("", |(_, port)| port);
+        lines.push_str(&format!(
+            "\n  gate {}: curl{ca} --resolve {host}:{port}:127.0.0.1 {scheme}://{host}:{port}/",
+            gate.name
+        ));
+    }
+    Some(lines)
 }
 
 /// How long `cca dev` waits for its own agent's node before applying
@@ -260,6 +318,7 @@ async fn start_agent(
     let data_dir = args.data_dir.join("agent");
     let mut agent_args = crate::agent_cmd::AgentArgs::for_dev(api.to_owned(), data_dir.clone());
     agent_args.no_cluster_network = args.no_cluster_network;
+    agent_args.gate_listen = args.gate_listen.clone();
     let mut config = crate::agent_cmd::agent_config(&agent_args, &data_dir)?;
     config.stop_instances_on_exit = true;
     if let Some(ca) = ca {
