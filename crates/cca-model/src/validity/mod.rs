@@ -15,8 +15,8 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 pub use rules::{
-    MAX_REPLICAS, NAME_HELP, SERVICE_NAME_HELP, is_host_name, is_service_name, is_valid_name,
-    name_problem,
+    MAX_GATE_QUEUE, MAX_REPLICAS, NAME_HELP, SERVICE_NAME_HELP, is_host_name, is_service_name,
+    is_valid_name, name_problem,
 };
 
 use crate::spec::Program;

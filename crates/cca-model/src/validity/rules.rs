@@ -14,6 +14,9 @@ use crate::spec::{
 /// More replicas than any cluster we target could run: a typo guard.
 pub const MAX_REPLICAS: u32 = 100_000;
 
+/// Most requests a gate node holds for one gate while its service wakes.
+pub const MAX_GATE_QUEUE: u32 = 1_000_000;
+
 /// Longest name of an object other than a service.
 const MAX_NAME_LEN: usize = 253;
 
@@ -577,6 +580,254 @@ impl<'p> Check<'p> {
             self.refer(ObjectKind::Secret, cert, at("tls.cert"), user.clone());
             self.refer(ObjectKind::Secret, key, at("tls.key"), user);
         }
+        if gate.redirect_https && gate.tls.is_none() {
+            self.report(
+                Problem::new(
+                    Code::Conflict,
+                    at("redirect_https"),
+                    format!("gate `{name}` redirects to HTTPS but has no `tls`"),
+                )
+                .with_help("add `self_signed` or a `cert`/`key` pair to a `tls { }` block"),
+            );
+        }
+        self.gate_paths(name, gate);
+        self.gate_proxy(name, gate);
+    }
+
+    /// Path routes: a prefix is an absolute path of whole segments, other
+    /// than `/` (the gate's own target), written once; its target is a
+    /// service of the program and a port.
+    fn gate_paths(&mut self, name: &str, gate: &GateSpec) {
+        let at = |field: Field| Subject::new(ObjectKind::Gate, name, field);
+        for (index, path) in gate.paths.iter().enumerate() {
+            let field = Field::from("paths").index(index);
+            let prefix = at(field.clone().field("prefix"));
+            let shown = path.prefix.escape_debug();
+            if !path.prefix.starts_with('/') {
+                self.report(
+                    Problem::new(
+                        Code::WrongType,
+                        prefix.clone(),
+                        format!("gate `{name}`: path `{shown}` does not start with `/`"),
+                    )
+                    .with_label("expected a path like \"/api\""),
+                );
+            } else if path.prefix == "/" {
+                self.report(
+                    Problem::new(
+                        Code::Conflict,
+                        prefix.clone(),
+                        format!("gate `{name}`: path `/` is the gate's own target"),
+                    )
+                    .with_help(
+                        "every request no other `path` takes goes to the gate's `service`: \
+                         drop this line or change that `service`",
+                    ),
+                );
+            } else if path.prefix.ends_with('/') {
+                let trimmed = path.prefix.trim_end_matches('/').escape_debug().to_string();
+                self.report(
+                    Problem::new(
+                        Code::WrongType,
+                        prefix.clone(),
+                        format!("gate `{name}`: path `{shown}` ends with `/`"),
+                    )
+                    .with_help(format!(
+                        "write `{trimmed}`: a prefix matches whole segments, so it takes \
+                         `{trimmed}` and everything under `{trimmed}/`"
+                    )),
+                );
+            }
+            if path
+                .prefix
+                .chars()
+                .any(|c| matches!(c, '?' | '#') || c.is_whitespace() || c.is_control())
+            {
+                self.report(
+                    Problem::new(
+                        Code::WrongType,
+                        prefix.clone(),
+                        format!(
+                            "gate `{name}`: path `{shown}` holds `?`, `#`, a space or a \
+                             control character"
+                        ),
+                    )
+                    .with_label("a prefix is matched against the request's path only"),
+                );
+            }
+            if let Some(first) = gate.paths[..index]
+                .iter()
+                .position(|p| p.prefix == path.prefix)
+            {
+                self.report(
+                    Problem::new(
+                        Code::DuplicateName,
+                        prefix,
+                        format!("gate `{name}`: path `{shown}` is routed twice"),
+                    )
+                    .with_related(
+                        at(Field::from("paths").index(first).field("prefix")),
+                        "first routed here",
+                    )
+                    .with_help("a prefix goes to one target: remove one of the two"),
+                );
+            }
+            let user = format!("path `{shown}` of gate `{name}`");
+            if self.refer(
+                ObjectKind::Service,
+                &path.service,
+                at(field.clone().field("service")),
+                user,
+            ) {
+                self.port_number(path.port, at(field.field("port")));
+            }
+        }
+    }
+
+    /// The proxy's settings: clocks that never fire at once, shares that
+    /// are shares, at least one failure to eject, rates and a queue that
+    /// let something through, a cache entry that fits the cache.
+    fn gate_proxy(&mut self, name: &str, gate: &GateSpec) {
+        let at = |field: &str| Subject::new(ObjectKind::Gate, name, field);
+        let out_of_range = |field: &str, message: String, label: &str| {
+            Problem::new(
+                Code::OutOfRange,
+                at(field),
+                format!("gate `{name}`: {message}"),
+            )
+            .with_label(label.to_owned())
+        };
+        let mut problems = Vec::new();
+        let t = &gate.timeouts;
+        let clocks = [
+            ("connect", t.connect),
+            ("headers", t.headers),
+            ("response", t.response),
+            ("idle", t.idle),
+            ("wake", t.wake),
+        ];
+        for (clock, span) in clocks {
+            if span.0 == 0 {
+                problems.push(
+                    out_of_range(
+                        &format!("timeouts.{clock}"),
+                        format!("`timeouts.{clock}` is zero"),
+                        "at least 1ms",
+                    )
+                    .with_help(format!(
+                        "a zero timeout fails every request; leave `{clock}` out for the default"
+                    )),
+                );
+            }
+        }
+        if gate.retries.budget.0 > 100 {
+            problems.push(out_of_range(
+                "retries.budget",
+                format!(
+                    "`retries.budget` {}% is out of range",
+                    gate.retries.budget.0
+                ),
+                "0% to 100%",
+            ));
+        }
+        let breaker = &gate.circuit_breaker;
+        if breaker.failures == 0 {
+            problems.push(out_of_range(
+                "circuit_breaker.failures",
+                "`circuit_breaker.failures` is 0".to_owned(),
+                "at least 1 failure ejects a backend",
+            ));
+        }
+        if breaker.ejection.0 == 0 {
+            problems.push(out_of_range(
+                "circuit_breaker.ejection",
+                "`circuit_breaker.ejection` is zero".to_owned(),
+                "at least 1ms",
+            ));
+        }
+        if breaker.max_ejected.0 == 0 || breaker.max_ejected.0 > 100 {
+            problems.push(out_of_range(
+                "circuit_breaker.max_ejected",
+                format!(
+                    "`circuit_breaker.max_ejected` {}% is out of range",
+                    breaker.max_ejected.0
+                ),
+                "1% to 100%",
+            ));
+        }
+        if let Some(limit) = &gate.rate_limit {
+            if limit.per_client.is_none() && limit.per_gate.is_none() {
+                problems.push(
+                    Problem::new(
+                        Code::MissingField,
+                        at("rate_limit"),
+                        format!("gate `{name}`: `rate_limit` sets no rate"),
+                    )
+                    .with_help("write `per_client = 100` or `per_gate = 5000` (requests/second)"),
+                );
+            }
+            for (who, rate) in [
+                ("per_client", limit.per_client),
+                ("per_gate", limit.per_gate),
+            ] {
+                let Some(rate) = rate else {
+                    continue;
+                };
+                if rate.per_second == 0 {
+                    problems.push(out_of_range(
+                        &format!("rate_limit.{who}.per_second"),
+                        format!("`rate_limit.{who}` is 0 requests per second"),
+                        "at least 1",
+                    ));
+                } else if rate.burst == 0 {
+                    problems.push(out_of_range(
+                        &format!("rate_limit.{who}.burst"),
+                        format!("`rate_limit.{who}_burst` is 0"),
+                        "at least 1",
+                    ));
+                }
+            }
+        }
+        if let Some(cache) = &gate.cache {
+            if cache.size.0 == 0 {
+                problems.push(out_of_range(
+                    "cache.size",
+                    "`cache.size` is zero".to_owned(),
+                    "at least 1 byte; remove `cache` to cache nothing",
+                ));
+            } else if cache.max_entry > cache.size {
+                problems.push(
+                    Problem::new(
+                        Code::Conflict,
+                        at("cache.max_entry"),
+                        format!(
+                            "gate `{name}`: `cache.max_entry` ({}) is larger than `cache.size` ({})",
+                            cache.max_entry.human(),
+                            cache.size.human()
+                        ),
+                    )
+                    .with_related(at("cache.size"), "the cache's size")
+                    .with_help("an entry must fit in the cache: lower `max_entry` or raise `size`"),
+                );
+            }
+            if cache.ttl.0 == 0 {
+                problems.push(out_of_range(
+                    "cache.ttl",
+                    "`cache.ttl` is zero".to_owned(),
+                    "at least 1ms; remove `cache` to cache nothing",
+                ));
+            }
+        }
+        if gate.queue == 0 || gate.queue > MAX_GATE_QUEUE {
+            problems.push(out_of_range(
+                "queue",
+                format!("`queue = {}` is out of range", gate.queue),
+                "1 to 1,000,000 requests",
+            ));
+        }
+        for problem in problems {
+            self.report(problem);
+        }
     }
 
     /// A host is served by one gate only: two would race for its traffic.
@@ -761,8 +1012,9 @@ mod tests {
 
     use super::*;
     use crate::spec::{
-        Autoscale, ConnectionSpec, Cpu, Duration, HorizontalScale, InitStep, Percent, PortSpec,
-        Protocol, SecretSpec, Sticky, UpdateStrategy, VerticalScale, VolumeSpec, Workload,
+        Autoscale, CircuitBreaker, ConnectionSpec, Cpu, Duration, GatePath, GateTimeouts,
+        HorizontalScale, InitStep, Memory, Percent, PortSpec, Protocol, Rate, RateLimit,
+        ResponseCache, SecretSpec, Sticky, UpdateStrategy, VerticalScale, VolumeSpec, Workload,
     };
 
     fn service(name: &str) -> ServiceSpec {
@@ -1006,6 +1258,138 @@ mod tests {
                 "cca::E019 group `g2` name: `web` is in groups `g1` and `g2`",
                 "cca::E016 group `g2` services[1]: `web` is listed twice",
                 "cca::E017 group `g2` services: group `g2` needs at least two services",
+            ],
+        );
+    }
+
+    #[test]
+    fn a_gates_paths_are_absolute_prefixes_of_existing_services_written_once() {
+        let mut program = Program::default();
+        program.services.insert("web".into(), service("web"));
+        program.services.insert("api".into(), service("api"));
+        let path = |prefix: &str, service: &str, port: u16| GatePath {
+            prefix: prefix.into(),
+            service: service.into(),
+            port,
+        };
+        let mut shop = gate("shop", "web", &["shop.example.com"]);
+        shop.paths = vec![
+            path("/api", "api", 8080),
+            path("/static/v1", "web", 8080),
+            path("api", "api", 8080),
+            path("/", "api", 8080),
+            path("/docs/", "api", 8080),
+            path("/a?b", "api", 8080),
+            path("/a b", "api", 8080),
+            path("/api", "web", 8080),
+            path("/nope", "nope", 8080),
+            path("/zero", "api", 0),
+        ];
+        program.gates.insert("shop".into(), shop);
+        check(
+            &program,
+            &[
+                "cca::E013 gate `shop` paths[2].prefix: gate `shop`: path `api` does not start with `/`",
+                "cca::E019 gate `shop` paths[3].prefix: gate `shop`: path `/` is the gate's own target",
+                "cca::E013 gate `shop` paths[4].prefix: gate `shop`: path `/docs/` ends with `/`",
+                "cca::E013 gate `shop` paths[5].prefix: gate `shop`: path `/a?b` holds `?`, `#`, a space or a control character",
+                "cca::E013 gate `shop` paths[6].prefix: gate `shop`: path `/a b` holds `?`, `#`, a space or a control character",
+                "cca::E016 gate `shop` paths[7].prefix: gate `shop`: path `/api` is routed twice",
+                "cca::E018 gate `shop` paths[8].service: undefined service `nope`",
+                "cca::E015 gate `shop` paths[9].port: port 0 is out of range",
+            ],
+        );
+        assert_eq!(program.gates["shop"].services(), ["web", "api", "nope"]);
+    }
+
+    #[test]
+    fn a_gates_proxy_settings_are_within_their_ranges() {
+        let mut program = Program::default();
+        program.services.insert("web".into(), service("web"));
+        let mut sound = gate("sound", "web", &["sound.example.com"]);
+        sound.tls = Some(Tls::SelfSigned);
+        sound.redirect_https = true;
+        sound.retries.budget = Percent(100);
+        sound.circuit_breaker.max_ejected = Percent(1);
+        sound.rate_limit = Some(RateLimit {
+            per_client: Some(Rate {
+                per_second: 1,
+                burst: 1,
+            }),
+            per_gate: None,
+        });
+        sound.cache = Some(ResponseCache {
+            size: Memory(1 << 20),
+            max_entry: Memory(1 << 20),
+            ttl: Duration(1),
+        });
+        sound.queue = MAX_GATE_QUEUE;
+        program.gates.insert("sound".into(), sound);
+        check(&program, &[]);
+
+        let mut shop = gate("shop", "web", &["shop.example.com"]);
+        shop.redirect_https = true;
+        shop.timeouts = GateTimeouts {
+            connect: Duration(0),
+            headers: Duration(0),
+            response: Duration(0),
+            idle: Duration(0),
+            wake: Duration(0),
+        };
+        shop.retries.budget = Percent(101);
+        shop.circuit_breaker = CircuitBreaker {
+            failures: 0,
+            ejection: Duration(0),
+            max_ejected: Percent(0),
+        };
+        shop.rate_limit = Some(RateLimit {
+            per_client: Some(Rate {
+                per_second: 0,
+                burst: 0,
+            }),
+            per_gate: Some(Rate {
+                per_second: 10,
+                burst: 0,
+            }),
+        });
+        shop.cache = Some(ResponseCache {
+            size: Memory(1 << 20),
+            max_entry: Memory(2 << 20),
+            ttl: Duration(0),
+        });
+        shop.queue = 0;
+        program.gates.insert("shop".into(), shop);
+        let mut empty = gate("empty", "web", &["empty.example.com"]);
+        empty.rate_limit = Some(RateLimit::default());
+        empty.cache = Some(ResponseCache {
+            size: Memory(0),
+            ..ResponseCache::default()
+        });
+        empty.circuit_breaker.max_ejected = Percent(101);
+        empty.queue = MAX_GATE_QUEUE + 1;
+        program.gates.insert("empty".into(), empty);
+        check(
+            &program,
+            &[
+                "cca::E015 gate `empty` circuit_breaker.max_ejected: gate `empty`: `circuit_breaker.max_ejected` 101% is out of range",
+                "cca::E017 gate `empty` rate_limit: gate `empty`: `rate_limit` sets no rate",
+                "cca::E015 gate `empty` cache.size: gate `empty`: `cache.size` is zero",
+                "cca::E015 gate `empty` queue: gate `empty`: `queue = 1000001` is out of range",
+                "cca::E019 gate `shop` redirect_https: gate `shop` redirects to HTTPS but has no `tls`",
+                "cca::E015 gate `shop` timeouts.connect: gate `shop`: `timeouts.connect` is zero",
+                "cca::E015 gate `shop` timeouts.headers: gate `shop`: `timeouts.headers` is zero",
+                "cca::E015 gate `shop` timeouts.response: gate `shop`: `timeouts.response` is zero",
+                "cca::E015 gate `shop` timeouts.idle: gate `shop`: `timeouts.idle` is zero",
+                "cca::E015 gate `shop` timeouts.wake: gate `shop`: `timeouts.wake` is zero",
+                "cca::E015 gate `shop` retries.budget: gate `shop`: `retries.budget` 101% is out of range",
+                "cca::E015 gate `shop` circuit_breaker.failures: gate `shop`: `circuit_breaker.failures` is 0",
+                "cca::E015 gate `shop` circuit_breaker.ejection: gate `shop`: `circuit_breaker.ejection` is zero",
+                "cca::E015 gate `shop` circuit_breaker.max_ejected: gate `shop`: `circuit_breaker.max_ejected` 0% is out of range",
+                "cca::E015 gate `shop` rate_limit.per_client.per_second: gate `shop`: `rate_limit.per_client` is 0 requests per second",
+                "cca::E015 gate `shop` rate_limit.per_gate.burst: gate `shop`: `rate_limit.per_gate_burst` is 0",
+                "cca::E019 gate `shop` cache.max_entry: gate `shop`: `cache.max_entry` (2Mi) is larger than `cache.size` (1Mi)",
+                "cca::E015 gate `shop` cache.ttl: gate `shop`: `cache.ttl` is zero",
+                "cca::E015 gate `shop` queue: gate `shop`: `queue = 0` is out of range",
             ],
         );
     }
