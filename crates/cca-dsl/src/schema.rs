@@ -22,6 +22,11 @@ pub enum Context {
     Gate,
     Sticky,
     Tls,
+    Timeouts,
+    Retries,
+    CircuitBreaker,
+    RateLimit,
+    Cache,
     Connection,
     Params,
     Secret,
@@ -171,8 +176,16 @@ const INIT: &[Key] = &[setting("command"), setting("image"), setting("probe")];
 const GATE: &[Key] = &[
     directive("host"),
     directive("service"),
+    directive("path"),
+    setting("balance"),
     flag_block("sticky", Context::Sticky),
     block("tls", Context::Tls),
+    block("timeouts", Context::Timeouts),
+    block("retries", Context::Retries),
+    block("circuit_breaker", Context::CircuitBreaker),
+    block("rate_limit", Context::RateLimit),
+    flag_block("cache", Context::Cache),
+    setting("queue"),
 ];
 
 const STICKY: &[Key] = &[
@@ -182,7 +195,37 @@ const STICKY: &[Key] = &[
     setting("same_site"),
 ];
 
-const TLS: &[Key] = &[flag("self_signed"), setting("cert"), setting("key")];
+const TLS: &[Key] = &[
+    flag("self_signed"),
+    setting("cert"),
+    setting("key"),
+    flag("redirect"),
+];
+
+const TIMEOUTS: &[Key] = &[
+    setting("connect"),
+    setting("headers"),
+    setting("response"),
+    setting("idle"),
+    setting("wake"),
+];
+
+const RETRIES: &[Key] = &[setting("attempts"), setting("budget")];
+
+const CIRCUIT_BREAKER: &[Key] = &[
+    setting("failures"),
+    setting("ejection"),
+    setting("max_ejected"),
+];
+
+const RATE_LIMIT: &[Key] = &[
+    setting("per_client"),
+    setting("per_client_burst"),
+    setting("per_gate"),
+    setting("per_gate_burst"),
+];
+
+const CACHE: &[Key] = &[setting("size"), setting("max_entry"), setting("ttl")];
 
 const CONNECTION: &[Key] = &[
     setting("driver"),
@@ -216,6 +259,11 @@ pub fn keys(context: Context) -> &'static [Key] {
         Context::Gate => GATE,
         Context::Sticky => STICKY,
         Context::Tls => TLS,
+        Context::Timeouts => TIMEOUTS,
+        Context::Retries => RETRIES,
+        Context::CircuitBreaker => CIRCUIT_BREAKER,
+        Context::RateLimit => RATE_LIMIT,
+        Context::Cache => CACHE,
         Context::Connection => CONNECTION,
         Context::Secret => SECRET,
         Context::Network => NETWORK,

@@ -8,7 +8,7 @@ use std::collections::BTreeSet;
 
 use cca_model::spec::SecretGrant;
 
-use cca_model::validity::Subject;
+use cca_model::validity::{Field, Subject};
 
 use super::{Compiler, Kind, Site};
 use crate::diagnostic::{Diagnostic, FileId, codes};
@@ -46,8 +46,15 @@ impl Compiler<'_> {
             };
             if let Some(port) = port {
                 let number = port.number;
-                if let Some(gate) = self.program.gates.get_mut(&pending.gate) {
-                    gate.port = number;
+                let gate = self.program.gates.get_mut(&pending.gate);
+                match (gate, &pending.path) {
+                    (Some(gate), None) => gate.port = number,
+                    (Some(gate), Some((index, _))) => {
+                        if let Some(path) = gate.paths.get_mut(*index) {
+                            path.port = number;
+                        }
+                    }
+                    (None, _) => {}
                 }
                 continue;
             }
@@ -63,9 +70,13 @@ impl Compiler<'_> {
                     pending.service
                 ),
             };
+            let label = match &pending.path {
+                None => format!("gate `{}`", pending.gate),
+                Some((_, prefix)) => format!("path `{prefix}` of gate `{}`", pending.gate),
+            };
             let mut diagnostic =
                 Diagnostic::error(codes::UNDEFINED_REFERENCE, pending.site.span, message)
-                    .with_label(format!("gate `{}`", pending.gate));
+                    .with_label(label);
             if let Some(close) = pending
                 .port
                 .as_deref()
@@ -78,8 +89,12 @@ impl Compiler<'_> {
             self.report_in(pending.site.file, diagnostic);
             // The gate stays (port 0) so the model judges the rest of it;
             // its port is reported here, not again as out of range.
-            let port = Subject::new(Kind::Gate, &pending.gate, "port");
-            self.reported.insert(port);
+            let field = match &pending.path {
+                None => Field::from("port"),
+                Some((index, _)) => Field::from("paths").index(*index).field("port"),
+            };
+            self.reported
+                .insert(Subject::new(Kind::Gate, &pending.gate, field));
         }
     }
 

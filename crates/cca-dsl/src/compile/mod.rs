@@ -11,6 +11,7 @@
 mod checks;
 mod edges;
 mod enforced;
+mod gate;
 mod read;
 mod service;
 mod sites;
@@ -102,8 +103,9 @@ pub(crate) struct Compiler<'l> {
     /// Fields the compiler reported itself; the model's problems about
     /// them are not reported again.
     pub(crate) reported: BTreeSet<Subject>,
-    /// Gate targets whose port is a name, resolved once services are known.
-    pub(crate) gate_ports: Vec<edges::PendingGatePort>,
+    /// Gate targets (and path routes) whose port is a name or not given,
+    /// resolved once services are known.
+    pub(crate) gate_ports: Vec<gate::PendingGatePort>,
     /// Sites of restrict values, for lint warnings.
     pub(crate) restrict_sites: BTreeMap<(String, String), Site>,
     /// Current file while compiling it.

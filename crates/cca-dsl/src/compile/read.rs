@@ -332,14 +332,16 @@ impl Compiler<'_> {
             .iter()
             .map(|(name, _)| format!("\"{name}\""))
             .collect();
-        self.report(
-            Diagnostic::error(
-                codes::WRONG_TYPE,
-                value.span,
-                format!("unknown `{}` value `{text}`", entry.key()),
-            )
-            .with_label(format!("expected {}", expected.join(" or "))),
-        );
+        let mut diagnostic = Diagnostic::error(
+            codes::WRONG_TYPE,
+            value.span,
+            format!("unknown `{}` value `{text}`", entry.key()),
+        )
+        .with_label(format!("expected {}", expected.join(" or ")));
+        if let Some(close) = did_you_mean(&text, choices.iter().map(|(name, _)| *name)) {
+            diagnostic = diagnostic.with_help(format!("did you mean \"{close}\"?"));
+        }
+        self.report(diagnostic);
         None
     }
 
