@@ -9,9 +9,10 @@
 //! theirs.
 //!
 //! Why a tenant's objects reach only its own services: a program's
-//! references (a gate's service, a policy's or group's services, a
-//! service's connections and secrets, a connection's secret) must name
-//! objects the same program defines (`cca_model::validity`), so they carry
+//! references (a gate's services, its target's and its paths', a
+//! policy's or group's services, a service's connections and secrets, a
+//! connection's secret) must name objects the same program defines
+//! (`cca_model::validity`), so they carry
 //! the same stamp, and a program may not take over an object of another
 //! tenant. The one reference that is not a name is `*` in a network rule:
 //! in a tenant's program it may not reach other tenants' services
@@ -513,6 +514,83 @@ mod tests {
         }
         assert!(!may_prune("desired/node/n1", &current, Some("a")));
         assert!(may_prune("desired/node/n1", &current, None));
+    }
+
+    /// A gate's path routes reach only services of the same program (the
+    /// model's rules), and so of the same tenant (no takeover).
+    #[test]
+    fn a_tenants_gate_paths_reach_only_its_own_services() {
+        let path = |service: &str| cca_model::spec::GatePath {
+            prefix: "/api".into(),
+            service: service.into(),
+            port: 80,
+        };
+        let mut of_b = Program::default();
+        of_b.services.insert(
+            "api".into(),
+            ServiceSpec::new("api", Workload::process("sleep 600")),
+        );
+        stamp(&mut of_b, Some("b".into())).expect("stamps");
+        let current = stored(&of_b);
+        let shop = || {
+            let mut program = Program::default();
+            program.services.insert(
+                "web".into(),
+                ServiceSpec::new("web", Workload::process("sleep 600")),
+            );
+            program
+                .gates
+                .insert("shop".into(), gate("shop", "shop.example"));
+            program
+        };
+
+        // Tenant a names b's service without defining it: refused as an
+        // undefined reference before anything is written.
+        let mut of_a = shop();
+        of_a.gates
+            .get_mut("shop")
+            .expect("gate")
+            .paths
+            .push(path("api"));
+        stamp(&mut of_a, Some("a".into())).expect("stamps");
+        let error = crate::validate::check_program(&of_a).expect_err("not in the program");
+        let problems: Vec<String> = error
+            .problems
+            .iter()
+            .map(|problem| format!("{}: {}", problem.subject, problem.message))
+            .collect();
+        assert_eq!(
+            problems,
+            ["gate `shop` paths[0].service: undefined service `api`"]
+        );
+
+        // Defining it too is taking b's service over: refused.
+        of_a.services.insert(
+            "api".into(),
+            ServiceSpec::new("api", Workload::process("sleep 600")),
+        );
+        stamp(&mut of_a, Some("a".into())).expect("stamps");
+        crate::validate::check_program(&of_a).expect("sound on its own");
+        let error = check_takeover(&of_a, &current).expect_err("b's service");
+        assert_eq!(error.status, StatusCode::FORBIDDEN);
+        assert!(
+            error
+                .message
+                .starts_with("service `api` exists and belongs to another tenant"),
+            "{}",
+            error.message
+        );
+
+        // A path to its own service is a's to write.
+        let mut own = shop();
+        own.gates
+            .get_mut("shop")
+            .expect("gate")
+            .paths
+            .push(path("web"));
+        stamp(&mut own, Some("a".into())).expect("stamps");
+        crate::validate::check_program(&own).expect("its own service");
+        check_takeover(&own, &current).expect("nothing of b's");
     }
 
     #[test]
