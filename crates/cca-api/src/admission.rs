@@ -122,6 +122,14 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     // Every node's poll (each few seconds at most), small and from the
     // cache: beside the reports; shed, the agent keeps its last list.
     ("/v1/agent/nodes/{node}/revocations", Lane::Reports),
+    // A gate node's: a certificate per gate every 60 days, and a poll of
+    // a gate's secrets every 10 s answered from the cache (304 unless set
+    // again); a gate whose certificate lapses stops serving HTTPS.
+    (
+        "/v1/agent/nodes/{node}/gates/{gate}/certificate",
+        Lane::Reports,
+    ),
+    ("/v1/agent/nodes/{node}/gates/{gate}/tls", Lane::Reports),
     ("/v1/apply", Lane::User),
     ("/v1/diff", Lane::User),
     ("/v1/services/{name}", Lane::User),

@@ -153,17 +153,21 @@ fn audited(method: &Method, route: &str, status: u16) -> bool {
         AuditOutcome::Failed => false,
         AuditOutcome::Done => {
             let reads = matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS);
-            // A renewed certificate is a credential issued: recorded, though
-            // the rest of a node's work is not.
+            // A renewed certificate, or a gate's, is a credential issued:
+            // recorded, though the rest of a node's work is not.
             !reads
                 && route != "/v1/diff"
-                && (!route.starts_with("/v1/agent/") || route == RENEW_ROUTE)
+                && (!route.starts_with("/v1/agent/")
+                    || route == RENEW_ROUTE
+                    || route == GATE_CERTIFICATE_ROUTE)
         }
     }
 }
 
 /// The route a node renews its certificate on.
 const RENEW_ROUTE: &str = "/v1/agent/nodes/{node}/certificate";
+/// The route a gate node gets a gate's certificate on.
+const GATE_CERTIFICATE_ROUTE: &str = "/v1/agent/nodes/{node}/gates/{gate}/certificate";
 
 /// What a route tells the audit log beyond its path: set as a response
 /// extension, read back by [`record`].
@@ -239,6 +243,16 @@ mod tests {
         ));
         assert!(!audited(&Method::GET, "/v1/services", 200));
         assert!(!audited(&Method::POST, "/v1/diff", 200));
+        assert!(audited(
+            &Method::POST,
+            "/v1/agent/nodes/{node}/gates/{gate}/certificate",
+            200
+        ));
+        assert!(!audited(
+            &Method::GET,
+            "/v1/agent/nodes/{node}/gates/{gate}/tls",
+            200
+        ));
         assert!(!audited(
             &Method::POST,
             "/v1/agent/nodes/{node}/heartbeat",

@@ -91,6 +91,9 @@ struct Inner {
     network: Arc<NetworkFeed>,
     secret_key: RwLock<Option<Arc<SecretKey>>>,
     authority: RwLock<Option<Arc<cca_trust::pki::ClusterCa>>>,
+    /// Without `authority`: the CA gates' certificates are signed with,
+    /// made at the first request and kept until the server stops.
+    gate_authority: std::sync::Mutex<Option<Arc<cca_trust::pki::ClusterCa>>>,
     policies: crate::authz::Policies,
     tokens: RwLock<Option<Arc<crate::auth::TokenAuthority>>>,
     agent_tls: RwLock<Option<Arc<AgentTls>>>,
@@ -134,6 +137,7 @@ impl ApiState {
             network: Arc::default(),
             secret_key: RwLock::new(None),
             authority: RwLock::new(None),
+            gate_authority: std::sync::Mutex::new(None),
             policies: crate::authz::Policies::default(),
             tokens: RwLock::new(None),
             agent_tls: RwLock::new(None),
@@ -239,6 +243,49 @@ impl ApiState {
                  start `cca server` with its --config-dir",
                 )
             })
+    }
+
+    /// The CA that signs gates' certificates: the cluster CA, or, on a
+    /// server without one (plain HTTP, `cca dev --insecure`), a CA made
+    /// in memory at the first request and kept until the server stops, so
+    /// a `tls { self_signed }` gate serves HTTPS on any cluster. Its
+    /// certificates outlive it on the gate nodes (they cache them); a new
+    /// one signs their renewals after a restart.
+    pub(crate) fn gate_authority(&self) -> ApiResult<Arc<cca_trust::pki::ClusterCa>> {
+        if let Some(ca) = self
+            .inner
+            .authority
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+        {
+            return Ok(ca);
+        }
+        let mut made = self
+            .inner
+            .gate_authority
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(ca) = made.as_ref() {
+            return Ok(Arc::clone(ca));
+        }
+        let ca = cca_trust::pki::ClusterCa::generate(
+            "gates",
+            cca_model::clock::system_now(),
+            cca_trust::pki::CA_VALIDITY,
+        )
+        .map_err(|error| {
+            ApiError::internal(format!(
+                "this server has no cluster CA and could not make one for gates: {error}"
+            ))
+        })?;
+        let ca = Arc::new(ca);
+        tracing::info!(
+            fingerprint = %ca.fingerprint(),
+            "no cluster CA: gates' certificates are signed by a CA made for this server's run"
+        );
+        *made = Some(Arc::clone(&ca));
+        Ok(ca)
     }
 
     /// The cluster's secret key, or 503 when this server was given none.

@@ -1,5 +1,6 @@
 //! Trust: who is who in a cluster, and what they may do. The cluster CA
-//! and the certificates it issues ([`pki`]), the identities certificates
+//! and the certificates it issues ([`pki`]; gates' for their hosts in
+//! [`gate`]), the identities certificates
 //! carry ([`identity`]), the join tokens nodes enrol with ([`join`]),
 //! the signed tokens users present ([`jwt`]), what users may do
 //! ([`policy`]), the certificates the cluster took back ([`revocation`]),
@@ -10,6 +11,7 @@
 //! so expiry is tested on a fake clock.
 
 pub mod config_dir;
+pub mod gate;
 pub mod identity;
 pub mod join;
 pub mod jwt;

@@ -120,15 +120,19 @@ pub enum Error {
     },
     #[error("the CSR's key is {algorithm}: send an ECDSA P-256 or P-384 or an Ed25519 key")]
     CsrKey { algorithm: String },
+    #[error("`{name}` cannot be a host in a gate's certificate: {why}")]
+    BadGateHost { name: String, why: &'static str },
+    #[error("the CSR must name exactly the gate's hosts ({hosts}), nothing else: {problem}")]
+    CsrGateHosts { hosts: Names, problem: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-fn crypto(what: &'static str) -> impl FnOnce(rcgen::Error) -> Error {
+pub(crate) fn crypto(what: &'static str) -> impl FnOnce(rcgen::Error) -> Error {
     move |source| Error::Crypto { what, source }
 }
 
-fn unreadable(what: &'static str, why: impl fmt::Display) -> Error {
+pub(crate) fn unreadable(what: &'static str, why: impl fmt::Display) -> Error {
     Error::Unreadable {
         what,
         why: why.to_string(),
@@ -563,6 +567,12 @@ impl ClusterCa {
         &self.info
     }
 
+    /// What signs: for the other kinds of certificate this crate makes
+    /// (`gate`).
+    pub(crate) fn issuer(&self) -> &Issuer<'static, KeyPair> {
+        &self.issuer
+    }
+
     /// Makes a key and a certificate for `request`: for the server's own
     /// certificate and the local admin's, which never leave the machine
     /// the CA is on.
@@ -736,18 +746,18 @@ fn identity_sans(identity: &Identity, names: &Names) -> Result<Vec<SanType>> {
     Ok(sans)
 }
 
-fn common_name(text: &str) -> DistinguishedName {
+pub(crate) fn common_name(text: &str) -> DistinguishedName {
     let mut name = DistinguishedName::new();
     name.push(DnType::CommonName, text);
     name
 }
 
-fn new_key() -> Result<KeyPair> {
+pub(crate) fn new_key() -> Result<KeyPair> {
     KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).map_err(crypto("make a P-256 key"))
 }
 
 /// 128 random bits, read as a positive integer (DER adds the sign byte).
-fn random_serial() -> Result<SerialNumber> {
+pub(crate) fn random_serial() -> Result<SerialNumber> {
     let mut bytes = [0u8; 16];
     aws_lc_rs::rand::fill(&mut bytes).map_err(|_| Error::Random)?;
     // A zero serial is not allowed; one in 2^128, but cheap to rule out.
@@ -761,7 +771,7 @@ const LATEST: Duration = Duration::from_secs(253_402_214_400 - 86_400); // 9999-
 
 /// Sets `params`' validity: from a little before `now` (clock skew)
 /// for `validity`, never past `cap`.
-fn set_validity(
+pub(crate) fn set_validity(
     params: &mut CertificateParams,
     now: SystemTime,
     validity: Duration,
@@ -799,14 +809,14 @@ fn is_signing_ca(cert: &X509Certificate<'_>) -> bool {
     ca && signs
 }
 
-struct Requested {
-    uris: Vec<String>,
-    names: Names,
+pub(crate) struct Requested {
+    pub(crate) uris: Vec<String>,
+    pub(crate) names: Names,
     /// Names of kinds no certificate here carries (e-mail, directory ...).
-    others: Vec<String>,
+    pub(crate) others: Vec<String>,
 }
 
-fn requested_names(request: &X509CertificationRequest<'_>) -> Requested {
+pub(crate) fn requested_names(request: &X509CertificationRequest<'_>) -> Requested {
     let mut requested = Requested {
         uris: Vec::new(),
         names: Names::none(),
@@ -845,7 +855,7 @@ pub fn csr_names(csr_pem: &str) -> Result<Names> {
 /// The keys rustls signs handshakes with and webpki verifies: ECDSA on
 /// P-256 or P-384, or Ed25519. No RSA: nothing here makes RSA keys, and
 /// refusing it rules out weak sizes without measuring them.
-fn check_csr_key(spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>) -> Result<()> {
+pub(crate) fn check_csr_key(spki: &x509_parser::x509::SubjectPublicKeyInfo<'_>) -> Result<()> {
     use x509_parser::oid_registry::{
         OID_EC_P256, OID_KEY_TYPE_EC_PUBLIC_KEY, OID_NIST_EC_P384, OID_SIG_ED25519,
     };

@@ -533,6 +533,58 @@ impl Client {
         self.json(self.request(Method::GET, &path)).await
     }
 
+    /// A certificate for `node`'s key for gate `gate` (a `tls {
+    /// self_signed }` gate), asked by the gate node as itself.
+    pub async fn gate_certificate(
+        &self,
+        node: &str,
+        gate: &str,
+        request: &GateCertificateRequest,
+    ) -> ClientResult<GateCertificate> {
+        let path = format!(
+            "/v1/agent/nodes/{}/gates/{}/certificate",
+            segment(node),
+            segment(gate)
+        );
+        self.json(self.request(Method::POST, &path).json(request))
+            .await
+    }
+
+    /// The chain and key of gate `gate` (a `tls { cert key }` gate), asked
+    /// by gate node `node`; `None` when they are still at version `known`
+    /// (the server answered 304 Not Modified).
+    pub async fn gate_tls(
+        &self,
+        node: &str,
+        gate: &str,
+        known: Option<&str>,
+    ) -> ClientResult<Option<GateTls>> {
+        let path = format!(
+            "/v1/agent/nodes/{}/gates/{}/tls",
+            segment(node),
+            segment(gate)
+        );
+        let mut request = self.request(Method::GET, &path);
+        if let Some(version) = known {
+            request = request.header(reqwest::header::IF_NONE_MATCH, format!("\"{version}\""));
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|error| self.unreachable(&error))?;
+        if response.status() == StatusCode::NOT_MODIFIED {
+            return Ok(None);
+        }
+        let response = self.checked(response).await?;
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|error| self.unreachable(&error))?;
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|error| ClientError::Decode(error.to_string()))
+    }
+
     /// Revokes certificates (see [`RevokeRequest`]).
     pub async fn revoke(&self, request: &RevokeRequest) -> ClientResult<RevocationEntry> {
         self.json(self.request(Method::POST, "/v1/revocations").json(request))
@@ -646,6 +698,11 @@ impl Client {
             .send()
             .await
             .map_err(|error| self.unreachable(&error))?;
+        self.checked(response).await
+    }
+
+    /// A response whose status is an error becomes [`ClientError::Api`].
+    async fn checked(&self, response: Response) -> ClientResult<Response> {
         let status = response.status();
         if status.is_success() {
             return Ok(response);

@@ -643,6 +643,48 @@ pub struct RenewRequest {
     pub csr_pem: String,
 }
 
+/// `POST /v1/agent/nodes/{node}/gates/{gate}/certificate`: a gate node
+/// asks for a certificate for a `tls { self_signed }` gate, for a key it
+/// made and keeps.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateCertificateRequest {
+    /// A PKCS#10 request (PEM) naming exactly the gate's hosts.
+    pub csr_pem: String,
+}
+
+/// A gate's certificate, signed by the cluster CA.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateCertificate {
+    /// The gate's certificate (PEM): its hosts, server usage only.
+    pub certificate_pem: String,
+    /// The certificate of the CA that signed it (PEM).
+    pub ca_pem: String,
+}
+
+/// `GET /v1/agent/nodes/{node}/gates/{gate}/tls`: a `tls { cert key }`
+/// gate's certificate chain and key, the values of its two secrets.
+/// `Debug` hides the key.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateTls {
+    /// Changes whenever either secret is set again; also the answer's
+    /// `ETag`, to send back as `If-None-Match`.
+    pub version: String,
+    /// The `cert` secret's value: the chain, leaf first (PEM).
+    pub chain_pem: String,
+    /// The `key` secret's value (PEM).
+    pub key_pem: String,
+}
+
+impl std::fmt::Debug for GateTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GateTls")
+            .field("version", &self.version)
+            .field("chain_pem", &self.chain_pem)
+            .field("key_pem", &"[hidden]")
+            .finish()
+    }
+}
+
 /// `POST /v1/revocations`: take back certificates before they expire —
 /// exactly one of one certificate (`serial`), every certificate of a node,
 /// or of a user, issued until now.

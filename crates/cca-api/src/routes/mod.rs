@@ -5,6 +5,7 @@
 mod agent;
 mod enrol;
 mod events;
+mod gates;
 mod instance_io;
 mod ops;
 mod reads;
@@ -143,6 +144,11 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         ),
         ("/v1/agent/nodes/{node}/certificate", post(enrol::renew)),
         ("/v1/agent/nodes/{node}/revocations", get(revoke::for_node)),
+        (
+            "/v1/agent/nodes/{node}/gates/{gate}/certificate",
+            post(gates::certificate),
+        ),
+        ("/v1/agent/nodes/{node}/gates/{gate}/tls", get(gates::tls)),
         ("/metrics", get(reads::metrics)),
     ]
 }

@@ -499,7 +499,9 @@ async fn rotate_one(state: &ApiState, key: Arc<SecretKey>, name: &str) -> Result
 }
 
 /// Runs sealing or opening on the blocking pool.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> ApiResult<T> {
+pub(crate) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> ApiResult<T> {
     tokio::task::spawn_blocking(work)
         .await
         .map_err(|_| ApiError::internal("sealing or opening a secret failed unexpectedly"))
@@ -507,7 +509,7 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
 
 /// A KMS command that fails is the KMS's unavailability (503); anything
 /// else (a key not accepted, a damaged record) is the server's (500).
-fn secret_error(error: SecretError) -> ApiError {
+pub(crate) fn secret_error(error: SecretError) -> ApiError {
     match &error {
         SecretError::Provider { error: cause, .. }
             if !matches!(
