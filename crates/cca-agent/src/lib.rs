@@ -11,6 +11,7 @@ pub mod enrol;
 pub mod error;
 pub mod files;
 pub mod gate;
+pub mod gate_tls;
 pub mod health;
 mod link;
 pub mod netmap;
