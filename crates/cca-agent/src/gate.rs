@@ -1,18 +1,23 @@
 //! The node's gate role (`cca agent --gate-listen`): binds the gate's
 //! listeners before the node registers (so it registers where they really
 //! are), keeps the proxy's route table in step with the node's network
-//! view, and serves a node-local `/metrics` for Prometheus when asked to.
+//! view and its certificates in step with the key pairs [`gate_tls`]
+//! keeps, and serves a node-local `/metrics` for Prometheus when asked to.
 //! The proxy itself is `cca-gate`'s.
+//!
+//! [`gate_tls`]: crate::gate_tls
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use cca_gate::{Gate, Listener, ProxyOptions, ServerOptions};
 use cca_model::cluster::GateListen;
+use cca_tls::HostPair;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::error::AgentError;
+use crate::gate_tls::GateKeyPairs;
 use crate::netmap::NetworkView;
 
 /// What `--gate-listen` and its companions ask for.
@@ -109,19 +114,25 @@ pub(crate) async fn bind(config: &GateConfig, address: &str) -> Result<BoundGate
 }
 
 impl BoundGate {
-    /// Serves until `stop`, routing by every view `views` publishes.
+    /// Serves until `stop`, routing by every view `views` publishes and
+    /// serving the certificates `pairs` holds for each gate's hosts.
     pub(crate) async fn run(
         self,
         mut views: watch::Receiver<Arc<NetworkView>>,
+        mut pairs: watch::Receiver<GateKeyPairs>,
         stop: watch::Receiver<bool>,
     ) {
         let gate = Arc::clone(&self.gate);
-        gate.update(&views.borrow_and_update().map);
         let following = Arc::clone(&gate);
         let follower = tokio::spawn(async move {
-            while views.changed().await.is_ok() {
+            loop {
                 let view = Arc::clone(&views.borrow_and_update());
                 following.update(&view.map);
+                serve_certificates(&following, &view, &pairs.borrow_and_update());
+                tokio::select! {
+                    changed = views.changed() => if changed.is_err() { return },
+                    changed = pairs.changed() => if changed.is_err() { return },
+                }
             }
         });
         let metrics = self
@@ -132,6 +143,21 @@ impl BoundGate {
         if let Some(metrics) = metrics {
             let _ = metrics.await;
         }
+    }
+}
+
+/// Serves each gate's key pair for the gate's hosts.
+fn serve_certificates(gate: &Gate, view: &NetworkView, pairs: &GateKeyPairs) {
+    let served = view.map.gates.values().filter_map(|spec| {
+        let pair = pairs.get(&spec.name)?;
+        Some(HostPair {
+            hosts: &spec.hosts,
+            chain_pem: &pair.chain_pem,
+            key_pem: &pair.key_pem,
+        })
+    });
+    for (pair, error) in gate.certificates().replace(served) {
+        tracing::warn!(hosts = ?pair.hosts, %error, "a gate certificate cannot be served");
     }
 }
 

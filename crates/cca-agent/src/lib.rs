@@ -213,7 +213,16 @@ pub async fn run(
                 shutdown.clone(),
             ));
         }
-        gate_task = gate.map(|gate| tokio::spawn(gate.run(view_changes, shutdown.clone())));
+        gate_task = gate.map(|gate| {
+            let pairs = gate_tls::GateCertificates::spawn(
+                client.clone(),
+                config.node.clone(),
+                config.data_dir.clone(),
+                view_changes.clone(),
+                shutdown.clone(),
+            );
+            tokio::spawn(gate.run(view_changes, pairs, shutdown.clone()))
+        });
     }
     let mut supervisor = Supervisor::new(
         &config.node,

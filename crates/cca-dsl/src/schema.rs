@@ -204,7 +204,6 @@ const TLS: &[Key] = &[
 
 const TIMEOUTS: &[Key] = &[
     setting("connect"),
-    setting("headers"),
     setting("response"),
     setting("idle"),
     setting("wake"),

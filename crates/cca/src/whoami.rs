@@ -1,7 +1,8 @@
 //! `cca whoami [--port N]`: the built-in workload of the quick start and the
 //! tests — a tiny HTTP service answering every GET with who it is (hostname,
 //! `CCA_INSTANCE`, `CCA_SERVICE`, `CCA_NODE`, its port) and the request path,
-//! as plain text or, with `Accept: application/json`, as JSON. It listens on
+//! as plain text or, with `Accept: application/json`, as JSON; on `/ws` a
+//! WebSocket that echoes every message. It listens on
 //! `--bind` (default `$CCA_ADDRESS`, else 0.0.0.0), on `--port`, else `$PORT`, else 8080, and exits cleanly on
 //! SIGTERM or Ctrl-C. It logs to stdout, where a workload's log goes (what
 //! `cca logs` shows): one line when it listens, one per request (method,
@@ -93,6 +94,7 @@ async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let app = Router::new()
+        .route("/ws", axum::routing::get(echo))
         .fallback(answer)
         .with_state(Arc::new(identity))
         .layer(axum::middleware::from_fn(log_request));
@@ -149,6 +151,23 @@ async fn answer(
     } else {
         as_text(&answer).into_response()
     }
+}
+
+/// Upgrades to a WebSocket that sends back every text and binary message.
+async fn echo(upgrade: axum::extract::ws::WebSocketUpgrade) -> Response {
+    upgrade.on_upgrade(|mut socket| async move {
+        use axum::extract::ws::Message;
+        while let Some(Ok(message)) = socket.recv().await {
+            let reply = match message {
+                Message::Text(_) | Message::Binary(_) => message,
+                Message::Close(_) => break,
+                Message::Ping(_) | Message::Pong(_) => continue,
+            };
+            if socket.send(reply).await.is_err() {
+                break;
+            }
+        }
+    })
 }
 
 fn as_text(answer: &Answer<'_>) -> String {

@@ -23,11 +23,23 @@ struct NotEnforced {
 
 const NOT_ENFORCED: &[NotEnforced] = &[
     NotEnforced {
-        context: Context::File,
-        key: "gate",
-        setting: "gate",
-        instead: "the gate (hosts, sticky sessions, TLS) is stored; nothing listens for it yet: \
-                  reach the service on its instances' host ports",
+        context: Context::Gate,
+        key: "cache",
+        setting: "gate cache",
+        instead: "every request goes to a backend; nothing is cached",
+    },
+    NotEnforced {
+        context: Context::Gate,
+        key: "queue",
+        setting: "gate queue",
+        instead: "the queue holds requests for a service woken from zero, which needs \
+                  `scale_to_zero`: not enforced yet either",
+    },
+    NotEnforced {
+        context: Context::Timeouts,
+        key: "wake",
+        setting: "timeouts.wake",
+        instead: "a request for a target with no ready backend is answered 503 at once",
     },
     NotEnforced {
         context: Context::File,

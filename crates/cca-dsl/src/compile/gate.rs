@@ -419,7 +419,6 @@ impl Compiler<'_> {
         for entry in self.entries(block, Context::Timeouts) {
             let slot = match entry.key() {
                 "connect" => &mut timeouts.connect,
-                "headers" => &mut timeouts.headers,
                 "response" => &mut timeouts.response,
                 "idle" => &mut timeouts.idle,
                 "wake" => &mut timeouts.wake,
@@ -710,7 +709,7 @@ mod tests {
     fn timeouts_retries_and_the_circuit_breaker_set_what_is_written() {
         let g = gate(
             "service web\n\
-             timeouts { connect = 1s  headers = 2s  response = 3s  idle = 4s  wake = 5s }\n\
+             timeouts { connect = 1s  response = 3s  idle = 4s  wake = 5s }\n\
              retries { attempts = 0  budget = 5% }\n\
              circuit_breaker { failures = 7  ejection = 1m  max_ejected = 25% }\n\
              queue = 12",
@@ -719,7 +718,6 @@ mod tests {
             g.timeouts,
             GateTimeouts {
                 connect: Duration(1000),
-                headers: Duration(2000),
                 response: Duration(3000),
                 idle: Duration(4000),
                 wake: Duration(5000),

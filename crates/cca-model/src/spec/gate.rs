@@ -146,14 +146,14 @@ pub enum Balance {
     SourceIp,
 }
 
-/// The gate's clocks.
+/// The gate's clocks. (How long a client may take to send a request's
+/// headers is the gate node's, `--gate-header-timeout`: the gate is not
+/// known before the headers are read.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct GateTimeouts {
     /// To open a connection to a backend.
     pub connect: Duration,
-    /// For a client to send a request's headers.
-    pub headers: Duration,
     /// For a backend to send a response's headers.
     pub response: Duration,
     /// A keep-alive connection with no request is closed after this.
@@ -167,7 +167,6 @@ impl Default for GateTimeouts {
     fn default() -> Self {
         Self {
             connect: Duration(5_000),
-            headers: Duration(30_000),
             response: Duration(60_000),
             idle: Duration(60_000),
             wake: Duration(30_000),

@@ -701,7 +701,6 @@ impl<'p> Check<'p> {
         let t = &gate.timeouts;
         let clocks = [
             ("connect", t.connect),
-            ("headers", t.headers),
             ("response", t.response),
             ("idle", t.idle),
             ("wake", t.wake),
@@ -1331,7 +1330,6 @@ mod tests {
         shop.redirect_https = true;
         shop.timeouts = GateTimeouts {
             connect: Duration(0),
-            headers: Duration(0),
             response: Duration(0),
             idle: Duration(0),
             wake: Duration(0),
@@ -1377,7 +1375,6 @@ mod tests {
                 "cca::E015 gate `empty` queue: gate `empty`: `queue = 1000001` is out of range",
                 "cca::E019 gate `shop` redirect_https: gate `shop` redirects to HTTPS but has no `tls`",
                 "cca::E015 gate `shop` timeouts.connect: gate `shop`: `timeouts.connect` is zero",
-                "cca::E015 gate `shop` timeouts.headers: gate `shop`: `timeouts.headers` is zero",
                 "cca::E015 gate `shop` timeouts.response: gate `shop`: `timeouts.response` is zero",
                 "cca::E015 gate `shop` timeouts.idle: gate `shop`: `timeouts.idle` is zero",
                 "cca::E015 gate `shop` timeouts.wake: gate `shop`: `timeouts.wake` is zero",

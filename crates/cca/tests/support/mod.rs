@@ -5,6 +5,8 @@
 
 #![allow(dead_code, reason = "each test file uses a different part")]
 
+pub(crate) mod dev;
+
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::path::Path;

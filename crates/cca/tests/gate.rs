@@ -1,0 +1,241 @@
+//! Gates end to end with the clients people use: `cca dev` serves a
+//! program's gates on the ports it prints, and `curl` reaches the service
+//! through them over HTTP/1.1, HTTP/2 and HTTPS (the certificate the
+//! cluster CA issued for the gate's hosts, by SNI), gets the gate's own 404
+//! for a host no gate serves, and completes a WebSocket handshake (`cca
+//! whoami` echoes WebSocket messages on `/ws`).
+
+mod support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::dev::Dev;
+
+const PROGRAM: &str = r#"
+service hello {
+  run = "exec cca whoami --port $PORT"
+  replicas = 2
+  port http 8080
+  health {
+    http "/"
+    interval = 1s
+    timeout = 500ms
+  }
+}
+
+gate hello {
+  host "hello.localhost" "*.apps.localhost"
+  service hello port http
+  tls {
+    self_signed
+  }
+}
+"#;
+
+/// The plain-HTTP and HTTPS gate ports `cca dev` printed.
+fn gate_ports(shown: &str) -> (u16, u16) {
+    let line = shown
+        .lines()
+        .find_map(|line| line.strip_prefix("cca dev: gates on "))
+        .unwrap_or_else(|| panic!("no gate line in:\n{shown}"));
+    let port = |scheme: &str| {
+        line.split_whitespace()
+            .find_map(|word| word.strip_prefix(scheme))
+            .and_then(|address| address.rsplit_once(':'))
+            .and_then(|(_, port)| port.parse().ok())
+            .unwrap_or_else(|| panic!("no {scheme} address in {line:?}"))
+    };
+    (port("http://"), port("https://"))
+}
+
+/// `curl -sS ARGS`, returning its stdout (and failing the test with its
+/// stderr when it fails).
+fn curl(args: &[&str]) -> String {
+    let output = Command::new("curl")
+        .arg("-sS")
+        .args(args)
+        .output()
+        .expect("curl runs (scripts/test installs it)");
+    assert!(
+        output.status.success(),
+        "curl {args:?} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Polls `url` through the gate until the service answers 200 (instances
+/// become ready a moment after `cca dev` prints them running; a gate's
+/// certificate arrives a moment after the gate).
+fn until_served(extra: &[&str], resolve: &str, url: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let output = Command::new("curl")
+            .args(["-sS", "--resolve", resolve, "-w", "\n%{http_code}"])
+            .args(extra)
+            .arg(url)
+            .output()
+            .expect("curl runs (scripts/test installs it)");
+        let shown = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        if shown.ends_with("\n200") {
+            return shown;
+        }
+        assert!(Instant::now() < deadline, "never served; last:\n{shown}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn curl_reaches_a_service_through_its_gate() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("app.cca"), PROGRAM).expect("writes the program");
+    let dev = Dev::start(dir.path(), &["--data-dir", "data", "app.cca"]);
+    let shown = dev.read_until(|line, _| line.starts_with("cca dev: gates on "));
+    let (port, tls_port) = gate_ports(&shown);
+    let resolve = format!("hello.localhost:{port}:127.0.0.1");
+    let url = format!("http://hello.localhost:{port}/some/path");
+    let body = until_served(&[], &resolve, &url);
+    assert!(body.contains("service: hello"), "{body}");
+    assert!(body.contains("path: /some/path"), "{body}");
+
+    // HTTPS with the certificate the cluster CA issued for the gate's
+    // hosts, chosen by SNI, over HTTP/2 by ALPN.
+    let ca = dir.path().join("data/trust/ca.pem");
+    let ca = ca.to_str().expect("a UTF-8 path");
+    let tls_resolve = format!("hello.localhost:{tls_port}:127.0.0.1");
+    let tls_url = format!("https://hello.localhost:{tls_port}/secure");
+    let body = until_served(&["--cacert", ca], &tls_resolve, &tls_url);
+    assert!(body.contains("path: /secure"), "{body}");
+    let version = curl(&[
+        "--cacert",
+        ca,
+        "--resolve",
+        &tls_resolve,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_version}",
+        &tls_url,
+    ]);
+    assert_eq!(version, "2");
+    let wild_tls = format!("a.apps.localhost:{tls_port}:127.0.0.1");
+    let body = curl(&[
+        "--cacert",
+        ca,
+        "--resolve",
+        &wild_tls,
+        &format!("https://a.apps.localhost:{tls_port}/"),
+    ]);
+    assert!(body.contains("service: hello"), "{body}");
+
+    // Both instances serve, in turn.
+    let mut instances = std::collections::BTreeSet::new();
+    for _ in 0..6 {
+        let body = curl(&["--resolve", &resolve, &url]);
+        let instance = body
+            .lines()
+            .find_map(|line| line.strip_prefix("instance: "))
+            .expect("an instance line")
+            .to_owned();
+        instances.insert(instance);
+    }
+    assert_eq!(instances.len(), 2, "{instances:?}");
+
+    // HTTP/2 without TLS (prior knowledge), and a wildcard host.
+    let wild = format!("x.apps.localhost:{port}:127.0.0.1");
+    let h2 = curl(&[
+        "--http2-prior-knowledge",
+        "--resolve",
+        &wild,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_version} %{http_code}",
+        &format!("http://x.apps.localhost:{port}/"),
+    ]);
+    assert_eq!(h2, "2 200");
+
+    // A host no gate serves gets the gate's own 404.
+    let other = format!("nobody.localhost:{port}:127.0.0.1");
+    let missing = curl(&[
+        "--resolve",
+        &other,
+        "-w",
+        "%{http_code}",
+        &format!("http://nobody.localhost:{port}/"),
+    ]);
+    assert_eq!(missing, "no gate serves the host \"nobody.localhost\"\n404");
+
+    // A WebSocket handshake through the gate, with curl: the gate passes
+    // the upgrade on and the backend's 101 back. curl keeps the upgraded
+    // connection open until --max-time (exit 28): its output is the point.
+    let handshake = Command::new("curl")
+        .args(["-sS", "-i", "--max-time", "2", "--resolve", &resolve])
+        .args(["-H", "Connection: Upgrade", "-H", "Upgrade: websocket"])
+        .args(["-H", "Sec-WebSocket-Version: 13"])
+        .args(["-H", "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ=="])
+        .arg(format!("http://hello.localhost:{port}/ws"))
+        .output()
+        .expect("curl runs");
+    let shown = String::from_utf8_lossy(&handshake.stdout).to_ascii_lowercase();
+    assert!(
+        matches!(handshake.status.code(), Some(0 | 28)),
+        "{shown}{}",
+        String::from_utf8_lossy(&handshake.stderr)
+    );
+    assert!(shown.starts_with("http/1.1 101"), "{shown}");
+    assert!(
+        shown.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{shown}"
+    );
+    // And a message through it: one masked text frame, echoed unmasked.
+    let echoed = websocket_echo(port, b"hello through the gate");
+    assert_eq!(echoed, b"hello through the gate");
+    drop(dev);
+}
+
+/// Opens a WebSocket through the gate, sends `message` as one masked text
+/// frame and returns the payload of the frame that comes back.
+fn websocket_echo(port: u16, message: &[u8]) -> Vec<u8> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    stream
+        .write_all(
+            b"GET /ws HTTP/1.1\r\nHost: hello.localhost\r\nConnection: Upgrade\r\n\
+              Upgrade: websocket\r\nSec-WebSocket-Version: 13\r\n\
+              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        )
+        .expect("handshake");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        stream.read_exact(&mut byte).expect("response head");
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    let mask = [0x11u8, 0x22, 0x33, 0x44];
+    let mut frame = vec![0x81, 0x80 | u8::try_from(message.len()).expect("short")];
+    frame.extend_from_slice(&mask);
+    frame.extend(message.iter().enumerate().map(|(k, b)| b ^ mask[k % 4]));
+    stream.write_all(&frame).expect("frame");
+    let mut header = [0u8; 2];
+    stream.read_exact(&mut header).expect("frame header");
+    assert_eq!(header[0], 0x81, "a final text frame");
+    assert_eq!(header[1] & 0x80, 0, "server frames are not masked");
+    let mut payload = vec![0u8; usize::from(header[1] & 0x7f)];
+    stream.read_exact(&mut payload).expect("payload");
+    payload
+}
