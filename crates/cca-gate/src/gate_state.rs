@@ -1,6 +1,6 @@
 //! What one gate keeps between requests on a gate node: its client (a pool
 //! of keep-alive connections to its backends, with the gate's connect and
-//! idle timeouts), its metric handles, its rate limiters (per client
+//! idle timeouts), its response cache, its metric handles, its rate limiters (per client
 //! address and for the whole gate, GCRA token buckets from `governor`) and
 //! its retry budget. It outlives route-table rebuilds while the settings
 //! it was made from stay the same.
@@ -10,7 +10,7 @@ use std::num::NonZeroU32;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use cca_model::spec::{GateSpec, GateTimeouts, Rate, RateLimit, Retries};
+use cca_model::spec::{GateSpec, GateTimeouts, Rate, RateLimit, ResponseCache, Retries};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
 use hyper_util::client::legacy::Client;
@@ -18,6 +18,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 
+use crate::cache::Cache;
 use crate::metrics::{GateMetrics, Metrics};
 use crate::proxy::Body;
 
@@ -36,6 +37,8 @@ pub struct GateState {
     rate_limit: Option<RateLimit>,
     retries: Retries,
     timeouts: GateTimeouts,
+    cache_settings: Option<ResponseCache>,
+    pub(crate) cache: Option<Cache>,
     pub(crate) client: Client<HttpConnector, Body>,
     pub(crate) metrics: GateMetrics,
     per_client: Option<DefaultKeyedRateLimiter<IpAddr>>,
@@ -71,6 +74,8 @@ impl GateState {
             rate_limit: spec.rate_limit,
             retries: spec.retries,
             timeouts: spec.timeouts,
+            cache_settings: spec.cache,
+            cache: spec.cache.map(Cache::new),
             client: backend_client(&spec.timeouts),
             metrics: metrics.gate(&spec.name),
             per_client: limits
@@ -91,6 +96,7 @@ impl GateState {
             && self.rate_limit == spec.rate_limit
             && self.retries == spec.retries
             && self.timeouts == spec.timeouts
+            && self.cache_settings == spec.cache
     }
 
     /// Takes a token for a request from `client`; `Err` when a limit is

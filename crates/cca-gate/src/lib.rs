@@ -8,13 +8,14 @@
 //! [`balance`] owns how a request picks a backend (sticky cookies,
 //! consistent hashing, round robin, least connections, outlier ejection);
 //! [`gate_state`] what a gate keeps between requests (its backend client,
-//! rate limits, retry budget); [`forward`] what the proxy changes in the
+//! rate limits, retry budget, [`cache`]); [`forward`] what the proxy changes in the
 //! messages it passes on; [`proxy`] the request path; [`server`] the
 //! listeners, TLS, idle timeouts and graceful drain; [`metrics`] what
 //! `/metrics` shows. Certificates by SNI are [`cca_tls::HostCertificates`];
 //! where they come from (the control plane) is the agent's business.
 
 pub mod balance;
+pub mod cache;
 pub mod forward;
 pub mod gate_state;
 pub mod metrics;

@@ -1,6 +1,6 @@
 //! The gate's Prometheus metrics: per gate and per backend, requests by
 //! status class and their latency, plus ejections, retries, rate-limited
-//! answers and open connections. A request updates
+//! and cached answers, and open connections. A request updates
 //! handles its gate and backend resolved once (no label lookup per
 //! request); a backend's series go when the backend leaves every pool.
 
@@ -59,6 +59,7 @@ pub struct Metrics {
     request_seconds: Histograms<GateLabel>,
     retries: Family<GateLabel, Counter>,
     rate_limited: Family<GateLabel, Counter>,
+    cache_hits: Family<GateLabel, Counter>,
     backend_requests: Family<BackendClass, Counter>,
     backend_seconds: Histograms<BackendLabel>,
     ejections: Family<BackendLabel, Counter>,
@@ -74,6 +75,7 @@ impl Default for Metrics {
             request_seconds: Family::new_with_constructor(latency_histogram),
             retries: Family::default(),
             rate_limited: Family::default(),
+            cache_hits: Family::default(),
             backend_requests: Family::default(),
             backend_seconds: Family::new_with_constructor(latency_histogram),
             ejections: Family::default(),
@@ -107,6 +109,11 @@ impl Metrics {
             "rate_limited",
             "Requests refused with 429 by a rate limit, per gate",
             self.rate_limited.clone(),
+        );
+        registry.register(
+            "cache_hits",
+            "Requests answered from the response cache, per gate",
+            self.cache_hits.clone(),
         );
         registry.register(
             "backend_requests",
@@ -158,6 +165,7 @@ impl Metrics {
             seconds: self.request_seconds.get_or_create(&label).clone(),
             retries: self.retries.get_or_create(&label).clone(),
             rate_limited: self.rate_limited.get_or_create(&label).clone(),
+            cache_hits: self.cache_hits.get_or_create(&label).clone(),
         }
     }
 
@@ -215,6 +223,7 @@ pub(crate) struct GateMetrics {
     pub seconds: Histogram,
     pub retries: Counter,
     pub rate_limited: Counter,
+    pub cache_hits: Counter,
 }
 
 /// One backend's handles.

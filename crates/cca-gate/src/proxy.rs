@@ -3,7 +3,8 @@
 //! affinity, balance, circuit breaker), forward with the forwarding
 //! headers, retry idempotent requests elsewhere under the retry budget,
 //! and pass a WebSocket (any HTTP/1.1 upgrade) through once the backend
-//! agrees. The gate answers itself only when it must: 404 for a host no
+//! agrees. A gate with a cache answers fresh GETs from it (`cca-cache:
+//! hit`) and stores what may be stored as it passes. The gate answers itself only when it must: 404 for a host no
 //! gate serves, 503 with `Retry-After` when a target has no ready backend,
 //! 502/504 when backends fail or time out, 429 over a rate limit; each
 //! with a plain-text body saying which.
@@ -18,13 +19,15 @@ use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body as _, Frame, Incoming, SizeHint};
-use hyper::header::{self, HeaderValue};
-use hyper::{Request, Response, StatusCode, Uri, Version};
+use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 
 use crate::balance::{Lease, Outcome, Pool, Preference, hash64};
+use crate::cache::{self, CacheKey, Collector, Stored};
 use crate::forward::{self, Origin};
+use crate::gate_state::GateState;
 use crate::metrics::{Metrics, class_index};
 use crate::server::Activity;
 use crate::table::{GateRoutes, RouteTable};
@@ -165,9 +168,30 @@ impl Proxy {
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
             return response;
         }
+        let cached = gate.state.cache.as_ref().and_then(|cache| {
+            let host = forward::request_host(request.uri(), request.headers())?;
+            let path = request.uri().path_and_query().map_or("/", |pq| pq.as_str());
+            let key = cache::request_key(request.method(), &host, path, request.headers())?;
+            Some((cache, key))
+        });
+        if let Some((cache, key)) = &cached
+            && let Some(hit) = cache.get(key, request.headers(), Instant::now())
+        {
+            gate.state.metrics.cache_hits.inc();
+            return cache_hit(request.method() == Method::HEAD, hit);
+        }
+        let store = cached
+            .filter(|_| request.method() == Method::GET)
+            .map(|(_, key)| (key, request.headers().clone()));
         let pool = gate.pool_for(request.uri().path());
         gate.state.count_request();
-        self.forward(gate, pool, request, peer).await
+        let response = self.forward(gate, pool, request, peer).await;
+        match store {
+            Some((key, request_headers)) => {
+                store_when_complete(&gate.state, key, request_headers, response)
+            }
+            None => response,
+        }
     }
 
     /// Sends `request` to a backend of `pool`, retrying elsewhere when it
@@ -351,6 +375,129 @@ impl Proxy {
             _guard: lease,
         };
         Response::from_parts(parts, body.boxed_unsync())
+    }
+}
+
+/// A response from the cache, marked `cca-cache: hit`.
+fn cache_hit(head: bool, hit: Stored) -> Response<Body> {
+    let body = if head {
+        empty()
+    } else {
+        Full::new(hit.body)
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    };
+    let mut response = Response::new(body);
+    *response.status_mut() = hit.status;
+    *response.headers_mut() = hit.headers;
+    response
+        .headers_mut()
+        .insert("cca-cache", HeaderValue::from_static("hit"));
+    response
+}
+
+/// Passes `response` on, storing it in the gate's cache once its body is
+/// complete, if it may be stored.
+fn store_when_complete(
+    state: &Arc<GateState>,
+    key: CacheKey,
+    request: HeaderMap,
+    response: Response<Body>,
+) -> Response<Body> {
+    let Some(cache) = &state.cache else {
+        return response;
+    };
+    let Some(fresh) = cache::freshness(
+        response.status(),
+        response.headers(),
+        cca_model::clock::system_now(),
+    ) else {
+        return response;
+    };
+    let too_big = response
+        .body()
+        .size_hint()
+        .exact()
+        .is_some_and(|size| size > cache.max_entry());
+    if too_big {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let storing = Storing {
+        inner: body,
+        collector: Some(Collector::new(cache.max_entry())),
+        state: Arc::clone(state),
+        key: Some(key),
+        request,
+        status: parts.status,
+        headers: parts.headers.clone(),
+        fresh,
+    };
+    Response::from_parts(parts, storing.boxed_unsync())
+}
+
+/// A body that keeps a copy of what it passes on and stores it in the
+/// gate's cache at its end.
+struct Storing {
+    inner: Body,
+    collector: Option<Collector>,
+    state: Arc<GateState>,
+    key: Option<CacheKey>,
+    request: HeaderMap,
+    status: StatusCode,
+    headers: HeaderMap,
+    fresh: std::time::Duration,
+}
+
+impl hyper::body::Body for Storing {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let (Some(data), Some(collector)) = (frame.data_ref(), self.collector.as_mut()) {
+                    collector.push(data);
+                }
+                // hyper stops polling a body that says it has ended.
+                if self.inner.is_end_stream() {
+                    self.store();
+                }
+            }
+            Poll::Ready(None) => self.store(),
+            Poll::Ready(Some(Err(_))) => self.collector = None,
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Storing {
+    fn store(&mut self) {
+        let (Some(collector), Some(key)) = (self.collector.take(), self.key.take()) else {
+            return;
+        };
+        let (Some(cache), Some(body)) = (&self.state.cache, collector.finish()) else {
+            return;
+        };
+        let stored = Stored {
+            status: self.status,
+            headers: std::mem::take(&mut self.headers),
+            body,
+        };
+        cache.put(key, &self.request, stored, self.fresh, Instant::now());
     }
 }
 

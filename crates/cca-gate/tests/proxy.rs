@@ -20,6 +20,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 
+/// Responses `/cached` served (one test uses it).
+static CACHED_SERVED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
 /// A backend answering every request with its name and the request's
 /// forwarding headers; `/slow` waits a second first; `/ws` upgrades and
 /// echoes.
@@ -77,6 +80,13 @@ async fn answer(name: &str, mut request: Request<hyper::body::Incoming>) -> Resp
             .header("connection", "upgrade")
             .header("upgrade", "websocket")
             .body(Full::default())
+            .expect("response");
+    }
+    if request.uri().path() == "/cached" {
+        let served = CACHED_SERVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        return Response::builder()
+            .header("cache-control", "public, max-age=60")
+            .body(Full::new(Bytes::from(format!("served {served}\n"))))
             .expect("response");
     }
     if request.uri().path() == "/slow" {
@@ -533,4 +543,51 @@ async fn a_map_change_does_not_cut_a_request_in_flight() {
     )
     .await;
     assert_eq!(status, 503, "new requests see the new map");
+}
+
+#[tokio::test]
+async fn a_cacheable_get_is_answered_from_the_cache() {
+    let web = backend("web-a").await;
+    let mut spec = gate_spec("shop", &["shop.example.com"], "web");
+    spec.cache = Some(cca_model::spec::ResponseCache::default());
+    let running = start(&map(
+        vec![spec],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{}/cached", running.http);
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let response = client
+            .get(&url)
+            .header("host", "shop.example.com")
+            .send()
+            .await
+            .expect("request");
+        let hit = response.headers().get("cca-cache").is_some();
+        answers.push((hit, response.text().await.expect("body")));
+    }
+    assert_eq!(
+        answers,
+        vec![
+            (false, "served 1\n".to_owned()),
+            (true, "served 1\n".to_owned()),
+            (true, "served 1\n".to_owned()),
+        ]
+    );
+    // A request that refuses cached answers reaches the backend.
+    let fresh = client
+        .get(&url)
+        .header("host", "shop.example.com")
+        .header("cache-control", "no-cache")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(fresh.text().await.expect("body"), "served 2\n");
+    let metrics = running.gate.metrics().render();
+    assert!(
+        metrics.contains("cca_gate_cache_hits_total{gate=\"shop\"} 2"),
+        "{metrics}"
+    );
 }

@@ -24,12 +24,6 @@ struct NotEnforced {
 const NOT_ENFORCED: &[NotEnforced] = &[
     NotEnforced {
         context: Context::Gate,
-        key: "cache",
-        setting: "gate cache",
-        instead: "every request goes to a backend; nothing is cached",
-    },
-    NotEnforced {
-        context: Context::Gate,
         key: "queue",
         setting: "gate queue",
         instead: "the queue holds requests for a service woken from zero, which needs \
