@@ -127,10 +127,20 @@ pub async fn run(
         problem: format!("cannot create the data directory: {err}"),
     })?;
     let cached = Desired::load(&config.data_dir)?;
+    let gate = match &config.gate {
+        Some(gate) => Some(gate::bind(gate, &config.address).await?),
+        None => None,
+    };
     let (agent_url, server, revoked) = if config.link.without_agent_api {
         (None, None, None)
     } else {
-        let served = serve_agent_api(&config, Arc::clone(&runtime), shutdown.clone()).await?;
+        let served = serve_agent_api(
+            &config,
+            Arc::clone(&runtime),
+            gate.as_ref().map(|gate| Arc::clone(&gate.gate)),
+            shutdown.clone(),
+        )
+        .await?;
         (Some(served.url), Some(served.task), served.revocations)
     };
     let connect = |server: &str| match &config.trust {
@@ -148,10 +158,6 @@ pub async fn run(
         (Some(liveness), _) => liveness.clone(),
         (None, Some(server)) => connect(server)?,
         (None, None) => client.clone(),
-    };
-    let gate = match &config.gate {
-        Some(gate) => Some(gate::bind(gate, &config.address).await?),
-        None => None,
     };
     let mut tasks = tokio::task::JoinSet::new();
     if let Some(trust) = &config.trust {
@@ -276,6 +282,7 @@ struct AgentApi {
 async fn serve_agent_api(
     config: &AgentConfig,
     runtime: Arc<dyn Runtime>,
+    gate: Option<Arc<cca_gate::Gate>>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<AgentApi, AgentError> {
     let listen_failed = |err: std::io::Error| AgentError::Listen {
@@ -286,7 +293,7 @@ async fn serve_agent_api(
         .await
         .map_err(listen_failed)?;
     let port = listener.local_addr().map_err(listen_failed)?.port();
-    let router = serve::router(runtime);
+    let router = serve::router(runtime, gate);
     let stopped = async move {
         let _ = shutdown.wait_for(|stop| *stop).await;
     };

@@ -1,7 +1,9 @@
 //! The agent's own small HTTP API, for the API server to proxy `cca logs`
 //! and `cca exec` to: `GET /v1/instances/{id}/logs?tail&follow` streams
 //! output lines as text; `POST /v1/instances/{id}/exec` runs a command in
-//! the instance's context. Errors are JSON `{"error": "..."}`.
+//! the instance's context; on a gate node, `GET /v1/gates/{gate}` answers
+//! the gate's targets and their backends' health here (`cca describe
+//! gate`). Errors are JSON `{"error": "..."}`.
 //!
 //! Exec runs commands on the node, so on a node with a certificate the API
 //! is served over HTTPS ([`server_tls`]) to the API server alone: the
@@ -40,12 +42,36 @@ struct LogQuery {
     follow: bool,
 }
 
-/// The agent API's routes over a runtime.
-pub fn router(runtime: Arc<dyn Runtime>) -> axum::Router {
-    axum::Router::new()
+/// The agent API's routes over a runtime, and the node's gate if it is
+/// a gate node.
+pub fn router(runtime: Arc<dyn Runtime>, gate: Option<Arc<cca_gate::Gate>>) -> axum::Router {
+    let instances = axum::Router::new()
         .route("/v1/instances/{id}/logs", get(logs))
         .route("/v1/instances/{id}/exec", post(exec))
-        .with_state(runtime)
+        .with_state(runtime);
+    let gates = axum::Router::new()
+        .route("/v1/gates/{gate}", get(gate_health))
+        .with_state(gate);
+    instances.merge(gates)
+}
+
+async fn gate_health(
+    State(gate): State<Option<Arc<cca_gate::Gate>>>,
+    Path(name): Path<String>,
+) -> Response {
+    let Some(gate) = gate else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "this node serves no gates (it runs without --gate-listen)".into(),
+        );
+    };
+    match gate.describe(&name) {
+        Some(targets) => Json(targets).into_response(),
+        None => error(
+            StatusCode::NOT_FOUND,
+            format!("this gate node does not know gate `{name}` (yet)"),
+        ),
+    }
 }
 
 /// The agent API's TLS: the node's certificate (replaced by renewals),

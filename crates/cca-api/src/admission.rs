@@ -138,6 +138,7 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     ("/v1/instances/{id}", Lane::User),
     ("/v1/instances/{id}/exec", Lane::User),
     ("/v1/nodes/{name}", Lane::User),
+    ("/v1/gates/{name}", Lane::User),
     ("/v1/nodes/{name}/drain", Lane::User),
     ("/v1/nodes/{name}/disable", Lane::User),
     ("/v1/nodes/{name}/enable", Lane::User),

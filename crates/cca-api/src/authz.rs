@@ -55,7 +55,9 @@ const fn need(action: Action, resource: Resource, object: Object) -> Requirement
 pub(crate) fn requirement(method: &Method, route: &str) -> Option<Requirement> {
     use Action::{Delete, Exec, Logs, Read, Write};
     use Object::{Named, None as Whole};
-    use Resource::{Audit, Cluster, Event, Instance, Node, Role, Secret, Service, Token, User};
+    use Resource::{
+        Audit, Cluster, Event, Gate, Instance, Node, Role, Secret, Service, Token, User,
+    };
     let read = *method == Method::GET || *method == Method::HEAD;
     let delete = *method == Method::DELETE;
     let pick = |action_for_reads, other| if read { action_for_reads } else { other };
@@ -79,6 +81,7 @@ pub(crate) fn requirement(method: &Method, route: &str) -> Option<Requirement> {
         "/v1/nodes/{name}/drain" | "/v1/nodes/{name}/disable" | "/v1/nodes/{name}/enable" => {
             need(Write, Node, Named)
         }
+        "/v1/gates/{name}" => need(Read, Gate, Named),
         "/v1/secrets" => need(Read, Secret, Whole),
         "/v1/secrets/{name}" if delete => need(Delete, Secret, Named),
         "/v1/secrets/{name}" => need(Write, Secret, Named),

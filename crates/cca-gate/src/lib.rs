@@ -25,13 +25,14 @@ pub mod table;
 
 use std::sync::{Arc, Mutex};
 
-use cca_model::net::NetworkMap;
+use cca_model::net::{BackendState, GateBackendHealth, GateTargetHealth, NetworkMap};
 use cca_tls::HostCertificates;
 use tokio::sync::watch;
 
 pub use proxy::{Proxy, ProxyOptions};
 pub use server::{Listener, ServerOptions};
 
+use crate::balance::HealthView;
 use crate::metrics::Metrics;
 use crate::table::{RouteTable, Routing};
 
@@ -75,6 +76,45 @@ impl Gate {
     /// The route table requests use now.
     pub fn table(&self) -> Arc<RouteTable> {
         self.proxy.table()
+    }
+
+    /// `gate`'s targets and their backends' health on this node; `None`
+    /// when this node does not know the gate.
+    pub fn describe(&self, gate: &str) -> Option<Vec<GateTargetHealth>> {
+        let table = self.table();
+        let routes = table
+            .gates()
+            .iter()
+            .find(|routes| routes.spec.name == gate)?;
+        let now = tokio::time::Instant::now();
+        let target = |prefix: Option<&String>, pool: &balance::Pool| GateTargetHealth {
+            prefix: prefix.cloned(),
+            service: pool.service.clone(),
+            port: pool.port,
+            backends: pool
+                .backends
+                .iter()
+                .map(|backend| GateBackendHealth {
+                    target: backend.target.clone(),
+                    in_flight: backend.in_flight(),
+                    state: match backend.health(now) {
+                        HealthView::Healthy => BackendState::Healthy,
+                        HealthView::Ejected(left) => BackendState::Ejected {
+                            for_ms: left.as_millis() as u64,
+                        },
+                        HealthView::Probing => BackendState::Probing,
+                    },
+                })
+                .collect(),
+        };
+        let mut targets = vec![target(None, &routes.default)];
+        targets.extend(
+            routes
+                .paths
+                .iter()
+                .map(|(prefix, pool)| target(Some(prefix), pool)),
+        );
+        Some(targets)
     }
 
     /// The certificates HTTPS listeners serve, by SNI.

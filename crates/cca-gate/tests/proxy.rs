@@ -430,6 +430,23 @@ async fn a_dead_backend_costs_no_idempotent_request() {
         ),
         "{metrics}"
     );
+    let described = running.gate.describe("shop").expect("the gate");
+    let states: Vec<(String, bool)> = described[0]
+        .backends
+        .iter()
+        .map(|b| {
+            let ejected = matches!(b.state, cca_model::net::BackendState::Ejected { .. });
+            (b.target.instance.clone(), ejected)
+        })
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            ("web-dead".to_owned(), true),
+            ("web-live".to_owned(), false)
+        ]
+    );
+    assert!(running.gate.describe("nope").is_none());
     // The ejected backend gets no new request, not even a POST, which
     // could not be retried elsewhere.
     let mut refused = 0;

@@ -641,3 +641,37 @@ mod tests {
         assert_eq!(released.reserved(), Some(&Ipv4Addr::new(10, 43, 0, 1)));
     }
 }
+
+/// One target of a gate as a gate node sees it now (`cca describe gate`):
+/// the path prefix that leads to it (`None`: the gate's own target), and
+/// its backends with their health on that node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateTargetHealth {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix: Option<String>,
+    pub service: String,
+    pub port: u16,
+    pub backends: Vec<GateBackendHealth>,
+}
+
+/// A backend of a gate's target on one gate node.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateBackendHealth {
+    pub target: Target,
+    /// Requests from this gate node in flight to it.
+    pub in_flight: u32,
+    pub state: BackendState,
+}
+
+/// What a gate node's circuit breaker holds of a backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub enum BackendState {
+    Healthy,
+    /// Ejected for this many more milliseconds.
+    Ejected {
+        for_ms: u64,
+    },
+    /// Its ejection is over; the next request probes it.
+    Probing,
+}

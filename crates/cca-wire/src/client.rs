@@ -284,6 +284,12 @@ impl Client {
         self.json(self.request(Method::GET, &path)).await
     }
 
+    /// A gate and each gate node's view of its backends.
+    pub async fn gate(&self, name: &str) -> ClientResult<crate::types::GateDetail> {
+        let path = format!("/v1/gates/{}", segment(name));
+        self.json(self.request(Method::GET, &path)).await
+    }
+
     pub async fn drain(&self, node: &str) -> ClientResult<NodeControlReport> {
         self.node_action(node, "drain").await
     }

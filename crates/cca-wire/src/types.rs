@@ -758,3 +758,22 @@ pub struct LoggedOut {
     /// The revoked token's id; `None` when the caller presented none.
     pub revoked: Option<String>,
 }
+
+/// `GET /v1/gates/{name}` (`cca describe gate`): the gate, and each gate
+/// node's view of its targets and their backends.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateDetail {
+    pub spec: cca_model::spec::GateSpec,
+    pub nodes: Vec<GateNodeHealth>,
+}
+
+/// One gate node's answer for a gate.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateNodeHealth {
+    pub node: String,
+    pub listen: GateListen,
+    /// Empty when the node did not answer (`error` says why).
+    pub targets: Vec<cca_model::net::GateTargetHealth>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}

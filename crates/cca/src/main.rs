@@ -99,12 +99,17 @@ fn report(error: &anyhow::Error) {
     eprintln!("error: {error:#}");
 }
 
-/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings).
+/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings, and a
+/// gate's access log), one JSON object a line with `CCA_LOG_FORMAT=json`.
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,cca_gate::access=info"));
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if std::env::var("CCA_LOG_FORMAT").is_ok_and(|format| format == "json") {
+        logs.json().init();
+    } else {
+        logs.init();
+    }
 }

@@ -98,6 +98,12 @@ fn curl_reaches_a_service_through_its_gate() {
     std::fs::write(dir.path().join("app.cca"), PROGRAM).expect("writes the program");
     let dev = Dev::start(dir.path(), &["--data-dir", "data", "app.cca"]);
     let shown = dev.read_until(|line, _| line.starts_with("cca dev: gates on "));
+    let api = shown
+        .lines()
+        .find_map(|line| line.strip_prefix("cca dev: API on "))
+        .and_then(|rest| rest.split(';').next())
+        .expect("the API line")
+        .to_owned();
     let (port, tls_port) = gate_ports(&shown);
     let resolve = format!("hello.localhost:{port}:127.0.0.1");
     let url = format!("http://hello.localhost:{port}/some/path");
@@ -195,6 +201,27 @@ fn curl_reaches_a_service_through_its_gate() {
         shown.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
         "{shown}"
     );
+    // `cca describe gate` shows the hosts, and each gate node's backends
+    // with their health.
+    let described = Command::new(support::CCA)
+        .args(["describe", "gate", "hello"])
+        .current_dir(dir.path())
+        .env("CCA_SERVER", &api)
+        .env("CCA_CONFIG_DIR", dir.path().join("data/trust"))
+        .output()
+        .expect("cca runs");
+    let described = support::text(&described);
+    assert!(
+        described.contains("hello.localhost, *.apps.localhost"),
+        "{described}"
+    );
+    assert!(
+        described.contains("self-signed (cluster CA)"),
+        "{described}"
+    );
+    assert!(described.contains("Gate node "), "{described}");
+    assert_eq!(described.matches(" healthy ").count(), 2, "{described}");
+
     // And a message through it: one masked text frame, echoed unmasked.
     let echoed = websocket_echo(port, b"hello through the gate");
     assert_eq!(echoed, b"hello through the gate");

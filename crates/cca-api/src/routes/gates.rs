@@ -8,7 +8,12 @@
 //! names; here the node must be a gate node (registered with a gate
 //! listener) and the gate must take its certificate the way asked.
 //!
-//! Both read the server's cache: a gate node learns its gates from the
+//! `GET /v1/gates/{name}` (`cca describe gate`) is the users' view: the
+//! gate, and what each gate node says of its targets' backends (asked of
+//! every gate node's agent at once, each within a few seconds; one that
+//! does not answer is shown with the reason).
+//!
+//! The agent routes read the server's cache: a gate node learns its gates from the
 //! network map, which comes from the same cache, so a gate it asks about
 //! is there. A certificate issued is audited (a credential); a poll of the
 //! secrets is not, as an instance's files are not.
@@ -21,7 +26,9 @@ use cca_control::View;
 use cca_model::clock::system_now;
 use cca_model::spec::{GateSpec, Tls};
 use cca_trust::gate::{GATE_CERT_VALIDITY, GateHosts};
-use cca_wire::types::{GateCertificate, GateCertificateRequest, GateTls};
+use cca_wire::types::{
+    GateCertificate, GateCertificateRequest, GateDetail, GateNodeHealth, GateTls,
+};
 
 use crate::audit::AuditDetail;
 use crate::error::{ApiError, ApiResult, JsonBody};
@@ -189,6 +196,83 @@ fn matches(headers: &HeaderMap, version: &str) -> bool {
             tag.strip_prefix("W/").unwrap_or(tag).trim_matches('"')
         })
         .any(|tag| tag == version || tag == "*")
+}
+
+/// How long `describe gate` waits for a gate node's agent.
+const GATE_NODE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// `GET /v1/gates/{name}`.
+pub(crate) async fn describe(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<GateDetail>> {
+    let view = crate::routes::reads::fresh_view(&state).await?;
+    let spec = view
+        .gates
+        .get(&name)
+        .map(|held| GateSpec::clone(&held.value))
+        .ok_or_else(|| ApiError::not_found(format!("gate `{name}` not found")))?;
+    let asks = view
+        .nodes
+        .iter()
+        .filter(|(_, info)| !info.gate.is_off())
+        .map(|(node, info)| {
+            let state = state.clone();
+            let gate = name.clone();
+            let node = node.clone();
+            let listen = info.gate.clone();
+            let url = info.agent_url.clone();
+            async move {
+                let (targets, error) =
+                    match ask_gate_node(&state, &node, url.as_deref(), &gate).await {
+                        Ok(targets) => (targets, None),
+                        Err(error) => (Vec::new(), Some(error)),
+                    };
+                GateNodeHealth {
+                    node,
+                    listen,
+                    targets,
+                    error,
+                }
+            }
+        });
+    let nodes = futures_util::future::join_all(asks).await;
+    Ok(Json(GateDetail { spec, nodes }))
+}
+
+/// What gate node `node`'s agent says of `gate`'s targets.
+async fn ask_gate_node(
+    state: &ApiState,
+    node: &str,
+    url: Option<&str>,
+    gate: &str,
+) -> Result<Vec<cca_model::net::GateTargetHealth>, String> {
+    let url = url
+        .map(|url| url.trim_end_matches('/'))
+        .filter(|url| !url.is_empty())
+        .ok_or("the node registered without an agent URL")?;
+    let http = crate::routes::instance_io::agent_http(state, node, url)
+        .map_err(|error| error.to_string())?;
+    let response = http
+        .get(format!("{url}/v1/gates/{gate}"))
+        .timeout(GATE_NODE_TIMEOUT)
+        .send()
+        .await
+        .map_err(|error| format!("its agent at {url} did not answer: {error}"))?;
+    let status = response.status();
+    let body = response
+        .bytes()
+        .await
+        .map_err(|error| format!("its agent at {url} broke off: {error}"))?;
+    if !status.is_success() {
+        let reason = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|value| value["error"].as_str().map(str::to_owned))
+            .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+        return Err(format!("its agent answered {status}: {reason}"));
+    }
+    serde_json::from_slice(&body)
+        .map_err(|error| format!("its agent's answer is not a gate report ({error})"))
 }
 
 #[cfg(test)]

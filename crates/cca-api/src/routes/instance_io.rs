@@ -288,7 +288,7 @@ fn error_chain(error: &reqwest::Error) -> String {
 /// shared for its connection pool, or over HTTPS the node's own client,
 /// built once. Only the connection is bounded in time: a followed log
 /// stream may stay quiet for as long as its instance does.
-fn agent_http(state: &ApiState, node: &str, url: &str) -> ApiResult<reqwest::Client> {
+pub(crate) fn agent_http(state: &ApiState, node: &str, url: &str) -> ApiResult<reqwest::Client> {
     static PLAIN: OnceLock<reqwest::Client> = OnceLock::new();
     if !url.starts_with("https://") {
         return Ok(PLAIN

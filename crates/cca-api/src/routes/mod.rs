@@ -117,6 +117,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
             put(users::put_role).delete(users::delete_role),
         ),
         ("/v1/logout", post(users::logout)),
+        ("/v1/gates/{name}", get(gates::describe)),
         ("/v1/status", get(reads::status)),
         ("/v1/identity", get(reads::identity)),
         (

@@ -1,6 +1,8 @@
 //! The long views: `describe service` (spec summary, instances, and the
 //! unplaced demand that says why instances are pending), `describe
-//! instance` (status, last exit, log tail), `describe node`, and `status`.
+//! instance` (status, last exit, log tail), `describe node`, `describe
+//! gate` (hosts, targets, and each gate node's view of their backends),
+//! and `status`.
 
 use std::collections::BTreeMap;
 
@@ -8,11 +10,12 @@ use anyhow::Result;
 use cca_model::cluster::Disruption;
 use cca_model::spec::{Memory, PortSpec, Protocol, Workload};
 use cca_wire::Client;
-use cca_wire::types::{ClusterStatus, InstanceDetail, NodeDetail, ServiceDetail};
+use cca_wire::types::{ClusterStatus, GateDetail, InstanceDetail, NodeDetail, ServiceDetail};
 
 use super::commands::{event_table, instance_table, node_state};
 use super::output::{self, Format, age, field, now_millis, or_dash};
 use super::{DescribeArgs, DescribeKind};
+use cca_model::net::BackendState;
 
 pub(super) async fn describe(client: &Client, args: &DescribeArgs) -> Result<()> {
     let format = args.out.output;
@@ -34,6 +37,12 @@ pub(super) async fn describe(client: &Client, args: &DescribeArgs) -> Result<()>
                     .map(|service| service.spec.ports)
                     .unwrap_or_default();
                 instance(&detail, &ports);
+            }
+        }
+        DescribeKind::Gate => {
+            let detail = client.gate(&args.name).await?;
+            if !output::structured(format, &detail)? {
+                gate(&detail);
             }
         }
         DescribeKind::Node => {
@@ -223,6 +232,83 @@ fn port_lines(
     lines
 }
 
+fn gate(detail: &GateDetail) {
+    let spec = &detail.spec;
+    field("Name", &spec.name);
+    field("Hosts", &spec.hosts.join(", "));
+    field("Target", &format!("{} port {}", spec.service, spec.port));
+    for path in &spec.paths {
+        field(
+            "Path",
+            &format!("{} -> {} port {}", path.prefix, path.service, path.port),
+        );
+    }
+    let tls = match &spec.tls {
+        None => "none".to_owned(),
+        Some(cca_model::spec::Tls::SelfSigned) => "self-signed (cluster CA)".to_owned(),
+        Some(cca_model::spec::Tls::Secrets { cert, key }) => {
+            format!("secrets `{cert}` (chain) and `{key}` (key)")
+        }
+    };
+    let redirect = if spec.redirect_https {
+        ", plain HTTP redirected"
+    } else {
+        ""
+    };
+    field("TLS", &format!("{tls}{redirect}"));
+    let sticky = spec.sticky.as_ref().map_or("no".to_owned(), |sticky| {
+        format!("cookie {}", sticky.cookie)
+    });
+    field("Sticky", &sticky);
+    field("Balance", &format!("{:?}", spec.balance).to_lowercase());
+    if detail.nodes.is_empty() {
+        field("Gate nodes", "none: no node runs with --gate-listen");
+        return;
+    }
+    for node in &detail.nodes {
+        let listens: Vec<String> = [
+            node.listen.http.as_ref().map(|a| format!("http://{a}")),
+            node.listen.https.as_ref().map(|a| format!("https://{a}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        output::line(&format!(
+            "\nGate node {} ({})",
+            node.node,
+            listens.join(", ")
+        ));
+        if let Some(error) = &node.error {
+            output::line(&format!("  no report: {error}"));
+            continue;
+        }
+        for target in &node.targets {
+            let prefix = target.prefix.as_deref().unwrap_or("/");
+            output::line(&format!(
+                "  {prefix} -> {} port {}",
+                target.service, target.port
+            ));
+            if target.backends.is_empty() {
+                output::line("    no ready backend (requests get 503)");
+            }
+            for backend in &target.backends {
+                let state = match backend.state {
+                    BackendState::Healthy => "healthy".to_owned(),
+                    BackendState::Ejected { for_ms } => {
+                        format!("ejected for {}s more", for_ms.div_ceil(1000))
+                    }
+                    BackendState::Probing => "probing".to_owned(),
+                };
+                let t = &backend.target;
+                output::line(&format!(
+                    "    {:<24} {:<12} {}:{:<6} {:<26} {} in flight",
+                    t.instance, t.node, t.address, t.port, state, backend.in_flight
+                ));
+            }
+        }
+    }
+}
+
 fn node(detail: &NodeDetail) {
     let summary = &detail.summary;
     field("Name", &summary.name);
@@ -236,6 +322,15 @@ fn node(detail: &NodeDetail) {
         .collect();
     field("Labels", &or_dash(Some(labels.join(", "))));
     field("Addresses", &or_dash(Some(summary.addresses.join(", "))));
+    let gate = &detail.info.gate;
+    let listens: Vec<String> = [
+        gate.http.as_ref().map(|a| format!("http://{a}")),
+        gate.https.as_ref().map(|a| format!("https://{a}")),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    field("Gate", &or_dash(Some(listens.join(", "))));
     field("Subnet", &output::subnet(summary.subnet.as_ref()));
     field(
         "CPU",

@@ -207,9 +207,11 @@ pub(crate) enum DescribeKind {
     Instance,
     #[value(alias = "nodes", alias = "no")]
     Node,
+    #[value(alias = "gates")]
+    Gate,
 }
 
-/// `cca describe service|instance|node NAME`
+/// `cca describe service|instance|node|gate NAME`
 #[derive(Debug, Args)]
 pub(crate) struct DescribeArgs {
     #[command(flatten)]
