@@ -256,6 +256,8 @@ mod tests {
             affinity: Affinity::None,
             endpoints: BTreeMap::new(),
             members: vec![],
+            asleep: false,
+            scale_to_zero: None,
         }))
     }
 

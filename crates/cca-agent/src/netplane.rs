@@ -584,6 +584,8 @@ mod tests {
                 affinity: cca_model::net::Affinity::None,
                 endpoints: [("http".to_owned(), vec![])].into(),
                 members: vec![],
+                asleep: false,
+                scale_to_zero: None,
             })),
             &mut touched,
         );

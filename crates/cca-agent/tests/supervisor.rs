@@ -638,6 +638,8 @@ fn targeting(instance: Option<&str>) -> cca_model::net::NetworkMap {
             affinity: Affinity::None,
             endpoints: [("http".to_owned(), targets)].into(),
             members: vec![],
+            asleep: false,
+            scale_to_zero: None,
         })),
         &mut Touched::default(),
     );

@@ -5,8 +5,9 @@
 //! whose projection really changed become [`NetworkChange`]s — so a status
 //! report that changes nothing a data plane uses costs no line to any node.
 //!
-//! A service's entry holds its VIP (`derived/vip`), ports and affinity
-//! (`desired/service`), ready targets per port (`derived/endpoint`) and
+//! A service's entry holds its VIP (`derived/vip`), ports, affinity and
+//! idle window (`desired/service`), whether it sleeps (`derived/scale`),
+//! ready targets per port (`derived/endpoint`) and
 //! its members: every placed instance whose agent reports an address from
 //! the node it was placed on, ready or not (network policy matches flows
 //! by them; DNS names a stateful service's ordinals by them). A node's
@@ -85,7 +86,10 @@ impl NetworkProjection {
     /// service → instances index.
     fn note(&mut self, fact: &FactChange, touched: &mut Touched) {
         match &fact.key {
-            Key::Service { service } | Key::Vip { service } | Key::Endpoint { service, .. } => {
+            Key::Service { service }
+            | Key::Vip { service }
+            | Key::Endpoint { service, .. }
+            | Key::Scale { service } => {
                 touched.services.insert(service.clone());
             }
             Key::Instance { service, id } => {
@@ -245,6 +249,10 @@ pub fn service_net<'a>(
         affinity: spec.affinity,
         endpoints,
         members,
+        asleep: view.is_asleep(service),
+        scale_to_zero: spec
+            .scale_to_zero
+            .map(|window| i64::try_from(window.0).unwrap_or(i64::MAX)),
     })
 }
 
@@ -483,5 +491,53 @@ mod tests {
                 gate: "shop".into()
             }]
         );
+    }
+
+    #[test]
+    fn a_sleeping_service_is_asleep_in_the_map_and_wakes_in_one_line() {
+        use cca_model::scale::{ScaleCause, ScaleState};
+        let mut web = service("web", 1);
+        web.scale_to_zero = Some(cca_model::spec::Duration(60_000));
+        let asleep = ScaleState {
+            asleep: true,
+            since: 5,
+            cause: ScaleCause::Idle {
+                window: 60_000,
+                last_activity: 1,
+            },
+        };
+        let view = base()
+            .service(web.clone())
+            .put(&keys::derived_scale("web"), &asleep)
+            .build();
+        let mut projection = NetworkProjection::from_view(&view);
+        let entry = &projection.map().services["web"];
+        assert!(entry.asleep);
+        assert_eq!(entry.scale_to_zero, Some(60_000));
+        let woken = ScaleState {
+            asleep: false,
+            since: 9,
+            cause: ScaleCause::Woken { node: "g1".into() },
+        };
+        let next = ViewBuilder::from(view)
+            .put(&keys::derived_scale("web"), &woken)
+            .build();
+        let scale = change(Key::Scale {
+            service: "web".into(),
+        });
+        let changes = projection.apply(&next, std::slice::from_ref(&scale));
+        let [NetworkChange::Service(entry)] = changes.as_slice() else {
+            panic!("one service line: {changes:?}");
+        };
+        assert!(!entry.asleep, "woken");
+        assert_eq!(entry.scale_to_zero, Some(60_000), "still scales to zero");
+        // Without `scale_to_zero` a leftover sleep fact means nothing.
+        let plain = ViewBuilder::from(next)
+            .service(service("web", 1))
+            .put(&keys::derived_scale("web"), &asleep)
+            .build();
+        projection.apply(&plain, &[scale]);
+        let entry = &projection.map().services["web"];
+        assert!(!entry.asleep && entry.scale_to_zero.is_none());
     }
 }

@@ -15,6 +15,7 @@ use cca_model::cluster::{
     Unplaced,
 };
 use cca_model::net::{NodeSubnet, ServiceVip};
+use cca_model::scale::{GateActivity, ScaleState};
 use cca_model::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
     ServiceSpec, ServiceVersion,
@@ -99,6 +100,9 @@ pub struct View {
     pub replacement_resume: Option<Versioned<ReplacementResume>>,
     /// Service → port name → ready backends.
     pub endpoints: Grouped<Endpoints>,
+    /// Whether each scale-to-zero service sleeps, by service (absent:
+    /// awake).
+    pub scale: Table<ScaleState>,
     /// Node subnets by node (held, released or wanted).
     pub subnets: Table<NodeSubnet>,
     /// Service VIPs by service (held, released or wanted).
@@ -108,6 +112,8 @@ pub struct View {
     pub heartbeats: Table<Heartbeat>,
     /// Reported instance states by instance id.
     pub statuses: Table<InstanceStatus>,
+    /// Each gate node's last request per service, by node.
+    pub gate_activity: Table<GateActivity>,
     pub desired_generation: Option<Versioned<DesiredGeneration>>,
     /// Staged applies' chunks, by apply, then chunk: invisible until
     /// `applying` names their apply.
@@ -359,6 +365,7 @@ impl View {
                 rev,
                 Value::Endpoint,
             )?,
+            Key::Scale { service } => put(&mut self.scale, service, bytes, rev, Value::Scale)?,
             Key::Subnet { node } => put(&mut self.subnets, node, bytes, rev, Value::Subnet)?,
             Key::Vip { service } => put(&mut self.vips, service, bytes, rev, Value::Vip)?,
             Key::Node { node } => put(&mut self.nodes, node, bytes, rev, Value::Node)?,
@@ -368,6 +375,13 @@ impl View {
             Key::InstanceStatus { id } => {
                 put(&mut self.statuses, id, bytes, rev, Value::InstanceStatus)?
             }
+            Key::GateActivity { node } => put(
+                &mut self.gate_activity,
+                node,
+                bytes,
+                rev,
+                Value::GateActivity,
+            )?,
             Key::DesiredGeneration {} => put_single(
                 &mut self.desired_generation,
                 bytes,
@@ -449,12 +463,16 @@ impl View {
             Key::Endpoint { service, port } => {
                 remove_grouped(&mut self.endpoints, service, port, rev, Value::Endpoint)
             }
+            Key::Scale { service } => remove(&mut self.scale, service, rev, Value::Scale),
             Key::Subnet { node } => remove(&mut self.subnets, node, rev, Value::Subnet),
             Key::Vip { service } => remove(&mut self.vips, service, rev, Value::Vip),
             Key::Node { node } => remove(&mut self.nodes, node, rev, Value::Node),
             Key::Heartbeat { node } => remove(&mut self.heartbeats, node, rev, Value::Heartbeat),
             Key::InstanceStatus { id } => {
                 remove(&mut self.statuses, id, rev, Value::InstanceStatus)
+            }
+            Key::GateActivity { node } => {
+                remove(&mut self.gate_activity, node, rev, Value::GateActivity)
             }
             Key::DesiredGeneration {} => {
                 remove_single(&mut self.desired_generation, rev, Value::DesiredGeneration)
@@ -486,6 +504,16 @@ impl View {
                 }
             }
         }
+    }
+
+    /// True when `service` scales to zero and sleeps now: the scheduler
+    /// runs none of its instances. A sleep fact left behind after
+    /// `scale_to_zero` was removed counts for nothing.
+    pub fn is_asleep(&self, service: &str) -> bool {
+        self.services
+            .get(service)
+            .is_some_and(|spec| spec.scale_to_zero.is_some())
+            && self.scale.get(service).is_some_and(|state| state.asleep)
     }
 
     /// The placements of `service`, by instance id.
@@ -528,11 +556,13 @@ impl View {
             Key::Unplaced { service } => at(&self.unplaced, service),
             Key::NodeStatus { node } => at(&self.node_statuses, node),
             Key::Endpoint { service, port } => at2(&self.endpoints, service, port),
+            Key::Scale { service } => at(&self.scale, service),
             Key::Subnet { node } => at(&self.subnets, node),
             Key::Vip { service } => at(&self.vips, service),
             Key::Node { node } => at(&self.nodes, node),
             Key::Heartbeat { node } => at(&self.heartbeats, node),
             Key::InstanceStatus { id } => at(&self.statuses, id),
+            Key::GateActivity { node } => at(&self.gate_activity, node),
             Key::DesiredGeneration {} => self.desired_generation.as_ref().map(|v| v.mod_revision),
             Key::ApplyChunk { apply, chunk } => at2(&self.staged, apply, chunk),
             Key::ApplyCommit {} => self.applying.as_ref().map(|held| held.mod_revision),

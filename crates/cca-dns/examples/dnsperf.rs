@@ -187,6 +187,8 @@ fn map() -> NetworkMap {
             affinity: Default::default(),
             endpoints: Default::default(),
             members,
+            asleep: false,
+            scale_to_zero: None,
         };
         map.services.insert(name, Arc::new(service));
     }

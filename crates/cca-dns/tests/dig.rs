@@ -52,6 +52,8 @@ fn service(name: &str, vip: [u8; 4]) -> ServiceNet {
         affinity: Default::default(),
         endpoints: Default::default(),
         members: Vec::new(),
+        asleep: false,
+        scale_to_zero: None,
     }
 }
 

@@ -196,6 +196,8 @@ mod tests {
             affinity: Affinity::default(),
             endpoints: [("http".to_owned(), targets)].into(),
             members: vec![],
+            asleep: false,
+            scale_to_zero: None,
         })
     }
 

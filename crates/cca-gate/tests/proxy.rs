@@ -131,6 +131,8 @@ fn service(name: &str, port: u16, backends: &[(&str, SocketAddr)]) -> Arc<Servic
         affinity: Affinity::default(),
         endpoints: [("http".to_owned(), targets)].into(),
         members: vec![],
+        asleep: false,
+        scale_to_zero: None,
     })
 }
 

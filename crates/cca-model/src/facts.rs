@@ -21,6 +21,7 @@ use crate::cluster::{
 };
 use crate::net::{NodeSubnet, ServiceVip};
 use crate::ownership::Owner;
+use crate::scale::{GateActivity, ScaleState};
 use crate::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
     ServiceSpec, ServiceVersion,
@@ -197,6 +198,12 @@ fact_kinds! {
     /// The ready backends of one service port.
     Endpoint { service, port } = "derived/endpoint/{}/{}",
         Endpoints, Owner::Controller("endpoint"), applied: false;
+    /// Whether a service with `scale_to_zero` sleeps. The scale
+    /// controller puts it to sleep; the API's wake route also writes it
+    /// (compare-and-swap, like the controller), so a request held at a
+    /// gate wakes it without waiting for a controller pass.
+    Scale { service } = "derived/scale/{}",
+        ScaleState, Owner::Controller("scale"), applied: false;
     /// A node's slice of the cluster CIDR.
     Subnet { node } = "derived/subnet/{}",
         NodeSubnet, Owner::Controller("network"), applied: false;
@@ -209,6 +216,9 @@ fact_kinds! {
     /// A node's liveness, attached to its agent's lease.
     Heartbeat { node } = "observed/heartbeat/{}",
         Heartbeat, Owner::Agent, applied: false;
+    /// When a gate node last forwarded a request to each service.
+    GateActivity { node } = "observed/gate-activity/{}",
+        GateActivity, Owner::Agent, applied: false;
     /// An instance's state as its agent reports it.
     InstanceStatus { id } = "observed/instance/{}",
         InstanceStatus, Owner::Agent, applied: false;

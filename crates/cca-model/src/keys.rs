@@ -192,6 +192,22 @@ pub fn derived_unplaced(service: &str) -> String {
     .to_string()
 }
 
+/// `derived/scale/{svc}`: whether a scale-to-zero service sleeps.
+pub fn derived_scale(service: &str) -> String {
+    Key::Scale {
+        service: service.to_owned(),
+    }
+    .to_string()
+}
+
+/// `observed/gate-activity/{node}`: a gate node's last request per service.
+pub fn observed_gate_activity(node: &str) -> String {
+    Key::GateActivity {
+        node: node.to_owned(),
+    }
+    .to_string()
+}
+
 /// `derived/endpoint/{svc}/{port}`: ready backends of one service port.
 pub fn derived_endpoint(service: &str, port: &str) -> String {
     Key::Endpoint {

@@ -258,6 +258,16 @@ pub struct ServiceNet {
     /// policy matches flows by these, and DNS names a stateful service's
     /// ordinals by them.
     pub members: Vec<Member>,
+    /// The service scales to zero and sleeps now: it has no backends
+    /// because it is asleep, not broken, so a gate holds its requests and
+    /// asks the control plane to wake it instead of answering 503.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub asleep: bool,
+    /// Its idle window in ms (`scale_to_zero`); `None`: it never sleeps.
+    /// A woken service has no backends until its first instance is ready:
+    /// a gate keeps holding requests for one that has a window.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale_to_zero: Option<crate::cluster::Millis>,
 }
 
 impl ServiceNet {
@@ -602,6 +612,8 @@ mod tests {
                 affinity: Affinity::None,
                 endpoints: BTreeMap::new(),
                 members: vec![],
+                asleep: false,
+                scale_to_zero: None,
             })
         };
         let mut ignored = Touched::default();

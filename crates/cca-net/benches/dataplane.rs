@@ -84,6 +84,8 @@ fn service(name: &str, vip: Ipv4Addr, targets: &[Ipv4Addr]) -> ServiceNet {
                 host_network: false,
             })
             .collect(),
+        asleep: false,
+        scale_to_zero: None,
     }
 }
 

@@ -84,6 +84,8 @@ fn service(
                 host_network: false,
             })
             .collect(),
+        asleep: false,
+        scale_to_zero: None,
     }
 }
 

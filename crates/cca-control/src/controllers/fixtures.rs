@@ -94,7 +94,7 @@ pub(crate) fn status(id: &str, service: &str, node: &str, state: InstanceState) 
 }
 
 /// Builds a [`View`] one fact at a time, each at the next revision.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct ViewBuilder {
     view: View,
 }

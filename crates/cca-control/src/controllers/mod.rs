@@ -5,7 +5,8 @@
 //! [`SchedulerController`] turns desired replicas into placed instances
 //! (and moves, replaces and stops them), [`EndpointController`] publishes
 //! the ready backends of every service port, [`NetworkController`]
-//! gives nodes their subnets and services their VIPs. Every controller writes only
+//! gives nodes their subnets and services their VIPs, [`ScaleController`]
+//! puts idle `scale_to_zero` services to sleep. Every controller writes only
 //! what differs from the view, so a converged cluster yields empty plans.
 //!
 //! [`View`]: crate::view::View
@@ -15,6 +16,7 @@
 mod endpoint;
 mod network;
 mod node;
+mod scale;
 pub mod scheduler;
 
 #[cfg(test)]
@@ -25,6 +27,7 @@ use std::sync::Arc;
 pub use endpoint::EndpointController;
 pub use network::{NetworkConfig, NetworkController, PlanError};
 pub use node::{DisruptionConfig, MIN_MISSING, NodeConfig, NodeController};
+pub use scale::ScaleController;
 pub use scheduler::{SchedulerConfig, SchedulerController};
 
 use crate::controller::Controller;
@@ -47,5 +50,6 @@ pub fn all(
         Arc::new(NetworkController {
             config: network.clone(),
         }),
+        Arc::new(ScaleController),
     ]
 }

@@ -10,6 +10,9 @@
 //!    within a restart budget, scale and rolling updates follow
 //!    `update.max_surge`/`max_unavailable`, drains move instances within
 //!    the disruption budget, stateful ordinals start and stop in order.
+//!    A service asleep (`scale_to_zero`, `derived/scale`) has zero
+//!    replicas instead ([`service::sleep`]): its instances stop, and
+//!    `replicas` of its current spec come back when it wakes.
 //! 3. Creates are placed service by service ([`scoring`], [`feasibility`],
 //!    the incremental [`index`]); what cannot be placed becomes an
 //!    unplaced-demand fact naming the reason, the constraint and the
@@ -107,6 +110,7 @@ impl Controller for SchedulerController {
             Kind::InstanceStatus,
             Kind::NodeStatus,
             Kind::Disruption,
+            Kind::Scale,
         ]
     }
 
@@ -148,7 +152,12 @@ pub(crate) fn reconcile(view: &View, context: &Context, config: &SchedulerConfig
     for (name, (spec, hash)) in &known {
         let instances = by_service.get(name).map_or(&[][..], Vec::as_slice);
         let before = pass.instance_writes;
-        let wanted = service::decide(&mut pass, name, spec, hash, instances);
+        let wanted = if view.is_asleep(name) {
+            service::sleep(&mut pass, name, instances);
+            Vec::new()
+        } else {
+            service::decide(&mut pass, name, spec, hash, instances)
+        };
         if pass.instance_writes > before || !wanted.is_empty() {
             pass.guard_service(name);
         }

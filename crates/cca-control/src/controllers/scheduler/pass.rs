@@ -103,10 +103,19 @@ impl<'v> Pass<'v> {
         self.requeue_at = Some(self.requeue_at.map_or(at, |held| held.min(at)));
     }
 
-    /// The decision depended on the service's spec: commit only if it is
-    /// still the spec the view holds.
+    /// The decision depended on the service's spec (and, for one that
+    /// scales to zero, on whether it sleeps): commit only if they are
+    /// still what the view holds.
     pub(crate) fn guard_service(&mut self, service: &str) {
         self.guards.insert(keys::desired_service(service));
+        let sleeps = self
+            .view
+            .services
+            .get(service)
+            .is_some_and(|spec| spec.scale_to_zero.is_some());
+        if sleeps {
+            self.guards.insert(keys::derived_scale(service));
+        }
     }
 
     fn write(&mut self, write: Write) {

@@ -118,6 +118,31 @@ pub(crate) fn retire<'v>(pass: &mut Pass<'v>, instances: &[&'v Instance]) {
     }
 }
 
+/// An asleep service (`scale_to_zero`, `derived/scale`): zero replicas.
+/// Every instance stops the usual way (it leaves the endpoints first, so
+/// requests in flight finish), and nothing is created, replaced or moved
+/// until it wakes; then [`decide`] places `replicas` of the spec it has
+/// then.
+pub(crate) fn sleep<'v>(pass: &mut Pass<'v>, service: &str, instances: &[&'v Instance]) {
+    let mut stops = Vec::new();
+    for instance in instances {
+        match classify(pass, instance, "") {
+            Kind::Finished | Kind::Lost => pass.delete(instance),
+            Kind::Stopping => {}
+            Kind::Member(_) => {
+                pass.stop(instance);
+                stops.push(instance.id.as_str());
+            }
+        }
+    }
+    if !stops.is_empty() {
+        pass.events.push(EventDraft::info(
+            format!("service/{service}"),
+            format!("stopping {} (asleep: scale to zero)", stops.join(", ")),
+        ));
+    }
+}
+
 /// Decides deletes and stops for `service` and returns the instances to create.
 pub(crate) fn decide<'v>(
     pass: &mut Pass<'v>,

@@ -1113,3 +1113,72 @@ fn demand_beyond_one_pass_goes_in_the_next_pass_not_unplaced() {
     assert_eq!(live(&view, "web").len(), 130);
     assert_eq!(unplaced(&view, "web"), None);
 }
+
+fn sleepy(replicas: u32) -> ServiceSpec {
+    let mut spec = service("web", replicas);
+    spec.scale_to_zero = Some(cca_model::spec::Duration(60_000));
+    spec
+}
+
+fn scale_state(asleep: bool) -> cca_model::scale::ScaleState {
+    use cca_model::scale::{ScaleCause, ScaleState};
+    ScaleState {
+        asleep,
+        since: NOW,
+        cause: if asleep {
+            ScaleCause::Idle {
+                window: 60_000,
+                last_activity: 0,
+            }
+        } else {
+            ScaleCause::Woken { node: "g1".into() }
+        },
+    }
+}
+
+#[test]
+fn an_asleep_service_has_no_instances_and_wakes_to_its_replicas() {
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .node("n2", 4000, 4096)
+        .service(sleepy(3))
+        .build();
+    let (view, now) = converge(view, NOW);
+    assert_eq!(live(&view, "web").len(), 3);
+    // Asleep: every instance stops (the usual way: stopping, then gone).
+    let asleep = ViewBuilder::from(view)
+        .put(&keys::derived_scale("web"), &scale_state(true))
+        .build();
+    let plan = schedule(&asleep, now);
+    assert_eq!(puts(&plan).iter().filter(|i| i.stopping).count(), 3);
+    assert!(
+        plan.guards.contains(&keys::derived_scale("web")),
+        "a wake meanwhile makes the decision again"
+    );
+    let (asleep, now) = converge(asleep, now);
+    assert!(instances(&asleep).is_empty(), "all gone once stopped");
+    assert!(unplaced(&asleep, "web").is_none());
+    // A scale or a rollout while asleep starts nothing.
+    let mut next = sleepy(4);
+    next.env.insert("VERSION".into(), "2".into());
+    let asleep = ViewBuilder::from(asleep).service(next.clone()).build();
+    assert!(schedule(&asleep, now).is_noop(), "nothing while asleep");
+    // Woken: the replicas of the spec it has now.
+    let woken = ViewBuilder::from(asleep)
+        .put(&keys::derived_scale("web"), &scale_state(false))
+        .build();
+    let plan = schedule(&woken, now);
+    let placed = puts(&plan);
+    assert_eq!(placed.len(), 4);
+    assert!(placed.iter().all(|i| i.spec_hash == spec_hash(&next)));
+}
+
+#[test]
+fn a_sleep_fact_without_scale_to_zero_changes_nothing() {
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .service(service("web", 2))
+        .put(&keys::derived_scale("web"), &scale_state(true))
+        .build();
+    assert_eq!(puts(&schedule(&view, NOW)).len(), 2);
+}
