@@ -130,6 +130,13 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
         Lane::Reports,
     ),
     ("/v1/agent/nodes/{node}/gates/{gate}/tls", Lane::Reports),
+    // A gate node's: a report at most every 10 s, and a wake per cold
+    // start, which a request waits on at the gate: not behind users.
+    ("/v1/agent/nodes/{node}/gate-activity", Lane::Reports),
+    (
+        "/v1/agent/nodes/{node}/services/{service}/wake",
+        Lane::Reports,
+    ),
     ("/v1/apply", Lane::User),
     ("/v1/diff", Lane::User),
     ("/v1/services/{name}", Lane::User),

@@ -42,6 +42,40 @@ where
     read_modify_write_within(state, what, UPDATE_DEADLINE, attempt).await
 }
 
+/// [`read_modify_write`] for a change that may turn out to be needed no
+/// more: an attempt that finds nothing to write (`None` for its
+/// transaction) answers its value at once, with no revision.
+pub(crate) async fn read_modify_write_if<T, F, Fut>(
+    state: &ApiState,
+    what: &str,
+    mut attempt: F,
+) -> ApiResult<(T, Option<Revision>)>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ApiResult<(Option<Txn>, T)>>,
+{
+    let deadline = Instant::now() + UPDATE_DEADLINE;
+    let mut cap = FIRST_BACKOFF;
+    loop {
+        let (txn, value) = attempt().await?;
+        let Some(txn) = txn else {
+            return Ok((value, None));
+        };
+        if let TxnOutcome::Committed { revision } = state.store().txn(txn).await? {
+            return Ok((value, Some(revision)));
+        }
+        let pause = jitter(cap);
+        if Instant::now() + pause >= deadline {
+            return Err(ApiError::conflict(format!(
+                "{what} kept changing for {}s while updating it; nothing was written, retry",
+                UPDATE_DEADLINE.as_secs_f64()
+            )));
+        }
+        tokio::time::sleep(pause).await;
+        cap = (cap * 2).min(MAX_BACKOFF);
+    }
+}
+
 async fn read_modify_write_within<T, F, Fut>(
     state: &ApiState,
     what: &str,

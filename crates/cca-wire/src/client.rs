@@ -5,6 +5,7 @@
 //! Over HTTPS ([`Client::with_tls`]) it trusts only the cluster CA and
 //! presents a client certificate when it has one (`crate::tls`).
 
+use std::collections::BTreeMap;
 use std::marker::PhantomData;
 use std::time::Duration;
 
@@ -554,6 +555,31 @@ impl Client {
         );
         self.json(self.request(Method::POST, &path).json(request))
             .await
+    }
+
+    /// Gate node `node`'s report of when it last forwarded a request to
+    /// each service (the server keeps the later time per service).
+    pub async fn report_gate_activity(
+        &self,
+        node: &str,
+        services: BTreeMap<String, Millis>,
+    ) -> ClientResult<GateActivityReply> {
+        let path = format!("/v1/agent/nodes/{}/gate-activity", segment(node));
+        let body = GateActivityReport { services };
+        self.json(self.request(Method::POST, &path).json(&body))
+            .await
+    }
+
+    /// Gate node `node` asks to wake `service`, asleep with
+    /// `scale_to_zero`, for a request it holds. Idempotent: waking an
+    /// awake service changes nothing.
+    pub async fn wake_service(&self, node: &str, service: &str) -> ClientResult<WakeReply> {
+        let path = format!(
+            "/v1/agent/nodes/{}/services/{}/wake",
+            segment(node),
+            segment(service)
+        );
+        self.json(self.request(Method::POST, &path)).await
     }
 
     /// The chain and key of gate `gate` (a `tls { cert key }` gate), asked

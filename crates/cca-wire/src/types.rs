@@ -685,6 +685,34 @@ impl std::fmt::Debug for GateTls {
     }
 }
 
+/// `POST /v1/agent/nodes/{node}/gate-activity`: per service, when the
+/// gate node last forwarded a request to it (ms since the epoch, the
+/// node's clock). Sent at most every 10 s and only when something changed;
+/// the server keeps the later time per service.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateActivityReport {
+    pub services: BTreeMap<String, Millis>,
+}
+
+/// The answer to a gate node's activity report.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GateActivityReply {
+    /// The revision that recorded it; `None` when it changed nothing.
+    pub revision: Option<Revision>,
+}
+
+/// `POST /v1/agent/nodes/{node}/services/{service}/wake` (202): the
+/// service is awake from `revision` on; its instances start through the
+/// scheduler as for any service.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WakeReply {
+    pub service: String,
+    /// True when this call woke it; false when it was awake already.
+    pub woke: bool,
+    /// The revision that woke it (`None` when it was awake already).
+    pub revision: Option<Revision>,
+}
+
 /// `POST /v1/revocations`: take back certificates before they expire —
 /// exactly one of one certificate (`serial`), every certificate of a node,
 /// or of a user, issued until now.

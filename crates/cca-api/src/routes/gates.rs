@@ -133,6 +133,16 @@ pub(crate) async fn tls(
 /// Gate `gate` as node `node` may ask about it: the node must be
 /// registered as a gate node, and the gate must exist.
 fn gate_of<'v>(view: &'v View, node: &str, gate: &str) -> ApiResult<&'v GateSpec> {
+    gate_node(view, node, "get gates' certificates and keys")?;
+    view.gates
+        .get(gate)
+        .map(|spec| spec.value.as_ref())
+        .ok_or_else(|| ApiError::not_found(format!("gate `{gate}` is not defined")))
+}
+
+/// Checks that `node` is registered as a gate node (with a gate
+/// listener): only gate nodes may `what`.
+pub(crate) fn gate_node(view: &View, node: &str, what: &str) -> ApiResult<()> {
     let info = view.nodes.get(node).ok_or_else(|| {
         ApiError::not_found(format!(
             "node `{node}` is not registered: its agent registers when it starts"
@@ -143,14 +153,11 @@ fn gate_of<'v>(view: &'v View, node: &str, gate: &str) -> ApiResult<&'v GateSpec
             StatusCode::FORBIDDEN,
             format!(
                 "node `{node}` is not a gate node (it registered no gate listener): only gate \
-                 nodes get gates' certificates and keys"
+                 nodes {what}"
             ),
         ));
     }
-    view.gates
-        .get(gate)
-        .map(|spec| spec.value.as_ref())
-        .ok_or_else(|| ApiError::not_found(format!("gate `{gate}` is not defined")))
+    Ok(())
 }
 
 fn tls_kind(spec: &GateSpec) -> &'static str {

@@ -10,6 +10,7 @@ mod instance_io;
 mod ops;
 mod reads;
 mod revoke;
+mod scale;
 mod secrets;
 mod users;
 mod watch;
@@ -150,6 +151,14 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
             post(gates::certificate),
         ),
         ("/v1/agent/nodes/{node}/gates/{gate}/tls", get(gates::tls)),
+        (
+            "/v1/agent/nodes/{node}/gate-activity",
+            post(scale::gate_activity),
+        ),
+        (
+            "/v1/agent/nodes/{node}/services/{service}/wake",
+            post(scale::wake),
+        ),
         ("/metrics", get(reads::metrics)),
     ]
 }
