@@ -244,12 +244,20 @@ pub async fn run(
     }
     let mut reporter = Reporter::new(client, config.node.clone());
     let mut stop = shutdown;
+    let started = supervisor.started();
     loop {
         let current = Arc::clone(&desired_changes.borrow_and_update());
         let tick = supervisor.tick(&current).await;
         reporter.report(tick).await;
+        // A start ending or a quick startup probe due ticks at once: an
+        // instance is reported ready as soon as it is.
+        let pause = supervisor.next_probe_at().map_or(config.tick, |at| {
+            at.saturating_duration_since(tokio::time::Instant::now())
+                .min(config.tick)
+        });
         tokio::select! {
-            _ = tokio::time::sleep(config.tick) => {}
+            _ = tokio::time::sleep(pause) => {}
+            _ = started.notified() => {}
             _ = desired_changes.changed() => {}
             _ = stop.wait_for(|stop| *stop) => break,
         }

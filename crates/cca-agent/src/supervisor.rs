@@ -127,6 +127,13 @@ pub struct Supervisor {
     files: Option<(PathBuf, Arc<dyn FileSource>)>,
     records: HashMap<String, Record>,
     starting: HashMap<String, JoinHandle<Result<(), StartProblem>>>,
+    /// Notified when a background start ends, so the agent ticks at once
+    /// (its first health probe, its status report) instead of at its next
+    /// periodic tick: a cold start waits on this.
+    started: Arc<tokio::sync::Notify>,
+    /// The earliest quick startup probe due (see `health`): the agent
+    /// ticks no later than this.
+    quick_probe_at: Option<Instant>,
     /// The node's part of the cluster network, when it has one: instances
     /// wait for its subnet before they first start, and get its resolver.
     node_net: Option<Arc<NodeNet>>,
@@ -183,8 +190,20 @@ impl Supervisor {
             files: None,
             records: HashMap::new(),
             starting: HashMap::new(),
+            started: Arc::new(tokio::sync::Notify::new()),
+            quick_probe_at: None,
             node_net: None,
         }
+    }
+
+    /// Notified whenever a start running in the background ends: tick then.
+    pub fn started(&self) -> Arc<tokio::sync::Notify> {
+        Arc::clone(&self.started)
+    }
+
+    /// When the next quick startup probe is due, if one is: tick then.
+    pub fn next_probe_at(&self) -> Option<Instant> {
+        self.quick_probe_at
     }
 
     /// Starts instances only once the node network is up, each with the
@@ -327,6 +346,10 @@ impl Supervisor {
                 Ok(()) => {
                     record.waiting = None;
                     record.file_attempts = 0;
+                    // Its startup probes count from the process's start,
+                    // not from the assignment (a pull may take minutes).
+                    record.health = HealthTracker::new(now);
+                    tracing::debug!(instance = %id, "started");
                 }
                 Err(StartProblem::Failed(problem)) => {
                     tracing::warn!(instance = %id, %problem, "start failed");
@@ -494,7 +517,12 @@ impl Supervisor {
                 node: self.node.clone(),
             });
         let runtime = Arc::clone(&self.runtime);
-        let task = tokio::spawn(async move { start_instance(runtime, spec, init, fetch).await });
+        let started = Arc::clone(&self.started);
+        let task = tokio::spawn(async move {
+            let outcome = start_instance(runtime, spec, init, fetch).await;
+            started.notify_one();
+            outcome
+        });
         self.starting.insert(id.to_owned(), task);
     }
 
@@ -669,9 +697,32 @@ impl Supervisor {
         }
         while let Some(Ok((id, check, result))) = probes.join_next().await {
             if let Some(record) = self.records.get_mut(&id) {
-                record.health.record(&check, result, Instant::now());
+                let was = record.health.healthy;
+                let now = Instant::now();
+                record.health.record(&check, result, now);
+                if was != Some(true) && record.health.healthy == Some(true) {
+                    tracing::debug!(
+                        instance = %id,
+                        after_start_ms = (now - record.health.started).as_millis() as u64,
+                        "first health probe passed"
+                    );
+                }
             }
         }
+        let now = Instant::now();
+        self.quick_probe_at = desired
+            .assignments
+            .iter()
+            .filter(|(_, assignment)| !assignment.instance.stopping)
+            .filter_map(|(id, assignment)| {
+                let check = assignment.spec.as_ref()?.health.as_ref()?;
+                let running = actual
+                    .get(id)
+                    .is_some_and(|status| status.state == RtState::Running);
+                let health = &self.records.get(id)?.health;
+                (running && health.in_startup(check, now)).then_some(health.next_probe_at)
+            })
+            .min();
     }
 
     /// The observed status of one assigned instance.
