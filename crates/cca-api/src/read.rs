@@ -105,6 +105,11 @@ pub(crate) fn service_summary(view: &View, name: &str, spec: &ServiceSpec) -> Se
             .vips
             .get(name)
             .and_then(|vip| vip.value.held().map(|_| cca_model::net::service_name(name))),
+        scale: view
+            .scale
+            .get(name)
+            .filter(|_| spec.scale_to_zero.is_some())
+            .map(|state| (*state.value).clone()),
     }
 }
 

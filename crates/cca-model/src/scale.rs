@@ -77,14 +77,9 @@ impl std::fmt::Display for ScaleCause {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ScaleCause::Enabled => f.write_str("scale_to_zero set"),
-            ScaleCause::Idle {
-                window,
-                last_activity,
-            } => write!(
-                f,
-                "idle: no request through a gate for {}s since {last_activity}",
-                window / 1000
-            ),
+            ScaleCause::Idle { window, .. } => {
+                write!(f, "idle: no request through a gate for {}s", window / 1000)
+            }
             ScaleCause::Woken { node } => write!(f, "woken by a request via gate node {node}"),
         }
     }

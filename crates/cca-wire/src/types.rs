@@ -79,6 +79,11 @@ pub struct ServiceSummary {
     /// The DNS name that resolves to the VIP, while it holds one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dns: Option<String>,
+    /// Whether a `scale_to_zero` service sleeps, since when and why
+    /// (absent for a service that never sleeps, or before the scale
+    /// controller's first pass).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scale: Option<cca_model::scale::ScaleState>,
 }
 
 /// `history service`: the versions of a service's spec the cluster keeps,

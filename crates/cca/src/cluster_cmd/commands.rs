@@ -356,7 +356,7 @@ fn service_table(rows: &[ServiceSummary]) {
             vec![
                 s.name.clone(),
                 s.workload.clone(),
-                format!("{}/{}", s.running, s.replicas),
+                output::running(s, now),
                 s.instances.to_string(),
                 s.unplaced.to_string(),
                 output::vip(s.vip.as_ref()),

@@ -75,6 +75,16 @@ fn service(detail: &ServiceDetail) {
             spec.replicas, summary.instances, summary.running
         ),
     );
+    if let Some(state) = &summary.scale {
+        let now = now_millis();
+        let ago = age(Some(state.since), now);
+        let line = if state.asleep {
+            format!("asleep for {ago} ({})", state.cause)
+        } else {
+            format!("awake for {ago} ({})", state.cause)
+        };
+        field("Scale to zero", &line);
+    }
     let ports: Vec<String> = spec
         .ports
         .iter()

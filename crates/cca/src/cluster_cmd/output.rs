@@ -161,6 +161,24 @@ pub(crate) fn age(since: Option<Millis>, now: Millis) -> String {
     }
 }
 
+/// How `get services` shows the running count: `1/2`, or for a service
+/// asleep with `scale_to_zero`, `0/2 (asleep 5m, idle 1m)`.
+pub(crate) fn running(summary: &cca_wire::types::ServiceSummary, now: Millis) -> String {
+    let count = format!("{}/{}", summary.running, summary.replicas);
+    match &summary.scale {
+        Some(state) if state.asleep => {
+            let idle = match &state.cause {
+                cca_model::scale::ScaleCause::Idle { window, .. } => {
+                    format!(", idle {}", age(Some(0), *window))
+                }
+                _ => String::new(),
+            };
+            format!("{count} (asleep {}{idle})", age(Some(state.since), now))
+        }
+        _ => count,
+    }
+}
+
 /// `500m` below a core, `2` or `1.5` from there.
 pub(crate) fn cpu(cpu: Cpu) -> String {
     match cpu.0 {
@@ -256,5 +274,26 @@ mod tests {
         assert_eq!(cpu(Cpu(500)), "500m");
         assert_eq!(cpu(Cpu(2000)), "2");
         assert_eq!(cpu(Cpu(1500)), "1.5");
+    }
+
+    #[test]
+    fn an_asleep_service_says_so_in_its_running_count() {
+        use cca_model::scale::{ScaleCause, ScaleState};
+        let mut summary: cca_wire::types::ServiceSummary =
+            serde_json::from_value(serde_json::json!({
+                "name": "web", "workload": "process", "replicas": 2, "instances": 0,
+                "running": 0, "unplaced": 0, "tags": {}, "created_at": null
+            }))
+            .expect("a summary");
+        assert_eq!(running(&summary, 0), "0/2");
+        summary.scale = Some(ScaleState {
+            asleep: true,
+            since: 0,
+            cause: ScaleCause::Idle {
+                window: 300_000,
+                last_activity: 0,
+            },
+        });
+        assert_eq!(running(&summary, 600_000), "0/2 (asleep 10m, idle 5m)");
     }
 }
