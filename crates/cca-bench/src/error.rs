@@ -1,6 +1,7 @@
 //! What can stop a benchmark run: settings that make no sense, the store,
-//! the API, the workload's compilation, a cluster that never comes up, or
-//! a failed verification.
+//! the API, the workload's compilation, a cluster that never comes up, a
+//! failed verification, or a program the gate benchmark runs (nginx,
+//! h2load) that is not installed.
 
 use std::time::Duration;
 
@@ -30,6 +31,12 @@ pub enum BenchError {
 
     #[error("{what} did not happen within {timeout:?}")]
     Timeout { what: String, timeout: Duration },
+
+    #[error(
+        "`{program}` is not installed: install Debian's package {package} \
+         (scripts/test installs it)"
+    )]
+    MissingProgram { program: String, package: String },
 
     #[error("the {what} task failed: {problem}")]
     Task { what: String, problem: String },

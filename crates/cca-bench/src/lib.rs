@@ -12,9 +12,14 @@
 //! [`Report`]: convergence time, per-instance latency percentiles, success
 //! rate, the store's raw transaction rate measured in the same run and the
 //! process's peak memory.
+//!
+//! [`gate`] is a benchmark of its own (`cca benchmark gate`): the gate
+//! proxy against nginx in front of the same backends, each in a process
+//! of its own.
 
 mod cluster;
 mod error;
+pub mod gate;
 mod measure;
 mod network;
 mod plane_runtime;

@@ -2,7 +2,8 @@
 //! plane with N simulated agents in this process (`cca-bench`). Wiring
 //! only: parses the flags, runs each scenario with a progress bar, prints
 //! a table (or one JSON object per scenario) and fails when a scenario's
-//! checks fail or it does not fully converge.
+//! checks fail or it does not fully converge. `cca benchmark gate` is
+//! `benchmark_gate_cmd`.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -10,15 +11,19 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use cca_bench::{BenchConfig, Progress, Report, Scenario, StoreTarget, run_scenario};
 use cca_runtime::sim::StartLatency;
-use clap::Args;
+use clap::{Args, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
 
+use crate::benchmark_gate_cmd;
 use crate::cluster_cmd::output;
 use crate::flags;
 
 /// `cca benchmark --nodes N --instances M --store S --scenario NAME [--tls] [--json]`
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct BenchmarkArgs {
+    #[command(subcommand)]
+    command: Option<BenchmarkCommand>,
     /// Simulated nodes (one agent each).
     #[arg(long, default_value_t = 50)]
     nodes: usize,
@@ -120,7 +125,18 @@ pub(crate) struct BenchmarkArgs {
     seed: u64,
 }
 
+/// Benchmarks other than the cluster's.
+#[derive(Debug, Subcommand)]
+enum BenchmarkCommand {
+    /// The gate proxy against nginx in front of the same backends
+    /// (needs nginx and h2load).
+    Gate(benchmark_gate_cmd::GateArgs),
+}
+
 pub(crate) fn run(args: BenchmarkArgs) -> Result<ExitCode> {
+    if let Some(BenchmarkCommand::Gate(gate)) = args.command {
+        return benchmark_gate_cmd::run(gate);
+    }
     let config = bench_config(&args)?;
     let scenarios = scenarios(&args.scenario)?;
     // Every simulated node holds a few connections (with --tls, two of
@@ -342,12 +358,12 @@ fn table_row(report: &Report) -> Vec<String> {
 }
 
 /// A progress bar on stderr (hidden for `--json` and off a terminal).
-struct Bar {
+pub(crate) struct Bar {
     bar: ProgressBar,
 }
 
 impl Bar {
-    fn new(quiet: bool) -> Self {
+    pub(crate) fn new(quiet: bool) -> Self {
         let bar = if quiet {
             ProgressBar::hidden()
         } else {
@@ -360,7 +376,7 @@ impl Bar {
         Self { bar }
     }
 
-    fn finish(&self) {
+    pub(crate) fn finish(&self) {
         self.bar.finish_and_clear();
     }
 }

@@ -4,6 +4,7 @@
 
 mod agent_cmd;
 mod benchmark_cmd;
+mod benchmark_gate_cmd;
 mod cluster_cmd;
 mod dev_cmd;
 mod dsl_cmd;
