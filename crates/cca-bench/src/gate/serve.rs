@@ -103,6 +103,8 @@ fn network_map(backends: &[SocketAddr]) -> NetworkMap {
         affinity: Affinity::default(),
         endpoints: [("http".to_owned(), targets)].into(),
         members: vec![],
+        asleep: false,
+        scale_to_zero: None,
     };
     let gate = GateSpec {
         name: "bench".into(),
