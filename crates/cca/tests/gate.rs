@@ -14,6 +14,12 @@ use std::time::{Duration, Instant};
 
 use support::dev::Dev;
 
+/// One `cca dev` at a time: two dev clusters on one machine hand out the
+/// same host ports (20000 up), and an instance of one would answer for
+/// the other's (see the issue notes: the agent does not yet check that a
+/// host port is free).
+static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 const PROGRAM: &str = r#"
 service hello {
   run = "exec cca whoami --port $PORT"
@@ -94,6 +100,9 @@ fn until_served(extra: &[&str], resolve: &str, url: &str) -> String {
 
 #[test]
 fn curl_reaches_a_service_through_its_gate() {
+    let _alone = ONE_CLUSTER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("app.cca"), PROGRAM).expect("writes the program");
     let dev = Dev::start(dir.path(), &["--data-dir", "data", "app.cca"]);
@@ -265,4 +274,36 @@ fn websocket_echo(port: u16, message: &[u8]) -> Vec<u8> {
     let mut payload = vec![0u8; usize::from(header[1] & 0x7f)];
     stream.read_exact(&mut payload).expect("payload");
     payload
+}
+
+#[test]
+fn cca_dev_serves_the_gate_example_over_http_and_https() {
+    let _alone = ONE_CLUSTER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let example = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/gates.cca");
+    let example = example.to_str().expect("a UTF-8 path");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let dev = Dev::start(dir.path(), &["--data-dir", "data", example]);
+    let shown = dev.read_until(|line, _| line.starts_with("  gate shop: curl"));
+    let (port, tls_port) = gate_ports(&shown);
+    assert!(
+        shown.contains(&format!("gate shop: curl --cacert data/trust/ca.pem --resolve shop.localhost:{tls_port}:127.0.0.1 https://shop.localhost:{tls_port}/")),
+        "{shown}"
+    );
+    let web = until_served(
+        &[],
+        &format!("shop.localhost:{port}:127.0.0.1"),
+        &format!("http://shop.localhost:{port}/"),
+    );
+    assert!(web.contains("service: web"), "{web}");
+    let ca = dir.path().join("data/trust/ca.pem");
+    let api = until_served(
+        &["--cacert", ca.to_str().expect("a UTF-8 path")],
+        &format!("shop.localhost:{tls_port}:127.0.0.1"),
+        &format!("https://shop.localhost:{tls_port}/api/orders"),
+    );
+    assert!(api.contains("service: api"), "{api}");
+    assert!(api.contains("path: /api/orders"), "{api}");
+    drop(dev);
 }

@@ -270,7 +270,12 @@ fn gate(detail: &GateDetail) {
         format!("cookie {}", sticky.cookie)
     });
     field("Sticky", &sticky);
-    field("Balance", &format!("{:?}", spec.balance).to_lowercase());
+    let balance = match spec.balance {
+        cca_model::spec::Balance::RoundRobin => "round-robin",
+        cca_model::spec::Balance::LeastConnections => "least-connections",
+        cca_model::spec::Balance::SourceIp => "source-ip",
+    };
+    field("Balance", balance);
     if detail.nodes.is_empty() {
         field("Gate nodes", "none: no node runs with --gate-listen");
         return;
