@@ -10,9 +10,11 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use cca_gate::traffic::Wake;
 use cca_gate::{Gate, Listener, ProxyOptions, ServerOptions};
 use cca_model::cluster::GateListen;
 use cca_tls::HostPair;
+use cca_wire::Client;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
@@ -118,11 +120,14 @@ impl BoundGate {
     /// serving the certificates `pairs` holds for each gate's hosts.
     pub(crate) async fn run(
         self,
+        link: Link,
         mut views: watch::Receiver<Arc<NetworkView>>,
         mut pairs: watch::Receiver<GateKeyPairs>,
         stop: watch::Receiver<bool>,
     ) {
         let gate = Arc::clone(&self.gate);
+        gate.set_waker(Arc::new(link.clone()));
+        let reporter = tokio::spawn(report_traffic(Arc::clone(&gate), link, stop.clone()));
         let following = Arc::clone(&gate);
         let follower = tokio::spawn(async move {
             loop {
@@ -140,11 +145,61 @@ impl BoundGate {
             .map(|listener| tokio::spawn(serve_metrics(Arc::clone(&gate), listener, stop.clone())));
         gate.serve(self.listeners, self.server, stop).await;
         follower.abort();
+        reporter.abort();
         if let Some(metrics) = metrics {
             let _ = metrics.await;
         }
     }
 }
+
+/// How a gate node reaches the control plane for scale to zero: it wakes
+/// services and reports their traffic as itself.
+#[derive(Clone, Debug)]
+pub(crate) struct Link {
+    pub client: Client,
+    pub node: String,
+}
+
+impl Wake for Link {
+    fn wake(&self, service: &str) {
+        let link = self.clone();
+        let service = service.to_owned();
+        tokio::spawn(async move {
+            if let Err(error) = link.client.wake_service(&link.node, &service).await {
+                tracing::warn!(%service, %error, "the gate could not wake a service");
+            }
+        });
+    }
+}
+
+/// Reports when each service last got a request through this node, every
+/// [`TRAFFIC_REPORT_EVERY`] and only when something is new; a failed
+/// report is sent again with the next.
+async fn report_traffic(gate: Arc<Gate>, link: Link, mut stop: watch::Receiver<bool>) {
+    let mut every = tokio::time::interval(TRAFFIC_REPORT_EVERY);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+        let fresh = gate.traffic().take_new();
+        if fresh.is_empty() {
+            continue;
+        }
+        if let Err(error) = link
+            .client
+            .report_gate_activity(&link.node, fresh.clone())
+            .await
+        {
+            tracing::debug!(%error, "the gate's traffic report failed; it goes again with the next");
+            gate.traffic().unreport(&fresh);
+        }
+    }
+}
+
+/// How often a gate node reports its services' traffic (a scale-to-zero
+/// window shorter than this can put a busy service to sleep).
+pub const TRAFFIC_REPORT_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves each gate's key pair for the gate's hosts.
 fn serve_certificates(gate: &Gate, view: &NetworkView, pairs: &GateKeyPairs) {

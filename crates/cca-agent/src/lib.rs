@@ -227,7 +227,11 @@ pub async fn run(
                 view_changes.clone(),
                 shutdown.clone(),
             );
-            tokio::spawn(gate.run(view_changes, pairs, shutdown.clone()))
+            let link = gate::Link {
+                client: client.clone(),
+                node: config.node.clone(),
+            };
+            tokio::spawn(gate.run(link, view_changes, pairs, shutdown.clone()))
         });
     }
     let mut supervisor = Supervisor::new(

@@ -96,9 +96,9 @@ fn lint_json_gives_positions_and_codes() {
 
 #[test]
 fn lint_json_warns_about_settings_not_enforced_and_still_succeeds() {
-    let text = "service a {\n  run = \"x\"\n  scale_to_zero = 5m\n}\n";
-    let fs = MemoryFs::new().with("idle.cca", text);
-    let result = run(|io| commands::lint(&fs, &paths(&["idle.cca"]), DiagnosticFormat::Json, io));
+    let text = "service a {\n  run = \"x\"\n  autoscale {\n    min = 1\n    max = 3\n    cpu = 70%\n  }\n}\n";
+    let fs = MemoryFs::new().with("scale.cca", text);
+    let result = run(|io| commands::lint(&fs, &paths(&["scale.cca"]), DiagnosticFormat::Json, io));
     assert_eq!(result.code, 0);
     let json: serde_json::Value = serde_json::from_str(&result.out).expect("valid JSON");
     let diagnostics = json["diagnostics"].as_array().expect("a list");
@@ -109,7 +109,7 @@ fn lint_json_warns_about_settings_not_enforced_and_still_succeeds() {
     assert_eq!(warning["line"], 3);
     let message = warning["message"].as_str().unwrap_or_default();
     assert!(
-        message.contains("`scale_to_zero` is accepted but not enforced by this version"),
+        message.contains("`autoscale` is accepted but not enforced by this version"),
         "{message}"
     );
     assert_eq!(json["errors"], 0);

@@ -129,6 +129,11 @@ pub struct Pool {
     pub backends: Vec<Arc<Backend>>,
     /// The service exists in the map (it may have no ready backend).
     pub service_known: bool,
+    /// The service scales to zero: with no backend, a request wakes it and
+    /// waits instead of getting a 503 at once.
+    pub wakeable: bool,
+    /// When the service last got a request through this gate node.
+    pub last_request: Arc<std::sync::atomic::AtomicI64>,
     cursor: AtomicUsize,
 }
 
@@ -166,6 +171,8 @@ impl Pool {
             port,
             backends,
             service_known,
+            wakeable: false,
+            last_request: Arc::default(),
             cursor: AtomicUsize::new(start),
         }
     }

@@ -44,6 +44,18 @@ pub struct GateState {
     per_client: Option<DefaultKeyedRateLimiter<IpAddr>>,
     per_gate: Option<DefaultDirectRateLimiter>,
     budget: Mutex<Budget>,
+    /// Requests held while a service wakes.
+    holding: std::sync::Arc<std::sync::atomic::AtomicU32>,
+}
+
+/// A request's place in a gate's wake queue.
+#[derive(Debug)]
+pub struct Held(std::sync::Arc<std::sync::atomic::AtomicU32>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 #[derive(Debug)]
@@ -87,6 +99,7 @@ impl GateState {
                 requests: 0,
                 retries: 0,
             }),
+            holding: std::sync::Arc::default(),
         }
     }
 
@@ -113,6 +126,15 @@ impl GateState {
             limiter.check().map_err(limited)?;
         }
         Ok(())
+    }
+
+    /// A place in the wake queue, unless `queue` requests already wait.
+    pub fn hold(&self, queue: u32) -> Option<Held> {
+        let held = self
+            .holding
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let place = Held(std::sync::Arc::clone(&self.holding));
+        (held < queue).then_some(place)
     }
 
     /// Forgets clients whose buckets are full again, so the per-client

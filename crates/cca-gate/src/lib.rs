@@ -22,6 +22,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod server;
 pub mod table;
+pub mod traffic;
 
 use std::sync::{Arc, Mutex};
 
@@ -35,6 +36,7 @@ pub use server::{Listener, ServerOptions};
 use crate::balance::HealthView;
 use crate::metrics::Metrics;
 use crate::table::{RouteTable, Routing};
+use crate::traffic::{Traffic, Wake};
 
 /// What went wrong setting up a gate's listeners.
 #[derive(Debug, thiserror::Error)]
@@ -47,6 +49,7 @@ pub enum GateError {
 #[derive(Debug)]
 pub struct Gate {
     proxy: Arc<Proxy>,
+    traffic: Arc<Traffic>,
     routing: Mutex<Routing>,
     certificates: Arc<HostCertificates>,
     metrics: Arc<Metrics>,
@@ -55,9 +58,15 @@ pub struct Gate {
 impl Gate {
     pub fn new(options: ProxyOptions) -> Self {
         let metrics = Arc::new(Metrics::default());
+        let traffic = Arc::new(Traffic::default());
         Self {
-            proxy: Arc::new(Proxy::new(Arc::clone(&metrics), options)),
-            routing: Mutex::new(Routing::new(Arc::clone(&metrics))),
+            proxy: Arc::new(Proxy::new(
+                Arc::clone(&metrics),
+                Arc::clone(&traffic),
+                options,
+            )),
+            routing: Mutex::new(Routing::new(Arc::clone(&metrics), Arc::clone(&traffic))),
+            traffic,
             certificates: Arc::default(),
             metrics,
         }
@@ -71,6 +80,17 @@ impl Gate {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .build(map);
         self.proxy.replace_table(table);
+    }
+
+    /// Who wakes services at zero; without one, requests for a target with
+    /// no backend get 503 at once.
+    pub fn set_waker(&self, waker: Arc<dyn Wake>) {
+        self.proxy.set_waker(waker);
+    }
+
+    /// When each service last got a request here, since the last call.
+    pub fn traffic(&self) -> &Arc<Traffic> {
+        &self.traffic
     }
 
     /// The route table requests use now.

@@ -1,6 +1,6 @@
 //! The gate's Prometheus metrics: per gate and per backend, requests by
 //! status class and their latency, plus ejections, retries, rate-limited
-//! and cached answers, and open connections. A request updates
+//! and cached answers, cold starts, and open connections. A request updates
 //! handles its gate and backend resolved once (no label lookup per
 //! request); a backend's series go when the backend leaves every pool.
 
@@ -60,6 +60,8 @@ pub struct Metrics {
     retries: Family<GateLabel, Counter>,
     rate_limited: Family<GateLabel, Counter>,
     cache_hits: Family<GateLabel, Counter>,
+    cold_starts: Family<GateLabel, Counter>,
+    cold_start_seconds: Histograms<GateLabel>,
     backend_requests: Family<BackendClass, Counter>,
     backend_seconds: Histograms<BackendLabel>,
     ejections: Family<BackendLabel, Counter>,
@@ -76,6 +78,8 @@ impl Default for Metrics {
             retries: Family::default(),
             rate_limited: Family::default(),
             cache_hits: Family::default(),
+            cold_starts: Family::default(),
+            cold_start_seconds: Family::new_with_constructor(latency_histogram),
             backend_requests: Family::default(),
             backend_seconds: Family::new_with_constructor(latency_histogram),
             ejections: Family::default(),
@@ -114,6 +118,16 @@ impl Metrics {
             "cache_hits",
             "Requests answered from the response cache, per gate",
             self.cache_hits.clone(),
+        );
+        registry.register(
+            "cold_starts",
+            "Requests held while their service woke from zero, per gate",
+            self.cold_starts.clone(),
+        );
+        registry.register(
+            "cold_start_duration_seconds",
+            "How long requests were held for a service to wake, per gate",
+            self.cold_start_seconds.clone(),
         );
         registry.register(
             "backend_requests",
@@ -166,6 +180,8 @@ impl Metrics {
             retries: self.retries.get_or_create(&label).clone(),
             rate_limited: self.rate_limited.get_or_create(&label).clone(),
             cache_hits: self.cache_hits.get_or_create(&label).clone(),
+            cold_starts: self.cold_starts.get_or_create(&label).clone(),
+            cold_start_seconds: self.cold_start_seconds.get_or_create(&label).clone(),
         }
     }
 
@@ -224,6 +240,8 @@ pub(crate) struct GateMetrics {
     pub retries: Counter,
     pub rate_limited: Counter,
     pub cache_hits: Counter,
+    pub cold_starts: Counter,
+    pub cold_start_seconds: Histogram,
 }
 
 /// One backend's handles.

@@ -11,7 +11,7 @@
 
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -22,6 +22,7 @@ use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::balance::{Lease, Outcome, Pool, Preference, hash64};
@@ -31,6 +32,7 @@ use crate::gate_state::GateState;
 use crate::metrics::{Metrics, class_index};
 use crate::server::Activity;
 use crate::table::{GateRoutes, RouteTable};
+use crate::traffic::{self, Traffic, Wake};
 
 /// Every body the gate sends or receives.
 pub type Body = UnsyncBoxBody<Bytes, hyper::Error>;
@@ -61,36 +63,39 @@ pub struct ProxyOptions {
 /// The proxy: the current route table and what serves requests with it.
 #[derive(Debug)]
 pub struct Proxy {
-    table: RwLock<Arc<RouteTable>>,
+    /// Requests held for a waking service wait for the next table.
+    tables: watch::Sender<Arc<RouteTable>>,
     pub(crate) metrics: Arc<Metrics>,
     options: ProxyOptions,
+    traffic: Arc<Traffic>,
+    waker: OnceLock<Arc<dyn Wake>>,
 }
 
 impl Proxy {
-    pub fn new(metrics: Arc<Metrics>, options: ProxyOptions) -> Self {
+    pub fn new(metrics: Arc<Metrics>, traffic: Arc<Traffic>, options: ProxyOptions) -> Self {
         Self {
-            table: RwLock::default(),
+            tables: watch::Sender::new(Arc::default()),
             metrics,
             options,
+            traffic,
+            waker: OnceLock::new(),
         }
+    }
+
+    /// Who wakes a service at zero (set once; without one, a target with
+    /// no backend is answered 503 at once).
+    pub fn set_waker(&self, waker: Arc<dyn Wake>) {
+        let _ = self.waker.set(waker);
     }
 
     /// Serves `table` from the next request on.
     pub fn replace_table(&self, table: RouteTable) {
-        *self
-            .table
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(table);
+        self.tables.send_replace(Arc::new(table));
     }
 
     /// The table requests use now.
     pub fn table(&self) -> Arc<RouteTable> {
-        Arc::clone(
-            &self
-                .table
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        )
+        Arc::clone(&self.tables.borrow())
     }
 
     /// Answers one request.
@@ -183,14 +188,109 @@ impl Proxy {
         let store = cached
             .filter(|_| request.method() == Method::GET)
             .map(|(_, key)| (key, request.headers().clone()));
-        let pool = gate.pool_for(request.uri().path());
+        let mut pool = Arc::clone(gate.pool_for(request.uri().path()));
+        pool.last_request
+            .store(traffic::now_millis(), std::sync::atomic::Ordering::Relaxed);
+        let mut waited = None;
+        if pool.backends.is_empty() && pool.wakeable {
+            match self
+                .wake_and_hold(gate, &pool, request.uri(), request.headers())
+                .await
+            {
+                Ok((woken, took)) => {
+                    pool = woken;
+                    waited = Some(took);
+                }
+                Err(refused) => return refused,
+            }
+        }
         gate.state.count_request();
-        let response = self.forward(gate, pool, request, peer).await;
+        let mut response = self.forward(gate, &pool, request, peer).await;
+        if let Some(took) = waited {
+            response
+                .headers_mut()
+                .insert("cca-cold-start", HeaderValue::from(took.as_millis() as u64));
+        }
         match store {
             Some((key, request_headers)) => {
                 store_when_complete(&gate.state, key, request_headers, response)
             }
             None => response,
+        }
+    }
+
+    /// Wakes `pool`'s service and holds the request until a route table
+    /// gives the pool a backend: the new pool and how long it took, or the
+    /// answer when the gate's queue is full or the wait times out.
+    async fn wake_and_hold(
+        &self,
+        gate: &GateRoutes,
+        pool: &Pool,
+        uri: &Uri,
+        headers: &HeaderMap,
+    ) -> Result<(Arc<Pool>, Duration), Response<Body>> {
+        let spec = &gate.spec;
+        let Some(waker) = self.waker.get() else {
+            return Err(no_backend(&spec.name, pool));
+        };
+        let Some(_held) = gate.state.hold(spec.queue) else {
+            let mut response = text(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "gate \"{}\": {} requests already wait for service \"{}\" to wake; try again shortly\n",
+                    spec.name, spec.queue, pool.service
+                ),
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(1u64));
+            return Err(response);
+        };
+        let started = Instant::now();
+        let host = forward::request_host(uri, headers).unwrap_or_default();
+        let path = uri.path().to_owned();
+        let mut tables = self.tables.subscribe();
+        let deadline = started + Duration::from_millis(spec.timeouts.wake.0);
+        loop {
+            if self.traffic.wake_due(&pool.service, Instant::now()) {
+                waker.wake(&pool.service);
+            }
+            let table = Arc::clone(&tables.borrow_and_update());
+            let woken = table
+                .gate_for(&host)
+                .map(|routes| Arc::clone(routes.pool_for(&path)))
+                .filter(|woken| !woken.backends.is_empty());
+            if let Some(woken) = woken {
+                let took = started.elapsed();
+                gate.state.metrics.cold_starts.inc();
+                gate.state
+                    .metrics
+                    .cold_start_seconds
+                    .observe(took.as_secs_f64());
+                return Ok((woken, took));
+            }
+            // Wake again each second: a lost call must not strand us.
+            let next_wake = Instant::now() + Duration::from_secs(1);
+            match tokio::time::timeout_at(deadline.min(next_wake), tables.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(no_backend(&spec.name, pool)),
+                Err(_) if Instant::now() >= deadline => {
+                    let mut response = text(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        format!(
+                            "gate \"{}\": service \"{}\" did not wake within {}; try again shortly\n",
+                            spec.name,
+                            pool.service,
+                            humanize(Duration::from_millis(spec.timeouts.wake.0))
+                        ),
+                    );
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+                    return Err(response);
+                }
+                Err(_) => {}
+            }
         }
     }
 

@@ -21,6 +21,7 @@ use cca_model::spec::GateSpec;
 use crate::balance::{Backend, Pool};
 use crate::gate_state::GateState;
 use crate::metrics::Metrics;
+use crate::traffic::Traffic;
 
 /// One gate as the proxy serves it.
 #[derive(Debug)]
@@ -82,14 +83,16 @@ impl RouteTable {
 #[derive(Debug)]
 pub struct Routing {
     metrics: Arc<Metrics>,
+    traffic: Arc<Traffic>,
     backends: HashMap<Target, Arc<Backend>>,
     gates: HashMap<String, Arc<GateState>>,
 }
 
 impl Routing {
-    pub fn new(metrics: Arc<Metrics>) -> Self {
+    pub fn new(metrics: Arc<Metrics>, traffic: Arc<Traffic>) -> Self {
         Self {
             metrics,
+            traffic,
             backends: HashMap::new(),
             gates: HashMap::new(),
         }
@@ -157,7 +160,10 @@ impl Routing {
                 backend
             })
             .collect();
-        Pool::new(service, port, members, net.is_some())
+        let mut pool = Pool::new(service, port, members, net.is_some());
+        pool.wakeable = net.is_some_and(|net| net.scale_to_zero.is_some());
+        pool.last_request = self.traffic.clock(service);
+        pool
     }
 }
 
@@ -225,7 +231,7 @@ mod tests {
 
     #[test]
     fn hosts_route_exactly_or_by_one_label_wildcard() {
-        let mut routing = Routing::new(Arc::default());
+        let mut routing = Routing::new(Arc::default(), Arc::default());
         let table = routing.build(&map(
             &[
                 gate("shop", &["shop.example.com"], "web"),
@@ -256,7 +262,7 @@ mod tests {
                 port: 9000,
             },
         ];
-        let mut routing = Routing::new(Arc::default());
+        let mut routing = Routing::new(Arc::default(), Arc::default());
         let table = routing.build(&map(
             &[Arc::new(spec)],
             &[
@@ -276,7 +282,7 @@ mod tests {
 
     #[test]
     fn backends_keep_their_state_across_rebuilds() {
-        let mut routing = Routing::new(Arc::default());
+        let mut routing = Routing::new(Arc::default(), Arc::default());
         let gates = [gate("shop", &["shop.example.com"], "web")];
         let first = routing.build(&map(&gates, &[service("web", 8080, &["web-a"])]));
         let held = Arc::clone(
@@ -297,7 +303,7 @@ mod tests {
 
     #[test]
     fn a_gate_to_a_missing_service_or_port_has_no_backends() {
-        let mut routing = Routing::new(Arc::default());
+        let mut routing = Routing::new(Arc::default(), Arc::default());
         let table = routing.build(&map(
             &[gate("shop", &["shop.example.com"], "web")],
             &[service("web", 9999, &["web-a"])],

@@ -610,3 +610,90 @@ async fn a_cacheable_get_is_answered_from_the_cache() {
         "{metrics}"
     );
 }
+
+/// A waker that says which services it was asked to wake.
+#[derive(Debug)]
+struct Recorded(tokio::sync::mpsc::UnboundedSender<String>);
+
+impl cca_gate::traffic::Wake for Recorded {
+    fn wake(&self, service: &str) {
+        let _ = self.0.send(service.to_owned());
+    }
+}
+
+fn asleep(name: &str) -> Arc<ServiceNet> {
+    let mut net = ServiceNet::clone(&service(name, 8080, &[]));
+    net.asleep = true;
+    net.scale_to_zero = Some(60_000);
+    Arc::new(net)
+}
+
+#[tokio::test]
+async fn a_request_for_a_sleeping_service_wakes_it_and_waits() {
+    let web = backend("web-a").await;
+    let spec = gate_spec("shop", &["shop.example.com"], "web");
+    let running = start(&map(vec![spec.clone()], vec![asleep("web")])).await;
+    let (wakes, mut woken) = tokio::sync::mpsc::unbounded_channel();
+    running.gate.set_waker(Arc::new(Recorded(wakes)));
+    let url = format!("http://{}/", running.http);
+    let request = tokio::spawn(async move {
+        reqwest::Client::new()
+            .get(&url)
+            .header("host", "shop.example.com")
+            .send()
+            .await
+    });
+    let asked = woken.recv().await.expect("a wake call");
+    assert_eq!(asked, "web");
+    // The control plane starts an instance; its endpoint reaches the map.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    running.gate.update(&map(
+        vec![spec],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ));
+    let response = request.await.expect("task").expect("response");
+    assert_eq!(response.status().as_u16(), 200);
+    let waited: u64 = response.headers()["cca-cold-start"]
+        .to_str()
+        .expect("text")
+        .parse()
+        .expect("milliseconds");
+    assert!(waited >= 100, "held {waited} ms");
+    assert!(
+        response
+            .text()
+            .await
+            .expect("body")
+            .contains("backend=web-a")
+    );
+    let metrics = running.gate.metrics().render();
+    assert!(
+        metrics.contains("cca_gate_cold_starts_total{gate=\"shop\"} 1"),
+        "{metrics}"
+    );
+    // Its traffic is there for the agent to report.
+    let traffic = running.gate.traffic().take_new();
+    assert!(traffic.contains_key("web"), "{traffic:?}");
+}
+
+#[tokio::test]
+async fn a_service_that_does_not_wake_in_time_gets_a_503_and_a_full_queue_at_once() {
+    let mut spec = gate_spec("shop", &["shop.example.com"], "web");
+    spec.timeouts.wake = cca_model::spec::Duration(300);
+    spec.queue = 1;
+    let running = start(&map(vec![spec], vec![asleep("web")])).await;
+    let (wakes, _woken) = tokio::sync::mpsc::unbounded_channel();
+    running.gate.set_waker(Arc::new(Recorded(wakes)));
+    let url = format!("http://{}/", running.http);
+    let first = {
+        let url = url.clone();
+        tokio::spawn(async move { get(&reqwest::Client::new(), &url, "shop.example.com").await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let (status, body) = get(&reqwest::Client::new(), &url, "shop.example.com").await;
+    assert_eq!(status, 503, "the queue of one is full");
+    assert!(body.contains("1 requests already wait"), "{body}");
+    let (status, body) = first.await.expect("task");
+    assert_eq!(status, 503);
+    assert!(body.contains("did not wake within 300ms"), "{body}");
+}

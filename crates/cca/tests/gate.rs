@@ -307,3 +307,76 @@ fn cca_dev_serves_the_gate_example_over_http_and_https() {
     assert!(api.contains("path: /api/orders"), "{api}");
     drop(dev);
 }
+
+#[test]
+fn a_sleeping_service_wakes_on_the_first_request_through_its_gate() {
+    let _alone = ONE_CLUSTER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let program = r#"
+service sleepy {
+  run = "exec cca whoami --port $PORT"
+  port http 8080
+  scale_to_zero = 2s
+  health {
+    http "/"
+    interval = 1s
+    timeout = 500ms
+  }
+}
+
+gate sleepy {
+  host "sleepy.localhost"
+  service sleepy port http
+}
+"#;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("app.cca"), program).expect("writes the program");
+    let dev = Dev::start(dir.path(), &["--data-dir", "data", "app.cca"]);
+    let shown = dev.read_until(|line, _| line.starts_with("cca dev: gates on "));
+    let api = shown
+        .lines()
+        .find_map(|line| line.strip_prefix("cca dev: API on "))
+        .and_then(|rest| rest.split(';').next())
+        .expect("the API line")
+        .to_owned();
+    let (port, _) = gate_ports(&shown);
+    let resolve = format!("sleepy.localhost:{port}:127.0.0.1");
+    let url = format!("http://sleepy.localhost:{port}/");
+    until_served(&[], &resolve, &url);
+    // Idle for its window, it goes to sleep: no instance runs.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let services = Command::new(support::CCA)
+            .args(["get", "services"])
+            .current_dir(dir.path())
+            .env("CCA_SERVER", &api)
+            .env("CCA_CONFIG_DIR", dir.path().join("data/trust"))
+            .output()
+            .expect("cca runs");
+        let services = support::text(&services);
+        if services.contains("asleep") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never slept:\n{services}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // The first request wakes it, waits, and is served; it says it waited.
+    let headers =
+        curl(&["--resolve", &resolve, "-D", "-", "-o", "/dev/null", &url]).to_ascii_lowercase();
+    assert!(headers.starts_with("http/1.1 200"), "{headers}");
+    let waited: u64 = headers
+        .lines()
+        .find_map(|line| line.strip_prefix("cca-cold-start: "))
+        .and_then(|ms| ms.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no cca-cold-start header:\n{headers}"));
+    assert!(waited > 0, "{headers}");
+    // Once warm, requests go straight to the backend.
+    let warm =
+        curl(&["--resolve", &resolve, "-D", "-", "-o", "/dev/null", &url]).to_ascii_lowercase();
+    assert!(
+        warm.starts_with("http/1.1 200") && !warm.contains("cca-cold-start"),
+        "{warm}"
+    );
+    drop(dev);
+}

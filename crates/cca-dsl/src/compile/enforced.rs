@@ -23,19 +23,6 @@ struct NotEnforced {
 
 const NOT_ENFORCED: &[NotEnforced] = &[
     NotEnforced {
-        context: Context::Gate,
-        key: "queue",
-        setting: "gate queue",
-        instead: "the queue holds requests for a service woken from zero, which needs \
-                  `scale_to_zero`: not enforced yet either",
-    },
-    NotEnforced {
-        context: Context::Timeouts,
-        key: "wake",
-        setting: "timeouts.wake",
-        instead: "a request for a target with no ready backend is answered 503 at once",
-    },
-    NotEnforced {
         context: Context::File,
         key: "group",
         setting: "group",
@@ -47,12 +34,6 @@ const NOT_ENFORCED: &[NotEnforced] = &[
         setting: "autoscale",
         instead: "the service keeps `replicas` instances and its `resources`; nothing scales \
                   it, horizontally or vertically",
-    },
-    NotEnforced {
-        context: Context::Service,
-        key: "scale_to_zero",
-        setting: "scale_to_zero",
-        instead: "idle instances keep running",
     },
     NotEnforced {
         context: Context::Update,
