@@ -36,7 +36,8 @@ pub fn request_host(uri: &Uri, headers: &HeaderMap) -> Option<String> {
     (!host.is_empty()).then_some(host)
 }
 
-fn strip_port(host: &str) -> &str {
+/// `host` without its `:port` (an IPv6 literal keeps its brackets).
+pub fn strip_port(host: &str) -> &str {
     if host.starts_with('[') {
         // An IPv6 literal: `[::1]:8080`.
         return host.split_inclusive(']').next().unwrap_or(host);

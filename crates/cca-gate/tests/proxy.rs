@@ -697,3 +697,32 @@ async fn a_service_that_does_not_wake_in_time_gets_a_503_and_a_full_queue_at_onc
     assert_eq!(status, 503);
     assert!(body.contains("did not wake within 300ms"), "{body}");
 }
+
+#[tokio::test]
+async fn plain_http_to_a_gate_with_a_tls_redirect_gets_a_308_to_https() {
+    let web = backend("web-a").await;
+    let mut spec = gate_spec("shop", &["shop.example.com"], "web");
+    spec.tls = Some(cca_model::spec::Tls::SelfSigned);
+    spec.redirect_https = true;
+    let running = start(&map(
+        vec![spec],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let client = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .expect("client");
+    let response = client
+        .get(format!("http://{}/cart?item=3", running.http))
+        .header("host", "shop.example.com")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(response.status().as_u16(), 308);
+    // The test gate has no HTTPS port of its own configured: the standard one.
+    assert_eq!(
+        response.headers()["location"],
+        "https://shop.example.com/cart?item=3"
+    );
+}
