@@ -707,9 +707,7 @@ fn redirect_to_https(
         .map(str::to_owned)
         .or_else(|| uri.authority().map(ToString::to_string))
         .unwrap_or_default();
-    let host = host
-        .rsplit_once(':')
-        .map_or(host.as_str(), |(name, _)| name);
+    let host = forward::strip_port(&host);
     let port = match https_port {
         Some(443) | None => String::new(),
         Some(port) => format!(":{port}"),
