@@ -30,7 +30,11 @@ service db {
 const IDLE: &str = r#"
 service idle {
   run = "sleep 1000"
-  scale_to_zero = 5m
+  autoscale {
+    min = 1
+    max = 3
+    cpu = 70%
+  }
 }
 "#;
 
@@ -62,7 +66,7 @@ fn cluster_commands_against_a_real_server() {
     let warned = String::from_utf8_lossy(&applied_idle.stderr);
     assert!(warned.contains("cca::W008"), "{warned}");
     assert!(
-        warned.contains("`scale_to_zero` is accepted but not enforced by this version"),
+        warned.contains("`autoscale` is accepted but not enforced by this version"),
         "{warned}"
     );
     let stdout = String::from_utf8_lossy(&applied_idle.stdout);
