@@ -124,27 +124,9 @@ fn serve_gate(
     runtime.block_on(async {
         let gate = BenchGate::bind(listen, backends).await?;
         output::line(&format!("{GATE_LISTENING}{}", gate.address()?));
-        gate.serve(termination()).await;
+        gate.serve(crate::server_cmd::shutdown_signal()).await;
         Ok(ExitCode::SUCCESS)
     })
-}
-
-async fn termination() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signals) => {
-                signals.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        () = terminate => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }
 
 fn print_report(report: &GateReport) {

@@ -64,9 +64,13 @@ pub(crate) fn run(args: WhoamiArgs) -> Result<ExitCode> {
         let address = listener.local_addr().context("reading the bound address")?;
         log(&format!("whoami listening on {address}"));
         let port = address.port();
-        serve(listener, Identity::from_env(port), termination())
-            .await
-            .context("serving HTTP")?;
+        serve(
+            listener,
+            Identity::from_env(port),
+            crate::server_cmd::shutdown_signal(),
+        )
+        .await
+        .context("serving HTTP")?;
         Ok(ExitCode::SUCCESS)
     })
 }
@@ -182,25 +186,6 @@ fn as_text(answer: &Answer<'_>) -> String {
         identity.port,
         answer.path
     )
-}
-
-/// Resolves on SIGTERM (how runtimes stop it) or Ctrl-C.
-async fn termination() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signals) => {
-                signals.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        () = terminate => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
 }
 
 #[cfg(test)]

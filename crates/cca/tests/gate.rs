@@ -106,13 +106,8 @@ fn curl_reaches_a_service_through_its_gate() {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("app.cca"), PROGRAM).expect("writes the program");
     let dev = Dev::start(dir.path(), &["--data-dir", "data", "app.cca"]);
+    let (api, _) = dev.api_url();
     let shown = dev.read_until(|line, _| line.starts_with("cca dev: gates on "));
-    let api = shown
-        .lines()
-        .find_map(|line| line.strip_prefix("cca dev: API on "))
-        .and_then(|rest| rest.split(';').next())
-        .expect("the API line")
-        .to_owned();
     let (port, tls_port) = gate_ports(&shown);
     let resolve = format!("hello.localhost:{port}:127.0.0.1");
     let url = format!("http://hello.localhost:{port}/some/path");
@@ -333,13 +328,8 @@ gate sleepy {
     let dir = tempfile::tempdir().expect("temp dir");
     std::fs::write(dir.path().join("app.cca"), program).expect("writes the program");
     let dev = Dev::start(dir.path(), &["--data-dir", "data", "app.cca"]);
+    let (api, _) = dev.api_url();
     let shown = dev.read_until(|line, _| line.starts_with("cca dev: gates on "));
-    let api = shown
-        .lines()
-        .find_map(|line| line.strip_prefix("cca dev: API on "))
-        .and_then(|rest| rest.split(';').next())
-        .expect("the API line")
-        .to_owned();
     let (port, _) = gate_ports(&shown);
     let resolve = format!("sleepy.localhost:{port}:127.0.0.1");
     let url = format!("http://sleepy.localhost:{port}/");
