@@ -3,7 +3,8 @@
 //! through them over HTTP/1.1, HTTP/2 and HTTPS (the certificate the
 //! cluster CA issued for the gate's hosts, by SNI), gets the gate's own 404
 //! for a host no gate serves, and completes a WebSocket handshake (`cca
-//! whoami` echoes WebSocket messages on `/ws`).
+//! whoami` echoes WebSocket messages on `/ws`); under `h2load`'s load, a
+//! backend killed with SIGKILL costs at most the requests in flight to it.
 
 mod support;
 
@@ -369,4 +370,340 @@ gate sleepy {
         "{warm}"
     );
     drop(dev);
+}
+
+/// h2load's HTTP/1.1 connections in the kill test, each with one request
+/// in flight: at most this many requests can be in flight to the killed
+/// backend, so at most this many may be lost.
+const LOAD_CONNECTIONS: u64 = 16;
+
+/// Requests of the kill test's load: long enough on a busy 2-core machine
+/// (a debug build of the gate) that the kill falls well inside it.
+const LOAD_REQUESTS: u64 = 10_000;
+
+#[test]
+fn a_backend_killed_under_load_loses_at_most_the_requests_in_flight_to_it() {
+    let _alone = ONE_CLUSTER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let program = r#"
+service load {
+  run = "exec cca whoami --port $PORT"
+  replicas = 2
+  port http 8080
+  health {
+    http "/"
+    interval = 1s
+    timeout = 500ms
+  }
+}
+
+gate load {
+  host "load.localhost"
+  service load port http
+}
+"#;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("app.cca"), program).expect("writes the program");
+    let dev = Dev::start(dir.path(), &["--data-dir", "data", "app.cca"]);
+    let (api, _) = dev.api_url();
+    let shown = dev.read_until(|line, _| line.starts_with("cca dev: gates on "));
+    let (port, _) = gate_ports(&shown);
+    let resolve = format!("load.localhost:{port}:127.0.0.1");
+    let url = format!("http://load.localhost:{port}/");
+    until_served(&[], &resolve, &url);
+    // Both replicas serve through the gate before the load starts.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut serving = std::collections::BTreeSet::new();
+    while serving.len() < 2 {
+        assert!(Instant::now() < deadline, "only {serving:?} ever served");
+        serving.insert(answering_instance(&resolve, &url));
+    }
+    let victim = serving.first().expect("two instances").clone();
+    let (pid, started) = instance_process(dir.path(), &api, &victim);
+
+    // The load: h2load prints `progress: 30% done` once 30% of its
+    // requests are answered; the kill comes then, so 70% of the load is
+    // sent after it, whatever the machine's speed.
+    let log = dir.path().join("h2load.log");
+    let mut load = Load::start(port, &log);
+    load.wait_for_line("progress: 30% done");
+    assert_eq!(
+        process_start(pid),
+        Some(started),
+        "{victim} died before the kill"
+    );
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(i32::try_from(pid).expect("a pid")).expect("a pid"),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap_or_else(|error| panic!("SIGKILL to {victim} (pid {pid}): {error}"));
+    // Dead: a zombie or reaped (its sockets are closed before it becomes
+    // a zombie). No request h2load sent after this was in flight to it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while process_start(pid) == Some(started) {
+        assert!(Instant::now() < deadline, "pid {pid} outlived SIGKILL");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let dead_at = micros_since_epoch();
+    let summary = load.finish();
+    let log = std::fs::read_to_string(&log).expect("h2load's log");
+    // `START_MICROS\tSTATUS\tDURATION_MICROS`, status -1 for no response.
+    let requests: Vec<(u64, i32)> = log
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split('\t');
+            Some((fields.next()?.parse().ok()?, fields.next()?.parse().ok()?))
+        })
+        .collect();
+    let (total, done, ok) = (
+        summary_count(&summary, "requests:", "total"),
+        summary_count(&summary, "requests:", "done"),
+        summary_count(&summary, "status codes:", "2xx"),
+    );
+    let served = |status: &i32| (200..300).contains(status);
+    // Each request that got no 2xx, by when it was sent (ms from death).
+    let failures: Vec<String> = requests
+        .iter()
+        .filter(|(_, status)| !served(status))
+        .map(|(start, status)| {
+            format!(
+                "{status} at {:+.1} ms",
+                (i128::from(*start) - i128::from(dead_at)) as f64 / 1000.0
+            )
+        })
+        .collect();
+    let context = format!("{summary}\nnot 2xx, by when sent from the death: {failures:?}");
+    assert_eq!((total, done), (LOAD_REQUESTS, LOAD_REQUESTS), "{context}");
+    assert_eq!(requests.len() as u64, LOAD_REQUESTS, "{context}");
+    // Only requests in flight when it died may be lost: sent before, and
+    // at most one per connection (the gate retries GETs elsewhere, so
+    // usually none are).
+    assert!(
+        total - ok <= LOAD_CONNECTIONS,
+        "{} of {total} requests lost:\n{context}",
+        total - ok
+    );
+    assert!(
+        requests
+            .iter()
+            .all(|(start, status)| *start < dead_at || served(status)),
+        "a request sent after the backend died was lost:\n{context}"
+    );
+    // The kill came mid-load, and the load went on being served after it.
+    let served_after = requests
+        .iter()
+        .filter(|(start, status)| *start > dead_at && served(status))
+        .count() as u64;
+    assert!(
+        served_after >= LOAD_REQUESTS / 2,
+        "only {served_after} requests were sent after the death and served:\n{context}"
+    );
+
+    // The agent restarts the killed instance in place (a new process,
+    // its restarts counted), and the gate sends it requests again.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let detail = describe_instance(dir.path(), &api, &victim);
+        let restarted = detail["status"]["pid"]
+            .as_u64()
+            .is_some_and(|new| new != u64::from(pid))
+            && detail["status"]["state"] == "running"
+            && detail["summary"]["restarts"].as_u64() >= Some(1);
+        if restarted {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{victim} never restarted:\n{detail:#}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while answering_instance(&resolve, &url) != victim {
+        assert!(
+            Instant::now() < deadline,
+            "the gate never served {victim} again"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(dev);
+}
+
+/// The instance that answered one request through the gate.
+fn answering_instance(resolve: &str, url: &str) -> String {
+    let body = curl(&["--resolve", resolve, url]);
+    body.lines()
+        .find_map(|line| line.strip_prefix("instance: "))
+        .unwrap_or_else(|| panic!("no instance line in:\n{body}"))
+        .to_owned()
+}
+
+/// `cca describe instance ID -o json`.
+fn describe_instance(dir: &std::path::Path, api: &str, id: &str) -> serde_json::Value {
+    let output = Command::new(support::CCA)
+        .args(["describe", "instance", id, "-o", "json"])
+        .current_dir(dir)
+        .env("CCA_SERVER", api)
+        .env("CCA_CONFIG_DIR", dir.join("data/trust"))
+        .output()
+        .expect("cca runs");
+    assert!(output.status.success(), "{}", support::text(&output));
+    serde_json::from_slice(&output.stdout).expect("JSON")
+}
+
+/// The pid and start time of instance `id`'s process: the pid its agent
+/// reports (`cca describe instance`), checked against the process itself
+/// — its environment names the instance (`CCA_INSTANCE`), so a stale
+/// report or a reused pid is never taken for it. The service's `exec`
+/// makes the runtime's process `cca whoami` itself, not a shell above it.
+fn instance_process(dir: &std::path::Path, api: &str, id: &str) -> (u32, u64) {
+    let detail = describe_instance(dir, api, id);
+    let pid = detail["status"]["pid"]
+        .as_u64()
+        .and_then(|pid| u32::try_from(pid).ok())
+        .unwrap_or_else(|| panic!("no pid reported for {id}:\n{detail:#}"));
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).expect("the process's environment");
+    let wanted = format!("CCA_INSTANCE={id}");
+    assert!(
+        environ
+            .split(|&b| b == 0)
+            .any(|var| var == wanted.as_bytes()),
+        "pid {pid} is not {id}'s process"
+    );
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).expect("the process's command");
+    assert!(
+        cmdline.split(|&b| b == 0).any(|arg| arg == b"whoami"),
+        "pid {pid} is not `cca whoami`: {}",
+        String::from_utf8_lossy(&cmdline)
+    );
+    let started = process_start(pid).unwrap_or_else(|| panic!("pid {pid} is gone"));
+    (pid, started)
+}
+
+/// A count in h2load's summary: `N WHAT` in the line starting with
+/// `line` (`requests: 100 total, 100 started, 100 done, …`).
+fn summary_count(summary: &str, line: &str, what: &str) -> u64 {
+    summary
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(line))
+        .and_then(|counts| {
+            counts.split(',').find_map(|part| {
+                let (n, name) = part.trim().split_once(' ')?;
+                (name == what).then(|| n.parse().ok()).flatten()
+            })
+        })
+        .unwrap_or_else(|| panic!("no {line} {what} in h2load's summary:\n{summary}"))
+}
+
+/// When process `pid` started (field 22 of `/proc/PID/stat`, with the
+/// pid naming one process), or `None` once it is a zombie or gone.
+fn process_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command name in parentheses: state (field 3), then on.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
+}
+
+/// Microseconds since the Unix epoch: the clock of h2load's log.
+fn micros_since_epoch() -> u64 {
+    cca_model::clock::system_now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| {
+            u64::try_from(since.as_micros()).unwrap_or(u64::MAX)
+        })
+}
+
+/// h2load (HTTP/1.1, [`LOAD_CONNECTIONS`] connections with one request
+/// in flight each, [`LOAD_REQUESTS`] GETs) against the gate, its stdout
+/// read line by line; killed when dropped, pass or fail.
+struct Load {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    shown: String,
+}
+
+impl Load {
+    fn start(port: u16, log: &std::path::Path) -> Self {
+        let mut child = Command::new("h2load")
+            .arg("--h1")
+            .args(["-c", &LOAD_CONNECTIONS.to_string(), "-m", "1", "-t", "1"])
+            .args(["-n", &LOAD_REQUESTS.to_string()])
+            // `:authority` replaces h2load's Host header (a `host:` would
+            // be sent beside it).
+            .args(["-H", ":authority: load.localhost"])
+            .arg("--log-file")
+            .arg(log)
+            .arg(format!("http://127.0.0.1:{port}/"))
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("h2load runs (scripts/test installs nghttp2-client)");
+        let stdout = child.stdout.take().expect("stdout piped");
+        let (sender, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if sender.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Self {
+            child,
+            lines,
+            shown: String::new(),
+        }
+    }
+
+    /// Reads h2load's output until `wanted` (within four minutes).
+    fn wait_for_line(&mut self, wanted: &str) {
+        let deadline = Instant::now() + Duration::from_secs(240);
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            let Ok(line) = self.lines.recv_timeout(left) else {
+                break;
+            };
+            self.shown.push_str(&line);
+            self.shown.push('\n');
+            if line.trim() == wanted {
+                return;
+            }
+        }
+        panic!("h2load never printed {wanted:?}:\n{}", self.shown);
+    }
+
+    /// Everything h2load printed, once it has ended (within four minutes).
+    fn finish(mut self) -> String {
+        let deadline = Instant::now() + Duration::from_secs(240);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    self.shown.push_str(&line);
+                    self.shown.push('\n');
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    panic!("h2load did not end:\n{}", self.shown)
+                }
+            }
+        }
+        let status = self.child.wait().expect("h2load ends");
+        assert!(status.success(), "h2load: {status}\n{}", self.shown);
+        std::mem::take(&mut self.shown)
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
