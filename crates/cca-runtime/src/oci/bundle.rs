@@ -186,9 +186,15 @@ pub(crate) fn unmount_rootfs(target: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Whether something is mounted at `target` (per `/proc/self/mountinfo`).
+/// Whether something is mounted at `target` (per `/proc/self/mountinfo`,
+/// which lists absolute paths with symlinks resolved: `target` is resolved
+/// the same way first, since a relative data dir such as `cca dev`'s
+/// default `.cca-dev` gives relative bundle paths).
 pub(crate) fn is_mounted(target: &Path) -> bool {
     let Ok(mountinfo) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let Ok(target) = std::fs::canonicalize(target) else {
         return false;
     };
     let target = target.display().to_string();
@@ -236,6 +242,26 @@ mod tests {
             .filter_map(|ns| ns["type"].as_str())
             .collect();
         assert_eq!(namespaces, ["pid", "ipc", "uts", "mount"]);
+    }
+
+    #[test]
+    fn a_mount_point_is_found_by_any_path_that_resolves_to_it() {
+        assert!(is_mounted(Path::new("/proc")));
+        assert!(is_mounted(Path::new("/proc/self/../../proc")));
+        let cwd = std::env::current_dir().expect("cwd");
+        let up = cwd
+            .components()
+            .skip(1)
+            .map(|_| "..")
+            .collect::<Vec<_>>()
+            .join("/");
+        assert!(
+            is_mounted(&Path::new(&up).join("proc")),
+            "relative to {}",
+            cwd.display()
+        );
+        assert!(!is_mounted(Path::new("/proc/self")));
+        assert!(!is_mounted(Path::new("/no/such/dir")));
     }
 
     #[test]
