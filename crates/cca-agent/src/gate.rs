@@ -162,6 +162,7 @@ pub(crate) struct Link {
 
 impl Wake for Link {
     fn wake(&self, service: &str) {
+        tracing::debug!(%service, "the gate asks to wake a service");
         let link = self.clone();
         let service = service.to_owned();
         tokio::spawn(async move {

@@ -518,6 +518,7 @@ impl Supervisor {
             });
         let runtime = Arc::clone(&self.runtime);
         let started = Arc::clone(&self.started);
+        tracing::debug!(instance = %id, "starting");
         let task = tokio::spawn(async move {
             let outcome = start_instance(runtime, spec, init, fetch).await;
             started.notify_one();
