@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use cca_model::access::{RevocationRecord, RoleRecord, UserRecord};
 use cca_model::cluster::{
-    ApplyChunk, ApplyCommit, DesiredGeneration, Disruption, Endpoints, Heartbeat, Instance,
-    InstanceStatus, NodeControl, NodeInfo, NodeStatus, ReplacementResume, ServiceMeta, StagedWrite,
-    Unplaced,
+    ApplyChunk, ApplyCommit, DesiredGeneration, Disruption, Endpoints, Heartbeat, HeldPorts,
+    Instance, InstanceStatus, NodeControl, NodeInfo, NodeStatus, ReplacementResume, ServiceMeta,
+    StagedWrite, Unplaced,
 };
 use cca_model::net::{NodeSubnet, ServiceVip};
 use cca_model::scale::{GateActivity, ScaleState};
@@ -114,6 +114,8 @@ pub struct View {
     pub statuses: Table<InstanceStatus>,
     /// Each gate node's last request per service, by node.
     pub gate_activity: Table<GateActivity>,
+    /// Host ports held on each node by something outside the cluster.
+    pub held_ports: Table<HeldPorts>,
     pub desired_generation: Option<Versioned<DesiredGeneration>>,
     /// Staged applies' chunks, by apply, then chunk: invisible until
     /// `applying` names their apply.
@@ -382,6 +384,9 @@ impl View {
                 rev,
                 Value::GateActivity,
             )?,
+            Key::HeldPorts { node } => {
+                put(&mut self.held_ports, node, bytes, rev, Value::HeldPorts)?
+            }
             Key::DesiredGeneration {} => put_single(
                 &mut self.desired_generation,
                 bytes,
@@ -474,6 +479,7 @@ impl View {
             Key::GateActivity { node } => {
                 remove(&mut self.gate_activity, node, rev, Value::GateActivity)
             }
+            Key::HeldPorts { node } => remove(&mut self.held_ports, node, rev, Value::HeldPorts),
             Key::DesiredGeneration {} => {
                 remove_single(&mut self.desired_generation, rev, Value::DesiredGeneration)
             }
@@ -563,6 +569,7 @@ impl View {
             Key::Heartbeat { node } => at(&self.heartbeats, node),
             Key::InstanceStatus { id } => at(&self.statuses, id),
             Key::GateActivity { node } => at(&self.gate_activity, node),
+            Key::HeldPorts { node } => at(&self.held_ports, node),
             Key::DesiredGeneration {} => self.desired_generation.as_ref().map(|v| v.mod_revision),
             Key::ApplyChunk { apply, chunk } => at2(&self.staged, apply, chunk),
             Key::ApplyCommit {} => self.applying.as_ref().map(|held| held.mod_revision),

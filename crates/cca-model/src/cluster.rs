@@ -88,6 +88,17 @@ pub struct NodeControl {
     pub disabled: bool,
 }
 
+/// `observed/held-ports/{node}`, written by the node's agent: host ports
+/// in the scheduler's range that something outside the cluster holds on
+/// the node (the agent found them bound when it was about to start an
+/// instance on them, and finds them still bound when it looks again).
+/// The scheduler hands none of them out on that node; the agent drops a
+/// port from the set once it is free again.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldPorts {
+    pub ports: std::collections::BTreeSet<u16>,
+}
+
 /// `derived/node/{node}`, written by the node controller.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeStatus {

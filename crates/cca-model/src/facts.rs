@@ -16,8 +16,8 @@ use std::sync::Arc;
 use crate::access::{JoinTokenRecord, RevocationRecord, RoleRecord, UserRecord};
 use crate::cluster::{
     ApplyChunk, ApplyCommit, AuditRecord, DesiredGeneration, Disruption, Endpoints, Event,
-    Heartbeat, Instance, InstanceStatus, LeaderRecord, NodeControl, NodeInfo, NodeStatus,
-    ReplacementResume, ServiceMeta, Unplaced,
+    Heartbeat, HeldPorts, Instance, InstanceStatus, LeaderRecord, NodeControl, NodeInfo,
+    NodeStatus, ReplacementResume, ServiceMeta, Unplaced,
 };
 use crate::net::{NodeSubnet, ServiceVip};
 use crate::ownership::Owner;
@@ -219,6 +219,9 @@ fact_kinds! {
     /// When a gate node last forwarded a request to each service.
     GateActivity { node } = "observed/gate-activity/{}",
         GateActivity, Owner::Agent, applied: false;
+    /// Host ports something outside the cluster holds on a node.
+    HeldPorts { node } = "observed/held-ports/{}",
+        HeldPorts, Owner::Agent, applied: false;
     /// An instance's state as its agent reports it.
     InstanceStatus { id } = "observed/instance/{}",
         InstanceStatus, Owner::Agent, applied: false;

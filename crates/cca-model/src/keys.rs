@@ -208,6 +208,15 @@ pub fn observed_gate_activity(node: &str) -> String {
     .to_string()
 }
 
+/// `observed/held-ports/{node}`: host ports held on a node by something
+/// outside the cluster.
+pub fn observed_held_ports(node: &str) -> String {
+    Key::HeldPorts {
+        node: node.to_owned(),
+    }
+    .to_string()
+}
+
 /// `derived/endpoint/{svc}/{port}`: ready backends of one service port.
 pub fn derived_endpoint(service: &str, port: &str) -> String {
     Key::Endpoint {

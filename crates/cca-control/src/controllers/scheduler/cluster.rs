@@ -1,8 +1,9 @@
 //! The scheduler's working copy of the cluster for one reconcile: every
 //! registered node with what is allocated on it (every instance record,
 //! stopping ones included, holds its reservation until the record goes),
-//! its host ports, which services run there, and whether it can take new
-//! instances. Placements and releases made during the reconcile update it
+//! its host ports (and those its agent reports held by something outside
+//! the cluster, which it never hands out), which services run there, and
+//! whether it can take new instances. Placements and releases made during the reconcile update it
 //! and the [`CapacityIndex`] incrementally, so later decisions in the same
 //! cycle see earlier ones.
 //!
@@ -25,8 +26,9 @@ use super::index::{CapacityIndex, Fit, Room};
 use crate::controller::Context;
 use crate::view::View;
 
-/// Host ports the scheduler hands out to instances.
-pub(crate) const HOST_PORTS: std::ops::RangeInclusive<u16> = 20_000..=32_767;
+/// Host ports the scheduler hands out to instances unless configured
+/// otherwise ([`SchedulerConfig::host_ports`]).
+pub const HOST_PORTS: std::ops::RangeInclusive<u16> = 20_000..=32_767;
 
 /// CPU millicores and memory bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -67,6 +69,11 @@ pub(crate) struct NodeSlot<'v> {
     /// Allocation when the reconcile started, for pressure warnings.
     pub(crate) used_before: Amount,
     pub(crate) ports: BTreeSet<u16>,
+    /// Host ports the node's agent found held by something outside the
+    /// cluster (`observed/held-ports/{node}`): never handed out here.
+    pub(crate) held: &'v BTreeSet<u16>,
+    /// The range host ports are handed out from.
+    pub(crate) range: std::ops::RangeInclusive<u16>,
     /// Instances per service on this node.
     pub(crate) services: BTreeMap<&'v str, u32>,
 }
@@ -84,8 +91,21 @@ impl NodeSlot<'_> {
         }
     }
 
+    /// Host ports of the range neither reserved nor held (a held port an
+    /// instance record still names counts once).
     pub(crate) fn free_ports(&self) -> usize {
-        HOST_PORTS.len().saturating_sub(self.ports.len())
+        let held = self
+            .held
+            .iter()
+            .filter(|port| self.range.contains(port) && !self.ports.contains(port))
+            .count();
+        self.range.len().saturating_sub(self.ports.len() + held)
+    }
+
+    /// Whether `port` may be handed out here: in the range, neither
+    /// reserved by an instance nor held by something outside the cluster.
+    pub(crate) fn port_free(&self, port: u16) -> bool {
+        self.range.contains(&port) && !self.ports.contains(&port) && !self.held.contains(&port)
     }
 
     /// The larger of cpu and memory allocation, in percent of capacity.
@@ -299,8 +319,10 @@ impl<'v> Cluster<'v> {
         port_count: usize,
     ) -> Vec<u16> {
         let slot = &self.nodes[id as usize];
-        let ports: Vec<u16> = HOST_PORTS
-            .filter(|port| !slot.ports.contains(port))
+        let ports: Vec<u16> = slot
+            .range
+            .clone()
+            .filter(|port| slot.port_free(*port))
             .take(port_count)
             .collect();
         self.add(id, service, amount, ports.iter().copied());
@@ -407,6 +429,7 @@ fn node_slot<'v>(
     config: &SchedulerConfig,
 ) -> NodeSlot<'v> {
     let control = view.node_controls.get(name);
+    static NONE_HELD: BTreeSet<u16> = BTreeSet::new();
     NodeSlot {
         info,
         liveness: liveness(view, name, context, config),
@@ -415,6 +438,11 @@ fn node_slot<'v>(
         used: Amount::default(),
         used_before: Amount::default(),
         ports: BTreeSet::new(),
+        held: view
+            .held_ports
+            .get(name)
+            .map_or(&NONE_HELD, |held| &held.value.ports),
+        range: config.host_ports.clone(),
         services: BTreeMap::new(),
     }
 }

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use cca_model::cluster::UnplacedReason;
 use cca_model::spec::ServiceSpec;
 
-use super::cluster::{Amount, Cluster, HOST_PORTS, Liveness, NodeSlot};
+use super::cluster::{Amount, Cluster, Liveness, NodeSlot};
 
 /// Requested per instance when a spec names no cpu: 100 millicores.
 pub(crate) const DEFAULT_CPU: u64 = 100;
@@ -64,6 +64,8 @@ pub(crate) enum Misfit {
     /// More ports than the host port range holds.
     PortRange {
         need: usize,
+        first: u16,
+        last: u16,
     },
     NotReady,
     Draining,
@@ -101,11 +103,9 @@ impl Misfit {
                 bytes(*need),
                 bytes(*capacity)
             ),
-            Misfit::PortRange { need } => format!(
-                "host ports: needs {need}, the range {}-{} has {}",
-                HOST_PORTS.start(),
-                HOST_PORTS.end(),
-                HOST_PORTS.len()
+            Misfit::PortRange { need, first, last } => format!(
+                "host ports: needs {need}, the range {first}-{last} has {}",
+                (*first..=*last).len()
             ),
             Misfit::NotReady => format!("node {node} is not ready"),
             Misfit::Draining => format!("node {node} is draining"),
@@ -159,8 +159,12 @@ pub(crate) fn permanent_misfits(slot: &NodeSlot<'_>, demand: &Demand<'_>) -> Vec
             capacity: slot.info.memory.0,
         });
     }
-    if demand.ports > HOST_PORTS.len() {
-        misfits.push(Misfit::PortRange { need: demand.ports });
+    if demand.ports > slot.range.len() {
+        misfits.push(Misfit::PortRange {
+            need: demand.ports,
+            first: *slot.range.start(),
+            last: *slot.range.end(),
+        });
     }
     misfits
 }

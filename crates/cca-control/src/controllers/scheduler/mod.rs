@@ -45,6 +45,7 @@ use cca_model::spec::spec_hash;
 
 use crate::controller::{Context, Controller, EventDraft, Plan};
 use crate::view::View;
+pub use cluster::HOST_PORTS;
 use pass::Pass;
 use rebalance::Known;
 use scoring::Placer;
@@ -72,6 +73,10 @@ pub struct SchedulerConfig {
     /// mint); more demand is placed by the passes that follow at once.
     /// Bounds one pass's plan.
     pub max_creates: u32,
+    /// The host ports handed out to instances, per node, lowest free
+    /// first ([`HOST_PORTS`]: 20000-32767). Ports a node's agent reports
+    /// held by something outside the cluster are skipped on that node.
+    pub host_ports: std::ops::RangeInclusive<u16>,
 }
 
 impl Default for SchedulerConfig {
@@ -84,6 +89,7 @@ impl Default for SchedulerConfig {
             pressure_percent: 80,
             max_moves: 2,
             max_creates: ids::MAX_MINTED_PER_CYCLE,
+            host_ports: HOST_PORTS,
         }
     }
 }
@@ -111,6 +117,7 @@ impl Controller for SchedulerController {
             Kind::NodeStatus,
             Kind::Disruption,
             Kind::Scale,
+            Kind::HeldPorts,
         ]
     }
 

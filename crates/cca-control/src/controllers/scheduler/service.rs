@@ -211,6 +211,33 @@ fn replace_failures<'v>(
         .copied()
         .collect();
     for member in failed {
+        let instance = member.instance;
+        if let Some(port) = held_port(pass, instance) {
+            // The node, not the instance, failed it: something outside the
+            // cluster holds one of its host ports. Placed again on other
+            // ports (the held ones are skipped from now on), outside the
+            // restart budget: each such failure names a port it can never
+            // be given again while held, so they cannot repeat endlessly.
+            pass.events.push(EventDraft::warning(
+                format!("instance/{}", instance.id),
+                format!(
+                    "host port {port} is held on node {} by something outside the cluster; \
+                     placing it again on other ports",
+                    instance.node
+                ),
+            ));
+            members.retain(|other| other.instance.id != instance.id);
+            let failures = recent(&instance.failures);
+            replace(
+                pass,
+                spec,
+                instance,
+                failures,
+                &mut inherited,
+                &mut recreations,
+            );
+            continue;
+        }
         if history.len() >= budget {
             if let Some(oldest) = history.iter().min() {
                 pass.requeue_at(oldest + window);
@@ -218,7 +245,6 @@ fn replace_failures<'v>(
             continue;
         }
         history.push(now);
-        let instance = member.instance;
         let mut failures = recent(&instance.failures);
         failures.push(now);
         pass.events.push(EventDraft::warning(
@@ -240,22 +266,53 @@ fn replace_failures<'v>(
             ));
         }
         members.retain(|other| other.instance.id != instance.id);
-        if spec.stateful {
-            // Same id, same ordinal, on the same node if it still fits.
-            pass.cluster.release(instance);
-            let mut create = Create::new();
-            create.ordinal = instance.ordinal;
-            create.replaces = instance.replaces.clone();
-            create.failures = failures;
-            create.request.prefer = pass.cluster.node_id(&instance.node);
-            create.overwrites = true;
-            recreations.push(create);
-        } else {
-            pass.delete(instance);
-            inherited.push_back(failures);
-        }
+        replace(
+            pass,
+            spec,
+            instance,
+            failures,
+            &mut inherited,
+            &mut recreations,
+        );
     }
     (inherited, recreations)
+}
+
+/// Replaces a failed instance: a stateful one is recreated (same id, same
+/// ordinal, on the same node if it still fits), a stateless one deleted,
+/// its replacement inheriting `failures`.
+fn replace(
+    pass: &mut Pass<'_>,
+    spec: &ServiceSpec,
+    instance: &Instance,
+    failures: Vec<Millis>,
+    inherited: &mut VecDeque<Vec<Millis>>,
+    recreations: &mut Vec<Create>,
+) {
+    if spec.stateful {
+        pass.cluster.release(instance);
+        let mut create = Create::new();
+        create.ordinal = instance.ordinal;
+        create.replaces = instance.replaces.clone();
+        create.failures = failures;
+        create.request.prefer = pass.cluster.node_id(&instance.node);
+        create.overwrites = true;
+        recreations.push(create);
+    } else {
+        pass.delete(instance);
+        inherited.push_back(failures);
+    }
+}
+
+/// A host port of `instance` that its node's agent reports held by
+/// something outside the cluster, if any.
+fn held_port(pass: &Pass<'_>, instance: &Instance) -> Option<u16> {
+    let slot = pass.cluster.node_named(&instance.node)?;
+    instance
+        .host_ports
+        .values()
+        .copied()
+        .find(|port| slot.held.contains(port))
 }
 
 /// Stops the instances whose move target (drain, rebalancing) now runs.

@@ -643,6 +643,126 @@ fn failed_instances_are_replaced_within_the_restart_budget() {
     assert_eq!(puts(&later).len(), 1);
 }
 
+/// `observed/held-ports/{node}` as the node's agent reports it.
+fn held_ports(builder: ViewBuilder, node: &str, ports: &[u16]) -> ViewBuilder {
+    let held = cca_model::cluster::HeldPorts {
+        ports: ports.iter().copied().collect(),
+    };
+    builder.put(&keys::observed_held_ports(node), &held)
+}
+
+fn ports_on(placed: &[Instance], node: &str) -> Vec<u16> {
+    let mut ports: Vec<u16> = placed
+        .iter()
+        .filter(|i| i.node == node)
+        .map(|i| i.host_ports["http"])
+        .collect();
+    ports.sort_unstable();
+    ports
+}
+
+#[test]
+fn host_ports_held_on_a_node_are_never_handed_out_there() {
+    let first = *SchedulerConfig::default().host_ports.start();
+    let builder = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .node("n2", 4000, 4096)
+        .service(service("web", 4));
+    let view = held_ports(builder, "n1", &[first, first + 2]).build();
+    let placed = puts(&schedule(&view, NOW));
+    assert_eq!(
+        ports_on(&placed, "n1"),
+        [first + 1, first + 3],
+        "n1 skips its held ports"
+    );
+    assert_eq!(
+        ports_on(&placed, "n2"),
+        [first, first + 1],
+        "held on n1 only"
+    );
+}
+
+#[test]
+fn host_ports_come_from_the_configured_range() {
+    let config = SchedulerConfig {
+        host_ports: 41_000..=41_002,
+        ..SchedulerConfig::default()
+    };
+    let controller = SchedulerController { config };
+    let builder = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .service(service("web", 3));
+    let view = held_ports(builder, "n1", &[41_001]).build();
+    let plan = controller.reconcile(&view, &context(NOW));
+    let placed = puts(&plan);
+    assert_eq!(ports_on(&placed, "n1"), [41_000, 41_002]);
+    let view = ViewBuilder::from(view).apply(&plan).build();
+    let unplaced = unplaced(&view, "web").expect("the third does not fit");
+    assert!(
+        unplaced.constraint.contains("host ports: needs 1, 0 free"),
+        "{unplaced:?}"
+    );
+}
+
+/// An instance failed because something outside the cluster holds its
+/// host port is placed again on other ports at once, outside the restart
+/// budget, and the held port is not handed out again.
+#[test]
+fn an_instance_failed_on_a_held_port_is_placed_again_outside_the_budget() {
+    let first = *SchedulerConfig::default().host_ports.start();
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .service(service("web", 4))
+        .build();
+    let (view, now) = converge(view, NOW);
+    let placed = live(&view, "web");
+    assert_eq!(
+        ports_on(&placed, "n1"),
+        [first, first + 1, first + 2, first + 3]
+    );
+    // Every instance fails: three of them on ports something else holds.
+    let mut builder = held_ports(
+        ViewBuilder::from(view),
+        "n1",
+        &[first, first + 1, first + 2],
+    );
+    for instance in &placed {
+        let mut failed = status(&instance.id, "web", "n1", InstanceState::Failed);
+        failed.updated_at = now;
+        builder = builder.status(failed);
+    }
+    let view = builder.build();
+    let plan = schedule(&view, now);
+    assert_eq!(
+        deletes(&plan).len(),
+        4,
+        "three outside the budget, one in it"
+    );
+    let replacements = puts(&plan);
+    assert_eq!(
+        ports_on(&replacements, "n1"),
+        [first + 3, first + 4, first + 5, first + 6],
+        "the held ports are skipped; the budget's one takes a free port too"
+    );
+    let charged = replacements
+        .iter()
+        .filter(|i| !i.failures.is_empty())
+        .count();
+    assert_eq!(
+        charged, 1,
+        "only the ordinary failure counts: {replacements:?}"
+    );
+    let warned = plan
+        .events
+        .iter()
+        .filter(|e| {
+            e.message
+                .contains("is held on node n1 by something outside the cluster")
+        })
+        .count();
+    assert_eq!(warned, 3);
+}
+
 #[test]
 fn instances_of_a_lost_node_are_replaced_after_the_grace_period() {
     let view = ViewBuilder::new()
