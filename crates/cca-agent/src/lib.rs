@@ -13,6 +13,7 @@ pub mod files;
 pub mod gate;
 pub mod gate_tls;
 pub mod health;
+pub mod host_ports;
 mod link;
 pub mod netmap;
 pub mod netplane;
@@ -88,6 +89,11 @@ pub struct AgentConfig {
     pub trust: Option<Arc<enrol::NodeTrust>>,
     /// The node's gate role (`--gate-listen`); `None`: it serves no gates.
     pub gate: Option<gate::GateConfig>,
+    /// Probes each host port before an instance starts on it, so a port
+    /// something outside the cluster holds fails the start and is reported
+    /// held (`host_ports`); `None`: ports are not probed (simulated nodes,
+    /// whose made-up addresses nothing binds).
+    pub port_probe: Option<Arc<dyn host_ports::PortProbe>>,
 }
 
 /// Options for running many agents in one process (`cca benchmark`), where
@@ -246,6 +252,9 @@ pub async fn run(
     if let Some(network) = &config.network {
         supervisor = supervisor.with_node_net(Arc::clone(&network.node_net));
     }
+    if let Some(probe) = &config.port_probe {
+        supervisor = supervisor.with_port_probe(Arc::clone(probe));
+    }
     let mut reporter = Reporter::new(client, config.node.clone());
     let mut stop = shutdown;
     let started = supervisor.started();
@@ -380,6 +389,8 @@ struct Reporter {
     retry: Retry,
     /// No request before this instant (after a failure).
     resume_at: Option<tokio::time::Instant>,
+    /// The node's held host ports as last recorded by the server.
+    held_sent: Option<BTreeSet<u16>>,
 }
 
 impl Reporter {
@@ -392,12 +403,14 @@ impl Reporter {
             forget: BTreeSet::new(),
             retry: Retry::new(),
             resume_at: None,
+            held_sent: None,
         }
     }
 
     async fn report(&mut self, tick: supervisor::Tick) {
         if self.refreshed.elapsed() >= REPORT_REFRESH {
             self.sent.clear();
+            self.held_sent = None;
             self.refreshed = tokio::time::Instant::now();
         }
         for id in tick.removed {
@@ -415,12 +428,18 @@ impl Reporter {
             .into_iter()
             .filter(|status| self.sent.get(&status.id) != Some(status))
             .collect();
-        let mut outcome = Ok(());
+        // Held ports first: the scheduler must know a port is held when it
+        // reads the failed status of the instance placed on it, or it would
+        // place the replacement on the same port.
+        let mut outcome = match tick.held_ports {
+            Some(held) => self.send_held(held).await,
+            None => Ok(()),
+        };
         for batch in changed.chunks(MAX_REPORT_BATCH) {
-            outcome = self.send(batch).await;
             if outcome.is_err() {
                 break;
             }
+            outcome = self.send(batch).await;
         }
         if outcome.is_ok() {
             outcome = self.forget_orphans().await;
@@ -435,6 +454,23 @@ impl Reporter {
                 self.resume_at = Some(tokio::time::Instant::now() + wait);
             }
         }
+    }
+
+    /// Sends the node's held host ports when they differ from what was
+    /// last recorded (and at every refresh).
+    async fn send_held(&mut self, held: BTreeSet<u16>) -> Result<(), ClientError> {
+        if self.held_sent.as_ref() == Some(&held) {
+            return Ok(());
+        }
+        let report = cca_model::cluster::HeldPorts {
+            ports: held.clone(),
+        };
+        self.client
+            .report_held_ports(&self.node, &report)
+            .await
+            .inspect_err(|error| tracing::debug!(%error, "reporting held host ports failed"))?;
+        self.held_sent = Some(held);
+        Ok(())
     }
 
     /// Sends one batch; an error when it did not arrive or was refused as

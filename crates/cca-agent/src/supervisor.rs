@@ -18,6 +18,12 @@
 //! is created; when they cannot be had (a secret without a value, the API
 //! away) the instance stays `pending` with the reason and is tried again
 //! on the restart backoff. Its files go when it is removed.
+//!
+//! Before an instance on the host's network starts or restarts, each of
+//! its host ports is probed (see [`crate::host_ports`]): one that
+//! something outside the cluster holds fails the instance, naming the port,
+//! and joins the node's held ports the agent reports; one that an instance
+//! of this node still holds (an orphan being removed) makes it wait.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -37,6 +43,7 @@ use tokio::time::Instant;
 use crate::desired::Desired;
 use crate::files::{self, FileSource};
 use crate::health::{self, HealthTracker, ProbeTarget};
+use crate::host_ports::{self, HeldPorts, PortProbe};
 use crate::netplane::NodeNet;
 use crate::restart::{self, AfterExit};
 
@@ -90,6 +97,10 @@ struct Record {
     /// still a VIP target here: it drains until no longer one, for at most
     /// [`DRAIN_MAX`].
     draining_since: Option<Instant>,
+    /// When the placement this record is about was made
+    /// (`Instance::created_at`): a stateful instance placed again keeps
+    /// its id.
+    placed_at: Option<i64>,
 }
 
 impl Record {
@@ -105,6 +116,7 @@ impl Record {
             waiting: None,
             file_attempts: 0,
             draining_since: None,
+            placed_at: None,
         }
     }
 }
@@ -137,6 +149,12 @@ pub struct Supervisor {
     /// The node's part of the cluster network, when it has one: instances
     /// wait for its subnet before they first start, and get its resolver.
     node_net: Option<Arc<NodeNet>>,
+    /// Probes host ports before starts; `None`: they are not probed.
+    port_probe: Option<Arc<dyn PortProbe>>,
+    /// Host ports found held by something outside the cluster.
+    held: HeldPorts,
+    /// Host ports of the instances the runtime runs, as of this tick.
+    own_ports: BTreeMap<u16, String>,
 }
 
 /// The longest a stopping instance waits for this node's VIP rules to drop
@@ -170,6 +188,9 @@ pub struct Tick {
     /// the runtime had them and no longer assigned: their observed records
     /// should go.
     pub removed: Vec<String>,
+    /// Host ports found held by something outside the cluster, all of
+    /// them; `None` when the supervisor does not probe host ports.
+    pub held_ports: Option<std::collections::BTreeSet<u16>>,
 }
 
 impl Supervisor {
@@ -193,7 +214,18 @@ impl Supervisor {
             started: Arc::new(tokio::sync::Notify::new()),
             quick_probe_at: None,
             node_net: None,
+            port_probe: None,
+            held: HeldPorts::new(Instant::now()),
+            own_ports: BTreeMap::new(),
         }
+    }
+
+    /// Probes every host port with `probe` before an instance on the
+    /// host's network starts (see [`crate::host_ports`]).
+    #[must_use]
+    pub fn with_port_probe(mut self, probe: Arc<dyn PortProbe>) -> Self {
+        self.port_probe = Some(probe);
+        self
     }
 
     /// Notified whenever a start running in the background ends: tick then.
@@ -243,10 +275,27 @@ impl Supervisor {
         let now = Instant::now();
         self.collect_finished_starts().await;
         let actual = self.actual().await;
+        self.own_ports = actual
+            .values()
+            .filter(|status| status.state == RtState::Running)
+            .flat_map(|status| {
+                status
+                    .spec
+                    .ports
+                    .iter()
+                    .map(|port| (port.host_port, status.id.clone()))
+            })
+            .collect();
+        if let Some(probe) = &self.port_probe {
+            self.held.recheck(probe.as_ref(), now);
+        }
         for (id, assignment) in &desired.assignments {
             self.converge(id, assignment, actual.get(id), now).await;
         }
-        let mut tick = Tick::default();
+        let mut tick = Tick {
+            held_ports: self.port_probe.as_ref().map(|_| self.held.ports()),
+            ..Tick::default()
+        };
         if desired.known {
             // An init step runs as an instance of its own, `{id}.init-{step}`,
             // while its instance's start task waits for it: not an orphan.
@@ -383,6 +432,16 @@ impl Supervisor {
             .records
             .entry(id.to_owned())
             .or_insert_with(|| Record::new(now));
+        let placed_at = assignment.instance.created_at;
+        if record.placed_at != Some(placed_at) {
+            if record.placed_at.is_some() && record.failed.is_some() && actual.is_none() {
+                // Placed again under the same id (a stateful instance
+                // whose first placement failed before it was created):
+                // a new start.
+                *record = Record::new(now);
+            }
+            record.placed_at = Some(placed_at);
+        }
         if assignment.instance.stopping {
             // Drained first: no new flow reaches it once this node's VIP
             // rules have dropped it (the endpoint controller drops a
@@ -468,6 +527,27 @@ impl Supervisor {
         }
         if restart::restart_due(record.next_start_at, now) {
             record.next_start_at = None;
+            if let Some(probe) = &self.port_probe {
+                let everywhere = published_everywhere(&status.spec, self.node_net.is_some());
+                let ports = PortCheck {
+                    probe: probe.as_ref(),
+                    own: &self.own_ports,
+                    held: &mut self.held,
+                    address: &self.address,
+                };
+                match ports.problem(id, &status.spec.ports, everywhere) {
+                    Some(StartProblem::Failed(problem)) => {
+                        record.failed = Some(problem);
+                        return;
+                    }
+                    Some(StartProblem::Retry(problem)) => {
+                        record.waiting = Some(problem);
+                        record.next_start_at = Some(now + NETWORK_WAIT);
+                        return;
+                    }
+                    None => {}
+                }
+            }
             match self.runtime.start(id).await {
                 Ok(()) => {
                     record.restarts += 1;
@@ -502,6 +582,26 @@ impl Supervisor {
                 return;
             }
         };
+        if let Some(probe) = &self.port_probe {
+            let everywhere = published_everywhere(&spec, self.node_net.is_some());
+            let ports = PortCheck {
+                probe: probe.as_ref(),
+                own: &self.own_ports,
+                held: &mut self.held,
+                address: &self.address,
+            };
+            let problem = ports.problem(id, &spec.ports, everywhere);
+            if let (Some(problem), Some(record)) = (problem, self.records.get_mut(id)) {
+                match problem {
+                    StartProblem::Failed(problem) => record.failed = Some(problem),
+                    StartProblem::Retry(problem) => {
+                        record.waiting = Some(problem);
+                        record.next_start_at = Some(Instant::now() + NETWORK_WAIT);
+                    }
+                }
+                return;
+            }
+        }
         let init = assignment
             .spec
             .as_ref()
@@ -787,6 +887,59 @@ impl Supervisor {
             message,
             updated_at: 0,
         }
+    }
+}
+
+/// Whether an instance's host ports are published on every address of the
+/// node (a container in its own network namespace, on a node in the
+/// cluster network) rather than bound by the instance on the node's
+/// address.
+fn published_everywhere(spec: &InstanceSpec, node_network: bool) -> bool {
+    spec.image.is_some() && !spec.host_network && node_network
+}
+
+/// The probe of an instance's host ports before it starts.
+struct PortCheck<'a> {
+    probe: &'a dyn PortProbe,
+    /// Host ports of this node's running instances, and whose.
+    own: &'a BTreeMap<u16, String>,
+    held: &'a mut HeldPorts,
+    /// The node's address.
+    address: &'a str,
+}
+
+impl PortCheck<'_> {
+    /// Why instance `id` cannot start on `ports` now, if it cannot: a port
+    /// held outside the cluster fails it (and is recorded held), one
+    /// another instance of this node holds makes it wait.
+    fn problem(self, id: &str, ports: &[PortBinding], everywhere: bool) -> Option<StartProblem> {
+        let address = host_ports::probe_address(self.address, everywhere);
+        for port in ports {
+            if let Some(other) = self.own.get(&port.host_port).filter(|other| *other != id) {
+                return Some(StartProblem::Retry(format!(
+                    "host port {}/{} is still held by instance {other} on this node; \
+                     starting once it is free",
+                    port.host_port, port.protocol
+                )));
+            }
+            if self.probe.is_held(address, port.host_port, port.protocol) {
+                tracing::warn!(
+                    instance = %id,
+                    port = port.host_port,
+                    protocol = %port.protocol,
+                    %address,
+                    "a host port is held by something outside the cluster"
+                );
+                self.held.insert(port.host_port, address, port.protocol);
+                return Some(StartProblem::Failed(format!(
+                    "host port {}/{} on {address} is held by something outside the cluster \
+                     (another program on this machine, or another cluster's instance); \
+                     the scheduler places the instance again on other ports",
+                    port.host_port, port.protocol
+                )));
+            }
+        }
+        None
     }
 }
 

@@ -132,6 +132,10 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     ("/v1/agent/nodes/{node}/gates/{gate}/tls", Lane::Reports),
     // A gate node's: a report at most every 10 s, and a wake per cold
     // start, which a request waits on at the gate: not behind users.
+    // Every node's, rarely: when it finds a host port held by something
+    // outside the cluster or freed again; its failed instance's report
+    // waits on it.
+    ("/v1/agent/nodes/{node}/held-ports", Lane::Reports),
     ("/v1/agent/nodes/{node}/gate-activity", Lane::Reports),
     (
         "/v1/agent/nodes/{node}/services/{service}/wake",

@@ -709,6 +709,8 @@ fn agent_config(
         network: None,
         trust: None,
         gate: None,
+        // Made-up addresses: nothing to probe.
+        port_probe: None,
     }
 }
 

@@ -462,6 +462,17 @@ impl Client {
             .await
     }
 
+    /// Node `node`'s host ports held by something outside the cluster,
+    /// all of them (an empty set: none any more).
+    pub async fn report_held_ports(
+        &self,
+        node: &str,
+        held: &cca_model::cluster::HeldPorts,
+    ) -> ClientResult<HeldPortsReply> {
+        let path = format!("/v1/agent/nodes/{}/held-ports", segment(node));
+        self.json(self.request(Method::PUT, &path).json(held)).await
+    }
+
     pub async fn forget_instance(&self, node: &str, id: &str) -> ClientResult<WriteReply> {
         let path = format!(
             "/v1/agent/nodes/{}/instances/{}",

@@ -408,6 +408,15 @@ pub struct RefusedReport {
     pub message: String,
 }
 
+/// Answer of `PUT /v1/agent/nodes/{node}/held-ports` (the body is a
+/// [`cca_model::cluster::HeldPorts`]: every host port the node finds held
+/// by something outside the cluster now).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldPortsReply {
+    /// The revision that recorded it; `None` when it changed nothing.
+    pub revision: Option<Revision>,
+}
+
 /// Answer of an observed-state report or delete.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WriteReply {

@@ -371,6 +371,7 @@ pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentCon
         network: None,
         trust: None,
         gate: args.gate_config(),
+        port_probe: Some(std::sync::Arc::new(cca_agent::host_ports::BindProbe)),
     })
 }
 

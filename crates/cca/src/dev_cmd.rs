@@ -74,6 +74,10 @@ pub(crate) struct DevArgs {
         default_value = "127.0.0.1:0,127.0.0.1:0"
     )]
     gate_listen: Vec<SocketAddr>,
+    /// The host ports the scheduler hands out to instances (its node's
+    /// agent skips ports something else on this machine holds).
+    #[arg(long, default_value = "20000-32767", value_name = "FIRST-LAST", value_parser = crate::flags::port_range)]
+    host_ports: std::ops::RangeInclusive<u16>,
     /// `.cca` files to apply on start.
     #[arg(value_name = "FILE")]
     files: Vec<PathBuf>,
@@ -139,7 +143,7 @@ async fn dev(args: DevArgs) -> Result<()> {
     let (stop, stopping) = watch::channel(false);
     let plane = tokio::spawn(run_control_plane(
         Arc::new(store),
-        dev_setup(secret_key, trust),
+        dev_setup(secret_key, trust, args.host_ports.clone()),
         listener,
         None,
         Some(SocketAddr::from(([127, 0, 0, 1], cca_model::net::DNS_PORT))),
@@ -264,9 +268,14 @@ async fn stopped(mut stopping: watch::Receiver<bool>) {
 /// The usual controllers, but placing at once: a dev cluster has no
 /// agents still arriving, so the startup grace would only make you wait.
 /// With `trust`, certificates are required as by `cca server` with a CA.
-fn dev_setup(secret_key: cca_api::SecretKey, trust: Option<Trust>) -> ControlPlaneConfig {
+fn dev_setup(
+    secret_key: cca_api::SecretKey,
+    trust: Option<Trust>,
+    host_ports: std::ops::RangeInclusive<u16>,
+) -> ControlPlaneConfig {
     let mut config = ControlPlaneConfig::new("cca-dev");
     config.scheduler.startup_grace = Duration::ZERO;
+    config.scheduler.host_ports = host_ports;
     config.runner.leader.ttl = Duration::from_secs(5);
     config.secret_key = Some(secret_key);
     if let Some(trust) = trust {

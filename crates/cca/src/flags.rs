@@ -91,9 +91,42 @@ pub(crate) fn api_lane(text: &str) -> Result<(Lane, LaneLimits), String> {
     ))
 }
 
+/// `--host-ports FIRST-LAST`: the host ports the scheduler hands out,
+/// e.g. `20000-32767`.
+pub(crate) fn port_range(text: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
+    let form = "expected FIRST-LAST, two ports from 1 to 65535, e.g. 20000-32767";
+    let (first, last) = text
+        .split_once('-')
+        .ok_or_else(|| format!("`{text}` has no `-`; {form}"))?;
+    let port = |value: &str| {
+        value
+            .trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|port| *port > 0)
+            .ok_or_else(|| format!("`{}` is not a port; {form}", value.trim()))
+    };
+    let (first, last) = (port(first)?, port(last)?);
+    if first > last {
+        return Err(format!("{first} comes after {last}; {form}"));
+    }
+    Ok(first..=last)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn port_ranges_are_first_dash_last() {
+        assert_eq!(port_range("20000-32767"), Ok(20_000..=32_767));
+        assert_eq!(port_range("41000 - 41000"), Ok(41_000..=41_000));
+        let refused = |text| port_range(text).expect_err(text);
+        assert!(refused("20000").starts_with("`20000` has no `-`"));
+        assert!(refused("0-10").starts_with("`0` is not a port"));
+        assert!(refused("1-70000").starts_with("`70000` is not a port"));
+        assert!(refused("30-20").starts_with("30 comes after 20"));
+    }
 
     #[test]
     fn durations_need_a_known_unit() {

@@ -71,6 +71,11 @@ pub(crate) struct ServerArgs {
     /// expired) are replaced elsewhere.
     #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = flags::duration)]
     lost_grace: Duration,
+    /// The host ports the scheduler hands out to instances, per node,
+    /// lowest free first (ports a node's agent finds held by something
+    /// outside the cluster are skipped on that node).
+    #[arg(long, default_value = "20000-32767", value_name = "FIRST-LAST", value_parser = flags::port_range)]
+    host_ports: std::ops::RangeInclusive<u16>,
     /// Also serve agents' registrations and heartbeats on this address,
     /// on a thread of its own, so that they never wait behind the rest of
     /// the API's work; agents reach it with `cca agent --liveness-server`.
@@ -228,6 +233,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
     let scheduler = SchedulerConfig {
         startup_grace: args.startup_grace,
         lost_grace: args.lost_grace,
+        host_ports: args.host_ports.clone(),
         ..SchedulerConfig::default()
     };
     let setup = ControlPlaneConfig {

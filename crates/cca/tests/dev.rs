@@ -133,3 +133,100 @@ fn dev_insecure_serves_plain_http() {
     assert!(!dir.path().join("data/trust").exists());
     dev.stop();
 }
+
+const WHOAMI: &str = r#"
+service hello {
+  run = "exec cca whoami --port $PORT"
+  port http 8080
+  health {
+    http "/"
+    interval = 1s
+    timeout = 500ms
+  }
+}
+"#;
+
+/// A listener on `127.0.0.1:PORT` (a free port the OS picks) answering
+/// every request 200 with `not the service`: a process outside the
+/// cluster whose answer a health check would take for the instance's.
+/// It serves until the test process ends.
+fn impostor() -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds a free port");
+    let port = listener.local_addr().expect("its address").port();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+            let _ = stream.read(&mut [0; 4096]);
+            let _ = stream.write_all(
+                b"HTTP/1.1 200 OK\r\nContent-Length: 16\r\nConnection: close\r\n\r\nnot the service\n",
+            );
+        }
+    });
+    port
+}
+
+/// `GET /` on `127.0.0.1:port`, the whole answer.
+fn get(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connects");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("sets a timeout");
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .expect("sends");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    answer
+}
+
+/// Something outside the cluster holds the first host port the scheduler
+/// would hand out (and answers HTTP 200 there): the agent does not start
+/// the instance on it, says why, the scheduler places it again on the next
+/// port, and the service comes up healthy there, answering itself.
+#[test]
+fn a_service_comes_up_on_another_port_when_something_else_holds_the_first() {
+    let held = impostor();
+    let last = held.saturating_add(20);
+    let range = format!("{held}-{last}");
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("app.cca"), WHOAMI).expect("writes the program");
+    let dev = Dev::start(
+        dir.path(),
+        // The default data directory, where the CLI finds the dev CA.
+        &["--host-ports", &range, "app.cca"],
+    );
+    let (url, _) = dev.api_url();
+    let shown = dev.read_until(|line, _| line.contains(" running ") && line.ends_with("healthy"));
+    let shown = format!(
+        "{shown}{}",
+        dev.read_until(|line, _| line.contains("hello/http"))
+    );
+    let port: u16 = shown
+        .lines()
+        .filter(|line| line.contains("hello/http"))
+        .filter_map(|line| line.trim().strip_prefix("http://127.0.0.1:"))
+        .filter_map(|rest| rest.split_whitespace().next()?.parse().ok())
+        .next_back()
+        .unwrap_or_else(|| panic!("no URL of hello/http in:\n{shown}"));
+    assert_ne!(port, held, "placed on the held port:\n{shown}");
+    assert!((held..=last).contains(&port), "{port} outside {range}");
+    let answer = get(port);
+    assert!(answer.contains("service: hello"), "{answer}");
+    assert!(
+        get(held).contains("not the service"),
+        "the impostor still holds its port"
+    );
+    let events = eventually(
+        dir.path(),
+        &url,
+        &["events", "--subject", "instance/"],
+        "by something outside the cluster",
+    );
+    assert!(
+        events.contains(&format!("host port {held} is held on node")),
+        "{events}"
+    );
+    dev.stop();
+}

@@ -1,6 +1,7 @@
 //! Endpoints for node agents: register (node info plus a leased
 //! heartbeat key), heartbeat (lease keep-alive), the node-scoped stream of
-//! assignments, and observed-state reports. An agent may only report on
+//! assignments, observed-state reports, and the host ports something
+//! outside the cluster holds on the node. An agent may only report on
 //! instances placed on its own node — except to say one stopped or failed,
 //! which it must be able to do after the placement moved away.
 
@@ -8,7 +9,7 @@ use axum::Json;
 use axum::extract::{Path, State};
 use axum::response::Response;
 use cca_control::View;
-use cca_model::cluster::{Heartbeat, Instance, InstanceState, InstanceStatus, NodeInfo};
+use cca_model::cluster::{Heartbeat, HeldPorts, Instance, InstanceState, InstanceStatus, NodeInfo};
 use cca_model::keys;
 use cca_store::{Compare, CompareOp, Op, Revision, StoreError, Txn, TxnOutcome};
 use serde::Deserialize;
@@ -18,8 +19,9 @@ use crate::hub::Subscription;
 use crate::routes::watch::{LineSender, ndjson};
 use crate::state::{ApiState, encode, now_millis};
 use crate::types::{
-    AssignmentLine, HeartbeatReply, HeartbeatRequest, MAX_REPORT_BATCH, NetworkLine, RefusedReport,
-    RegisterReply, RegisterRequest, ReportBatch, ReportBatchReply, WriteReply,
+    AssignmentLine, HeartbeatReply, HeartbeatRequest, HeldPortsReply, MAX_REPORT_BATCH,
+    NetworkLine, RefusedReport, RegisterReply, RegisterRequest, ReportBatch, ReportBatchReply,
+    WriteReply,
 };
 use crate::validate::check_name;
 
@@ -571,6 +573,54 @@ pub(crate) async fn forget(
         ))
         .then(Op::delete(&key));
     commit(&state, txn, &id).await
+}
+
+/// `PUT /v1/agent/nodes/{node}/held-ports`: every host port the node's
+/// agent finds held by something outside the cluster, replacing what was
+/// there (`observed/held-ports/{node}`; an empty set deletes it). The
+/// scheduler hands none of them out on the node. A report that changes
+/// nothing costs no write.
+pub(crate) async fn held_ports(
+    State(state): State<ApiState>,
+    Path(node): Path<String>,
+    JsonBody(held): JsonBody<HeldPorts>,
+) -> ApiResult<Json<HeldPortsReply>> {
+    check_name("node", &node)?;
+    if held.ports.contains(&0) {
+        return Err(ApiError::invalid(
+            "port 0 is no host port: report the ports found held, 1-65535",
+        ));
+    }
+    known_node(&state, &node).await?;
+    let key = keys::observed_held_ports(&node);
+    let current = state.store().get(&key).await?;
+    let stored = current
+        .as_ref()
+        .and_then(|kv| serde_json::from_slice::<HeldPorts>(&kv.value).ok());
+    let unchanged = match &stored {
+        Some(stored) => *stored == held,
+        None => held.ports.is_empty() && current.is_none(),
+    };
+    if unchanged {
+        return Ok(Json(HeldPortsReply { revision: None }));
+    }
+    let compare = match &current {
+        Some(kv) => Compare::mod_revision(&key, CompareOp::Equal, kv.mod_revision),
+        None => Compare::absent(&key),
+    };
+    let op = if held.ports.is_empty() {
+        Op::delete(&key)
+    } else {
+        Op::put(&key, encode(&held))
+    };
+    match state.store().txn(Txn::new().when(compare).then(op)).await? {
+        TxnOutcome::Committed { revision } => Ok(Json(HeldPortsReply {
+            revision: Some(revision),
+        })),
+        TxnOutcome::CompareFailed { .. } => Err(ApiError::conflict(format!(
+            "the held ports of node `{node}` changed while reporting; report again"
+        ))),
+    }
 }
 
 async fn known_node(state: &ApiState, node: &str) -> ApiResult<()> {
