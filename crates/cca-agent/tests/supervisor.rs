@@ -9,7 +9,8 @@
 //! with the reason and creates nothing. Volumes: node-local directories,
 //! per ordinal for stateful services, mounted into image workloads and
 //! named in the environment of process workloads, kept when an instance
-//! goes.
+//! goes. Host ports: one held outside the cluster (a fake probe) fails the
+//! start or a restart naming it, creates nothing, and is reported held.
 
 mod support;
 
@@ -678,4 +679,78 @@ async fn a_stopping_instance_drains_until_the_node_no_longer_sends_it_flows() {
     })
     .await;
     assert!(stopped(&fake));
+}
+
+/// A port probe that finds the ports it is given held, on any address.
+#[derive(Debug, Default)]
+struct HeldElsewhere(std::sync::Mutex<std::collections::BTreeSet<u16>>);
+
+impl cca_agent::host_ports::PortProbe for HeldElsewhere {
+    fn is_held(&self, _: std::net::IpAddr, port: u16, _: cca_runtime::Protocol) -> bool {
+        self.0.lock().expect("not poisoned").contains(&port)
+    }
+}
+
+#[tokio::test]
+async fn a_host_port_held_outside_the_cluster_fails_the_start_and_is_reported_held() {
+    let fake = Arc::new(FakeRuntime::new());
+    let probe = Arc::new(HeldElsewhere::default());
+    probe.0.lock().expect("not poisoned").insert(20001);
+    let mut supervisor = supervisor(&fake).with_port_probe(Arc::clone(&probe) as _);
+    let desired = desired(vec![assignment("web-1", run("cca whoami"), false)]);
+    let tick = tick_until(&mut supervisor, &desired, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Failed)
+    })
+    .await;
+    let message = tick.statuses[0].message.clone().unwrap_or_default();
+    assert!(
+        message.starts_with(
+            "host port 20001/tcp on 127.0.0.1 is held by something outside the cluster"
+        ),
+        "{message}"
+    );
+    assert_eq!(tick.held_ports, Some([20001].into()));
+    assert!(
+        !fake
+            .calls()
+            .iter()
+            .any(|call| matches!(call, Call::Create(_))),
+        "nothing created on a held port: {:?}",
+        fake.calls()
+    );
+}
+
+#[tokio::test]
+async fn a_free_host_port_starts_the_instance_and_reports_nothing_held() {
+    let fake = Arc::new(FakeRuntime::new());
+    let probe = Arc::new(HeldElsewhere::default());
+    let mut supervisor = supervisor(&fake).with_port_probe(probe);
+    let desired = desired(vec![assignment("web-1", run("cca whoami"), false)]);
+    let tick = tick_until(&mut supervisor, &desired, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Running)
+    })
+    .await;
+    assert_eq!(tick.held_ports, Some(Default::default()));
+}
+
+#[tokio::test]
+async fn a_restart_onto_a_port_taken_meanwhile_fails_naming_it() {
+    let fake = Arc::new(FakeRuntime::new());
+    fake.exit_after_start(Some("web-1"), 1);
+    let probe = Arc::new(HeldElsewhere::default());
+    let mut supervisor = supervisor(&fake).with_port_probe(Arc::clone(&probe) as _);
+    let desired = desired(vec![assignment("web-1", run("false"), false)]);
+    tick_until(&mut supervisor, &desired, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Restarting)
+    })
+    .await;
+    // Something binds the port while the instance waits for its restart.
+    probe.0.lock().expect("not poisoned").insert(20001);
+    let tick = tick_until(&mut supervisor, &desired, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Failed)
+    })
+    .await;
+    let message = tick.statuses[0].message.clone().unwrap_or_default();
+    assert!(message.contains("host port 20001/tcp"), "{message}");
+    assert_eq!(tick.held_ports, Some([20001].into()));
 }
