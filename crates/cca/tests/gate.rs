@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 use support::dev::Dev;
 
 /// One `cca dev` at a time: two dev clusters on one machine hand out the
-/// same host ports (20000 up), and an instance of one would answer for
-/// the other's (see the issue notes: the agent does not yet check that a
-/// host port is free).
+/// same host ports (20000 up). Agents skip ports held outside their
+/// cluster, but two starting together can still pick the same free port
+/// (see `.config/nextest.toml`).
 static ONE_CLUSTER: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 const PROGRAM: &str = r#"
