@@ -14,6 +14,7 @@
 //! backend is ejected is used anyway (a guess at a working backend beats a
 //! certain 503).
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
@@ -23,6 +24,7 @@ use cca_model::spec::{Balance, CircuitBreaker};
 use tokio::time::{Duration, Instant};
 
 use crate::metrics::{BackendMetrics, Metrics};
+use crate::upstream::Upstream;
 
 /// The longest ejection, as a multiple of the base.
 const MAX_EJECTION_FACTOR: u32 = 10;
@@ -37,6 +39,8 @@ pub struct Backend {
     in_flight: AtomicU32,
     health: Mutex<Health>,
     pub(crate) metrics: BackendMetrics,
+    /// The gate's kept-alive connections to it.
+    pub(crate) upstream: Arc<Upstream>,
 }
 
 #[derive(Debug, Default)]
@@ -73,6 +77,10 @@ impl Backend {
             token: format!("{hash:016x}"),
             hash,
             metrics: metrics.backend(service, &target),
+            upstream: Arc::new(Upstream::new(SocketAddr::from((
+                target.address,
+                target.port,
+            )))),
             target,
             in_flight: AtomicU32::new(0),
             health: Mutex::default(),
@@ -186,16 +194,15 @@ impl Pool {
         tried: &[Arc<Backend>],
         now: Instant,
     ) -> Option<Lease> {
-        let candidates: Vec<&Arc<Backend>> = self
-            .backends
-            .iter()
-            .filter(|b| !tried.iter().any(|t| Arc::ptr_eq(t, b)))
-            .collect();
-        if candidates.is_empty() {
+        let untried = |b: &Arc<Backend>| !tried.iter().any(|t| Arc::ptr_eq(t, b));
+        if !self.backends.iter().any(untried) {
             return None;
         }
         if let Some(token) = preference.sticky
-            && let Some(pinned) = candidates.iter().find(|b| b.token == token)
+            && let Some(pinned) = self
+                .backends
+                .iter()
+                .find(|b| b.token == token && untried(b))
             && pinned.available(now)
         {
             pinned.claim(now);
@@ -203,32 +210,31 @@ impl Pool {
         }
         let affinity = preference.affinity;
         let chosen = self
-            .pick(balance, affinity, &candidates, |b| b.available(now))
+            .pick(balance, affinity, |b| untried(b) && b.available(now))
             // Every candidate ejected: use one anyway.
-            .or_else(|| self.pick(balance, affinity, &candidates, |_| true))?;
+            .or_else(|| self.pick(balance, affinity, untried))?;
         chosen.claim(now);
         Some(lease(chosen))
     }
 
-    fn pick<'a>(
+    fn pick(
         &self,
         balance: Balance,
         affinity: Option<u64>,
-        candidates: &[&'a Arc<Backend>],
-        usable: impl Fn(&Backend) -> bool,
-    ) -> Option<&'a Arc<Backend>> {
+        usable: impl Fn(&Arc<Backend>) -> bool,
+    ) -> Option<&Arc<Backend>> {
+        let candidates = &self.backends;
         if let Some(key) = affinity {
             // Rendezvous: the highest weight among the usable wins.
             return candidates
                 .iter()
-                .copied()
                 .filter(|b| usable(b))
                 .max_by_key(|b| mix(key ^ b.hash));
         }
         let n = candidates.len();
         let start = self.cursor.fetch_add(1, Ordering::Relaxed);
         let mut in_turn = (0..n)
-            .map(|k| candidates[(start + k) % n])
+            .map(|k| &candidates[(start + k) % n])
             .filter(|b| usable(b));
         match balance {
             // Fewest in flight; a tie goes to the first in turn.

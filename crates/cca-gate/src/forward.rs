@@ -4,6 +4,7 @@
 //! and `Forwarded` (RFC 7239) telling the backend who asked and how, and
 //! the sticky cookie.
 
+use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 
 use cca_model::spec::{SameSite, Sticky};
@@ -11,29 +12,37 @@ use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, Uri};
 
 /// Headers that describe one connection, never forwarded.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
+static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    HeaderName::from_static("proxy-connection"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
 ];
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// The host a request is for, lowercase and without a port: the URI's
 /// authority (HTTP/2, absolute-form) or the `Host` header.
-pub fn request_host(uri: &Uri, headers: &HeaderMap) -> Option<String> {
+pub fn request_host<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<Cow<'a, str>> {
     let raw = match uri.authority() {
-        Some(authority) => authority.host().to_owned(),
-        None => {
-            let value = headers.get(header::HOST)?.to_str().ok()?;
-            strip_port(value).to_owned()
-        }
+        Some(authority) => authority.host(),
+        None => strip_port(headers.get(header::HOST)?.to_str().ok()?),
     };
-    let host = raw.trim_end_matches('.').to_ascii_lowercase();
-    (!host.is_empty()).then_some(host)
+    let host = raw.trim_end_matches('.');
+    if host.is_empty() {
+        return None;
+    }
+    Some(if host.bytes().any(|b| b.is_ascii_uppercase()) {
+        Cow::Owned(host.to_ascii_lowercase())
+    } else {
+        Cow::Borrowed(host)
+    })
 }
 
 /// `host` without its `:port` (an IPv6 literal keeps its brackets).
@@ -61,80 +70,134 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
 /// Removes hop-by-hop headers, those the `Connection` header names
 /// included; an upgrade keeps `Connection: upgrade` and `Upgrade`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    let named: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-        .filter(|name| name != header::UPGRADE)
-        .collect();
-    for name in named {
-        headers.remove(name);
-    }
-    for name in HOP_BY_HOP {
-        headers.remove(name);
+    // Most messages carry none: one pass over the names settles it.
+    let carries_any = headers
+        .keys()
+        .any(|name| name == header::UPGRADE || HOP_BY_HOP.contains(name));
+    if carries_any {
+        let named: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
+            .filter(|name| name != header::UPGRADE)
+            .collect();
+        for name in named {
+            headers.remove(name);
+        }
+        for name in &HOP_BY_HOP {
+            headers.remove(name);
+        }
+        if !upgrade {
+            headers.remove(header::UPGRADE);
+        }
     }
     if upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    } else {
-        headers.remove(header::UPGRADE);
+    }
+}
+
+/// A client's address as the forwarding headers write it, worked out once
+/// per connection.
+#[derive(Clone, Debug)]
+pub struct ClientAddress {
+    pub address: SocketAddr,
+    /// For `X-Forwarded-For`.
+    listed: HeaderValue,
+    /// For `Forwarded: for=` (an IPv6 address quoted and bracketed).
+    node: String,
+}
+
+impl ClientAddress {
+    pub fn new(address: SocketAddr) -> Self {
+        let ip = address.ip();
+        let node = match ip {
+            IpAddr::V4(v4) => v4.to_string(),
+            IpAddr::V6(v6) => format!("\"[{v6}]\""),
+        };
+        let listed = HeaderValue::from_str(&ip.to_string())
+            .unwrap_or_else(|_| HeaderValue::from_static("unknown"));
+        Self {
+            address,
+            listed,
+            node,
+        }
     }
 }
 
 /// Who asked and how, for the backend.
 #[derive(Clone, Copy, Debug)]
 pub struct Origin<'a> {
-    pub client: SocketAddr,
+    pub client: &'a ClientAddress,
     /// `https` when the client's connection was TLS.
-    pub scheme: &'a str,
+    pub scheme: &'static str,
     /// As the client wrote it (with its port, if any).
-    pub host: &'a str,
+    pub host: &'a HeaderValue,
 }
 
 /// Adds the client's address to `X-Forwarded-For` and `Forwarded` (after
-/// what earlier proxies wrote), and sets `X-Forwarded-Proto`,
-/// `X-Forwarded-Host` and `Host`.
+/// what earlier proxies wrote), sets `X-Forwarded-Proto` and
+/// `X-Forwarded-Host`, and `Host` when the request had none (HTTP/2).
 pub fn add_forwarded(headers: &mut HeaderMap, origin: Origin<'_>) {
-    let original_host = origin.host;
-    let ip = origin.client.ip();
-    append_list(headers, "x-forwarded-for", &ip.to_string());
-    let node = match ip {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => format!("\"[{v6}]\""),
-    };
-    let forwarded = format!(
-        "for={node};proto={};host={}",
-        origin.scheme,
-        quote_if_needed(original_host)
-    );
-    append_list(headers, "forwarded", &forwarded);
-    set(headers, "x-forwarded-proto", origin.scheme);
-    set(headers, "x-forwarded-host", original_host);
-    set(headers, "host", original_host);
+    let client = origin.client;
+    match existing(headers, &X_FORWARDED_FOR) {
+        Some(earlier) => {
+            let joined = format!("{earlier}, {}", client.ip());
+            set(headers, X_FORWARDED_FOR, joined);
+        }
+        None => {
+            headers.insert(X_FORWARDED_FOR, client.listed.clone());
+        }
+    }
+    let host = origin.host.to_str().unwrap_or_default();
+    let mut forwarded = String::with_capacity(64);
+    if let Some(earlier) = existing(headers, &header::FORWARDED) {
+        forwarded.push_str(earlier);
+        forwarded.push_str(", ");
+    }
+    forwarded.push_str("for=");
+    forwarded.push_str(&client.node);
+    forwarded.push_str(";proto=");
+    forwarded.push_str(origin.scheme);
+    forwarded.push_str(";host=");
+    push_quoted_if_needed(&mut forwarded, host);
+    set(headers, header::FORWARDED, forwarded);
+    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(origin.scheme));
+    headers.insert(X_FORWARDED_HOST, origin.host.clone());
+    if !headers.contains_key(header::HOST) {
+        headers.insert(header::HOST, origin.host.clone());
+    }
 }
 
-fn quote_if_needed(value: &str) -> String {
+impl ClientAddress {
+    fn ip(&self) -> &str {
+        self.listed.to_str().unwrap_or_default()
+    }
+}
+
+fn existing<'a>(headers: &'a HeaderMap, name: &HeaderName) -> Option<&'a str> {
+    headers
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.trim().is_empty())
+}
+
+fn push_quoted_if_needed(out: &mut String, value: &str) {
     if value
         .bytes()
         .all(|b| b.is_ascii_alphanumeric() || b"-.".contains(&b))
     {
-        value.to_owned()
+        out.push_str(value);
     } else {
-        format!("\"{}\"", value.replace('"', ""))
+        out.push('"');
+        out.extend(value.chars().filter(|c| *c != '"'));
+        out.push('"');
     }
 }
 
-fn append_list(headers: &mut HeaderMap, name: &'static str, item: &str) {
-    let joined = match headers.get(name).and_then(|v| v.to_str().ok()) {
-        Some(existing) if !existing.trim().is_empty() => format!("{existing}, {item}"),
-        _ => item.to_owned(),
-    };
-    set(headers, name, &joined);
-}
-
-fn set(headers: &mut HeaderMap, name: &'static str, value: &str) {
-    if let Ok(value) = HeaderValue::from_str(value) {
+fn set(headers: &mut HeaderMap, name: HeaderName, value: String) {
+    if let Ok(value) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
         headers.insert(name, value);
     }
 }
@@ -197,7 +260,8 @@ mod tests {
             Some("shop.example.com")
         );
         let h1: Uri = "/x".parse().expect("uri");
-        let host = |value: &str| request_host(&h1, &headers(&[("host", value)]));
+        let host =
+            |value: &str| request_host(&h1, &headers(&[("host", value)])).map(Cow::into_owned);
         assert_eq!(
             host("shop.example.com:80").as_deref(),
             Some("shop.example.com")
@@ -240,10 +304,12 @@ mod tests {
             ("x-forwarded-for", "198.51.100.7"),
             ("forwarded", "for=198.51.100.7"),
         ]);
+        let client = ClientAddress::new("192.0.2.1:5555".parse().expect("addr"));
+        let host = HeaderValue::from_static("shop.example.com");
         let origin = Origin {
-            client: "192.0.2.1:5555".parse().expect("addr"),
+            client: &client,
             scheme: "https",
-            host: "shop.example.com",
+            host: &host,
         };
         add_forwarded(&mut map, origin);
         assert_eq!(map["x-forwarded-for"], "198.51.100.7, 192.0.2.1");
@@ -255,10 +321,12 @@ mod tests {
         assert_eq!(map["x-forwarded-host"], "shop.example.com");
         assert_eq!(map["host"], "shop.example.com");
         let mut v6 = HeaderMap::new();
+        let client = ClientAddress::new("[2001:db8::1]:5555".parse().expect("addr"));
+        let host = HeaderValue::from_static("a:8080");
         let origin = Origin {
-            client: "[2001:db8::1]:5555".parse().expect("addr"),
+            client: &client,
             scheme: "http",
-            host: "a:8080",
+            host: &host,
         };
         add_forwarded(&mut v6, origin);
         assert_eq!(

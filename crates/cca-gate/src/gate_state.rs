@@ -1,6 +1,6 @@
-//! What one gate keeps between requests on a gate node: its client (a pool
-//! of keep-alive connections to its backends, with the gate's connect and
-//! idle timeouts), its response cache, its metric handles, its rate limiters (per client
+//! What one gate keeps between requests on a gate node: how it talks to
+//! its backends (the gate's connect and idle timeouts; the connections
+//! themselves are each backend's [`crate::upstream`]), its response cache, its metric handles, its rate limiters (per client
 //! address and for the whole gate, GCRA token buckets from `governor`) and
 //! its retry budget. It outlives route-table rebuilds while the settings
 //! it was made from stay the same.
@@ -13,14 +13,11 @@ use std::time::Duration;
 use cca_model::spec::{GateSpec, GateTimeouts, Rate, RateLimit, ResponseCache, Retries};
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultDirectRateLimiter, DefaultKeyedRateLimiter, Quota, RateLimiter};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 
 use crate::cache::Cache;
 use crate::metrics::{GateMetrics, Metrics};
-use crate::proxy::Body;
+use crate::upstream::UpstreamSettings;
 
 /// Idle keep-alive connections kept per backend.
 const IDLE_PER_BACKEND: usize = 64;
@@ -39,7 +36,7 @@ pub struct GateState {
     timeouts: GateTimeouts,
     cache_settings: Option<ResponseCache>,
     pub(crate) cache: Option<Cache>,
-    pub(crate) client: Client<HttpConnector, Body>,
+    pub(crate) upstream: UpstreamSettings,
     pub(crate) metrics: GateMetrics,
     per_client: Option<DefaultKeyedRateLimiter<IpAddr>>,
     per_gate: Option<DefaultDirectRateLimiter>,
@@ -88,7 +85,11 @@ impl GateState {
             timeouts: spec.timeouts,
             cache_settings: spec.cache,
             cache: spec.cache.map(Cache::new),
-            client: backend_client(&spec.timeouts),
+            upstream: UpstreamSettings {
+                connect: Duration::from_millis(spec.timeouts.connect.0),
+                idle: Duration::from_millis(spec.timeouts.idle.0),
+                max_idle: IDLE_PER_BACKEND,
+            },
             metrics: metrics.gate(&spec.name),
             per_client: limits
                 .per_client
@@ -176,18 +177,6 @@ impl GateState {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
-}
-
-fn backend_client(timeouts: &GateTimeouts) -> Client<HttpConnector, Body> {
-    let mut connector = HttpConnector::new();
-    connector.set_connect_timeout(Some(Duration::from_millis(timeouts.connect.0)));
-    connector.set_nodelay(true);
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_millis(timeouts.idle.0))
-        .pool_max_idle_per_host(IDLE_PER_BACKEND)
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .build(connector)
 }
 
 impl Budget {

@@ -23,6 +23,7 @@ pub mod proxy;
 pub mod server;
 pub mod table;
 pub mod traffic;
+pub mod upstream;
 
 use std::sync::{Arc, Mutex};
 
@@ -160,7 +161,8 @@ impl Gate {
     }
 
     /// Serves `listeners` until `stop` turns true, then drains; forgets
-    /// idle rate-limit clients every ten seconds meanwhile.
+    /// idle rate-limit clients and closes idle backend connections past
+    /// their gate's idle timeout every ten seconds meanwhile.
     pub async fn serve(
         &self,
         listeners: Vec<Listener>,
@@ -176,6 +178,7 @@ impl Gate {
                 _ = housekeeping.tick() => {
                     for gate in self.table().gates() {
                         gate.state.forget_idle_clients();
+                        gate.sweep_idle_connections();
                     }
                 }
             }

@@ -9,6 +9,7 @@
 //! 502/504 when backends fail or time out, 429 over a rate limit; each
 //! with a plain-text body saying which.
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
@@ -20,6 +21,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
 use hyper::body::{Body as _, Frame, Incoming, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::http::uri::PathAndQuery;
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
 use tokio::sync::watch;
@@ -33,6 +35,7 @@ use crate::metrics::{Metrics, class_index};
 use crate::server::Activity;
 use crate::table::{GateRoutes, RouteTable};
 use crate::traffic::{self, Traffic, Wake};
+use crate::upstream::UpstreamBody;
 
 /// Every body the gate sends or receives.
 pub type Body = UnsyncBoxBody<Bytes, hyper::Error>;
@@ -41,13 +44,29 @@ pub type Body = UnsyncBoxBody<Bytes, hyper::Error>;
 /// ready backend again.
 const RETRY_AFTER_SECS: u64 = 5;
 
-/// One client connection as a request sees it.
-#[derive(Clone, Debug)]
+/// One client connection as its requests see it.
+#[derive(Debug)]
 pub struct Peer {
     pub client: SocketAddr,
     /// The connection is TLS (the request came in over HTTPS).
     pub tls: bool,
     pub activity: Arc<Activity>,
+    /// The client's address as the forwarding headers write it.
+    address: forward::ClientAddress,
+    /// The key `source-ip` affinity hashes.
+    address_hash: u64,
+}
+
+impl Peer {
+    pub fn new(client: SocketAddr, tls: bool, activity: Arc<Activity>) -> Self {
+        Self {
+            client,
+            tls,
+            activity,
+            address: forward::ClientAddress::new(client),
+            address_hash: hash64(client.ip().to_string().as_bytes()),
+        }
+    }
 }
 
 /// How the proxy answers, beyond what each gate says.
@@ -99,9 +118,9 @@ impl Proxy {
     }
 
     /// Answers one request.
-    pub async fn handle(&self, request: Request<Incoming>, peer: Peer) -> Response<Body> {
+    pub async fn handle(&self, request: Request<Incoming>, peer: &Peer) -> Response<Body> {
         let busy = peer.activity.begin();
-        let response = self.answer(request, &peer).await;
+        let response = self.answer(request, peer).await;
         response.map(|body| {
             Guarded {
                 inner: body,
@@ -113,12 +132,12 @@ impl Proxy {
 
     async fn answer(&self, request: Request<Incoming>, peer: &Peer) -> Response<Body> {
         let started = Instant::now();
-        let method = request.method().clone();
-        let path = request.uri().path().to_owned();
-        let host = forward::request_host(request.uri(), request.headers());
         let table = self.table();
-        let Some(gate) = host.as_deref().and_then(|host| table.gate_for(host)) else {
+        let gate = forward::request_host(request.uri(), request.headers())
+            .and_then(|host| table.gate_for(&host));
+        let Some(gate) = gate else {
             self.metrics.unknown_host.inc();
+            let host = forward::request_host(request.uri(), request.headers());
             let shown = host.as_deref().unwrap_or("(none)");
             return text(
                 StatusCode::NOT_FOUND,
@@ -127,18 +146,27 @@ impl Proxy {
         };
         peer.activity
             .set_idle(Duration::from_millis(gate.spec.timeouts.idle.0));
+        // What the access log needs of the request once it has been sent.
+        let logged = self.options.access_log.then(|| {
+            let host = forward::request_host(request.uri(), request.headers());
+            (
+                request.method().clone(),
+                host.map(Cow::into_owned).unwrap_or_default(),
+                request.uri().path().to_owned(),
+            )
+        });
         let response = self.route(gate, request, peer).await;
         let status = response.status().as_u16();
         gate.state.metrics.by_class[class_index(Some(status))].inc();
         let elapsed = started.elapsed();
         gate.state.metrics.seconds.observe(elapsed.as_secs_f64());
-        if self.options.access_log {
+        if let Some((method, host, path)) = logged {
             tracing::info!(
                 target: "cca_gate::access",
                 gate = %gate.spec.name,
                 client = %peer.client.ip(),
                 method = %method,
-                host = host.as_deref().unwrap_or(""),
+                host = %host,
                 path = %path,
                 status,
                 ms = elapsed.as_secs_f64() * 1e3,
@@ -247,7 +275,9 @@ impl Proxy {
             return Err(response);
         };
         let started = Instant::now();
-        let host = forward::request_host(uri, headers).unwrap_or_default();
+        let host = forward::request_host(uri, headers)
+            .map(Cow::into_owned)
+            .unwrap_or_default();
         let path = uri.path().to_owned();
         let mut tables = self.tables.subscribe();
         let deadline = started + Duration::from_millis(spec.timeouts.wake.0);
@@ -311,10 +341,12 @@ impl Proxy {
         let original_host = parts
             .headers
             .get(header::HOST)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-            .or_else(|| parts.uri.authority().map(ToString::to_string))
-            .unwrap_or_default();
+            .cloned()
+            .or_else(|| {
+                let authority = parts.uri.authority()?;
+                HeaderValue::from_str(authority.as_str()).ok()
+            })
+            .unwrap_or_else(|| HeaderValue::from_static(""));
         let cookie = spec
             .sticky
             .as_ref()
@@ -324,7 +356,7 @@ impl Proxy {
         forward::add_forwarded(
             &mut parts.headers,
             Origin {
-                client: peer.client,
+                client: &peer.address,
                 scheme: if peer.tls { "https" } else { "http" },
                 host: &original_host,
             },
@@ -333,9 +365,7 @@ impl Proxy {
             sticky: cookie.as_deref(),
             affinity: match (&cookie, spec.balance) {
                 (Some(cookie), _) => Some(hash64(cookie.as_bytes())),
-                (None, cca_model::spec::Balance::SourceIp) => {
-                    Some(hash64(peer.client.ip().to_string().as_bytes()))
-                }
+                (None, cca_model::spec::Balance::SourceIp) => Some(peer.address_hash),
                 (None, _) => None,
             },
         };
@@ -344,8 +374,8 @@ impl Proxy {
         let path_and_query = parts
             .uri
             .path_and_query()
-            .map_or("/", |pq| pq.as_str())
-            .to_owned();
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/"));
         let mut tried = Vec::new();
         let mut last_failure: Option<Response<Body>> = None;
         loop {
@@ -353,24 +383,23 @@ impl Proxy {
                 return last_failure.unwrap_or_else(|| no_backend(spec.name.as_str(), pool));
             };
             let backend = Arc::clone(&lease.backend);
-            let uri = Uri::try_from(format!(
-                "http://{}:{}{path_and_query}",
-                backend.target.address, backend.target.port
-            ));
-            let Ok(uri) = uri else {
-                return text(
-                    StatusCode::BAD_REQUEST,
-                    "the request's path is not valid\n".into(),
-                );
-            };
             let mut outgoing = Request::new(body.take().unwrap_or_else(empty));
             *outgoing.method_mut() = parts.method.clone();
-            *outgoing.uri_mut() = uri;
+            *outgoing.uri_mut() = Uri::from(path_and_query.clone());
             *outgoing.version_mut() = Version::HTTP_11;
-            *outgoing.headers_mut() = parts.headers.clone();
+            *outgoing.headers_mut() = if retryable {
+                parts.headers.clone()
+            } else {
+                // Tried once only: the headers need not be kept.
+                std::mem::take(&mut parts.headers)
+            };
             let sent = Instant::now();
             let timeout = Duration::from_millis(spec.timeouts.response.0);
-            let result = tokio::time::timeout(timeout, gate.state.client.request(outgoing)).await;
+            let result = tokio::time::timeout(
+                timeout,
+                backend.upstream.send(outgoing, gate.state.upstream),
+            )
+            .await;
             let elapsed = sent.elapsed().as_secs_f64();
             backend.metrics.seconds.observe(elapsed);
             let failure = match result {
@@ -408,9 +437,7 @@ impl Proxy {
                         StatusCode::BAD_GATEWAY,
                         format!(
                             "gate \"{}\": the backend of service \"{}\" failed: {}\n",
-                            spec.name,
-                            pool.service,
-                            root_cause(&error)
+                            spec.name, pool.service, error
                         ),
                     )
                 }
@@ -447,7 +474,7 @@ impl Proxy {
         &self,
         gate: &GateRoutes,
         lease: Lease,
-        mut response: Response<Incoming>,
+        mut response: Response<UpstreamBody>,
         cookie: Option<&str>,
         client_upgrade: Option<hyper::upgrade::OnUpgrade>,
     ) -> Response<Body> {
@@ -460,18 +487,26 @@ impl Proxy {
         {
             response.headers_mut().append(header::SET_COOKIE, set);
         }
-        let served = Served(backend.target.instance.clone());
+        // Only the access log reads it.
+        let served = self
+            .options
+            .access_log
+            .then(|| Served(backend.target.instance.clone()));
         if switching && let Some(client_upgrade) = client_upgrade {
             let backend_upgrade = hyper::upgrade::on(&mut response);
             tokio::spawn(tunnel(client_upgrade, backend_upgrade, lease));
             let (mut parts, _) = response.into_parts();
-            parts.extensions.insert(served);
+            if let Some(served) = served {
+                parts.extensions.insert(served);
+            }
             return Response::from_parts(parts, empty());
         }
         let (mut parts, body) = response.into_parts();
-        parts.extensions.insert(served);
+        if let Some(served) = served {
+            parts.extensions.insert(served);
+        }
         let body = Guarded {
-            inner: body.boxed_unsync(),
+            inner: body,
             _guard: lease,
         };
         Response::from_parts(parts, body.boxed_unsync())
@@ -629,12 +664,16 @@ async fn tunnel(
 
 /// A response body holding a guard until it is sent or dropped: its
 /// backend's request counts as in flight, its connection as busy.
-struct Guarded<G> {
-    inner: Body,
+struct Guarded<B, G> {
+    inner: B,
     _guard: G,
 }
 
-impl<G: Unpin> hyper::body::Body for Guarded<G> {
+impl<B, G> hyper::body::Body for Guarded<B, G>
+where
+    B: hyper::body::Body<Data = Bytes, Error = hyper::Error> + Unpin,
+    G: Unpin,
+{
     type Data = Bytes;
     type Error = hyper::Error;
 
@@ -654,7 +693,7 @@ impl<G: Unpin> hyper::body::Body for Guarded<G> {
     }
 }
 
-fn pass_through(response: Response<Incoming>) -> Response<Body> {
+fn pass_through(response: Response<UpstreamBody>) -> Response<Body> {
     response.map(BodyExt::boxed_unsync)
 }
 
@@ -724,14 +763,6 @@ fn redirect_to_https(
         response.headers_mut().insert(header::LOCATION, location);
     }
     response
-}
-
-fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause = error;
-    while let Some(source) = cause.source() {
-        cause = source;
-    }
-    cause.to_string()
 }
 
 fn humanize(duration: Duration) -> String {

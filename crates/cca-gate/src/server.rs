@@ -6,12 +6,21 @@
 //! stop it accepts no more, lets every request in flight finish (each
 //! connection closes after its current response), and after the drain
 //! deadline drops what is left.
+//!
+//! Idle connections are found by one sweep per listener a few times a
+//! second rather than by a timer per connection: a request then costs two
+//! atomic updates of its connection's [`Activity`], not a timer reset,
+//! and a sweep asks the idle ones to close.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Mutex, Weak};
+use std::task::Poll;
 use std::time::Duration;
+
+use futures_util::task::AtomicWaker;
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -23,6 +32,10 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::proxy::{Peer, Proxy};
+
+/// How often a listener looks for idle connections: an idle timeout is
+/// kept to within this much.
+const SWEEP_EVERY: Duration = Duration::from_millis(250);
 
 /// Listener settings that hold before a request names its gate.
 #[derive(Clone, Copy, Debug)]
@@ -52,8 +65,8 @@ impl Default for ServerOptions {
     }
 }
 
-/// What a connection's idle watch reads: requests in flight and when the
-/// last one ended.
+/// What the sweep reads of a connection (requests in flight and when the
+/// last one ended) and how it asks the connection to close.
 #[derive(Debug)]
 pub struct Activity {
     opened: Instant,
@@ -61,6 +74,9 @@ pub struct Activity {
     /// Milliseconds after `opened` the last request ended.
     last: AtomicU64,
     idle_ms: AtomicU64,
+    close: AtomicBool,
+    /// The connection's task, woken to close.
+    task: AtomicWaker,
 }
 
 impl Activity {
@@ -70,7 +86,19 @@ impl Activity {
             in_flight: AtomicU32::new(0),
             last: AtomicU64::new(0),
             idle_ms: AtomicU64::new(idle.as_millis() as u64),
+            close: AtomicBool::new(false),
+            task: AtomicWaker::new(),
         }
+    }
+
+    /// Asks the connection to close after the response it is sending.
+    fn ask_to_close(&self) {
+        self.close.store(true, Ordering::Release);
+        self.task.wake();
+    }
+
+    fn asked_to_close(&self) -> bool {
+        self.close.load(Ordering::Acquire)
     }
 
     /// Counts a request as in flight until the guard drops.
@@ -146,7 +174,9 @@ async fn accept_loop(
     mut stop: watch::Receiver<bool>,
 ) {
     let acceptor = listener.tls.map(TlsAcceptor::from);
+    let open = Arc::new(OpenConnections::default());
     let mut connections = JoinSet::new();
+    let sweeper = tokio::spawn(sweep_idle(Arc::clone(&open), stop.clone()));
     loop {
         let permit = tokio::select! {
             permit = Arc::clone(&permits).acquire_owned() => match permit {
@@ -170,19 +200,32 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        let activity = Arc::new(Activity::new(options.idle_timeout));
+        open.add(&activity);
         let proxy = Arc::clone(&proxy);
         let acceptor = acceptor.clone();
-        let stop = stop.clone();
         connections.spawn(async move {
             proxy.metrics.connections.inc();
-            serve_connection(&proxy, stream, client, acceptor, options, stop).await;
+            serve_connection(&proxy, stream, client, acceptor, options, activity).await;
             proxy.metrics.connections.dec();
             drop(permit);
         });
         // Reap finished connections so the set stays small.
         while connections.try_join_next().is_some() {}
     }
-    let drained = async { while connections.join_next().await.is_some() {} };
+    sweeper.abort();
+    open.close_all();
+    let drained = async {
+        let mut sweep = tokio::time::interval(SWEEP_EVERY);
+        loop {
+            tokio::select! {
+                joined = connections.join_next() => if joined.is_none() { return },
+                // A connection that opened its TLS session after the stop
+                // is told too.
+                _ = sweep.tick() => open.close_all(),
+            }
+        }
+    };
     if tokio::time::timeout(options.drain, drained).await.is_err() {
         tracing::warn!(
             left = connections.len(),
@@ -192,21 +235,83 @@ async fn accept_loop(
     }
 }
 
+/// Asks the connections idle past their timeout to close, until `stop`.
+async fn sweep_idle(open: Arc<OpenConnections>, mut stop: watch::Receiver<bool>) {
+    let mut sweep = tokio::time::interval(SWEEP_EVERY);
+    sweep.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = sweep.tick() => open.close_idle(),
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+    }
+}
+
+/// A listener's open connections, as the sweep sees them.
+#[derive(Debug, Default)]
+struct OpenConnections(Mutex<Vec<Weak<Activity>>>);
+
+impl OpenConnections {
+    fn add(&self, activity: &Arc<Activity>) {
+        self.lock().push(Arc::downgrade(activity));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Weak<Activity>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Asks the connections idle past their timeout to close and forgets
+    /// the closed ones.
+    fn close_idle(&self) {
+        self.lock().retain(|weak| match weak.upgrade() {
+            Some(activity) => {
+                if activity.idle_in().is_none() {
+                    activity.ask_to_close();
+                }
+                true
+            }
+            None => false,
+        });
+    }
+
+    fn close_all(&self) {
+        self.lock().retain(|weak| match weak.upgrade() {
+            Some(activity) => {
+                activity.ask_to_close();
+                true
+            }
+            None => false,
+        });
+    }
+}
+
 async fn serve_connection(
     proxy: &Arc<Proxy>,
     stream: TcpStream,
     client: SocketAddr,
     acceptor: Option<TlsAcceptor>,
     options: ServerOptions,
-    stop: watch::Receiver<bool>,
+    activity: Arc<Activity>,
 ) {
     match acceptor {
-        None => serve_http(proxy, TokioIo::new(stream), client, false, options, stop).await,
+        None => {
+            serve_http(
+                proxy,
+                TokioIo::new(stream),
+                client,
+                false,
+                options,
+                activity,
+            )
+            .await
+        }
         Some(acceptor) => {
             let handshake = tokio::time::timeout(options.header_timeout, acceptor.accept(stream));
             match handshake.await {
                 Ok(Ok(tls)) => {
-                    serve_http(proxy, TokioIo::new(tls), client, true, options, stop).await
+                    serve_http(proxy, TokioIo::new(tls), client, true, options, activity).await
                 }
                 Ok(Err(error)) => {
                     tracing::debug!(%client, %error, "a TLS handshake with the gate failed")
@@ -223,21 +328,16 @@ async fn serve_http<I>(
     client: SocketAddr,
     tls: bool,
     options: ServerOptions,
-    mut stop: watch::Receiver<bool>,
+    activity: Arc<Activity>,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let activity = Arc::new(Activity::new(options.idle_timeout));
-    let peer = Peer {
-        client,
-        tls,
-        activity: Arc::clone(&activity),
-    };
+    let peer = Arc::new(Peer::new(client, tls, Arc::clone(&activity)));
     let service_proxy = Arc::clone(proxy);
     let service = service_fn(move |request| {
         let proxy = Arc::clone(&service_proxy);
-        let peer = peer.clone();
-        async move { Ok::<_, Infallible>(proxy.handle(request, peer).await) }
+        let peer = Arc::clone(&peer);
+        async move { Ok::<_, Infallible>(proxy.handle(request, &peer).await) }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
@@ -253,26 +353,21 @@ async fn serve_http<I>(
     let connection = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(connection);
     let mut closing = false;
-    loop {
-        let idle_in = activity.idle_in();
-        tokio::select! {
-            served = connection.as_mut() => {
-                if let Err(error) = served {
-                    tracing::debug!(%client, error = %error, "a gate connection ended with an error");
-                }
-                return;
-            }
-            _ = tokio::time::sleep(idle_in.unwrap_or_default()), if !closing => {
-                if activity.idle_in().is_none() {
-                    closing = true;
-                    connection.as_mut().graceful_shutdown();
-                }
-            }
-            _ = stop.wait_for(|stop| *stop), if !closing => {
+    let served = std::future::poll_fn(|cx| {
+        if !closing {
+            activity.task.register(cx.waker());
+            if activity.asked_to_close() {
                 closing = true;
                 connection.as_mut().graceful_shutdown();
             }
         }
+        match connection.as_mut().poll(cx) {
+            Poll::Ready(served) => Poll::Ready(served),
+            Poll::Pending => Poll::Pending,
+        }
+    });
+    if let Err(error) = served.await {
+        tracing::debug!(%client, error = %error, "a gate connection ended with an error");
     }
 }
 

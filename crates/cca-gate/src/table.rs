@@ -42,6 +42,17 @@ impl GateRoutes {
             .find(|(prefix, _)| path_matches(prefix, path))
             .map_or(&self.default, |(_, pool)| pool)
     }
+
+    /// Closes the idle backend connections past the gate's idle timeout.
+    pub fn sweep_idle_connections(&self) {
+        let idle = self.state.upstream.idle;
+        let pools = std::iter::once(&self.default).chain(self.paths.iter().map(|(_, pool)| pool));
+        for pool in pools {
+            for backend in &pool.backends {
+                backend.upstream.sweep(idle);
+            }
+        }
+    }
 }
 
 /// Whether `path` is under `prefix` by whole segments: `/api` matches

@@ -726,3 +726,70 @@ async fn plain_http_to_a_gate_with_a_tls_redirect_gets_a_308_to_https() {
         "https://shop.example.com/cart?item=3"
     );
 }
+
+/// One HTTP/1.1 connection to `at`, driven by hyper's client connection:
+/// the request sender and the connection's task (done when it closes).
+async fn connection(
+    at: SocketAddr,
+) -> (
+    hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    tokio::task::JoinHandle<tokio::time::Instant>,
+) {
+    let stream = TcpStream::connect(at).await.expect("connect");
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .expect("handshake");
+    let closed = tokio::spawn(async move {
+        let _ = connection.await;
+        tokio::time::Instant::now()
+    });
+    (sender, closed)
+}
+
+async fn send(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &str,
+) -> u16 {
+    use http_body_util::BodyExt;
+    let request = Request::get(path)
+        .header("host", "shop.example.com")
+        .body(Full::default())
+        .expect("request");
+    let response = sender.send_request(request).await.expect("response");
+    let status = response.status().as_u16();
+    response.into_body().collect().await.expect("body");
+    status
+}
+
+#[tokio::test]
+async fn a_connection_idle_past_its_gates_idle_timeout_is_closed_and_a_busy_one_is_not() {
+    let web = backend("web-a").await;
+    let mut spec = gate_spec("shop", &["shop.example.com"], "web");
+    spec.timeouts.idle = cca_model::spec::Duration(600);
+    let running = start(&map(
+        vec![spec],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let (mut idle, idle_closed) = connection(running.http).await;
+    assert_eq!(send(&mut idle, "/").await, 200);
+    let quiet_since = tokio::time::Instant::now();
+    // `/slow` keeps a request in flight for a second, past the timeout.
+    let (mut busy, busy_closed) = connection(running.http).await;
+    assert_eq!(send(&mut busy, "/slow").await, 200, "not cut mid-request");
+    assert!(!busy_closed.is_finished(), "closed while busy");
+    let closed_at = tokio::time::timeout(Duration::from_secs(10), idle_closed)
+        .await
+        .expect("the idle connection is closed")
+        .expect("task");
+    let quiet = closed_at - quiet_since;
+    assert!(
+        quiet >= Duration::from_millis(500),
+        "closed after {quiet:?}, before the idle timeout"
+    );
+    // The busy one's timeout counts from its last response.
+    tokio::time::timeout(Duration::from_secs(10), busy_closed)
+        .await
+        .expect("the other connection is closed once idle")
+        .expect("task");
+}
