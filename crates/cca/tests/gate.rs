@@ -377,9 +377,15 @@ gate sleepy {
 /// backend, so at most this many may be lost.
 const LOAD_CONNECTIONS: u64 = 16;
 
-/// Requests of the kill test's load: long enough on a busy 2-core machine
-/// (a debug build of the gate) that the kill falls well inside it.
-const LOAD_REQUESTS: u64 = 10_000;
+/// Requests of the kill test's load: at [`LOAD_RATE`] about ten seconds,
+/// so the kill falls well inside it.
+const LOAD_REQUESTS: u64 = 4_000;
+
+/// Requests a second each of h2load's connections sends at most: the load
+/// must last, not saturate the machine — at full speed it starves the
+/// timing-sensitive tests that run beside it (the overload scenarios'
+/// leases).
+const LOAD_RATE: u64 = 25;
 
 #[test]
 fn a_backend_killed_under_load_loses_at_most_the_requests_in_flight_to_it() {
@@ -618,7 +624,8 @@ fn micros_since_epoch() -> u64 {
 }
 
 /// h2load (HTTP/1.1, [`LOAD_CONNECTIONS`] connections with one request
-/// in flight each, [`LOAD_REQUESTS`] GETs) against the gate, its stdout
+/// in flight each, [`LOAD_REQUESTS`] GETs at [`LOAD_RATE`] a second per
+/// connection) against the gate, its stdout
 /// read line by line; killed when dropped, pass or fail.
 struct Load {
     child: std::process::Child,
@@ -632,6 +639,7 @@ impl Load {
             .arg("--h1")
             .args(["-c", &LOAD_CONNECTIONS.to_string(), "-m", "1", "-t", "1"])
             .args(["-n", &LOAD_REQUESTS.to_string()])
+            .args(["--rps", &LOAD_RATE.to_string()])
             // `:authority` replaces h2load's Host header (a `host:` would
             // be sent beside it).
             .args(["-H", ":authority: load.localhost"])
