@@ -17,13 +17,14 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use cca_model::net::Target;
 use cca_model::spec::{Balance, CircuitBreaker};
 use tokio::time::{Duration, Instant};
 
 use crate::metrics::{BackendMetrics, Metrics};
+use crate::sharded::{Gauge, Shards};
 use crate::upstream::Upstream;
 
 /// The longest ejection, as a multiple of the base.
@@ -36,8 +37,12 @@ pub struct Backend {
     /// What a sticky cookie holds: a hash of the instance, never its name.
     pub token: String,
     hash: u64,
-    in_flight: AtomicU32,
+    in_flight: Gauge,
     health: Mutex<Health>,
+    /// `health` is not the healthy default (a failure counted, an
+    /// ejection, a probe): requests to a healthy backend read this and
+    /// never take the lock.
+    troubled: AtomicBool,
     pub(crate) metrics: BackendMetrics,
     /// The gate's kept-alive connections to it.
     pub(crate) upstream: Arc<Upstream>,
@@ -82,13 +87,14 @@ impl Backend {
                 target.port,
             )))),
             target,
-            in_flight: AtomicU32::new(0),
+            in_flight: Gauge::default(),
             health: Mutex::default(),
+            troubled: AtomicBool::new(false),
         }
     }
 
     pub fn in_flight(&self) -> u32 {
-        self.in_flight.load(Ordering::Relaxed)
+        self.in_flight.get()
     }
 
     pub fn health(&self, now: Instant) -> HealthView {
@@ -106,13 +112,29 @@ impl Backend {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    fn is_troubled(&self) -> bool {
+        self.troubled.load(Ordering::Acquire)
+    }
+
+    /// Changes the health under its lock and keeps `troubled` in step.
+    fn update_health<R>(&self, change: impl FnOnce(&mut Health) -> R) -> R {
+        let mut health = self.lock();
+        let result = change(&mut health);
+        let troubled = health.failures > 0 || health.ejected_until.is_some() || health.probing;
+        self.troubled.store(troubled, Ordering::Release);
+        result
+    }
+
     fn is_ejected(&self, now: Instant) -> bool {
-        self.lock().ejected_until.is_some_and(|until| until > now)
+        self.is_troubled() && self.lock().ejected_until.is_some_and(|until| until > now)
     }
 
     /// Whether a new request may go here now: not ejected, or its
     /// ejection over and no probe in flight.
     fn available(&self, now: Instant) -> bool {
+        if !self.is_troubled() {
+            return true;
+        }
         let health = self.lock();
         match health.ejected_until {
             None => true,
@@ -122,10 +144,14 @@ impl Backend {
 
     /// Takes the probe slot of a backend whose ejection is over.
     fn claim(&self, now: Instant) {
-        let mut health = self.lock();
-        if health.ejected_until.is_some_and(|until| until <= now) {
-            health.probing = true;
+        if !self.is_troubled() {
+            return;
         }
+        self.update_health(|health| {
+            if health.ejected_until.is_some_and(|until| until <= now) {
+                health.probing = true;
+            }
+        });
     }
 }
 
@@ -142,18 +168,22 @@ pub struct Pool {
     pub wakeable: bool,
     /// When the service last got a request through this gate node.
     pub last_request: Arc<std::sync::atomic::AtomicI64>,
-    cursor: AtomicUsize,
+    /// Where round-robin starts, and each thread's turn from there.
+    start: usize,
+    turns: Shards<AtomicUsize>,
 }
 
 /// A request's claim on a backend: counts as in flight until dropped.
 #[derive(Debug)]
 pub struct Lease {
     pub backend: Arc<Backend>,
+    /// The shard of `in_flight` it was counted on.
+    shard: usize,
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        self.backend.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.backend.in_flight.dec(self.shard);
     }
 }
 
@@ -181,7 +211,8 @@ impl Pool {
             service_known,
             wakeable: false,
             last_request: Arc::default(),
-            cursor: AtomicUsize::new(start),
+            start,
+            turns: Shards::default(),
         }
     }
 
@@ -232,7 +263,7 @@ impl Pool {
                 .max_by_key(|b| mix(key ^ b.hash));
         }
         let n = candidates.len();
-        let start = self.cursor.fetch_add(1, Ordering::Relaxed);
+        let start = self.start + self.turns.local().fetch_add(1, Ordering::Relaxed);
         let mut in_turn = (0..n)
             .map(|k| &candidates[(start + k) % n])
             .filter(|b| usable(b));
@@ -256,50 +287,68 @@ impl Pool {
         breaker: &CircuitBreaker,
         now: Instant,
     ) {
-        let ejected_now = self
-            .backends
-            .iter()
-            .filter(|b| !std::ptr::eq(&***b, backend) && b.is_ejected(now))
-            .count();
-        let allowed = (self.backends.len() * breaker.max_ejected.0 as usize / 100).max(1);
-        let mut health = backend.lock();
-        let probing = std::mem::take(&mut health.probing);
-        match outcome {
-            Outcome::Success => {
-                health.failures = 0;
-                if probing || health.ejected_until.is_some_and(|until| until <= now) {
-                    health.ejected_until = None;
-                    health.ejections = 0;
-                }
-            }
-            Outcome::Failure => {
-                health.failures += 1;
-                let due = probing || health.failures >= breaker.failures.max(1);
-                if due && ejected_now < allowed {
-                    health.ejections += 1;
-                    let factor = 1u32
-                        .checked_shl(health.ejections - 1)
-                        .unwrap_or(u32::MAX)
-                        .min(MAX_EJECTION_FACTOR);
-                    let ejection = Duration::from_millis(breaker.ejection.0) * factor;
-                    health.ejected_until = Some(now + ejection);
-                    health.failures = 0;
-                    backend.metrics.ejections.inc();
-                    tracing::warn!(
-                        service = %self.service,
-                        instance = %backend.target.instance,
-                        seconds = ejection.as_secs_f64(),
-                        "ejecting a failing gate backend"
-                    );
-                }
-            }
+        if outcome == Outcome::Success && !backend.is_troubled() {
+            // Healthy and still healthy: nothing to change.
+            return;
         }
+        let ejected_now = match outcome {
+            Outcome::Success => 0,
+            Outcome::Failure => self
+                .backends
+                .iter()
+                .filter(|b| !std::ptr::eq(&***b, backend) && b.is_ejected(now))
+                .count(),
+        };
+        let allowed = (self.backends.len() * breaker.max_ejected.0 as usize / 100).max(1);
+        backend.update_health(|health| {
+            let probing = std::mem::take(&mut health.probing);
+            match outcome {
+                Outcome::Success => {
+                    health.failures = 0;
+                    if probing || health.ejected_until.is_some_and(|until| until <= now) {
+                        health.ejected_until = None;
+                        health.ejections = 0;
+                    }
+                }
+                Outcome::Failure => {
+                    health.failures += 1;
+                    let due = probing || health.failures >= breaker.failures.max(1);
+                    if due && ejected_now < allowed {
+                        self.eject(backend, health, breaker, now);
+                    }
+                }
+            }
+        });
+    }
+
+    fn eject(
+        &self,
+        backend: &Backend,
+        health: &mut Health,
+        breaker: &CircuitBreaker,
+        now: Instant,
+    ) {
+        health.ejections += 1;
+        let factor = 1u32
+            .checked_shl(health.ejections - 1)
+            .unwrap_or(u32::MAX)
+            .min(MAX_EJECTION_FACTOR);
+        let ejection = Duration::from_millis(breaker.ejection.0) * factor;
+        health.ejected_until = Some(now + ejection);
+        health.failures = 0;
+        backend.metrics.ejections.inc();
+        tracing::warn!(
+            service = %self.service,
+            instance = %backend.target.instance,
+            seconds = ejection.as_secs_f64(),
+            "ejecting a failing gate backend"
+        );
     }
 }
 
 fn lease(backend: &Arc<Backend>) -> Lease {
-    backend.in_flight.fetch_add(1, Ordering::Relaxed);
     Lease {
+        shard: backend.in_flight.inc(),
         backend: Arc::clone(backend),
     }
 }

@@ -6,6 +6,7 @@
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
 
 use cca_model::spec::{SameSite, Sticky};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -70,43 +71,87 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
 /// Removes hop-by-hop headers, those the `Connection` header names
 /// included; an upgrade keeps `Connection: upgrade` and `Upgrade`.
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
-    // Most messages carry none: one pass over the names settles it.
-    let carries_any = headers
-        .keys()
-        .any(|name| name == header::UPGRADE || HOP_BY_HOP.contains(name));
-    if carries_any {
-        let named: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|token| HeaderName::from_bytes(token.trim().as_bytes()).ok())
-            .filter(|name| name != header::UPGRADE)
-            .collect();
-        for name in named {
+    // Most messages carry few: one pass over the names says which.
+    let mut present = 0u16;
+    for name in headers.keys() {
+        if let Some(bit) = hop_by_hop_bit(name) {
+            present |= bit;
+        }
+    }
+    if present & CONNECTION_BIT != 0 {
+        // Owned copies (cheap: shared bytes) so the map can change; a
+        // second `Connection` line is rare, and an empty Vec allocates
+        // nothing.
+        let mut listed = headers.get_all(header::CONNECTION).iter().cloned();
+        let first = listed.next();
+        let rest: Vec<HeaderValue> = listed.collect();
+        for value in first.iter().chain(&rest) {
+            remove_listed(headers, value);
+        }
+    }
+    for (index, name) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << index) != 0 {
             headers.remove(name);
         }
-        for name in &HOP_BY_HOP {
-            headers.remove(name);
-        }
-        if !upgrade {
-            headers.remove(header::UPGRADE);
-        }
+    }
+    if !upgrade && present & UPGRADE_BIT != 0 {
+        headers.remove(header::UPGRADE);
     }
     if upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     }
 }
 
+/// `Connection` is the first of [`HOP_BY_HOP`].
+const CONNECTION_BIT: u16 = 1;
+const UPGRADE_BIT: u16 = 1 << HOP_BY_HOP.len();
+
+/// The bit of a hop-by-hop name: its place in [`HOP_BY_HOP`], or
+/// [`UPGRADE_BIT`]. Standard names compare as numbers; only a name as
+/// long as a custom one on the list has its bytes compared.
+fn hop_by_hop_bit(name: &HeaderName) -> Option<u16> {
+    if name == header::UPGRADE {
+        return Some(UPGRADE_BIT);
+    }
+    let length = name.as_str().len();
+    HOP_BY_HOP
+        .iter()
+        .position(|listed| listed.as_str().len() == length && listed == name)
+        .map(|index| 1 << index)
+}
+
+/// Removes the headers a `Connection` value names, but `Upgrade` (which
+/// the caller settles) and the ones every message loses anyway.
+fn remove_listed(headers: &mut HeaderMap, connection: &HeaderValue) {
+    let Ok(connection) = connection.to_str() else {
+        return;
+    };
+    for token in connection.split(',').map(str::trim) {
+        let settled = token.is_empty()
+            || token.eq_ignore_ascii_case("close")
+            || token.eq_ignore_ascii_case(header::UPGRADE.as_str())
+            || HOP_BY_HOP
+                .iter()
+                .any(|name| token.eq_ignore_ascii_case(name.as_str()));
+        if !settled {
+            // By `&str`: looked up without allocating a name.
+            headers.remove(token);
+        }
+    }
+}
+
 /// A client's address as the forwarding headers write it, worked out once
 /// per connection.
-#[derive(Clone, Debug)]
+#[derive(Debug)]
 pub struct ClientAddress {
     pub address: SocketAddr,
     /// For `X-Forwarded-For`.
     listed: HeaderValue,
     /// For `Forwarded: for=` (an IPv6 address quoted and bracketed).
     node: String,
+    /// The `Forwarded` value last written, for its scheme and host (a
+    /// connection's requests are nearly always for one host).
+    last_forwarded: Mutex<Option<(&'static str, HeaderValue, HeaderValue)>>,
 }
 
 impl ClientAddress {
@@ -122,7 +167,32 @@ impl ClientAddress {
             address,
             listed,
             node,
+            last_forwarded: Mutex::new(None),
         }
+    }
+
+    /// This client's `Forwarded` element for `scheme` and `host`.
+    fn forwarded(&self, scheme: &'static str, host: &HeaderValue) -> Option<HeaderValue> {
+        let mut last = self
+            .last_forwarded
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((last_scheme, last_host, value)) = &*last
+            && *last_scheme == scheme
+            && last_host == host
+        {
+            return Some(value.clone());
+        }
+        let mut value = String::with_capacity(64);
+        value.push_str("for=");
+        value.push_str(&self.node);
+        value.push_str(";proto=");
+        value.push_str(scheme);
+        value.push_str(";host=");
+        push_quoted_if_needed(&mut value, host.to_str().unwrap_or_default());
+        let value = HeaderValue::from_str(&value).ok()?;
+        *last = Some((scheme, host.clone(), value.clone()));
+        Some(value)
     }
 }
 
@@ -150,19 +220,17 @@ pub fn add_forwarded(headers: &mut HeaderMap, origin: Origin<'_>) {
             headers.insert(X_FORWARDED_FOR, client.listed.clone());
         }
     }
-    let host = origin.host.to_str().unwrap_or_default();
-    let mut forwarded = String::with_capacity(64);
-    if let Some(earlier) = existing(headers, &header::FORWARDED) {
-        forwarded.push_str(earlier);
-        forwarded.push_str(", ");
+    if let Some(own) = client.forwarded(origin.scheme, origin.host) {
+        match existing(headers, &header::FORWARDED) {
+            Some(earlier) => {
+                let joined = format!("{earlier}, {}", own.to_str().unwrap_or_default());
+                set(headers, header::FORWARDED, joined);
+            }
+            None => {
+                headers.insert(header::FORWARDED, own);
+            }
+        }
     }
-    forwarded.push_str("for=");
-    forwarded.push_str(&client.node);
-    forwarded.push_str(";proto=");
-    forwarded.push_str(origin.scheme);
-    forwarded.push_str(";host=");
-    push_quoted_if_needed(&mut forwarded, host);
-    set(headers, header::FORWARDED, forwarded);
     headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(origin.scheme));
     headers.insert(X_FORWARDED_HOST, origin.host.clone());
     if !headers.contains_key(header::HOST) {

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::cache::Cache;
 use crate::metrics::{GateMetrics, Metrics};
+use crate::sharded;
 use crate::upstream::UpstreamSettings;
 
 /// Idle keep-alive connections kept per backend.
@@ -40,6 +41,8 @@ pub struct GateState {
     pub(crate) metrics: GateMetrics,
     per_client: Option<DefaultKeyedRateLimiter<IpAddr>>,
     per_gate: Option<DefaultDirectRateLimiter>,
+    /// First tries, ever; the budget's window reads how many were its own.
+    requests: sharded::Counter,
     budget: Mutex<Budget>,
     /// Requests held while a service wakes.
     holding: std::sync::Arc<std::sync::atomic::AtomicU32>,
@@ -58,7 +61,8 @@ impl Drop for Held {
 #[derive(Debug)]
 struct Budget {
     since: Instant,
-    requests: u64,
+    /// The request count when the window began.
+    requests_before: u64,
     retries: u64,
 }
 
@@ -95,9 +99,10 @@ impl GateState {
                 .per_client
                 .map(|rate| RateLimiter::keyed(quota(rate))),
             per_gate: limits.per_gate.map(|rate| RateLimiter::direct(quota(rate))),
+            requests: sharded::Counter::default(),
             budget: Mutex::new(Budget {
                 since: Instant::now(),
-                requests: 0,
+                requests_before: 0,
                 retries: 0,
             }),
             holding: std::sync::Arc::default(),
@@ -149,9 +154,7 @@ impl GateState {
 
     /// Counts a first try against the retry budget's window.
     pub fn count_request(&self) {
-        let mut budget = self.lock_budget();
-        budget.roll(Instant::now());
-        budget.requests += 1;
+        self.requests.inc();
     }
 
     /// Whether a failed request that was retried `retries_made` times may
@@ -161,9 +164,11 @@ impl GateState {
         if retries_made >= self.retries.attempts {
             return false;
         }
+        let requests = self.requests.get();
         let mut budget = self.lock_budget();
-        budget.roll(Instant::now());
-        let allowed = (budget.requests * u64::from(self.retries.budget.0) / 100).max(BUDGET_FLOOR);
+        budget.roll(Instant::now(), requests);
+        let in_window = requests.saturating_sub(budget.requests_before);
+        let allowed = (in_window * u64::from(self.retries.budget.0) / 100).max(BUDGET_FLOOR);
         if budget.retries >= allowed {
             return false;
         }
@@ -180,10 +185,10 @@ impl GateState {
 }
 
 impl Budget {
-    fn roll(&mut self, now: Instant) {
+    fn roll(&mut self, now: Instant, requests: u64) {
         if now.duration_since(self.since) >= BUDGET_WINDOW {
             self.since = now;
-            self.requests = 0;
+            self.requests_before = requests;
             self.retries = 0;
         }
     }

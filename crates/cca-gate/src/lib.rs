@@ -21,6 +21,7 @@ pub mod gate_state;
 pub mod metrics;
 pub mod proxy;
 pub mod server;
+pub mod sharded;
 pub mod table;
 pub mod traffic;
 pub mod upstream;

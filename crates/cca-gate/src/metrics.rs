@@ -2,7 +2,9 @@
 //! status class and their latency, plus ejections, retries, rate-limited
 //! and cached answers, cold starts, and open connections. A request updates
 //! handles its gate and backend resolved once (no label lookup per
-//! request); a backend's series go when the backend leaves every pool.
+//! request), and what every request updates is [`crate::sharded`] (no
+//! cache line shared by the worker threads); a backend's series go when
+//! the backend leaves every pool.
 
 use std::sync::Mutex;
 
@@ -11,8 +13,9 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::sharded::{self, Histogram};
 
 /// The classes a status is counted under; "error" is a request that got
 /// no response from the backend at all.
@@ -44,25 +47,20 @@ pub struct BackendClass {
     pub class: &'static str,
 }
 
-fn latency_histogram() -> Histogram {
-    // 100 µs … ~52 s
-    Histogram::new(exponential_buckets(0.000_1, 2.0, 20))
-}
-
-type Histograms<L> = Family<L, Histogram, fn() -> Histogram>;
+type Histograms<L> = Family<L, Histogram>;
 
 /// Every gate metric of one gate node.
 #[derive(Debug)]
 pub struct Metrics {
     registry: Mutex<Registry>,
-    requests: Family<GateClass, Counter>,
+    requests: Family<GateClass, sharded::Counter>,
     request_seconds: Histograms<GateLabel>,
     retries: Family<GateLabel, Counter>,
     rate_limited: Family<GateLabel, Counter>,
     cache_hits: Family<GateLabel, Counter>,
     cold_starts: Family<GateLabel, Counter>,
     cold_start_seconds: Histograms<GateLabel>,
-    backend_requests: Family<BackendClass, Counter>,
+    backend_requests: Family<BackendClass, sharded::Counter>,
     backend_seconds: Histograms<BackendLabel>,
     ejections: Family<BackendLabel, Counter>,
     pub unknown_host: Counter,
@@ -74,14 +72,14 @@ impl Default for Metrics {
         let metrics = Self {
             registry: Mutex::new(Registry::with_prefix("cca_gate")),
             requests: Family::default(),
-            request_seconds: Family::new_with_constructor(latency_histogram),
+            request_seconds: Family::default(),
             retries: Family::default(),
             rate_limited: Family::default(),
             cache_hits: Family::default(),
             cold_starts: Family::default(),
-            cold_start_seconds: Family::new_with_constructor(latency_histogram),
+            cold_start_seconds: Family::default(),
             backend_requests: Family::default(),
-            backend_seconds: Family::new_with_constructor(latency_histogram),
+            backend_seconds: Family::default(),
             ejections: Family::default(),
             unknown_host: Counter::default(),
             connections: Gauge::default(),
@@ -235,7 +233,7 @@ pub fn class_index(status: Option<u16>) -> usize {
 /// One gate's handles.
 #[derive(Clone, Debug)]
 pub(crate) struct GateMetrics {
-    pub by_class: [Counter; 6],
+    pub by_class: [sharded::Counter; 6],
     pub seconds: Histogram,
     pub retries: Counter,
     pub rate_limited: Counter,
@@ -247,12 +245,12 @@ pub(crate) struct GateMetrics {
 /// One backend's handles.
 #[derive(Debug)]
 pub(crate) struct BackendMetrics {
-    pub by_class: [Counter; 6],
+    pub by_class: [sharded::Counter; 6],
     pub seconds: Histogram,
     pub ejections: Counter,
     label: BackendLabel,
     families: (
-        Family<BackendClass, Counter>,
+        Family<BackendClass, sharded::Counter>,
         Histograms<BackendLabel>,
         Family<BackendLabel, Counter>,
     ),

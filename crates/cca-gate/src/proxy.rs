@@ -12,7 +12,8 @@
 use std::borrow::Cow;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -44,28 +45,61 @@ pub type Body = UnsyncBoxBody<Bytes, hyper::Error>;
 /// ready backend again.
 const RETRY_AFTER_SECS: u64 = 5;
 
-/// One client connection as its requests see it.
+/// One client connection as its requests see it: who it is, the proxy
+/// that answers it, and the route table its requests last used.
 #[derive(Debug)]
 pub struct Peer {
     pub client: SocketAddr,
     /// The connection is TLS (the request came in over HTTPS).
     pub tls: bool,
     pub activity: Arc<Activity>,
+    proxy: Arc<Proxy>,
     /// The client's address as the forwarding headers write it.
     address: forward::ClientAddress,
     /// The key `source-ip` affinity hashes.
     address_hash: u64,
+    table: Mutex<Arc<Snapshot>>,
+}
+
+/// A route table as one connection holds it. A request takes the
+/// connection's own reference: taking the table itself would write its
+/// reference count, a cache line every request on every thread shares.
+#[derive(Debug)]
+struct Snapshot {
+    generation: u64,
+    table: Arc<RouteTable>,
 }
 
 impl Peer {
-    pub fn new(client: SocketAddr, tls: bool, activity: Arc<Activity>) -> Self {
+    pub fn new(proxy: Arc<Proxy>, client: SocketAddr, tls: bool, activity: Arc<Activity>) -> Self {
+        let snapshot = proxy.snapshot();
         Self {
             client,
             tls,
             activity,
+            proxy,
             address: forward::ClientAddress::new(client),
             address_hash: hash64(client.ip().to_string().as_bytes()),
+            table: Mutex::new(Arc::new(snapshot)),
         }
+    }
+
+    /// Answers one request.
+    pub async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+        self.proxy.handle(request, self).await
+    }
+
+    /// The current route table, through the connection's own reference.
+    fn table(&self) -> Arc<Snapshot> {
+        let generation = self.proxy.generation.load(Ordering::Acquire);
+        let mut held = self
+            .table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if held.generation != generation {
+            *held = Arc::new(self.proxy.snapshot());
+        }
+        Arc::clone(&held)
     }
 }
 
@@ -84,6 +118,9 @@ pub struct ProxyOptions {
 pub struct Proxy {
     /// Requests held for a waking service wait for the next table.
     tables: watch::Sender<Arc<RouteTable>>,
+    /// Counts table replacements, so a connection knows when its own
+    /// reference is stale without reading `tables`.
+    generation: AtomicU64,
     pub(crate) metrics: Arc<Metrics>,
     options: ProxyOptions,
     traffic: Arc<Traffic>,
@@ -94,6 +131,7 @@ impl Proxy {
     pub fn new(metrics: Arc<Metrics>, traffic: Arc<Traffic>, options: ProxyOptions) -> Self {
         Self {
             tables: watch::Sender::new(Arc::default()),
+            generation: AtomicU64::new(0),
             metrics,
             options,
             traffic,
@@ -110,6 +148,7 @@ impl Proxy {
     /// Serves `table` from the next request on.
     pub fn replace_table(&self, table: RouteTable) {
         self.tables.send_replace(Arc::new(table));
+        self.generation.fetch_add(1, Ordering::Release);
     }
 
     /// The table requests use now.
@@ -117,8 +156,16 @@ impl Proxy {
         Arc::clone(&self.tables.borrow())
     }
 
-    /// Answers one request.
-    pub async fn handle(&self, request: Request<Incoming>, peer: &Peer) -> Response<Body> {
+    fn snapshot(&self) -> Snapshot {
+        // Read first: a table replaced in between is caught next time.
+        let generation = self.generation.load(Ordering::Acquire);
+        Snapshot {
+            generation,
+            table: self.table(),
+        }
+    }
+
+    async fn handle(&self, request: Request<Incoming>, peer: &Peer) -> Response<Body> {
         let busy = peer.activity.begin();
         let response = self.answer(request, peer).await;
         response.map(|body| {
@@ -132,7 +179,8 @@ impl Proxy {
 
     async fn answer(&self, request: Request<Incoming>, peer: &Peer) -> Response<Body> {
         let started = Instant::now();
-        let table = self.table();
+        let snapshot = peer.table();
+        let table = &snapshot.table;
         let gate = forward::request_host(request.uri(), request.headers())
             .and_then(|host| table.gate_for(&host));
         let Some(gate) = gate else {
@@ -159,7 +207,7 @@ impl Proxy {
         let status = response.status().as_u16();
         gate.state.metrics.by_class[class_index(Some(status))].inc();
         let elapsed = started.elapsed();
-        gate.state.metrics.seconds.observe(elapsed.as_secs_f64());
+        gate.state.metrics.seconds.observe(elapsed);
         if let Some((method, host, path)) = logged {
             tracing::info!(
                 target: "cca_gate::access",
@@ -216,24 +264,25 @@ impl Proxy {
         let store = cached
             .filter(|_| request.method() == Method::GET)
             .map(|(_, key)| (key, request.headers().clone()));
-        let mut pool = Arc::clone(gate.pool_for(request.uri().path()));
-        pool.last_request
-            .store(traffic::now_millis(), std::sync::atomic::Ordering::Relaxed);
+        let mut pool: &Pool = gate.pool_for(request.uri().path());
+        traffic::stamp(&pool.last_request);
         let mut waited = None;
+        let woken;
         if pool.backends.is_empty() && pool.wakeable {
             match self
-                .wake_and_hold(gate, &pool, request.uri(), request.headers())
+                .wake_and_hold(gate, pool, request.uri(), request.headers())
                 .await
             {
-                Ok((woken, took)) => {
-                    pool = woken;
+                Ok((new_pool, took)) => {
+                    woken = new_pool;
+                    pool = &woken;
                     waited = Some(took);
                 }
                 Err(refused) => return refused,
             }
         }
         gate.state.count_request();
-        let mut response = self.forward(gate, &pool, request, peer).await;
+        let mut response = self.forward(gate, pool, request, peer).await;
         if let Some(took) = waited {
             response
                 .headers_mut()
@@ -293,10 +342,7 @@ impl Proxy {
             if let Some(woken) = woken {
                 let took = started.elapsed();
                 gate.state.metrics.cold_starts.inc();
-                gate.state
-                    .metrics
-                    .cold_start_seconds
-                    .observe(took.as_secs_f64());
+                gate.state.metrics.cold_start_seconds.observe(took);
                 return Ok((woken, took));
             }
             // Wake again each second: a lost call must not strand us.
@@ -400,8 +446,7 @@ impl Proxy {
                 backend.upstream.send(outgoing, gate.state.upstream),
             )
             .await;
-            let elapsed = sent.elapsed().as_secs_f64();
-            backend.metrics.seconds.observe(elapsed);
+            backend.metrics.seconds.observe(sent.elapsed());
             let failure = match result {
                 Ok(Ok(response)) => {
                     let status = response.status();

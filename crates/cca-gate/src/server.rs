@@ -332,12 +332,15 @@ async fn serve_http<I>(
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
-    let peer = Arc::new(Peer::new(client, tls, Arc::clone(&activity)));
-    let service_proxy = Arc::clone(proxy);
+    let peer = Arc::new(Peer::new(
+        Arc::clone(proxy),
+        client,
+        tls,
+        Arc::clone(&activity),
+    ));
     let service = service_fn(move |request| {
-        let proxy = Arc::clone(&service_proxy);
         let peer = Arc::clone(&peer);
-        async move { Ok::<_, Infallible>(proxy.handle(request, &peer).await) }
+        async move { Ok::<_, Infallible>(peer.handle(request).await) }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder

@@ -90,6 +90,19 @@ impl Traffic {
     }
 }
 
+/// A service's clock is set at most this often: every request reading it
+/// is cheap, every request writing it would bounce its cache line between
+/// the worker threads, and idle windows are minutes long.
+const STAMP_GRAIN_MS: i64 = 250;
+
+/// Marks a request to a service on its clock (to [`STAMP_GRAIN_MS`]).
+pub fn stamp(clock: &AtomicI64) {
+    let now = now_millis();
+    if now - clock.load(Ordering::Relaxed) >= STAMP_GRAIN_MS {
+        clock.store(now, Ordering::Relaxed);
+    }
+}
+
 /// Milliseconds since the epoch, for a service's clock.
 pub fn now_millis() -> i64 {
     cca_model::clock::system_now()
