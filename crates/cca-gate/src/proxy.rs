@@ -441,14 +441,18 @@ impl Proxy {
             };
             let sent = Instant::now();
             let timeout = Duration::from_millis(spec.timeouts.response.0);
-            let result = tokio::time::timeout(
-                timeout,
-                backend.upstream.send(outgoing, gate.state.upstream),
-            )
-            .await;
+            let result = peer
+                .activity
+                .within(
+                    timeout,
+                    backend
+                        .upstream
+                        .send(outgoing, gate.state.upstream, upgrade),
+                )
+                .await;
             backend.metrics.seconds.observe(sent.elapsed());
             let failure = match result {
-                Ok(Ok(response)) => {
+                Some(Ok(response)) => {
                     let status = response.status();
                     backend.metrics.by_class[class_index(Some(status.as_u16()))].inc();
                     let failed = matches!(status.as_u16(), 502..=504);
@@ -469,7 +473,7 @@ impl Proxy {
                     }
                     pass_through(response)
                 }
-                Ok(Err(error)) => {
+                Some(Err(error)) => {
                     backend.metrics.by_class[class_index(None)].inc();
                     pool.record(
                         &backend,
@@ -486,7 +490,7 @@ impl Proxy {
                         ),
                     )
                 }
-                Err(_) => {
+                None => {
                     backend.metrics.by_class[class_index(None)].inc();
                     pool.record(
                         &backend,

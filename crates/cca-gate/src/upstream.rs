@@ -1,25 +1,36 @@
 //! The gate's connections to one backend: kept-alive HTTP/1.1 connections
-//! driven with hyper's connection API (each served by a task of its own)
-//! and a stack of the idle ones, reused newest first so that the warm
-//! connections stay in use and the others age out. A connection goes back
-//! on the stack once the response it carried has been read to its end
-//! (one whose body was abandoned half-way is closed instead). A connection
-//! the backend closed while it sat idle is noticed before use; in the race
-//! where the backend closes it just as a request goes out, hyper hands the
-//! request back unsent and it goes out on another connection.
+//! driven with hyper's connection API, and a stack of the idle ones,
+//! reused newest first so that the warm connections stay in use and the
+//! others age out. A connection goes back on the stack once the response
+//! it carried has been read to its end (one whose body was abandoned
+//! half-way is closed instead). A connection the backend closed while it
+//! sat idle is noticed before use; in the race where the backend closes it
+//! just as a request goes out, hyper hands the request back unsent and it
+//! goes out on another connection.
+//!
+//! A connection has no task of its own: the request using it drives it
+//! (writes the request, reads the response) from the task that serves the
+//! client, and the response body drives it as the client's connection
+//! reads. A task per connection cost every request two wake-ups of other
+//! tasks — often on the other core, often waking a parked worker thread —
+//! which on a busy gate node was as much work as the proxying itself.
+//! Upgrades (WebSocket) are the exception: their connections run in a
+//! task, since the tunnel outlives the request.
 //!
 //! This replaces a general-purpose pooled client: a gate knows its
 //! backends' addresses, needs no DNS, proxy or TLS to them, and gains from
 //! a checkout that is one uncontended lock and a pop.
 
+use std::future::{Future, poll_fn};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper::client::conn::TrySendError;
 use hyper::client::conn::http1::{self, SendRequest};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
@@ -79,8 +90,84 @@ pub struct Upstream {
 
 #[derive(Debug)]
 struct Idle {
-    sender: SendRequest<Body>,
+    connection: Driven,
     since: Instant,
+}
+
+type Connection = http1::Connection<TokioIo<TcpStream>, Body>;
+
+/// A connection and the handle its requests go through, polled by
+/// whichever request or body uses it.
+struct Driven {
+    sender: SendRequest<Body>,
+    /// `None` once it finished (closed or failed): dropping it hands back
+    /// any request it had not sent.
+    connection: Option<Pin<Box<Connection>>>,
+}
+
+impl std::fmt::Debug for Driven {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Driven")
+            .field("ended", &self.connection.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Driven {
+    fn new(sender: SendRequest<Body>, connection: Connection) -> Self {
+        Self {
+            sender,
+            connection: Some(Box::pin(connection)),
+        }
+    }
+
+    /// Lets the connection do what IO it can: write a request, read a
+    /// response, notice the backend closed it.
+    fn drive(&mut self, cx: &mut Context<'_>) {
+        drive(&mut self.connection, cx);
+    }
+
+    /// Ready for a request (`false`: it is closed).
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
+        self.drive(cx);
+        if self.connection.is_none() {
+            return Poll::Ready(false);
+        }
+        self.sender.poll_ready(cx).map(|ready| ready.is_ok())
+    }
+
+    /// Whether it is still open, as far as it knows without waiting.
+    fn is_open(&mut self) -> bool {
+        self.drive(&mut Context::from_waker(Waker::noop()));
+        self.connection.is_some() && !self.sender.is_closed()
+    }
+
+    /// Sends `request` and waits for the response's head, driving the
+    /// connection meanwhile.
+    async fn exchange(
+        &mut self,
+        request: Request<Body>,
+    ) -> Result<Response<Incoming>, TrySendError<Request<Body>>> {
+        let Self { sender, connection } = self;
+        let mut response = std::pin::pin!(sender.try_send_request(request));
+        poll_fn(|cx| {
+            if let Poll::Ready(answered) = response.as_mut().poll(cx) {
+                return Poll::Ready(answered);
+            }
+            drive(connection, cx);
+            response.as_mut().poll(cx)
+        })
+        .await
+    }
+}
+
+/// Polls `connection` unless it finished, and drops it when it does.
+fn drive(connection: &mut Option<Pin<Box<Connection>>>, cx: &mut Context<'_>) {
+    if let Some(running) = connection
+        && running.as_mut().poll(cx).is_ready()
+    {
+        *connection = None;
+    }
 }
 
 impl Upstream {
@@ -92,42 +179,65 @@ impl Upstream {
     }
 
     /// Sends `request` (origin-form URI, `Host` set) and returns the
-    /// response, whose body hands the connection back when it ends.
+    /// response, whose body hands the connection back when it ends. An
+    /// `upgrade` goes out on a connection of its own.
     pub async fn send(
         self: &Arc<Self>,
         mut request: Request<Body>,
         settings: UpstreamSettings,
+        upgrade: bool,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        while let Some(mut sender) = self.checkout(settings.idle) {
-            if !sender.is_ready() {
-                // The connection is still finishing its last response.
-                let ready = tokio::time::timeout(settings.connect, sender.ready()).await;
-                if !matches!(ready, Ok(Ok(()))) {
-                    continue;
-                }
+        if upgrade {
+            return self.send_upgrade(request, settings).await;
+        }
+        while let Some(mut connection) = self.checkout(settings.idle) {
+            if !connection.ready(settings.connect).await {
+                continue;
             }
-            match sender.try_send_request(request).await {
-                Ok(response) => return Ok(self.returning(response, sender, settings)),
+            match connection.exchange(request).await {
+                Ok(response) => return Ok(self.returning(response, connection, settings)),
                 Err(mut failed) => match failed.take_message() {
                     Some(unsent) => request = unsent,
                     None => return Err(UpstreamError::Exchange(failed.into_error())),
                 },
             }
         }
-        let mut sender = self.connect(settings.connect).await?;
+        let (sender, connection) = self.connect(settings.connect).await?;
+        let mut connection = Driven::new(sender, connection);
+        match connection.exchange(request).await {
+            Ok(response) => Ok(self.returning(response, connection, settings)),
+            Err(failed) => Err(UpstreamError::Exchange(failed.into_error())),
+        }
+    }
+
+    /// An upgrade on a new connection, run by a task of its own so that
+    /// it can be handed to the tunnel.
+    async fn send_upgrade(
+        &self,
+        request: Request<Body>,
+        settings: UpstreamSettings,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let (mut sender, connection) = self.connect(settings.connect).await?;
+        let address = self.address;
+        tokio::spawn(async move {
+            if let Err(error) = connection.with_upgrades().await {
+                tracing::debug!(%address, %error, "a gate connection to a backend ended with an error");
+            }
+        });
         let response = sender
             .send_request(request)
             .await
             .map_err(UpstreamError::Exchange)?;
-        Ok(self.returning(response, sender, settings))
+        Ok(response.map(|body| UpstreamBody { body, lent: None }))
     }
 
     /// Closes idle connections older than `idle` and those the backend
     /// closed.
     pub fn sweep(&self, idle: Duration) {
         let now = Instant::now();
-        self.lock()
-            .retain(|entry| now.duration_since(entry.since) < idle && !entry.sender.is_closed());
+        self.lock().retain_mut(|entry| {
+            now.duration_since(entry.since) < idle && entry.connection.is_open()
+        });
     }
 
     /// Idle connections kept now.
@@ -141,32 +251,35 @@ impl Upstream {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// The newest idle connection that is still open and young enough.
-    fn checkout(&self, idle: Duration) -> Option<SendRequest<Body>> {
+    /// The newest idle connection that is young enough.
+    fn checkout(&self, idle: Duration) -> Option<Driven> {
         let now = Instant::now();
         let mut stack = self.lock();
         while let Some(entry) = stack.pop() {
-            if !entry.sender.is_closed() && now.duration_since(entry.since) < idle {
-                return Some(entry.sender);
+            if now.duration_since(entry.since) < idle {
+                return Some(entry.connection);
             }
         }
         None
     }
 
-    fn give_back(&self, sender: SendRequest<Body>, max_idle: usize) {
-        if sender.is_closed() {
+    fn give_back(&self, connection: Driven, max_idle: usize) {
+        if connection.connection.is_none() || connection.sender.is_closed() {
             return;
         }
         let mut stack = self.lock();
         if stack.len() < max_idle {
             stack.push(Idle {
-                sender,
+                connection,
                 since: Instant::now(),
             });
         }
     }
 
-    async fn connect(&self, timeout: Duration) -> Result<SendRequest<Body>, UpstreamError> {
+    async fn connect(
+        &self,
+        timeout: Duration,
+    ) -> Result<(SendRequest<Body>, Connection), UpstreamError> {
         let address = self.address;
         let stream = match tokio::time::timeout(timeout, TcpStream::connect(address)).await {
             Ok(Ok(stream)) => stream,
@@ -179,30 +292,29 @@ impl Upstream {
             }
         };
         let _ = stream.set_nodelay(true);
-        let (sender, connection) = http1::Builder::new()
+        http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|source| UpstreamError::Handshake { address, source })?;
-        tokio::spawn(async move {
-            if let Err(error) = connection.with_upgrades().await {
-                tracing::debug!(%address, %error, "a gate connection to a backend ended with an error");
-            }
-        });
-        Ok(sender)
+            .map_err(|source| UpstreamError::Handshake { address, source })
     }
 
     fn returning(
         self: &Arc<Self>,
         response: Response<Incoming>,
-        sender: SendRequest<Body>,
+        connection: Driven,
         settings: UpstreamSettings,
     ) -> Response<UpstreamBody> {
-        // An upgraded connection belongs to its tunnel from now on.
+        // A 101 to a request that did not ask for one leaves the
+        // connection in no state to reuse.
         let reusable = response.status() != StatusCode::SWITCHING_PROTOCOLS;
         response.map(|body| {
             let mut body = UpstreamBody {
                 body,
-                lent: reusable.then(|| (sender, Arc::clone(self), settings.max_idle)),
+                lent: reusable.then(|| Lent {
+                    connection,
+                    upstream: Arc::clone(self),
+                    max_idle: settings.max_idle,
+                }),
             };
             if body.body.is_end_stream() {
                 body.give_back();
@@ -212,19 +324,48 @@ impl Upstream {
     }
 }
 
-/// A backend response's body; its connection goes back to the idle stack
-/// when the body ends.
+impl Driven {
+    /// Waits (up to `timeout`) for the connection to take a request;
+    /// `false`: it closed, or is still busy with its last response.
+    async fn ready(&mut self, timeout: Duration) -> bool {
+        // Nearly always ready at once: no timer for that.
+        if let Poll::Ready(ready) = poll_fn(|cx| Poll::Ready(self.poll_ready(cx))).await {
+            return ready;
+        }
+        tokio::time::timeout(timeout, poll_fn(|cx| self.poll_ready(cx)))
+            .await
+            .unwrap_or(false)
+    }
+}
+
+/// A connection on loan to a response body.
+#[derive(Debug)]
+struct Lent {
+    connection: Driven,
+    upstream: Arc<Upstream>,
+    max_idle: usize,
+}
+
+/// A backend response's body. It drives its connection as it is read,
+/// and hands the connection back to the idle stack when it ends.
 #[derive(Debug)]
 pub struct UpstreamBody {
     body: Incoming,
-    lent: Option<(SendRequest<Body>, Arc<Upstream>, usize)>,
+    lent: Option<Lent>,
 }
 
 impl UpstreamBody {
     fn give_back(&mut self) {
-        if let Some((sender, upstream, max_idle)) = self.lent.take() {
-            upstream.give_back(sender, max_idle);
+        if let Some(lent) = self.lent.take() {
+            lent.upstream.give_back(lent.connection, lent.max_idle);
         }
+    }
+
+    fn poll_body(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        Pin::new(&mut self.body).poll_frame(cx)
     }
 }
 
@@ -236,7 +377,15 @@ impl hyper::body::Body for UpstreamBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let frame = ready!(Pin::new(&mut self.body).poll_frame(cx));
+        let mut polled = self.poll_body(cx);
+        if polled.is_pending()
+            && let Some(lent) = &mut self.lent
+        {
+            // The connection reads what the body waits for.
+            lent.connection.drive(cx);
+            polled = self.poll_body(cx);
+        }
+        let frame = ready!(polled);
         match &frame {
             None => self.give_back(),
             Some(Ok(_)) if self.body.is_end_stream() => self.give_back(),
@@ -323,7 +472,7 @@ mod tests {
     }
 
     async fn exchange(upstream: &Arc<Upstream>) -> Result<Bytes, UpstreamError> {
-        let response = upstream.send(get(), SETTINGS).await?;
+        let response = upstream.send(get(), SETTINGS, false).await?;
         Ok(response
             .into_body()
             .collect()
