@@ -479,11 +479,9 @@ mod tests {
         open.add(&activity);
         let waiting = |timeout| {
             let activity = Arc::clone(&activity);
-            tokio::spawn(async move {
-                activity
-                    .within(timeout, std::future::pending::<()>())
-                    .await
-            })
+            tokio::spawn(
+                async move { activity.within(timeout, std::future::pending::<()>()).await },
+            )
         };
         let short = waiting(Duration::from_secs(5));
         let long = waiting(Duration::from_secs(60));
@@ -496,7 +494,11 @@ mod tests {
         open.close_idle();
         assert_eq!(short.await.expect("no panic"), None, "timed out");
         assert!(!long.is_finished());
-        assert_eq!(activity.lock_deadlines().len(), 1, "the ended wait is forgotten");
+        assert_eq!(
+            activity.lock_deadlines().len(),
+            1,
+            "the ended wait is forgotten"
+        );
         long.abort();
         let done = activity.within(Duration::from_secs(60), async { 7 }).await;
         assert_eq!(done, Some(7));
