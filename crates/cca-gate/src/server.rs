@@ -10,18 +10,22 @@
 //! Idle connections are found by one sweep per listener a few times a
 //! second rather than by a timer per connection: a request then costs two
 //! atomic updates of its connection's [`Activity`], not a timer reset,
-//! and a sweep asks the idle ones to close. The same sweep ends waits for
-//! a backend's response that passed their deadline ([`Activity::within`]):
-//! a timer per request, registered and cancelled on every request, cost a
-//! busy gate more than a tenth of its CPU.
+//! and a sweep asks the idle ones to close. The same sweep closes an
+//! HTTP/1.1 connection whose client started a request's headers and did
+//! not finish them within the header timeout ([`Watched`] sees the first
+//! bytes arrive), and ends waits for a backend's response that passed
+//! their deadline ([`Activity::within`]): a timer per request, registered
+//! and cancelled on every request, cost a busy gate more than a tenth of
+//! its CPU.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
-use std::task::Poll;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
@@ -29,6 +33,7 @@ use futures_util::task::AtomicWaker;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
@@ -81,7 +86,15 @@ pub struct Activity {
     /// Milliseconds after `opened` the last request ended.
     last: AtomicU64,
     idle_ms: AtomicU64,
+    /// Milliseconds after `opened` (plus one) the first bytes of a request
+    /// arrived with none in flight; 0: none are pending.
+    head_since: AtomicU64,
+    /// How long a request's headers may take, in milliseconds; 0: not
+    /// timed (HTTP/2, whose frames are not request heads).
+    header_ms: AtomicU64,
     close: AtomicBool,
+    /// Close now, without waiting for anything in flight.
+    abort: AtomicBool,
     /// The connection's task, woken to close.
     task: AtomicWaker,
     /// Waits with a deadline the sweep enforces.
@@ -98,13 +111,16 @@ struct Deadline {
 }
 
 impl Activity {
-    fn new(idle: Duration) -> Self {
+    fn new(idle: Duration, header: Duration) -> Self {
         Self {
             opened: Instant::now(),
             in_flight: AtomicU32::new(0),
             last: AtomicU64::new(0),
             idle_ms: AtomicU64::new(idle.as_millis() as u64),
+            head_since: AtomicU64::new(0),
+            header_ms: AtomicU64::new(header.as_millis().max(1) as u64),
             close: AtomicBool::new(false),
+            abort: AtomicBool::new(false),
             task: AtomicWaker::new(),
             deadlines: Mutex::default(),
         }
@@ -166,10 +182,49 @@ impl Activity {
         self.close.load(Ordering::Acquire)
     }
 
+    /// Closes the connection now (a client too slow with its headers).
+    fn abort(&self) {
+        self.abort.store(true, Ordering::Release);
+        self.task.wake();
+    }
+
+    fn aborted(&self) -> bool {
+        self.abort.load(Ordering::Acquire)
+    }
+
     /// Counts a request as in flight until the guard drops.
     pub fn begin(self: &Arc<Self>) -> Busy {
         self.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.head_since.store(0, Ordering::Relaxed);
         Busy(Arc::clone(self))
+    }
+
+    /// Bytes arrived: with no request in flight they start a request's
+    /// headers, and its header timeout.
+    fn bytes_arrived(&self) {
+        if self.header_ms.load(Ordering::Relaxed) != 0
+            && self.in_flight.load(Ordering::Relaxed) == 0
+            && self.head_since.load(Ordering::Relaxed) == 0
+        {
+            self.head_since.store(self.now() + 1, Ordering::Relaxed);
+        }
+    }
+
+    /// The connection speaks HTTP/2: no header timeout.
+    fn not_http1(&self) {
+        self.header_ms.store(0, Ordering::Relaxed);
+        self.head_since.store(0, Ordering::Relaxed);
+    }
+
+    /// A request's headers started arriving longer than the header
+    /// timeout ago and are still not complete.
+    fn headers_overdue(&self) -> bool {
+        let since = self.head_since.load(Ordering::Relaxed);
+        let limit = self.header_ms.load(Ordering::Relaxed);
+        since != 0
+            && limit != 0
+            && self.in_flight.load(Ordering::Relaxed) == 0
+            && self.now().saturating_sub(since - 1) > limit
     }
 
     /// The idle timeout of the gate the connection's requests go to.
@@ -276,7 +331,7 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let activity = Arc::new(Activity::new(options.idle_timeout));
+        let activity = Arc::new(Activity::new(options.idle_timeout, options.header_timeout));
         open.add(&activity);
         let proxy = Arc::clone(&proxy);
         let acceptor = acceptor.clone();
@@ -343,7 +398,9 @@ impl OpenConnections {
     fn close_idle(&self) {
         self.lock().retain(|weak| match weak.upgrade() {
             Some(activity) => {
-                if activity.idle_in().is_none() {
+                if activity.headers_overdue() {
+                    activity.abort();
+                } else if activity.idle_in().is_none() {
                     activity.ask_to_close();
                 }
                 activity.expire_deadlines();
@@ -377,9 +434,10 @@ async fn serve_connection(
 ) {
     match acceptor {
         None => {
+            let watched = Watched::new(stream, &activity);
             serve_http(
                 proxy,
-                TokioIo::new(stream),
+                TokioIo::new(watched),
                 client,
                 false,
                 options,
@@ -391,7 +449,16 @@ async fn serve_connection(
             let handshake = tokio::time::timeout(options.header_timeout, acceptor.accept(stream));
             match handshake.await {
                 Ok(Ok(tls)) => {
-                    serve_http(proxy, TokioIo::new(tls), client, true, options, activity).await
+                    let watched = Watched::new(tls, &activity);
+                    serve_http(
+                        proxy,
+                        TokioIo::new(watched),
+                        client,
+                        true,
+                        options,
+                        activity,
+                    )
+                    .await
                 }
                 Ok(Err(error)) => {
                     tracing::debug!(%client, %error, "a TLS handshake with the gate failed")
@@ -399,6 +466,83 @@ async fn serve_connection(
                 Err(_) => tracing::debug!(%client, "a TLS handshake with the gate timed out"),
             }
         }
+    }
+}
+
+/// A client connection's stream as the sweep needs to see it: bytes that
+/// arrive with no request in flight start a request's headers (see
+/// [`Activity::bytes_arrived`]); a stream that opens with HTTP/2's
+/// preface has no header timeout.
+struct Watched<I> {
+    inner: I,
+    activity: Arc<Activity>,
+    first_read: bool,
+}
+
+/// How every HTTP/2 connection starts (RFC 9113 §3.4); no HTTP/1.1
+/// request line does.
+const HTTP2_PREFACE_START: &[u8] = b"PRI * ";
+
+impl<I> Watched<I> {
+    fn new(inner: I, activity: &Arc<Activity>) -> Self {
+        Self {
+            inner,
+            activity: Arc::clone(activity),
+            first_read: true,
+        }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
+        let read = &buf.filled()[before..];
+        if !read.is_empty() {
+            if std::mem::take(&mut this.first_read) {
+                let shorter = read.len().min(HTTP2_PREFACE_START.len());
+                if read[..shorter] == HTTP2_PREFACE_START[..shorter] {
+                    this.activity.not_http1();
+                }
+            }
+            this.activity.bytes_arrived();
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -423,11 +567,9 @@ async fn serve_http<I>(
         async move { Ok::<_, Infallible>(peer.handle(request).await) }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(options.header_timeout)
-        .keep_alive(true);
+    // The header timeout is the sweep's (see the module documentation):
+    // no timer here.
+    builder.http1().header_read_timeout(None).keep_alive(true);
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -437,6 +579,10 @@ async fn serve_http<I>(
     tokio::pin!(connection);
     let mut closing = false;
     let served = std::future::poll_fn(|cx| {
+        if activity.aborted() {
+            tracing::debug!(%client, "a client too slow with a request's headers is cut off");
+            return Poll::Ready(Ok(()));
+        }
         if !closing {
             activity.task.register(cx.waker());
             if activity.asked_to_close() {
@@ -460,7 +606,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_connection_is_idle_only_with_nothing_in_flight() {
-        let activity = Arc::new(Activity::new(Duration::from_secs(10)));
+        let activity = Arc::new(Activity::new(
+            Duration::from_secs(10),
+            Duration::from_secs(30),
+        ));
         assert_eq!(activity.idle_in(), Some(Duration::from_secs(10)));
         let busy = activity.begin();
         tokio::time::advance(Duration::from_secs(30)).await;
@@ -474,7 +623,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn the_sweep_ends_a_wait_past_its_deadline_and_spares_the_others() {
-        let activity = Arc::new(Activity::new(Duration::from_secs(60)));
+        let activity = Arc::new(Activity::new(
+            Duration::from_secs(60),
+            Duration::from_secs(30),
+        ));
         let open = OpenConnections::default();
         open.add(&activity);
         let waiting = |timeout| {
@@ -506,7 +658,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_short_timeout_has_a_timer_of_its_own() {
-        let activity = Activity::new(Duration::from_secs(60));
+        let activity = Activity::new(Duration::from_secs(60), Duration::from_secs(30));
         let started = Instant::now();
         let waited = activity
             .within(Duration::from_millis(300), std::future::pending::<()>())

@@ -24,8 +24,8 @@ use tokio::sync::watch;
 static CACHED_SERVED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// A backend answering every request with its name and the request's
-/// forwarding headers; `/slow` waits a second first; `/ws` upgrades and
-/// echoes.
+/// forwarding headers; `/slow` waits a second first, `/hang` half a
+/// minute; `/ws` upgrades and echoes.
 struct Backend {
     address: SocketAddr,
     task: tokio::task::JoinHandle<()>,
@@ -91,6 +91,9 @@ async fn answer(name: &str, mut request: Request<hyper::body::Incoming>) -> Resp
     }
     if request.uri().path() == "/slow" {
         tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    if request.uri().path() == "/hang" {
+        tokio::time::sleep(Duration::from_secs(30)).await;
     }
     let header = |name: &str| {
         request
@@ -172,6 +175,10 @@ impl Drop for Running {
 }
 
 async fn start(map: &NetworkMap) -> Running {
+    start_with(map, ServerOptions::default()).await
+}
+
+async fn start_with(map: &NetworkMap, options: ServerOptions) -> Running {
     let gate = Arc::new(Gate::new(ProxyOptions::default()));
     gate.update(map);
     let http = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
@@ -197,9 +204,7 @@ async fn start(map: &NetworkMap) -> Running {
     let (stop, stopped) = watch::channel(false);
     let serving = Arc::clone(&gate);
     tokio::spawn(async move {
-        serving
-            .serve(listeners, ServerOptions::default(), stopped)
-            .await;
+        serving.serve(listeners, options, stopped).await;
     });
     Running {
         gate,
@@ -792,4 +797,80 @@ async fn a_connection_idle_past_its_gates_idle_timeout_is_closed_and_a_busy_one_
         .await
         .expect("the other connection is closed once idle")
         .expect("task");
+}
+
+#[tokio::test]
+async fn a_client_slow_with_its_headers_is_cut_off_and_an_idle_one_is_not() {
+    let web = backend("web-a").await;
+    let options = ServerOptions {
+        header_timeout: Duration::from_secs(1),
+        ..ServerOptions::default()
+    };
+    let running = start_with(
+        &map(
+            vec![gate_spec("shop", &["shop.example.com"], "web")],
+            vec![service("web", 8080, &[("web-a", web.address)])],
+        ),
+        options,
+    )
+    .await;
+    let mut idle = TcpStream::connect(running.http).await.expect("connect");
+    let mut slow = TcpStream::connect(running.http).await.expect("connect");
+    let started = tokio::time::Instant::now();
+    slow.write_all(b"GET / HTTP/1.1\r\nHost: shop.exa")
+        .await
+        .expect("half a head");
+    let mut buffer = [0u8; 256];
+    let read = tokio::time::timeout(Duration::from_secs(10), slow.read(&mut buffer))
+        .await
+        .expect("the slow client is cut off");
+    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    let after = started.elapsed();
+    assert!(
+        after >= Duration::from_millis(900),
+        "cut off after {after:?}"
+    );
+    // The idle one has sent nothing: only the idle timeout (60 s) applies.
+    let still_open = tokio::time::timeout(Duration::from_millis(500), idle.read(&mut buffer)).await;
+    assert!(
+        still_open.is_err(),
+        "the idle connection was closed: {still_open:?}"
+    );
+    idle.write_all(b"GET / HTTP/1.1\r\nHost: shop.example.com\r\n\r\n")
+        .await
+        .expect("a request");
+    let read = idle.read(&mut buffer).await.expect("the answer");
+    assert!(
+        buffer[..read].starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&buffer[..read])
+    );
+}
+
+#[tokio::test]
+async fn a_backend_silent_past_the_response_timeout_gets_a_504() {
+    let web = backend("web-a").await;
+    let mut spec = gate_spec("shop", &["shop.example.com"], "web");
+    // Long enough for the connection sweep to time it (2 s and more).
+    spec.timeouts.response = cca_model::spec::Duration(2_000);
+    let running = start(&map(
+        vec![spec],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let client = reqwest::Client::new();
+    let started = tokio::time::Instant::now();
+    let (status, body) = get(
+        &client,
+        &format!("http://{}/hang", running.http),
+        "shop.example.com",
+    )
+    .await;
+    let after = started.elapsed();
+    assert_eq!(status, 504, "{body}");
+    assert!(body.contains("sent no response within 2s"), "{body}");
+    assert!(
+        after >= Duration::from_secs(2) && after < Duration::from_secs(5),
+        "answered after {after:?}"
+    );
 }
