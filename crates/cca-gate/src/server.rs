@@ -564,7 +564,12 @@ async fn serve_http<I>(
     ));
     let service = service_fn(move |request| {
         let peer = Arc::clone(&peer);
-        async move { Ok::<_, Infallible>(peer.handle(request).await) }
+        // Boxed per request: hyper keeps a slot the size of the service's
+        // future for the whole life of a connection, and the request
+        // path's future is kilobytes — memory every idle connection would
+        // hold.
+        let answer = Box::pin(async move { peer.handle(request).await });
+        async move { Ok::<_, Infallible>(answer.await) }
     });
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // The header timeout is the sweep's (see the module documentation):
