@@ -269,10 +269,9 @@ impl Proxy {
         let mut waited = None;
         let woken;
         if pool.backends.is_empty() && pool.wakeable {
-            match self
-                .wake_and_hold(gate, pool, request.uri(), request.headers())
-                .await
-            {
+            // Boxed: rare, and the common path's future stays small.
+            let held = Box::pin(self.wake_and_hold(gate, pool, request.uri(), request.headers()));
+            match held.await {
                 Ok((new_pool, took)) => {
                     woken = new_pool;
                     pool = &woken;

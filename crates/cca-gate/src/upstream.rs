@@ -187,8 +187,11 @@ impl Upstream {
         settings: UpstreamSettings,
         upgrade: bool,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        // The rare paths (an upgrade, a new connection) are boxed: the
+        // common one's future stays small, and it is built and moved on
+        // every request.
         if upgrade {
-            return self.send_upgrade(request, settings).await;
+            return Box::pin(self.send_upgrade(request, settings)).await;
         }
         while let Some(mut connection) = self.checkout(settings.idle) {
             if !connection.ready(settings.connect).await {
@@ -202,7 +205,7 @@ impl Upstream {
                 },
             }
         }
-        let (sender, connection) = self.connect(settings.connect).await?;
+        let (sender, connection) = Box::pin(self.connect(settings.connect)).await?;
         let mut connection = Driven::new(sender, connection);
         match connection.exchange(request).await {
             Ok(response) => Ok(self.returning(response, connection, settings)),
@@ -332,9 +335,12 @@ impl Driven {
         if let Poll::Ready(ready) = poll_fn(|cx| Poll::Ready(self.poll_ready(cx))).await {
             return ready;
         }
-        tokio::time::timeout(timeout, poll_fn(|cx| self.poll_ready(cx)))
-            .await
-            .unwrap_or(false)
+        Box::pin(tokio::time::timeout(
+            timeout,
+            poll_fn(|cx| self.poll_ready(cx)),
+        ))
+        .await
+        .unwrap_or(false)
     }
 }
 
