@@ -14,9 +14,9 @@
 //! HTTP/1.1 connection whose client started a request's headers and did
 //! not finish them within the header timeout ([`Watched`] sees the first
 //! bytes arrive), and ends waits for a backend's response that passed
-//! their deadline ([`Activity::within`]): a timer per request, registered
-//! and cancelled on every request, cost a busy gate more than a tenth of
-//! its CPU.
+//! their deadline ([`Activity::within`]): a timer registered and
+//! cancelled on every request added thread sleeps and wake-ups to a busy
+//! gate.
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -433,33 +433,11 @@ async fn serve_connection(
     activity: Arc<Activity>,
 ) {
     match acceptor {
-        None => {
-            let watched = Watched::new(stream, &activity);
-            serve_http(
-                proxy,
-                TokioIo::new(watched),
-                client,
-                false,
-                options,
-                activity,
-            )
-            .await
-        }
+        None => serve_http(proxy, stream, client, false, options, activity).await,
         Some(acceptor) => {
             let handshake = tokio::time::timeout(options.header_timeout, acceptor.accept(stream));
             match handshake.await {
-                Ok(Ok(tls)) => {
-                    let watched = Watched::new(tls, &activity);
-                    serve_http(
-                        proxy,
-                        TokioIo::new(watched),
-                        client,
-                        true,
-                        options,
-                        activity,
-                    )
-                    .await
-                }
+                Ok(Ok(tls)) => serve_http(proxy, tls, client, true, options, activity).await,
                 Ok(Err(error)) => {
                     tracing::debug!(%client, %error, "a TLS handshake with the gate failed")
                 }
@@ -548,7 +526,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
 
 async fn serve_http<I>(
     proxy: &Arc<Proxy>,
-    io: TokioIo<I>,
+    stream: I,
     client: SocketAddr,
     tls: bool,
     options: ServerOptions,
@@ -580,6 +558,7 @@ async fn serve_http<I>(
         .timer(TokioTimer::new())
         .max_concurrent_streams(options.max_streams)
         .keep_alive_interval(Some(options.idle_timeout / 2));
+    let io = TokioIo::new(Watched::new(stream, &activity));
     let connection = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(connection);
     let mut closing = false;

@@ -3,8 +3,8 @@
 //! as one cache-line-sized shard per thread and summed when read. A value
 //! every request writes, shared by all threads, moves its cache line from
 //! core to core on each write; on a busy gate node that traffic, not the
-//! arithmetic, was the cost (with two workers it added a third to the
-//! gate's CPU per request). Reads (`/metrics`, `describe gate`, least
+//! arithmetic, is the cost (and a contended lock puts threads to sleep).
+//! Reads (`/metrics`, `describe gate`, least
 //! connections, the retry budget) add the shards up.
 //!
 //! A thread takes the next shard the first time it counts anything; there

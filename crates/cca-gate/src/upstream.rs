@@ -12,8 +12,7 @@
 //! (writes the request, reads the response) from the task that serves the
 //! client, and the response body drives it as the client's connection
 //! reads. A task per connection cost every request two wake-ups of other
-//! tasks — often on the other core, often waking a parked worker thread —
-//! which on a busy gate node was as much work as the proxying itself.
+//! tasks, often on the other core, often waking a parked worker thread.
 //! Upgrades (WebSocket) are the exception: their connections run in a
 //! task, since the tunnel outlives the request.
 //!
