@@ -28,6 +28,9 @@ static CACHED_SERVED: std::sync::atomic::AtomicUsize = std::sync::atomic::Atomic
 /// minute; `/ws` upgrades and echoes.
 struct Backend {
     address: SocketAddr,
+    /// Notified when a `/slow` request arrives, so a test can act while
+    /// one is surely in flight.
+    slow_arrived: Arc<tokio::sync::Notify>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -42,26 +45,37 @@ async fn backend(name: &'static str) -> Backend {
         .await
         .expect("bind");
     let address = listener.local_addr().expect("address");
+    let slow_arrived = Arc::new(tokio::sync::Notify::new());
+    let arrivals = slow_arrived.clone();
     let task = tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
+            let arrivals = arrivals.clone();
             tokio::spawn(async move {
-                let service =
-                    service_fn(move |request: Request<hyper::body::Incoming>| async move {
-                        Ok::<_, Infallible>(answer(name, request).await)
-                    });
+                let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let arrivals = arrivals.clone();
+                    async move { Ok::<_, Infallible>(answer(name, &arrivals, request).await) }
+                });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection_with_upgrades(TokioIo::new(stream), service)
                     .await;
             });
         }
     });
-    Backend { address, task }
+    Backend {
+        address,
+        slow_arrived,
+        task,
+    }
 }
 
-async fn answer(name: &str, mut request: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
+async fn answer(
+    name: &str,
+    slow_arrived: &tokio::sync::Notify,
+    mut request: Request<hyper::body::Incoming>,
+) -> Response<Full<Bytes>> {
     if request.uri().path() == "/ws" {
         let upgrade = hyper::upgrade::on(&mut request);
         tokio::spawn(async move {
@@ -90,6 +104,7 @@ async fn answer(name: &str, mut request: Request<hyper::body::Incoming>) -> Resp
             .expect("response");
     }
     if request.uri().path() == "/slow" {
+        slow_arrived.notify_one();
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     if request.uri().path() == "/hang" {
@@ -554,7 +569,7 @@ async fn a_map_change_does_not_cut_a_request_in_flight() {
     let url = format!("http://{}/slow", running.http);
     let slow =
         tokio::spawn(async move { get(&reqwest::Client::new(), &url, "shop.example.com").await });
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    web.slow_arrived.notified().await;
     running
         .gate
         .update(&map(vec![spec], vec![service("web", 8080, &[])]));
