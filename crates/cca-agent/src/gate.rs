@@ -143,7 +143,9 @@ impl BoundGate {
         let metrics = self
             .metrics
             .map(|listener| tokio::spawn(serve_metrics(Arc::clone(&gate), listener, stop.clone())));
-        gate.serve(self.listeners, self.server, stop).await;
+        if let Err(error) = gate.serve(self.listeners, self.server, stop).await {
+            tracing::error!(%error, "the gate node stopped serving");
+        }
         follower.abort();
         reporter.abort();
         if let Some(metrics) = metrics {

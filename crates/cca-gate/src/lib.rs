@@ -25,6 +25,7 @@ pub mod sharded;
 pub mod table;
 pub mod traffic;
 pub mod upstream;
+pub mod workers;
 
 use std::sync::{Arc, Mutex};
 
@@ -45,6 +46,10 @@ use crate::traffic::{Traffic, Wake};
 pub enum GateError {
     #[error("the gate cannot build its TLS configuration: {0}")]
     Tls(String),
+    #[error(
+        "the gate cannot start its worker threads: {0}; check the process's thread limit (ulimit -u)"
+    )]
+    Workers(std::io::Error),
 }
 
 /// A gate node's proxy: its route table, certificates and metrics.
@@ -169,13 +174,13 @@ impl Gate {
         listeners: Vec<Listener>,
         options: ServerOptions,
         stop: watch::Receiver<bool>,
-    ) {
+    ) -> Result<(), GateError> {
         let served = server::serve(Arc::clone(&self.proxy), listeners, options, stop);
         tokio::pin!(served);
         let mut housekeeping = tokio::time::interval(std::time::Duration::from_secs(10));
         loop {
             tokio::select! {
-                () = &mut served => return,
+                served = &mut served => return served.map_err(GateError::Workers),
                 _ = housekeeping.tick() => {
                     for gate in self.table().gates() {
                         gate.state.forget_idle_clients();

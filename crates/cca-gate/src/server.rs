@@ -41,6 +41,7 @@ use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
 use crate::proxy::{Peer, Proxy};
+use crate::workers::Workers;
 
 /// How often a listener looks for idle connections: an idle timeout is
 /// kept to within this much.
@@ -63,6 +64,8 @@ pub struct ServerOptions {
     pub max_streams: u32,
     /// How long a stop waits for requests in flight.
     pub drain: Duration,
+    /// Worker threads serving the connections (see [`crate::workers`]).
+    pub workers: usize,
 }
 
 impl Default for ServerOptions {
@@ -73,6 +76,7 @@ impl Default for ServerOptions {
             max_connections: 100_000,
             max_streams: 256,
             drain: Duration::from_secs(30),
+            workers: std::thread::available_parallelism().map_or(1, usize::from),
         }
     }
 }
@@ -276,13 +280,15 @@ pub struct Listener {
     pub tls: Option<Arc<rustls::ServerConfig>>,
 }
 
-/// Serves `listeners` until `stop` turns true, then drains.
+/// Serves `listeners` on `options.workers` worker threads until `stop`
+/// turns true, then drains.
 pub async fn serve(
     proxy: Arc<Proxy>,
     listeners: Vec<Listener>,
     options: ServerOptions,
     stop: watch::Receiver<bool>,
-) {
+) -> std::io::Result<()> {
+    let workers = Arc::new(Workers::start(options.workers)?);
     let permits = Arc::new(Semaphore::new(options.max_connections));
     let mut accepting = JoinSet::new();
     for listener in listeners {
@@ -290,18 +296,19 @@ pub async fn serve(
             Arc::clone(&proxy),
             listener,
             options,
-            Arc::clone(&permits),
+            (Arc::clone(&permits), Arc::clone(&workers)),
             stop.clone(),
         ));
     }
     while accepting.join_next().await.is_some() {}
+    Ok(())
 }
 
 async fn accept_loop(
     proxy: Arc<Proxy>,
     listener: Listener,
     options: ServerOptions,
-    permits: Arc<Semaphore>,
+    (permits, workers): (Arc<Semaphore>, Arc<Workers>),
     mut stop: watch::Receiver<bool>,
 ) {
     let acceptor = listener.tls.map(TlsAcceptor::from);
@@ -331,16 +338,36 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
+        // Off this runtime's reactor, onto the worker's.
+        let stream = match stream.into_std() {
+            Ok(stream) => stream,
+            Err(error) => {
+                tracing::warn!(%client, %error, "the gate could not hand a connection to a worker");
+                continue;
+            }
+        };
         let activity = Arc::new(Activity::new(options.idle_timeout, options.header_timeout));
         open.add(&activity);
         let proxy = Arc::clone(&proxy);
         let acceptor = acceptor.clone();
-        connections.spawn(async move {
-            proxy.metrics.connections.inc();
-            serve_connection(&proxy, stream, client, acceptor, options, activity).await;
-            proxy.metrics.connections.dec();
-            drop(permit);
-        });
+        let (worker, placed) = workers.least_busy();
+        connections.spawn_on(
+            async move {
+                let _placed = placed;
+                let _permit = permit;
+                let stream = match TcpStream::from_std(stream) {
+                    Ok(stream) => stream,
+                    Err(error) => {
+                        tracing::warn!(%client, %error, "a gate worker could not take a connection");
+                        return;
+                    }
+                };
+                proxy.metrics.connections.inc();
+                serve_connection(&proxy, stream, client, acceptor, options, activity).await;
+                proxy.metrics.connections.dec();
+            },
+            worker,
+        );
         // Reap finished connections so the set stays small.
         while connections.try_join_next().is_some() {}
     }

@@ -12,6 +12,7 @@
 //! [`MAX_SHARDS`]), so worker threads rarely share one, and when they do
 //! the sums stay exact: every shard is atomic.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
@@ -31,13 +32,27 @@ static SHARDS: LazyLock<usize> = LazyLock::new(|| {
 
 static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
 
+/// A thread's number before it has one.
+const UNNUMBERED: usize = usize::MAX;
+
 thread_local! {
-    static THREAD: usize = NEXT_THREAD.fetch_add(1, Ordering::Relaxed);
+    static THREAD: Cell<usize> = const { Cell::new(UNNUMBERED) };
 }
 
 /// The shard of the calling thread.
 pub fn shard() -> usize {
-    THREAD.with(|thread| *thread) & (*SHARDS - 1)
+    THREAD.with(|thread| {
+        if thread.get() == UNNUMBERED {
+            thread.set(NEXT_THREAD.fetch_add(1, Ordering::Relaxed));
+        }
+        thread.get()
+    }) & (*SHARDS - 1)
+}
+
+/// Gives the calling thread shard `index`: the gate's workers take one
+/// each, so that no two of them share one while there are enough.
+pub fn claim(index: usize) {
+    THREAD.with(|thread| thread.set(index));
 }
 
 /// One value per shard, each on a cache line of its own.

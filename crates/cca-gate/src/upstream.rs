@@ -16,6 +16,11 @@
 //! Upgrades (WebSocket) are the exception: their connections run in a
 //! task, since the tunnel outlives the request.
 //!
+//! Each worker thread (see [`crate::workers`]) has a stack of its own:
+//! a connection's socket is registered with the runtime that opened it,
+//! and a request on another worker's thread reusing it would be woken
+//! from that thread.
+//!
 //! This replaces a general-purpose pooled client: a gate knows its
 //! backends' addresses, needs no DNS, proxy or TLS to them, and gains from
 //! a checkout that is one uncontended lock and a pop.
@@ -37,6 +42,7 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::proxy::Body;
+use crate::sharded::Shards;
 
 /// How a gate talks to its backends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,7 +90,8 @@ fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
 #[derive(Debug)]
 pub struct Upstream {
     address: SocketAddr,
-    idle: Mutex<Vec<Idle>>,
+    /// One stack per worker thread.
+    idle: Shards<Mutex<Vec<Idle>>>,
 }
 
 #[derive(Debug)]
@@ -160,6 +167,12 @@ impl Driven {
     }
 }
 
+fn lock(stack: &Mutex<Vec<Idle>>) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+    stack
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Polls `connection` unless it finished, and drops it when it does.
 fn drive(connection: &mut Option<Pin<Box<Connection>>>, cx: &mut Context<'_>) {
     if let Some(running) = connection
@@ -173,7 +186,7 @@ impl Upstream {
     pub fn new(address: SocketAddr) -> Self {
         Self {
             address,
-            idle: Mutex::default(),
+            idle: Shards::default(),
         }
     }
 
@@ -237,26 +250,27 @@ impl Upstream {
     /// closed.
     pub fn sweep(&self, idle: Duration) {
         let now = Instant::now();
-        self.lock().retain_mut(|entry| {
-            now.duration_since(entry.since) < idle && entry.connection.is_open()
-        });
+        for stack in self.idle.iter() {
+            lock(stack).retain_mut(|entry| {
+                now.duration_since(entry.since) < idle && entry.connection.is_open()
+            });
+        }
     }
 
     /// Idle connections kept now.
     pub fn idle_connections(&self) -> usize {
-        self.lock().len()
+        self.idle.iter().map(|stack| lock(stack).len()).sum()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
-        self.idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// The calling worker's stack.
+    fn local(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        lock(self.idle.local())
     }
 
     /// The newest idle connection that is young enough.
     fn checkout(&self, idle: Duration) -> Option<Driven> {
         let now = Instant::now();
-        let mut stack = self.lock();
+        let mut stack = self.local();
         while let Some(entry) = stack.pop() {
             if now.duration_since(entry.since) < idle {
                 return Some(entry.connection);
@@ -269,7 +283,7 @@ impl Upstream {
         if connection.connection.is_none() || connection.sender.is_closed() {
             return;
         }
-        let mut stack = self.lock();
+        let mut stack = self.local();
         if stack.len() < max_idle {
             stack.push(Idle {
                 connection,

@@ -219,7 +219,10 @@ async fn start_with(map: &NetworkMap, options: ServerOptions) -> Running {
     let (stop, stopped) = watch::channel(false);
     let serving = Arc::clone(&gate);
     tokio::spawn(async move {
-        serving.serve(listeners, options, stopped).await;
+        serving
+            .serve(listeners, options, stopped)
+            .await
+            .expect("the gate serves");
     });
     Running {
         gate,

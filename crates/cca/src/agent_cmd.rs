@@ -131,6 +131,11 @@ pub(crate) struct AgentArgs {
     /// How long a stopping gate node waits for requests in flight.
     #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::flags::duration)]
     gate_drain: Duration,
+    /// Threads serving a gate node's client connections, each a
+    /// single-threaded runtime that keeps its connections (default: one
+    /// per core).
+    #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
+    gate_workers: Option<usize>,
 }
 
 impl AgentArgs {
@@ -165,6 +170,7 @@ impl AgentArgs {
             gate_header_timeout: Duration::from_secs(30),
             gate_idle_timeout: Duration::from_secs(60),
             gate_drain: Duration::from_secs(30),
+            gate_workers: None,
         }
     }
 
@@ -183,6 +189,9 @@ impl AgentArgs {
                 idle_timeout: self.gate_idle_timeout,
                 max_connections: self.gate_max_connections.max(1),
                 drain: self.gate_drain,
+                workers: self
+                    .gate_workers
+                    .unwrap_or(cca_gate::ServerOptions::default().workers),
                 ..cca_gate::ServerOptions::default()
             },
             access_log: self.gate_access_log,

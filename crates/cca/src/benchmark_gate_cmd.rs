@@ -103,8 +103,8 @@ pub(crate) fn run(args: GateArgs) -> Result<ExitCode> {
     })
 }
 
-/// The hidden mode: the gate on its own runtime, `workers` threads, until
-/// SIGTERM or Ctrl-C.
+/// The hidden mode: the gate with `workers` worker threads (accepting on
+/// this thread), until SIGTERM or Ctrl-C.
 fn serve_gate(
     listen: SocketAddr,
     backends: &[SocketAddr],
@@ -113,18 +113,16 @@ fn serve_gate(
     if backends.is_empty() {
         bail!("--serve-gate needs at least one --backend ADDRESS");
     }
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(workers) = workers {
-        builder.worker_threads(workers.max(1));
-    }
-    let runtime = builder
+    let workers = workers.unwrap_or(cca_gate::ServerOptions::default().workers);
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the async runtime")?;
     runtime.block_on(async {
         let gate = BenchGate::bind(listen, backends).await?;
         output::line(&format!("{GATE_LISTENING}{}", gate.address()?));
-        gate.serve(crate::server_cmd::shutdown_signal()).await;
+        gate.serve(workers.max(1), crate::server_cmd::shutdown_signal())
+            .await?;
         Ok(ExitCode::SUCCESS)
     })
 }

@@ -58,8 +58,13 @@ impl BenchGate {
             .map_err(BenchError::io("reading the gate's address"))
     }
 
-    /// Serves until `stop` resolves, then drains as a gate node does.
-    pub async fn serve(self, stop: impl std::future::Future<Output = ()>) {
+    /// Serves on `workers` worker threads until `stop` resolves, then
+    /// drains as a gate node does.
+    pub async fn serve(
+        self,
+        workers: usize,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<(), BenchError> {
         let (stopping, stopped) = watch::channel(false);
         let listeners = vec![Listener {
             socket: self.socket,
@@ -67,16 +72,19 @@ impl BenchGate {
         }];
         let options = ServerOptions {
             drain: Duration::from_secs(2),
+            workers,
             ..ServerOptions::default()
         };
         let served = self.gate.serve(listeners, options, stopped);
         tokio::pin!(served);
-        tokio::select! {
-            () = &mut served => return,
-            () = stop => {}
-        }
-        let _ = stopping.send(true);
-        served.await;
+        let served = tokio::select! {
+            served = &mut served => served,
+            () = stop => {
+                let _ = stopping.send(true);
+                served.await
+            }
+        };
+        served.map_err(|error| BenchError::Config(error.to_string()))
     }
 }
 
@@ -259,7 +267,7 @@ mod tests {
             .expect("bind the gate");
         let address = gate.address().expect("address");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serving = tokio::spawn(gate.serve(async {
+        let serving = tokio::spawn(gate.serve(2, async {
             let _ = stopped.await;
         }));
         let held = hold(address, 20).await;
@@ -273,6 +281,7 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), serving)
             .await
             .expect("the gate stops")
-            .expect("no panic");
+            .expect("no panic")
+            .expect("the gate served");
     }
 }
