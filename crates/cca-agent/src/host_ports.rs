@@ -12,10 +12,17 @@
 //! [`HeldPorts`] keeps the node's set and looks at each port again every
 //! [`RECHECK`], dropping the ones freed since.
 //!
+//! The same holds while an instance runs: another program may have bound
+//! its host port first, and a health probe would reach that program. After
+//! the first probe of a run that connects, the supervisor asks whose the
+//! listener is ([`PortProbe::listener_owner`]); another's fails the probe
+//! naming the port.
+//!
 //! The probe is the one host side effect here, behind the trait: the real
 //! [`BindProbe`] binds and closes a socket (with `SO_REUSEADDR` for TCP, so
 //! connections of an instance that ended, lingering in `TIME_WAIT`, do not
-//! count as held; a listener does), and tests give a fake.
+//! count as held; a listener does) and reads procfs for a listener's owner,
+//! and tests give a fake.
 
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
@@ -23,6 +30,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use cca_runtime::Protocol;
+
+pub use crate::listeners::ListenerOwner;
 use tokio::time::Instant;
 
 /// How often ports found held are looked at again.
@@ -35,6 +44,11 @@ pub trait PortProbe: std::fmt::Debug + Send + Sync {
     /// does not have, no permission) is not a held port: the instance's own
     /// bind will say what is wrong.
     fn is_held(&self, address: IpAddr, port: u16, protocol: Protocol) -> bool;
+
+    /// Whose is the TCP listener a connection to `address:port` reaches:
+    /// the process tree of `pid` (the instance's main process), or
+    /// something else (see [`crate::listeners`]).
+    fn listener_owner(&self, address: IpAddr, port: u16, pid: u32) -> ListenerOwner;
 }
 
 /// Binds the port and lets it go at once.
@@ -56,6 +70,10 @@ impl PortProbe for BindProbe {
                 false
             }
         }
+    }
+
+    fn listener_owner(&self, address: IpAddr, port: u16, pid: u32) -> ListenerOwner {
+        crate::listeners::owner(address, port, pid)
     }
 }
 

@@ -15,6 +15,7 @@ pub mod gate_tls;
 pub mod health;
 pub mod host_ports;
 mod link;
+pub mod listeners;
 pub mod netmap;
 pub mod netplane;
 pub mod network;

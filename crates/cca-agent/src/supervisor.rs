@@ -43,7 +43,7 @@ use tokio::time::Instant;
 use crate::desired::Desired;
 use crate::files::{self, FileSource};
 use crate::health::{self, HealthTracker, ProbeTarget};
-use crate::host_ports::{self, HeldPorts, PortProbe};
+use crate::host_ports::{self, HeldPorts, ListenerOwner, PortProbe};
 use crate::netplane::NodeNet;
 use crate::restart::{self, AfterExit};
 
@@ -101,6 +101,9 @@ struct Record {
     /// (`Instance::created_at`): a stateful instance placed again keeps
     /// its id.
     placed_at: Option<i64>,
+    /// The run (main process) and host port whose listener was found to
+    /// be the instance's own: not looked at again for that run.
+    own_listener: Option<(u32, u16)>,
 }
 
 impl Record {
@@ -117,6 +120,7 @@ impl Record {
             file_attempts: 0,
             draining_since: None,
             placed_at: None,
+            own_listener: None,
         }
     }
 }
@@ -785,19 +789,45 @@ impl Supervisor {
             if !running || record.health.next_probe_at > now || assignment.instance.stopping {
                 continue;
             }
-            let own = actual
-                .get(id)
-                .and_then(|status| status.spec.network.as_ref());
+            let status = actual.get(id);
+            let own = status.and_then(|status| status.spec.network.as_ref());
             let target = probe_target(&check.probe, assignment, &self.address, own);
+            // On the host's network, a listener there may be another
+            // program's (see `host_ports`): asked once per run and port.
+            let owner_check = match (&self.port_probe, status.and_then(|s| s.pid), &target) {
+                (Some(probe), Some(pid), Some(target))
+                    if own.is_none() && record.own_listener != Some((pid, target.port)) =>
+                {
+                    Some((Arc::clone(probe), pid))
+                }
+                _ => None,
+            };
             let runtime = Arc::clone(&self.runtime);
             let id = id.clone();
             probes.spawn(async move {
-                let result = health::probe(&check, target, &runtime, &id).await;
-                (id, check, result)
+                let mut result = health::probe(&check, target.clone(), &runtime, &id).await;
+                let mut own_listener = None;
+                if let (Ok(()), Some((probe, pid)), Some(target)) = (&result, owner_check, target) {
+                    match listener_owner(probe, &target, pid).await {
+                        ListenerOwner::Instance => own_listener = Some((pid, target.port)),
+                        ListenerOwner::Other => {
+                            result = Err(format!(
+                                "{}:{} answers, but its listener is not this instance's: \
+                                 something outside the cluster holds the host port",
+                                target.address, target.port
+                            ));
+                        }
+                        ListenerOwner::Unknown => {}
+                    }
+                }
+                (id, check, result, own_listener)
             });
         }
-        while let Some(Ok((id, check, result))) = probes.join_next().await {
+        while let Some(Ok((id, check, result, own_listener))) = probes.join_next().await {
             if let Some(record) = self.records.get_mut(&id) {
+                if own_listener.is_some() {
+                    record.own_listener = own_listener;
+                }
                 let was = record.health.healthy;
                 let now = Instant::now();
                 record.health.record(&check, result, now);
@@ -1081,6 +1111,21 @@ fn port_bindings(
             })
         })
         .collect()
+}
+
+/// Whose is the listener at `target` (procfs reads, off the runtime).
+async fn listener_owner(
+    probe: Arc<dyn PortProbe>,
+    target: &ProbeTarget,
+    pid: u32,
+) -> ListenerOwner {
+    let Ok(address) = target.address.parse() else {
+        return ListenerOwner::Unknown;
+    };
+    let port = target.port;
+    tokio::task::spawn_blocking(move || probe.listener_owner(address, port, pid))
+        .await
+        .unwrap_or(ListenerOwner::Unknown)
 }
 
 /// Where an HTTP or TCP probe connects: an instance with its own network

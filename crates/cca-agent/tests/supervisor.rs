@@ -19,11 +19,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cca_agent::desired::Desired;
+use cca_agent::host_ports::ListenerOwner;
 use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
 use cca_agent::{Containers, RuntimeSet};
 use cca_image::{Digest, ImageConfig, ImageRecord, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
-use cca_model::spec::{InitStep, PortSpec, ServiceSpec, VolumeSpec, Workload};
+use cca_model::spec::{HealthCheck, InitStep, PortSpec, Probe, ServiceSpec, VolumeSpec, Workload};
 use cca_runtime::fake::{Call, FakeRuntime};
 use cca_runtime::{InstanceSpec, InstanceState as RtState, Mount, Runtime};
 use cca_wire::types::Assignment;
@@ -681,21 +682,96 @@ async fn a_stopping_instance_drains_until_the_node_no_longer_sends_it_flows() {
     assert!(stopped(&fake));
 }
 
-/// A port probe that finds the ports it is given held, on any address.
+/// A port probe that finds the ports in `held` held, on any address, and
+/// the listeners on the ports in `others` another program's; it counts
+/// the owner look-ups.
 #[derive(Debug, Default)]
-struct HeldElsewhere(std::sync::Mutex<std::collections::BTreeSet<u16>>);
+struct HeldElsewhere {
+    held: std::sync::Mutex<std::collections::BTreeSet<u16>>,
+    others: std::sync::Mutex<std::collections::BTreeSet<u16>>,
+    asked: std::sync::atomic::AtomicUsize,
+}
 
 impl cca_agent::host_ports::PortProbe for HeldElsewhere {
     fn is_held(&self, _: std::net::IpAddr, port: u16, _: cca_runtime::Protocol) -> bool {
-        self.0.lock().expect("not poisoned").contains(&port)
+        self.held.lock().expect("not poisoned").contains(&port)
     }
+
+    fn listener_owner(&self, _: std::net::IpAddr, port: u16, _: u32) -> ListenerOwner {
+        self.asked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if self.others.lock().expect("not poisoned").contains(&port) {
+            ListenerOwner::Other
+        } else {
+            ListenerOwner::Instance
+        }
+    }
+}
+
+/// `web-1` with a TCP health check on a host port something listens on
+/// (the test's listener, standing in for the instance's or another's).
+fn probed_on(listener: &std::net::TcpListener) -> Assignment {
+    let port = listener.local_addr().expect("address").port();
+    let mut assignment = assignment("web-1", run("cca whoami"), false);
+    assignment.instance.host_ports = BTreeMap::from([("http".into(), port)]);
+    if let Some(spec) = assignment.spec.as_mut() {
+        spec.health = Some(HealthCheck {
+            probe: Probe::Tcp { port: 8080 },
+            interval: cca_model::spec::Duration(50),
+            timeout: cca_model::spec::Duration(500),
+            retries: 1,
+        });
+    }
+    assignment
+}
+
+#[tokio::test]
+async fn a_health_probe_answered_by_another_programs_listener_fails_naming_the_port() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+    let port = listener.local_addr().expect("address").port();
+    let fake = Arc::new(FakeRuntime::new());
+    let probe = Arc::new(HeldElsewhere::default());
+    let mut first = supervisor(&fake).with_port_probe(Arc::clone(&probe) as _);
+    let desired = desired(vec![probed_on(&listener)]);
+    let tick = tick_until(&mut first, &desired, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Running)
+    })
+    .await;
+    assert_eq!(tick.statuses[0].healthy, Some(true), "its own listener");
+    // The owner of a run's listener is asked once.
+    probe.others.lock().expect("not poisoned").insert(port);
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        first.tick(&desired).await;
+    }
+    assert_eq!(probe.asked.load(std::sync::atomic::Ordering::Relaxed), 1);
+
+    // A run whose port was free when it started, but another program
+    // bound it first and answers there.
+    let fake = Arc::new(FakeRuntime::new());
+    let mut second = supervisor(&fake).with_port_probe(Arc::clone(&probe) as _);
+    let tick = tick_until(&mut second, &desired, "a failed health probe", |t| {
+        t.statuses[0]
+            .message
+            .as_deref()
+            .is_some_and(|message| message.contains("not this instance's"))
+    })
+    .await;
+    assert_ne!(tick.statuses[0].healthy, Some(true));
+    let message = tick.statuses[0].message.clone().unwrap_or_default();
+    assert!(
+        message.starts_with(&format!(
+            "127.0.0.1:{port} answers, but its listener is not this instance's"
+        )),
+        "{message}"
+    );
 }
 
 #[tokio::test]
 async fn a_host_port_held_outside_the_cluster_fails_the_start_and_is_reported_held() {
     let fake = Arc::new(FakeRuntime::new());
     let probe = Arc::new(HeldElsewhere::default());
-    probe.0.lock().expect("not poisoned").insert(20001);
+    probe.held.lock().expect("not poisoned").insert(20001);
     let mut supervisor = supervisor(&fake).with_port_probe(Arc::clone(&probe) as _);
     let desired = desired(vec![assignment("web-1", run("cca whoami"), false)]);
     let tick = tick_until(&mut supervisor, &desired, "web-1", |t| {
@@ -745,7 +821,7 @@ async fn a_restart_onto_a_port_taken_meanwhile_fails_naming_it() {
     })
     .await;
     // Something binds the port while the instance waits for its restart.
-    probe.0.lock().expect("not poisoned").insert(20001);
+    probe.held.lock().expect("not poisoned").insert(20001);
     let tick = tick_until(&mut supervisor, &desired, "web-1", |t| {
         state_of(t, "web-1") == Some(InstanceState::Failed)
     })
