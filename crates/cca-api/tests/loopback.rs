@@ -1,7 +1,8 @@
 //! The API over a loopback socket with the typed client: the agent cycle
 //! (register, heartbeat, assignment stream, reports, re-register after a
-//! lost lease), the resumable watch stream, concurrent updates of one
-//! service, and errors carrying the server's status and message.
+//! lost lease), the node's held host ports, the resumable watch stream,
+//! concurrent updates of one service, and errors carrying the server's
+//! status and message.
 
 mod support;
 
@@ -585,4 +586,63 @@ async fn nodes_follow_the_network_map_from_a_snapshot_and_resume() {
         next(&mut resumed).await,
         NetworkLine::Changes { .. }
     ));
+}
+
+#[tokio::test]
+async fn held_ports_replace_the_nodes_set_skip_repeats_and_refuse_port_zero() {
+    let h = harness().await;
+    let (plain, _stop) = h.serve().await;
+    let client = cca_wire::Client::new(plain.base_url());
+    let held = |ports: &[u16]| cca_model::cluster::HeldPorts {
+        ports: ports.iter().copied().collect(),
+    };
+    let unknown = client
+        .report_held_ports("n9", &held(&[20000]))
+        .await
+        .expect_err("n9 never registered");
+    assert_eq!(unknown.status(), Some(404), "{unknown}");
+    client
+        .register(&support::node_request("n1"))
+        .await
+        .expect("registers");
+    let stored = || async {
+        let kv = h
+            .store
+            .get(&keys::observed_held_ports("n1"))
+            .await
+            .expect("reads")?;
+        Some(serde_json::from_slice::<cca_model::cluster::HeldPorts>(&kv.value).expect("decodes"))
+    };
+    let first = client
+        .report_held_ports("n1", &held(&[20000, 20002]))
+        .await
+        .expect("reports");
+    assert!(first.revision.is_some());
+    assert_eq!(stored().await, Some(held(&[20000, 20002])));
+    let again = client
+        .report_held_ports("n1", &held(&[20000, 20002]))
+        .await
+        .expect("reports");
+    assert_eq!(again.revision, None, "a repeat writes nothing");
+    client
+        .report_held_ports("n1", &held(&[20002]))
+        .await
+        .expect("reports");
+    assert_eq!(stored().await, Some(held(&[20002])), "replaced, not merged");
+    let before = h.keys().await;
+    let zero = client
+        .report_held_ports("n1", &held(&[0, 20003]))
+        .await
+        .expect_err("port 0");
+    assert_eq!(zero.status(), Some(422), "{zero}");
+    assert!(
+        zero.to_string().contains("port 0 is no host port"),
+        "{zero}"
+    );
+    assert_eq!(h.keys().await, before, "a refused report writes nothing");
+    client
+        .report_held_ports("n1", &held(&[]))
+        .await
+        .expect("reports");
+    assert_eq!(stored().await, None, "an empty set deletes the fact");
 }
