@@ -786,7 +786,13 @@ impl Supervisor {
             let Some(record) = self.records.get(id) else {
                 continue;
             };
-            if !running || record.health.next_probe_at > now || assignment.instance.stopping {
+            // A start not yet collected resets the tracker when it is: a
+            // probe before that would be forgotten (or flip a pass back).
+            if !running
+                || record.health.next_probe_at > now
+                || assignment.instance.stopping
+                || self.starting.contains_key(id)
+            {
                 continue;
             }
             let status = actual.get(id);
