@@ -449,3 +449,36 @@ fn report_join(args: &JoinArgs, node: &str, files: &cca_trust::config_dir::Clien
         args.address
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: AgentArgs,
+    }
+
+    fn gate_of(flags: &[&str]) -> Result<Option<cca_agent::gate::GateConfig>, clap::Error> {
+        let argv = ["cca", "--gate-listen", "127.0.0.1:0,127.0.0.1:0"]
+            .into_iter()
+            .chain(flags.iter().copied());
+        Cli::try_parse_from(argv).map(|cli| cli.args.gate_config())
+    }
+
+    #[test]
+    fn gate_workers_default_to_the_cores_and_none_is_refused() {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let default = gate_of(&[]).expect("parses").expect("a gate node");
+        assert_eq!(default.server.workers, cores);
+        let three = gate_of(&["--gate-workers", "3"])
+            .expect("parses")
+            .expect("a gate node");
+        assert_eq!(three.server.workers, 3);
+        let error = gate_of(&["--gate-workers", "0"]).expect_err("zero workers");
+        assert!(error.to_string().contains("--gate-workers <N>"), "{error}");
+    }
+}
