@@ -18,6 +18,7 @@ pub mod balance;
 pub mod cache;
 pub mod forward;
 pub mod gate_state;
+pub mod h1;
 pub mod metrics;
 pub mod proxy;
 pub mod server;

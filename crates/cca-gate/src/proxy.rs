@@ -25,6 +25,7 @@ use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::http::uri::PathAndQuery;
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
 use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -36,10 +37,13 @@ use crate::metrics::{Metrics, class_index};
 use crate::server::Activity;
 use crate::table::{GateRoutes, RouteTable};
 use crate::traffic::{self, Traffic, Wake};
-use crate::upstream::UpstreamBody;
+use crate::upstream::{Upgraded, UpstreamBody};
 
 /// Every body the gate sends or receives.
-pub type Body = UnsyncBoxBody<Bytes, hyper::Error>;
+pub type Body = UnsyncBoxBody<Bytes, BodyError>;
+
+/// Why a body broke off: the client's or the backend's connection failed.
+pub type BodyError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How long a client is told to wait before trying a target with no
 /// ready backend again.
@@ -415,7 +419,7 @@ impl Proxy {
             },
         };
         let retryable = !upgrade && forward::is_idempotent(&parts.method) && body.is_end_stream();
-        let mut body = Some(body.boxed_unsync());
+        let mut body = Some(body.map_err(BodyError::from).boxed_unsync());
         let path_and_query = parts
             .uri
             .path_and_query()
@@ -444,9 +448,7 @@ impl Proxy {
                 .activity
                 .within(
                     timeout,
-                    backend
-                        .upstream
-                        .send(outgoing, gate.state.upstream, upgrade),
+                    backend.upstream.send(outgoing, gate.state.upstream),
                 )
                 .await;
             backend.metrics.seconds.observe(sent.elapsed());
@@ -541,9 +543,10 @@ impl Proxy {
             .access_log
             .then(|| Served(backend.target.instance.clone()));
         if switching && let Some(client_upgrade) = client_upgrade {
-            let backend_upgrade = hyper::upgrade::on(&mut response);
-            tokio::spawn(tunnel(client_upgrade, backend_upgrade, lease));
-            let (mut parts, _) = response.into_parts();
+            let (mut parts, body) = response.into_parts();
+            if let Some(backend) = body.into_upgraded() {
+                tokio::spawn(tunnel(client_upgrade, backend, lease));
+            }
             if let Some(served) = served {
                 parts.extensions.insert(served);
             }
@@ -634,12 +637,12 @@ struct Storing {
 
 impl hyper::body::Body for Storing {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
@@ -690,21 +693,25 @@ struct Served(String);
 
 /// Copies bytes both ways between an upgraded client connection and its
 /// backend until either closes.
-async fn tunnel(
-    client: hyper::upgrade::OnUpgrade,
-    backend: hyper::upgrade::OnUpgrade,
-    lease: Lease,
-) {
-    let (client, backend) = match tokio::try_join!(client, backend) {
-        Ok(both) => both,
+async fn tunnel(client: hyper::upgrade::OnUpgrade, backend: Upgraded, lease: Lease) {
+    let client = match client.await {
+        Ok(client) => client,
         Err(error) => {
             tracing::debug!(%error, "an upgrade through the gate did not complete");
             return;
         }
     };
     let mut client = TokioIo::new(client);
-    let mut backend = TokioIo::new(backend);
-    if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut backend).await {
+    let Upgraded {
+        stream: mut backend,
+        early,
+    } = backend;
+    // What the backend sent right after its 101 goes first.
+    let copied = async {
+        client.write_all(&early).await?;
+        tokio::io::copy_bidirectional(&mut client, &mut backend).await
+    };
+    if let Err(error) = copied.await {
         tracing::debug!(%error, "an upgraded connection through the gate ended");
     }
     drop(lease);
@@ -719,16 +726,16 @@ struct Guarded<B, G> {
 
 impl<B, G> hyper::body::Body for Guarded<B, G>
 where
-    B: hyper::body::Body<Data = Bytes, Error = hyper::Error> + Unpin,
+    B: hyper::body::Body<Data = Bytes, Error = BodyError> + Unpin,
     G: Unpin,
 {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
         Pin::new(&mut self.inner).poll_frame(cx)
     }
 

@@ -1,20 +1,24 @@
 //! The gate's connections to one backend: kept-alive HTTP/1.1 connections
-//! driven with hyper's connection API, and a stack of the idle ones,
-//! reused newest first so that the warm connections stay in use and the
-//! others age out. A connection goes back on the stack once the response
-//! it carried has been read to its end (one whose body was abandoned
-//! half-way is closed instead). A connection the backend closed while it
-//! sat idle is noticed before use; in the race where the backend closes it
-//! just as a request goes out, hyper hands the request back unsent and it
-//! goes out on another connection.
+//! it reads and writes itself with [`crate::h1`]'s framing, and a stack of
+//! the idle ones, reused newest first so that the warm connections stay in
+//! use and the others age out. A connection goes back on the stack once
+//! the response it carried has been read to its end and says the
+//! connection persists (one whose body was abandoned half-way is closed
+//! instead). A connection the backend closed while it sat idle is noticed
+//! before use; in the race where the backend closes it just as a request
+//! goes out, a request with no body is sent again on a new connection.
 //!
-//! A connection has no task of its own: the request using it drives it
-//! (writes the request, reads the response) from the task that serves the
-//! client, and the response body drives it as the client's connection
-//! reads. A task per connection cost every request two wake-ups of other
-//! tasks, often on the other core, often waking a parked worker thread.
-//! Upgrades (WebSocket) are the exception: their connections run in a
-//! task, since the tunnel outlives the request.
+//! A connection has no task of its own: the request using it writes the
+//! request and reads the response head from the task that serves the
+//! client, and the response body reads the socket as the client's
+//! connection asks for more. Nothing passes through a channel or wakes
+//! another task. A `101 Switching Protocols` hands the socket itself (and
+//! any bytes already read past the head) to the tunnel.
+//!
+//! Reads clear the socket's readiness when they drain it (a read that
+//! returns less than it had room for): the next read then waits for the
+//! kernel to say more arrived instead of asking it in a system call that
+//! would only say "nothing yet".
 //!
 //! Each worker thread (see [`crate::workers`]) has a stack of its own:
 //! a connection's socket is registered with the runtime that opened it,
@@ -25,24 +29,28 @@
 //! backends' addresses, needs no DNS, proxy or TLS to them, and gains from
 //! a checkout that is one uncontended lock and a pop.
 
-use std::future::{Future, poll_fn};
+use std::future::poll_fn;
+use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-use bytes::Bytes;
-use hyper::body::{Body as _, Frame, Incoming, SizeHint};
-use hyper::client::conn::TrySendError;
-use hyper::client::conn::http1::{self, SendRequest};
-use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::{Body as _, Frame, SizeHint};
+use hyper::{Method, Request, Response, StatusCode};
+use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-use crate::proxy::Body;
+use crate::h1::{self, BodyLength, ChunkedDecoder, Decoded, Framing, FramingError};
+use crate::proxy::{Body, BodyError};
 use crate::sharded::Shards;
+
+/// Room a read asks for at least.
+const READ_ROOM: usize = 8 * 1024;
 
 /// How a gate talks to its backends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,24 +74,38 @@ pub enum UpstreamError {
     #[error("connecting to {address}: {source}")]
     Connect {
         address: SocketAddr,
-        source: std::io::Error,
+        source: io::Error,
     },
-    #[error("starting HTTP/1.1 with {address}: {source}")]
-    Handshake {
+    #[error("sending the request to {address}: {source}")]
+    Send {
         address: SocketAddr,
-        source: hyper::Error,
+        source: BodyError,
     },
-    #[error("{}", root_cause(.0))]
-    Exchange(hyper::Error),
+    #[error("{address} closed the connection before responding")]
+    Closed { address: SocketAddr },
+    #[error("reading the response of {address}: {source}")]
+    Receive {
+        address: SocketAddr,
+        source: io::Error,
+    },
+    #[error("{address} sent a response the gate cannot read: {source}")]
+    Framing {
+        address: SocketAddr,
+        source: FramingError,
+    },
 }
 
-/// The innermost reason of an error (hyper's outer layers say little).
-fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut cause = error;
-    while let Some(source) = cause.source() {
-        cause = source;
-    }
-    cause.to_string()
+/// Why a backend response's body broke off.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyBroken {
+    #[error("the backend closed the connection {0} bytes before the body's end")]
+    Short(u64),
+    #[error("the backend closed the connection in the middle of a chunked body")]
+    ShortChunked,
+    #[error("reading the body from the backend: {0}")]
+    Io(#[from] io::Error),
+    #[error("the backend sent a body the gate cannot read: {0}")]
+    Framing(#[from] FramingError),
 }
 
 /// One backend's connections; see the module documentation.
@@ -96,75 +118,16 @@ pub struct Upstream {
 
 #[derive(Debug)]
 struct Idle {
-    connection: Driven,
+    connection: Connection,
     since: Instant,
 }
 
-type Connection = http1::Connection<TokioIo<TcpStream>, Body>;
-
-/// A connection and the handle its requests go through, polled by
-/// whichever request or body uses it.
-struct Driven {
-    sender: SendRequest<Body>,
-    /// `None` once it finished (closed or failed): dropping it hands back
-    /// any request it had not sent.
-    connection: Option<Pin<Box<Connection>>>,
-}
-
-impl std::fmt::Debug for Driven {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Driven")
-            .field("ended", &self.connection.is_none())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Driven {
-    fn new(sender: SendRequest<Body>, connection: Connection) -> Self {
-        Self {
-            sender,
-            connection: Some(Box::pin(connection)),
-        }
-    }
-
-    /// Lets the connection do what IO it can: write a request, read a
-    /// response, notice the backend closed it.
-    fn drive(&mut self, cx: &mut Context<'_>) {
-        drive(&mut self.connection, cx);
-    }
-
-    /// Ready for a request (`false`: it is closed).
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<bool> {
-        self.drive(cx);
-        if self.connection.is_none() {
-            return Poll::Ready(false);
-        }
-        self.sender.poll_ready(cx).map(|ready| ready.is_ok())
-    }
-
-    /// Whether it is still open, as far as it knows without waiting.
-    fn is_open(&mut self) -> bool {
-        self.drive(&mut Context::from_waker(Waker::noop()));
-        self.connection.is_some() && !self.sender.is_closed()
-    }
-
-    /// Sends `request` and waits for the response's head, driving the
-    /// connection meanwhile.
-    async fn exchange(
-        &mut self,
-        request: Request<Body>,
-    ) -> Result<Response<Incoming>, TrySendError<Request<Body>>> {
-        let Self { sender, connection } = self;
-        let mut response = std::pin::pin!(sender.try_send_request(request));
-        poll_fn(|cx| {
-            if let Poll::Ready(answered) = response.as_mut().poll(cx) {
-                return Poll::Ready(answered);
-            }
-            drive(connection, cx);
-            response.as_mut().poll(cx)
-        })
-        .await
-    }
+/// A connection to the backend with what was read past the last message.
+#[derive(Debug)]
+pub struct Connection {
+    stream: TcpStream,
+    read: BytesMut,
+    write: BytesMut,
 }
 
 fn lock(stack: &Mutex<Vec<Idle>>) -> std::sync::MutexGuard<'_, Vec<Idle>> {
@@ -173,12 +136,199 @@ fn lock(stack: &Mutex<Vec<Idle>>) -> std::sync::MutexGuard<'_, Vec<Idle>> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Polls `connection` unless it finished, and drops it when it does.
-fn drive(connection: &mut Option<Pin<Box<Connection>>>, cx: &mut Context<'_>) {
-    if let Some(running) = connection
-        && running.as_mut().poll(cx).is_ready()
-    {
-        *connection = None;
+/// Reads what `stream` has into `buf`: 0 at the end of the stream. A read
+/// that drains the socket clears its readiness (see the module
+/// documentation).
+fn poll_fill(
+    stream: &TcpStream,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> Poll<io::Result<usize>> {
+    if buf.capacity() - buf.len() < READ_ROOM / 2 {
+        buf.reserve(READ_ROOM);
+    }
+    loop {
+        ready!(stream.poll_read_ready(cx))?;
+        let room = buf.capacity() - buf.len();
+        let mut got = 0;
+        let read = stream.try_io(Interest::READABLE, || {
+            got = stream.try_read_buf(buf)?;
+            if got > 0 && got < room {
+                // Drained: let the readiness go.
+                Err(io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(got)
+            }
+        });
+        match read {
+            Ok(read) => return Poll::Ready(Ok(read)),
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
+                if got > 0 {
+                    return Poll::Ready(Ok(got));
+                }
+            }
+            Err(error) => return Poll::Ready(Err(error)),
+        }
+    }
+}
+
+impl Connection {
+    fn new(stream: TcpStream) -> Self {
+        Self {
+            stream,
+            read: BytesMut::new(),
+            write: BytesMut::new(),
+        }
+    }
+
+    /// Whether the backend has neither closed the connection nor sent
+    /// anything unasked, as far as can be seen without waiting.
+    fn is_open(&mut self) -> bool {
+        if !self.read.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(Waker::noop());
+        poll_fill(&self.stream, &mut self.read, &mut cx).is_pending()
+    }
+
+    /// Writes the request and its body and reads the response's head
+    /// (skipping interim 1xx responses but `101`). A response that comes
+    /// before the body is all sent stops the sending; the connection then
+    /// closes after it.
+    async fn exchange(
+        &mut self,
+        method: &Method,
+        body: Option<Body>,
+        length: BodyLength,
+        address: SocketAddr,
+    ) -> Result<(h1::ResponseHead, bool), UpstreamError> {
+        let Self {
+            stream,
+            read,
+            write,
+        } = self;
+        write_all(stream, write)
+            .await
+            .map_err(|source| UpstreamError::Send {
+                address,
+                source: source.into(),
+            })?;
+        write.clear();
+        let Some(body) = body else {
+            return Ok((read_head(stream, read, method, address).await?, true));
+        };
+        let mut sending = std::pin::pin!(send_body(stream, body, length, address));
+        let mut head = std::pin::pin!(read_head(stream, read, method, address));
+        let mut sent = false;
+        poll_fn(|cx| {
+            if let Poll::Ready(head) = head.as_mut().poll(cx) {
+                return Poll::Ready(head.map(|head| (head, sent)));
+            }
+            if !sent && let Poll::Ready(result) = sending.as_mut().poll(cx) {
+                result?;
+                sent = true;
+                return head
+                    .as_mut()
+                    .poll(cx)
+                    .map(|head| head.map(|head| (head, true)));
+            }
+            Poll::Pending
+        })
+        .await
+    }
+}
+
+/// Writes all of `bytes`.
+async fn write_all(stream: &TcpStream, mut bytes: &[u8]) -> io::Result<()> {
+    while !bytes.is_empty() {
+        match stream.try_write(bytes) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(written) => bytes = &bytes[written..],
+            Err(error) if error.kind() == io::ErrorKind::WouldBlock => stream.writable().await?,
+            Err(error) => return Err(error),
+        }
+    }
+    Ok(())
+}
+
+/// Reads a response head, skipping interim responses (but `101`).
+async fn read_head(
+    stream: &TcpStream,
+    read: &mut BytesMut,
+    method: &Method,
+    address: SocketAddr,
+) -> Result<h1::ResponseHead, UpstreamError> {
+    loop {
+        match h1::parse_response(read, method) {
+            Ok(Some(head))
+                if head.status.is_informational()
+                    && head.status != StatusCode::SWITCHING_PROTOCOLS =>
+            {
+                continue;
+            }
+            Ok(Some(head)) => return Ok(head),
+            Ok(None) => {}
+            Err(source) => return Err(UpstreamError::Framing { address, source }),
+        }
+        let got = poll_fn(|cx| poll_fill(stream, read, cx))
+            .await
+            .map_err(|source| UpstreamError::Receive { address, source })?;
+        if got == 0 && read.is_empty() {
+            return Err(UpstreamError::Closed { address });
+        }
+        if got == 0 {
+            return Err(UpstreamError::Receive {
+                address,
+                source: io::ErrorKind::UnexpectedEof.into(),
+            });
+        }
+    }
+}
+
+/// Writes a request body, framed as `length` says.
+async fn send_body(
+    stream: &TcpStream,
+    mut body: Body,
+    length: BodyLength,
+    address: SocketAddr,
+) -> Result<(), UpstreamError> {
+    let failed = |source: BodyError| UpstreamError::Send { address, source };
+    let mut framed = BytesMut::new();
+    let mut sent = 0u64;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(failed)?.into_data() else {
+            continue; // Trailers are not forwarded.
+        };
+        sent += data.len() as u64;
+        if let BodyLength::Known(declared) = length
+            && sent > declared
+        {
+            return Err(failed("the request body is longer than it said".into()));
+        }
+        if length == BodyLength::Chunked {
+            if data.is_empty() {
+                continue;
+            }
+            framed.clear();
+            h1::write_chunk(&mut framed, &data);
+            write_all(stream, &framed).await
+        } else {
+            write_all(stream, &data).await
+        }
+        .map_err(|error| failed(error.into()))?;
+    }
+    match length {
+        BodyLength::Chunked => {
+            framed.clear();
+            h1::write_chunk(&mut framed, b"");
+            write_all(stream, &framed)
+                .await
+                .map_err(|error| failed(error.into()))
+        }
+        BodyLength::Known(declared) if sent != declared => {
+            Err(failed("the request body is shorter than it said".into()))
+        }
+        _ => Ok(()),
     }
 }
 
@@ -191,59 +341,72 @@ impl Upstream {
     }
 
     /// Sends `request` (origin-form URI, `Host` set) and returns the
-    /// response, whose body hands the connection back when it ends. An
-    /// `upgrade` goes out on a connection of its own.
+    /// response, whose body hands the connection back when it ends.
     pub async fn send(
         self: &Arc<Self>,
-        mut request: Request<Body>,
-        settings: UpstreamSettings,
-        upgrade: bool,
-    ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        // The rare paths (an upgrade, a new connection) are boxed: the
-        // common one's future stays small, and it is built and moved on
-        // every request.
-        if upgrade {
-            return Box::pin(self.send_upgrade(request, settings)).await;
-        }
-        while let Some(mut connection) = self.checkout(settings.idle) {
-            if !connection.ready(settings.connect).await {
-                continue;
-            }
-            match connection.exchange(request).await {
-                Ok(response) => return Ok(self.returning(response, connection, settings)),
-                Err(mut failed) => match failed.take_message() {
-                    Some(unsent) => request = unsent,
-                    None => return Err(UpstreamError::Exchange(failed.into_error())),
-                },
-            }
-        }
-        let (sender, connection) = Box::pin(self.connect(settings.connect)).await?;
-        let mut connection = Driven::new(sender, connection);
-        match connection.exchange(request).await {
-            Ok(response) => Ok(self.returning(response, connection, settings)),
-            Err(failed) => Err(UpstreamError::Exchange(failed.into_error())),
-        }
-    }
-
-    /// An upgrade on a new connection, run by a task of its own so that
-    /// it can be handed to the tunnel.
-    async fn send_upgrade(
-        &self,
         request: Request<Body>,
         settings: UpstreamSettings,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let (mut sender, connection) = self.connect(settings.connect).await?;
-        let address = self.address;
-        tokio::spawn(async move {
-            if let Err(error) = connection.with_upgrades().await {
-                tracing::debug!(%address, %error, "a gate connection to a backend ended with an error");
+        let (parts, body) = request.into_parts();
+        let length = body_length(&parts.method, &body);
+        let body = (!body.is_end_stream()).then_some(body);
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        // Sent again on a new connection if a reused one turns out closed
+        // (the backend closed it as the request went out): only while
+        // nothing of a body was consumed, and after a reset only when
+        // sending twice does no harm.
+        let resendable = |error: &UpstreamError| match error {
+            UpstreamError::Closed { .. } | UpstreamError::Send { .. } => true,
+            UpstreamError::Receive { source, .. } => {
+                source.kind() == io::ErrorKind::ConnectionReset
+                    && crate::forward::is_idempotent(&parts.method)
             }
-        });
-        let response = sender
-            .send_request(request)
-            .await
-            .map_err(UpstreamError::Exchange)?;
-        Ok(response.map(|body| UpstreamBody { body, lent: None }))
+            _ => false,
+        };
+        if let Some(mut connection) = self.checkout(settings.idle) {
+            h1::write_request_head(
+                &mut connection.write,
+                &parts.method,
+                target,
+                &parts.headers,
+                length,
+            );
+            let had_body = body.is_some();
+            match connection
+                .exchange(&parts.method, body, length, self.address)
+                .await
+            {
+                Ok((head, sent)) => return Ok(self.returning(head, connection, sent, settings)),
+                Err(error) if !had_body && resendable(&error) => {}
+                Err(error) => return Err(error),
+            }
+            // The body was empty: nothing of it is lost.
+            return Box::pin(self.send_fresh(&parts, None, length, settings)).await;
+        }
+        Box::pin(self.send_fresh(&parts, body, length, settings)).await
+    }
+
+    /// Sends on a new connection.
+    async fn send_fresh(
+        self: &Arc<Self>,
+        parts: &hyper::http::request::Parts,
+        body: Option<Body>,
+        length: BodyLength,
+        settings: UpstreamSettings,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let mut connection = self.connect(settings.connect).await?;
+        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        h1::write_request_head(
+            &mut connection.write,
+            &parts.method,
+            target,
+            &parts.headers,
+            length,
+        );
+        let (head, sent) = connection
+            .exchange(&parts.method, body, length, self.address)
+            .await?;
+        Ok(self.returning(head, connection, sent, settings))
     }
 
     /// Closes idle connections older than `idle` and those the backend
@@ -267,22 +430,25 @@ impl Upstream {
         lock(self.idle.local())
     }
 
-    /// The newest idle connection that is young enough.
-    fn checkout(&self, idle: Duration) -> Option<Driven> {
+    /// The newest idle connection that is young enough and still open.
+    fn checkout(&self, idle: Duration) -> Option<Connection> {
         let now = Instant::now();
         let mut stack = self.local();
-        while let Some(entry) = stack.pop() {
-            if now.duration_since(entry.since) < idle {
+        while let Some(mut entry) = stack.pop() {
+            if now.duration_since(entry.since) < idle && entry.connection.is_open() {
                 return Some(entry.connection);
             }
         }
         None
     }
 
-    fn give_back(&self, connection: Driven, max_idle: usize) {
-        if connection.connection.is_none() || connection.sender.is_closed() {
+    fn give_back(&self, mut connection: Connection, max_idle: usize) {
+        if !connection.read.is_empty() {
+            // Bytes past the response's end: not a backend to trust.
             return;
         }
+        // An idle connection holds no buffer.
+        connection.read = BytesMut::new();
         let mut stack = self.local();
         if stack.len() < max_idle {
             stack.push(Idle {
@@ -292,10 +458,7 @@ impl Upstream {
         }
     }
 
-    async fn connect(
-        &self,
-        timeout: Duration,
-    ) -> Result<(SendRequest<Body>, Connection), UpstreamError> {
+    async fn connect(&self, timeout: Duration) -> Result<Connection, UpstreamError> {
         let address = self.address;
         let stream = match tokio::time::timeout(timeout, TcpStream::connect(address)).await {
             Ok(Ok(stream)) => stream,
@@ -308,119 +471,210 @@ impl Upstream {
             }
         };
         let _ = stream.set_nodelay(true);
-        http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|source| UpstreamError::Handshake { address, source })
+        Ok(Connection::new(stream))
     }
 
     fn returning(
         self: &Arc<Self>,
-        response: Response<Incoming>,
-        connection: Driven,
+        head: h1::ResponseHead,
+        connection: Connection,
+        sent: bool,
         settings: UpstreamSettings,
     ) -> Response<UpstreamBody> {
-        // A 101 to a request that did not ask for one leaves the
-        // connection in no state to reuse.
-        let reusable = response.status() != StatusCode::SWITCHING_PROTOCOLS;
-        response.map(|body| {
-            let mut body = UpstreamBody {
-                body,
-                lent: reusable.then(|| Lent {
-                    connection,
-                    upstream: Arc::clone(self),
-                    max_idle: settings.max_idle,
-                }),
-            };
-            if body.body.is_end_stream() {
-                body.give_back();
-            }
-            body
-        })
+        let mut response = Response::new(());
+        *response.status_mut() = head.status;
+        *response.headers_mut() = head.headers;
+        let switching = head.status == StatusCode::SWITCHING_PROTOCOLS;
+        let left = match head.framing {
+            Framing::Empty => Left::Nothing,
+            Framing::Length(length) => Left::Bytes(length),
+            Framing::Chunked => Left::Chunked(ChunkedDecoder::default()),
+            Framing::UntilClose => Left::UntilClose,
+        };
+        let mut body = UpstreamBody {
+            left: if switching { Left::Nothing } else { left },
+            lent: Some(Lent {
+                connection,
+                upstream: Arc::clone(self),
+                max_idle: settings.max_idle,
+                // A connection whose request body was cut short, or that
+                // switched protocols, cannot carry another request.
+                reusable: head.keep_alive && sent && !switching,
+            }),
+            switched: switching,
+        };
+        if !switching && body.is_end_stream() {
+            body.finish();
+        }
+        response.map(|()| body)
     }
 }
 
-impl Driven {
-    /// Waits (up to `timeout`) for the connection to take a request;
-    /// `false`: it closed, or is still busy with its last response.
-    async fn ready(&mut self, timeout: Duration) -> bool {
-        // Nearly always ready at once: no timer for that.
-        if let Poll::Ready(ready) = poll_fn(|cx| Poll::Ready(self.poll_ready(cx))).await {
-            return ready;
-        }
-        Box::pin(tokio::time::timeout(
-            timeout,
-            poll_fn(|cx| self.poll_ready(cx)),
-        ))
-        .await
-        .unwrap_or(false)
+/// How the request's body is framed for the backend.
+fn body_length(method: &Method, body: &Body) -> BodyLength {
+    if body.is_end_stream() {
+        // A method that defines a body says its length even when it is
+        // empty; GET and the like say nothing.
+        return if matches!(*method, Method::POST | Method::PUT | Method::PATCH) {
+            BodyLength::Known(0)
+        } else {
+            BodyLength::None
+        };
+    }
+    match body.size_hint().exact() {
+        Some(length) => BodyLength::Known(length),
+        None => BodyLength::Chunked,
     }
 }
 
 /// A connection on loan to a response body.
 #[derive(Debug)]
 struct Lent {
-    connection: Driven,
+    connection: Connection,
     upstream: Arc<Upstream>,
     max_idle: usize,
+    reusable: bool,
 }
 
-/// A backend response's body. It drives its connection as it is read,
-/// and hands the connection back to the idle stack when it ends.
+/// What is left of a response body.
+#[derive(Debug)]
+enum Left {
+    Nothing,
+    Bytes(u64),
+    Chunked(ChunkedDecoder),
+    UntilClose,
+}
+
+/// A backend response's body. It reads the backend's socket as it is
+/// read, and hands the connection back to the idle stack when it ends.
 #[derive(Debug)]
 pub struct UpstreamBody {
-    body: Incoming,
+    left: Left,
     lent: Option<Lent>,
+    /// A `101`: the connection is the tunnel's ([`Self::into_upgraded`]).
+    switched: bool,
+}
+
+/// A backend connection that switched protocols: its socket and the
+/// bytes that came after the `101` head.
+#[derive(Debug)]
+pub struct Upgraded {
+    pub stream: TcpStream,
+    pub early: Bytes,
 }
 
 impl UpstreamBody {
-    fn give_back(&mut self) {
-        if let Some(lent) = self.lent.take() {
+    /// The connection of a `101` response, for the tunnel.
+    pub fn into_upgraded(mut self) -> Option<Upgraded> {
+        if !self.switched {
+            return None;
+        }
+        let lent = self.lent.take()?;
+        Some(Upgraded {
+            stream: lent.connection.stream,
+            early: lent.connection.read.freeze(),
+        })
+    }
+
+    /// The body ended: the connection goes back if it may.
+    fn finish(&mut self) {
+        self.left = Left::Nothing;
+        if let Some(lent) = self.lent.take()
+            && lent.reusable
+        {
             lent.upstream.give_back(lent.connection, lent.max_idle);
         }
     }
 
-    fn poll_body(
-        &mut self,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
+    fn poll_body(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BodyBroken>>> {
+        let Some(lent) = &mut self.lent else {
+            return Poll::Ready(None);
+        };
+        let connection = &mut lent.connection;
+        loop {
+            let buffered = &mut connection.read;
+            match &mut self.left {
+                Left::Nothing => return Poll::Ready(None),
+                Left::Bytes(left) => {
+                    if !buffered.is_empty() {
+                        let taken = (*left).min(buffered.len() as u64);
+                        *left -= taken;
+                        return Poll::Ready(Some(Ok(buffered.split_to(taken as usize).freeze())));
+                    }
+                }
+                Left::Chunked(decoder) => match decoder.decode(buffered) {
+                    Ok(Decoded::Data(data)) => return Poll::Ready(Some(Ok(data))),
+                    Ok(Decoded::Done) => return Poll::Ready(None),
+                    Ok(Decoded::NeedMore) => {}
+                    Err(error) => return Poll::Ready(Some(Err(error.into()))),
+                },
+                Left::UntilClose => {
+                    if !buffered.is_empty() {
+                        return Poll::Ready(Some(Ok(buffered.split().freeze())));
+                    }
+                }
+            }
+            let got = match ready!(poll_fill(&connection.stream, &mut connection.read, cx)) {
+                Ok(got) => got,
+                Err(error) => return Poll::Ready(Some(Err(error.into()))),
+            };
+            if got == 0 {
+                return Poll::Ready(match &self.left {
+                    Left::Bytes(left) => Some(Err(BodyBroken::Short(*left))),
+                    Left::Chunked(_) => Some(Err(BodyBroken::ShortChunked)),
+                    _ => {
+                        lent.reusable = false;
+                        None
+                    }
+                });
+            }
+        }
     }
 }
 
 impl hyper::body::Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let mut polled = self.poll_body(cx);
-        if polled.is_pending()
-            && let Some(lent) = &mut self.lent
-        {
-            // The connection reads what the body waits for.
-            lent.connection.drive(cx);
-            polled = self.poll_body(cx);
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyError>>> {
+        let polled = ready!(self.poll_body(cx));
+        match polled {
+            Some(Ok(data)) => {
+                if self.is_end_stream() {
+                    self.finish();
+                }
+                Poll::Ready(Some(Ok(Frame::data(data))))
+            }
+            None => {
+                self.finish();
+                Poll::Ready(None)
+            }
+            Some(Err(error)) => {
+                // A broken body leaves the connection in no state to reuse.
+                self.lent = None;
+                self.left = Left::Nothing;
+                Poll::Ready(Some(Err(error.into())))
+            }
         }
-        let frame = ready!(polled);
-        match &frame {
-            None => self.give_back(),
-            Some(Ok(_)) if self.body.is_end_stream() => self.give_back(),
-            Some(Ok(_)) => {}
-            // A broken body leaves the connection in no state to reuse.
-            Some(Err(_)) => self.lent = None,
-        }
-        Poll::Ready(frame)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        match &self.left {
+            Left::Nothing | Left::Bytes(0) => true,
+            Left::Chunked(decoder) => decoder.is_done(),
+            _ => false,
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
+        match &self.left {
+            Left::Nothing => SizeHint::with_exact(0),
+            Left::Bytes(left) => SizeHint::with_exact(*left),
+            _ => SizeHint::default(),
+        }
     }
 }
 
@@ -491,7 +745,7 @@ mod tests {
     }
 
     async fn exchange(upstream: &Arc<Upstream>) -> Result<Bytes, UpstreamError> {
-        let response = upstream.send(get(), SETTINGS, false).await?;
+        let response = upstream.send(get(), SETTINGS).await?;
         Ok(response
             .into_body()
             .collect()
@@ -532,5 +786,221 @@ mod tests {
         let upstream = Arc::new(Upstream::new(address));
         let error = exchange(&upstream).await.expect_err("nothing listens");
         assert!(error.to_string().contains(&address.to_string()), "{error}");
+    }
+
+    /// A backend that answers the requests it gets with `answers`, in
+    /// turn (closing the connection after those marked so), and records
+    /// every request it read. Returns its address, the requests, and how
+    /// many connections it accepted.
+    async fn scripted(
+        answers: Vec<(&'static [u8], bool)>,
+    ) -> (SocketAddr, Arc<Mutex<Vec<String>>>, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let answers = Arc::new(Mutex::new(std::collections::VecDeque::from(answers)));
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (seen, counting) = (Arc::clone(&received), Arc::clone(&accepted));
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                counting.fetch_add(1, Ordering::SeqCst);
+                let (answers, seen) = (Arc::clone(&answers), Arc::clone(&seen));
+                tokio::spawn(async move {
+                    let mut buffer = Vec::new();
+                    let mut chunk = [0; 4096];
+                    loop {
+                        while let Some(length) = complete_request(&buffer) {
+                            let request: Vec<u8> = buffer.drain(..length).collect();
+                            seen.lock()
+                                .expect("lock")
+                                .push(String::from_utf8_lossy(&request).into_owned());
+                            let Some((answer, close)) = answers.lock().expect("lock").pop_front()
+                            else {
+                                return;
+                            };
+                            if stream.write_all(answer).await.is_err() || close {
+                                return;
+                            }
+                        }
+                        match stream.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(read) => buffer.extend_from_slice(&chunk[..read]),
+                        }
+                    }
+                });
+            }
+        });
+        (address, received, accepted)
+    }
+
+    /// The length of the complete request at the start of `buffer`.
+    fn complete_request(buffer: &[u8]) -> Option<usize> {
+        let head = buffer.windows(4).position(|w| w == b"\r\n\r\n")? + 4;
+        let text = String::from_utf8_lossy(&buffer[..head]).to_ascii_lowercase();
+        if text.contains("transfer-encoding: chunked") {
+            let end = buffer[head..].windows(5).position(|w| w == b"0\r\n\r\n")?;
+            return Some(head + end + 5);
+        }
+        let length = text
+            .lines()
+            .find_map(|line| line.strip_prefix("content-length: "))
+            .map_or(0, |value| value.trim().parse::<usize>().expect("length"));
+        (buffer.len() >= head + length).then_some(head + length)
+    }
+
+    async fn read_all(response: Response<UpstreamBody>) -> Result<Bytes, BodyError> {
+        Ok(response.into_body().collect().await?.to_bytes())
+    }
+
+    #[tokio::test]
+    async fn chunked_and_length_bodies_are_read_and_the_connection_reused() {
+        let (address, _, accepted) = scripted(vec![
+            (b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n3\r\n!!!\r\n0\r\n\r\n", false),
+            (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nnext", false),
+            (b"HTTP/1.1 204 No Content\r\n\r\n", false),
+        ])
+        .await;
+        let upstream = Arc::new(Upstream::new(address));
+        let first = upstream.send(get(), SETTINGS).await.expect("response");
+        assert_eq!(read_all(first).await.expect("body"), "ok!!!");
+        let second = upstream.send(get(), SETTINGS).await.expect("response");
+        assert_eq!(
+            second.status(),
+            StatusCode::OK,
+            "the interim 100 is skipped"
+        );
+        assert_eq!(read_all(second).await.expect("body"), "next");
+        let third = upstream.send(get(), SETTINGS).await.expect("response");
+        assert_eq!(third.status(), StatusCode::NO_CONTENT);
+        assert!(third.body().is_end_stream());
+        assert_eq!(upstream.idle_connections(), 1, "back as soon as it ended");
+        assert_eq!(accepted.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_body_cut_short_is_an_error_and_its_connection_is_not_reused() {
+        let (address, _, accepted) = scripted(vec![
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nshort", true),
+            (b"HTTP/1.1 200 OK\r\n\r\nuntil the close", true),
+            (b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", false),
+        ])
+        .await;
+        let upstream = Arc::new(Upstream::new(address));
+        let cut = upstream.send(get(), SETTINGS).await.expect("response");
+        let error = read_all(cut).await.expect_err("cut short");
+        assert!(
+            error.to_string().contains("5 bytes before the body's end"),
+            "{error}"
+        );
+        let until_close = upstream.send(get(), SETTINGS).await.expect("response");
+        assert_eq!(
+            read_all(until_close).await.expect("body"),
+            "until the close"
+        );
+        assert_eq!(upstream.idle_connections(), 0);
+        assert_eq!(exchange(&upstream).await.expect("answer"), "ok");
+        assert_eq!(accepted.load(Ordering::SeqCst), 3);
+    }
+
+    #[tokio::test]
+    async fn request_bodies_go_out_with_their_framing() {
+        let ok: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        let (address, received, _) = scripted(vec![(ok, false), (ok, false), (ok, false)]).await;
+        let upstream = Arc::new(Upstream::new(address));
+        let full = http_body_util::Full::new(Bytes::from_static(b"hello"))
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let post = Request::post("/in")
+            .header("host", "a")
+            .body(full)
+            .expect("request");
+        upstream.send(post, SETTINGS).await.expect("response");
+        let (sender, stream_body) =
+            tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BodyError>>(2);
+        let streamed =
+            http_body_util::StreamBody::new(tokio_stream_from(stream_body)).boxed_unsync();
+        sender
+            .send(Ok(Frame::data(Bytes::from_static(b"ab"))))
+            .await
+            .expect("send");
+        sender
+            .send(Ok(Frame::data(Bytes::from_static(b"cde"))))
+            .await
+            .expect("send");
+        drop(sender);
+        let put = Request::put("/in")
+            .header("host", "a")
+            .body(streamed)
+            .expect("request");
+        upstream.send(put, SETTINGS).await.expect("response");
+        let empty = http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let bare = Request::post("/in")
+            .header("host", "a")
+            .body(empty)
+            .expect("request");
+        upstream.send(bare, SETTINGS).await.expect("response");
+        let received = received.lock().expect("lock").clone();
+        assert_eq!(
+            received[0],
+            "POST /in HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\n\r\nhello"
+        );
+        assert_eq!(
+            received[1],
+            "PUT /in HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"
+        );
+        assert_eq!(
+            received[2],
+            "POST /in HTTP/1.1\r\nhost: a\r\ncontent-length: 0\r\n\r\n"
+        );
+    }
+
+    /// A stream of a channel's items.
+    fn tokio_stream_from<T>(
+        mut receiver: tokio::sync::mpsc::Receiver<T>,
+    ) -> impl futures_util::Stream<Item = T> {
+        futures_util::stream::poll_fn(move |cx| receiver.poll_recv(cx))
+    }
+
+    #[tokio::test]
+    async fn a_switch_of_protocols_hands_over_the_socket_and_what_followed_the_head() {
+        let (address, _, _) = scripted(vec![(
+            b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: upgrade\r\n\r\nearly",
+            false,
+        )])
+        .await;
+        let upstream = Arc::new(Upstream::new(address));
+        let response = upstream.send(get(), SETTINGS).await.expect("response");
+        assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
+        let mut upgraded = response.into_body().into_upgraded().expect("the socket");
+        let mut early = upgraded.early.to_vec();
+        while early.len() < 5 {
+            let mut more = [0; 16];
+            let read = upgraded.stream.read(&mut more).await.expect("read");
+            assert!(read > 0, "the early bytes arrive");
+            early.extend_from_slice(&more[..read]);
+        }
+        assert_eq!(early, b"early");
+        assert_eq!(upstream.idle_connections(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_response_the_gate_cannot_frame_names_the_backend_and_the_problem() {
+        let (address, _, _) = scripted(vec![(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok",
+            false,
+        )])
+        .await;
+        let upstream = Arc::new(Upstream::new(address));
+        let error = upstream.send(get(), SETTINGS).await.expect_err("refused");
+        let shown = error.to_string();
+        assert!(shown.contains(&address.to_string()), "{shown}");
+        assert!(
+            shown.contains("Content-Length values that disagree"),
+            "{shown}"
+        );
     }
 }
