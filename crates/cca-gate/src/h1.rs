@@ -1,20 +1,23 @@
-//! HTTP/1.1 framing as the gate reads and writes it on its backend
-//! connections (RFC 9112): a response head parsed with httparse into
-//! `http` types, how long its body is (§6.3), a decoder for the chunked
-//! coding that hands out data as it arrives, and the request head the
-//! gate writes. Pure: bytes in, decisions out; the connections that read
-//! and write are [`crate::upstream`]'s.
+//! HTTP/1.1 framing as the gate reads and writes it (RFC 9112): request
+//! heads from clients and response heads from backends parsed with
+//! httparse into `http` types, how long each body is (§6.3), a decoder
+//! for the chunked coding that hands out data as it arrives, and the heads
+//! the gate writes. Pure: bytes in, decisions out; the connections that
+//! read and write are [`crate::upstream`]'s (backends) and
+//! [`crate::serve_h1`]'s (clients).
 //!
 //! Whatever could let one message be read as two is refused rather than
 //! guessed: lengths that disagree or are not plain digits, a chunk size
 //! that is not hexadecimal or overflows, a chunk not closed by CRLF, bare
-//! LF line ends in the chunked coding. A response framed by both
-//! `Transfer-Encoding` and `Content-Length` is read by the first (§6.3)
-//! and its connection closed after it.
+//! LF line ends in the chunked coding; from clients also a request framed
+//! by both `Transfer-Encoding` and `Content-Length`, a transfer coding
+//! other than a lone `chunked`, and an HTTP/1.1 request without exactly
+//! one `Host`. A response framed both ways is read by `Transfer-Encoding`
+//! (§6.3) and its connection closed after it.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
-use hyper::{Method, StatusCode, Version};
+use hyper::{Method, StatusCode, Uri, Version};
 
 /// Longest response head the gate reads.
 pub const MAX_HEAD: usize = 64 * 1024;
@@ -103,14 +106,7 @@ pub fn parse_response(
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
-    for field in parsed.headers.iter() {
-        let name = HeaderName::from_bytes(field.name.as_bytes())
-            .map_err(|_| FramingError::Head("an invalid header name"))?;
-        let value = HeaderValue::from_bytes(field.value)
-            .map_err(|_| FramingError::Head("an invalid header value"))?;
-        headers.append(name, value);
-    }
+    let headers = header_map(parsed.headers).map_err(FramingError::Head)?;
     buf.advance(length);
     let (framing, framed_twice) = response_framing(status, method, &headers)?;
     let keep_alive =
@@ -398,20 +394,25 @@ pub fn write_request_head(
 /// Writes one chunk of the chunked coding; an empty `data` writes the
 /// last chunk and an empty trailer section, ending the body.
 pub fn write_chunk(out: &mut BytesMut, data: &[u8]) {
-    let mut size = [0u8; 16];
-    let mut at = size.len();
-    let mut left = data.len();
+    write_chunk_header(out, data.len());
+    out.put_slice(data);
+    out.put_slice(b"\r\n");
+}
+
+/// Writes the size line of a chunk of `size` bytes.
+pub fn write_chunk_header(out: &mut BytesMut, size: usize) {
+    let mut digits = [0u8; 16];
+    let mut at = digits.len();
+    let mut left = size;
     loop {
         at -= 1;
-        size[at] = b"0123456789abcdef"[left % 16];
+        digits[at] = b"0123456789abcdef"[left % 16];
         left /= 16;
         if left == 0 {
             break;
         }
     }
-    out.put_slice(&size[at..]);
-    out.put_slice(b"\r\n");
-    out.put_slice(data);
+    out.put_slice(&digits[at..]);
     out.put_slice(b"\r\n");
 }
 
@@ -426,6 +427,242 @@ fn itoa(mut value: u64, digits: &mut [u8; 20]) -> &[u8] {
             return &digits[at..];
         }
     }
+}
+
+/// A client's request head.
+#[derive(Debug)]
+pub struct RequestHead {
+    pub method: Method,
+    pub uri: Uri,
+    pub version: Version,
+    pub headers: HeaderMap,
+    /// `Empty`, `Length` or `Chunked`: a request is never read to a close.
+    pub framing: Framing,
+    /// The client keeps the connection open after the response.
+    pub keep_alive: bool,
+    /// The client waits for `100 Continue` before sending its body.
+    pub expect_continue: bool,
+}
+
+/// Why a client's request cannot be read; the gate answers
+/// [`RequestError::status`] with this as the body and closes the
+/// connection.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("the request head is longer than {MAX_HEAD} bytes")]
+    HeadTooLong,
+    #[error("the request has more than {MAX_HEADERS} header fields")]
+    TooManyHeaders,
+    #[error("the request head is malformed: {0}")]
+    Malformed(&'static str),
+    #[error("an HTTP/1.1 request needs exactly one Host header")]
+    Host,
+    #[error("the request has both Transfer-Encoding and Content-Length")]
+    FramedTwice,
+    #[error(
+        "the request's Transfer-Encoding is not a lone \"chunked\" (the only coding the gate reads)"
+    )]
+    Coding,
+    #[error("the request has {0}")]
+    Length(FramingError),
+}
+
+impl RequestError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::HeadTooLong | Self::TooManyHeaders => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::Coding => StatusCode::NOT_IMPLEMENTED,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+}
+
+/// Parses a request head at the start of `buf` and takes it off: `None`
+/// while it is incomplete.
+pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, RequestError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut fields);
+    let length = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(length)) if length > MAX_HEAD => {
+            return Err(RequestError::HeadTooLong);
+        }
+        Ok(httparse::Status::Complete(length)) => length,
+        Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
+            return Err(RequestError::HeadTooLong);
+        }
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(RequestError::TooManyHeaders),
+        Err(error) => return Err(RequestError::Malformed(parse_error(error))),
+    };
+    let method = parsed
+        .method
+        .and_then(|method| Method::from_bytes(method.as_bytes()).ok())
+        .ok_or(RequestError::Malformed("an invalid method"))?;
+    let uri = parsed
+        .path
+        .and_then(|target| Uri::try_from(target).ok())
+        .ok_or(RequestError::Malformed("an invalid request target"))?;
+    let version = match parsed.version {
+        Some(0) => Version::HTTP_10,
+        _ => Version::HTTP_11,
+    };
+    let headers = header_map(parsed.headers).map_err(RequestError::Malformed)?;
+    buf.advance(length);
+    if version == Version::HTTP_11 && headers.get_all(header::HOST).iter().count() != 1 {
+        return Err(RequestError::Host);
+    }
+    let framing = request_framing(version, &headers)?;
+    let keep_alive = connection_persists(version, &headers);
+    let expect_continue = version == Version::HTTP_11
+        && headers
+            .get(header::EXPECT)
+            .is_some_and(|expect| expect.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    Ok(Some(RequestHead {
+        method,
+        uri,
+        version,
+        headers,
+        framing,
+        keep_alive,
+        expect_continue,
+    }))
+}
+
+/// The header fields of a parsed head as a map.
+fn header_map(fields: &[httparse::Header<'_>]) -> Result<HeaderMap, &'static str> {
+    let mut headers = HeaderMap::with_capacity(fields.len());
+    for field in fields {
+        let name =
+            HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| "an invalid header name")?;
+        let value = HeaderValue::from_bytes(field.value).map_err(|_| "an invalid header value")?;
+        headers.append(name, value);
+    }
+    Ok(headers)
+}
+
+/// How a request's body is delimited (RFC 9112 §6.3), refusing what two
+/// readers could take differently.
+fn request_framing(version: Version, headers: &HeaderMap) -> Result<Framing, RequestError> {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        if headers.contains_key(header::CONTENT_LENGTH) {
+            return Err(RequestError::FramedTwice);
+        }
+        let mut codings = headers
+            .get_all(header::TRANSFER_ENCODING)
+            .iter()
+            .flat_map(|value| value.as_bytes().split(|b| *b == b','))
+            .map(<[u8]>::trim_ascii)
+            .filter(|coding| !coding.is_empty());
+        let lone_chunked = codings
+            .next()
+            .is_some_and(|coding| coding.eq_ignore_ascii_case(b"chunked"))
+            && codings.next().is_none();
+        if version != Version::HTTP_11 || !lone_chunked {
+            return Err(RequestError::Coding);
+        }
+        return Ok(Framing::Chunked);
+    }
+    match content_length(headers).map_err(RequestError::Length)? {
+        Some(0) | None => Ok(Framing::Empty),
+        Some(length) => Ok(Framing::Length(length)),
+    }
+}
+
+/// How the body of a response the gate writes is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseBody {
+    /// No body follows (HEAD, 1xx, 204, 304): the framing headers are
+    /// passed as they are, since they describe the resource.
+    None,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// The chunked coding.
+    Chunked,
+    /// Until the connection closes (an HTTP/1.0 client, length unknown).
+    UntilClose,
+}
+
+/// Writes a response head to a client: the status line, `headers` (but
+/// any framing of their own, unless `body` is `None`), the framing of
+/// `body`, `Connection` as `persistence` says, and `Date` when missing.
+pub fn write_response_head(
+    out: &mut BytesMut,
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: ResponseBody,
+    persistence: Persistence,
+) {
+    out.reserve(128 + headers.len() * 48);
+    out.put_slice(b"HTTP/1.1 ");
+    out.put_slice(status.as_str().as_bytes());
+    out.put_u8(b' ');
+    out.put_slice(status.canonical_reason().unwrap_or("").as_bytes());
+    out.put_slice(b"\r\n");
+    let framed = body != ResponseBody::None;
+    for (name, value) in headers {
+        if framed && (name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING) {
+            continue;
+        }
+        if persistence != Persistence::AsIs && name == header::CONNECTION {
+            continue;
+        }
+        out.put_slice(name.as_str().as_bytes());
+        out.put_slice(b": ");
+        out.put_slice(value.as_bytes());
+        out.put_slice(b"\r\n");
+    }
+    match body {
+        ResponseBody::Length(length) => {
+            out.put_slice(b"content-length: ");
+            out.put_slice(itoa(length, &mut [0; 20]));
+            out.put_slice(b"\r\n");
+        }
+        ResponseBody::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
+        ResponseBody::None | ResponseBody::UntilClose => {}
+    }
+    match persistence {
+        Persistence::Close => out.put_slice(b"connection: close\r\n"),
+        Persistence::KeepAlive => out.put_slice(b"connection: keep-alive\r\n"),
+        Persistence::Default | Persistence::AsIs => {}
+    }
+    if !headers.contains_key(header::DATE) {
+        out.put_slice(b"date: ");
+        put_date(out);
+        out.put_slice(b"\r\n");
+    }
+    out.put_slice(b"\r\n");
+}
+
+/// What a response's `Connection` header says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Persistence {
+    /// Nothing: HTTP/1.1 persists by default.
+    Default,
+    /// `Connection: keep-alive`, for an HTTP/1.0 client that asked.
+    KeepAlive,
+    /// `Connection: close`.
+    Close,
+    /// The response's own (`Connection: upgrade` of a `101`).
+    AsIs,
+}
+
+/// The current time as an IMF-fixdate, formatted once a second per
+/// thread.
+fn put_date(out: &mut BytesMut) {
+    thread_local! {
+        static DATE: std::cell::RefCell<(u64, String)> = const { std::cell::RefCell::new((0, String::new())) };
+    }
+    let now = cca_model::clock::system_now();
+    let second = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_secs());
+    DATE.with_borrow_mut(|(at, date)| {
+        if *at != second || date.is_empty() {
+            *at = second;
+            *date = httpdate::fmt_http_date(now);
+        }
+        out.put_slice(date.as_bytes());
+    });
 }
 
 #[cfg(test)]
@@ -667,5 +904,142 @@ mod tests {
         let (data, done, _) = decode_in_pieces(&out, 7).expect("valid");
         assert_eq!(data.len(), 301);
         assert!(done);
+    }
+
+    fn request(raw: &str) -> Result<Option<RequestHead>, RequestError> {
+        parse_request(&mut BytesMut::from(raw))
+    }
+
+    #[test]
+    fn a_request_head_is_parsed_with_its_framing_and_persistence() {
+        let mut buf = BytesMut::from(
+            "POST /cart?id=1 HTTP/1.1\r\nHost: shop\r\nContent-Length: 3\r\nExpect: 100-continue\r\n\r\nabcGET",
+        );
+        let head = parse_request(&mut buf).expect("valid").expect("complete");
+        assert_eq!(head.method, Method::POST);
+        assert_eq!(head.uri, "/cart?id=1");
+        assert_eq!(head.framing, Framing::Length(3));
+        assert!(head.keep_alive);
+        assert!(head.expect_continue);
+        assert_eq!(&buf[..], b"abcGET", "the body and what follows stay");
+        let old = request("GET / HTTP/1.0\r\n\r\n")
+            .expect("valid")
+            .expect("complete");
+        assert!(!old.keep_alive, "HTTP/1.0 closes unless asked");
+        assert_eq!(old.framing, Framing::Empty);
+        let chunked = request("PUT / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .expect("valid")
+            .expect("complete");
+        assert_eq!(chunked.framing, Framing::Chunked);
+        assert!(
+            request("GET / HTTP/1.1\r\nHost: a\r\n")
+                .expect("valid")
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn requests_two_readers_could_frame_differently_are_refused() {
+        let cases = [
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+                RequestError::FramedTwice,
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                RequestError::Coding,
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+                RequestError::Coding,
+            ),
+            (
+                "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+                RequestError::Coding,
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+                RequestError::Length(FramingError::ConflictingLength),
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -3\r\n\r\n",
+                RequestError::Length(FramingError::InvalidLength("-3".into())),
+            ),
+            ("GET / HTTP/1.1\r\n\r\n", RequestError::Host),
+            (
+                "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+                RequestError::Host,
+            ),
+        ];
+        for (raw, expected) in cases {
+            let refused = request(raw).expect_err(raw);
+            assert_eq!(refused, expected, "{raw}");
+        }
+        assert_eq!(RequestError::Coding.status(), StatusCode::NOT_IMPLEMENTED);
+        assert_eq!(RequestError::Host.status(), StatusCode::BAD_REQUEST);
+        let malformed = request("GET /a b HTTP/1.1\r\nHost: a\r\n\r\n").expect_err("malformed");
+        assert_eq!(malformed.status(), StatusCode::BAD_REQUEST);
+        assert!(matches!(
+            request("GET / HTTP/1.1\r\nHost: a\r\nX: a\rb\r\n\r\n"),
+            Err(RequestError::Malformed(_))
+        ));
+    }
+
+    #[test]
+    fn request_heads_too_large_are_431() {
+        let long = format!("GET / HTTP/1.1\r\nHost: a\r\nX: {}", "a".repeat(MAX_HEAD));
+        let refused = request(&long).expect_err("too long");
+        assert_eq!(refused, RequestError::HeadTooLong);
+        assert_eq!(
+            refused.status(),
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+        );
+        let many: String = (0..=MAX_HEADERS).map(|n| format!("X-{n}: 1\r\n")).collect();
+        let refused =
+            request(&format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n")).expect_err("many");
+        assert_eq!(refused, RequestError::TooManyHeaders);
+    }
+
+    #[test]
+    fn response_heads_carry_framing_connection_and_date() {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from_static("999"));
+        headers.insert(header::CONNECTION, HeaderValue::from_static("x-private"));
+        headers.insert("x-a", HeaderValue::from_static("1"));
+        let mut out = BytesMut::new();
+        write_response_head(
+            &mut out,
+            StatusCode::OK,
+            &headers,
+            ResponseBody::Length(2),
+            Persistence::KeepAlive,
+        );
+        let text = String::from_utf8(out.to_vec()).expect("text");
+        assert!(
+            text.starts_with(
+                "HTTP/1.1 200 OK\r\nx-a: 1\r\ncontent-length: 2\r\nconnection: keep-alive\r\ndate: "
+            ),
+            "{text}"
+        );
+        assert!(text.ends_with(" GMT\r\n\r\n"), "{text}");
+        out.clear();
+        headers.insert(
+            header::DATE,
+            HeaderValue::from_static("Sun, 06 Nov 1994 08:49:37 GMT"),
+        );
+        write_response_head(
+            &mut out,
+            StatusCode::NOT_MODIFIED,
+            &headers,
+            ResponseBody::None,
+            Persistence::Close,
+        );
+        let text = String::from_utf8(out.to_vec()).expect("text");
+        assert_eq!(
+            text,
+            "HTTP/1.1 304 Not Modified\r\ncontent-length: 999\r\nx-a: 1\r\n\
+             date: Sun, 06 Nov 1994 08:49:37 GMT\r\nconnection: close\r\n\r\n",
+            "a bodiless response keeps its length; the connection header is the gate's"
+        );
     }
 }

@@ -21,10 +21,12 @@ pub mod gate_state;
 pub mod h1;
 pub mod metrics;
 pub mod proxy;
+pub mod serve_h1;
 pub mod server;
 pub mod sharded;
 pub mod table;
 pub mod traffic;
+pub mod transport;
 pub mod upstream;
 pub mod workers;
 

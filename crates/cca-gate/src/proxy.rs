@@ -20,7 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Full};
-use hyper::body::{Body as _, Frame, Incoming, SizeHint};
+use hyper::body::{Body as _, Frame, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderValue};
 use hyper::http::uri::PathAndQuery;
 use hyper::{Method, Request, Response, StatusCode, Uri, Version};
@@ -34,10 +34,11 @@ use crate::cache::{self, CacheKey, Collector, Stored};
 use crate::forward::{self, Origin};
 use crate::gate_state::GateState;
 use crate::metrics::{Metrics, class_index};
+use crate::serve_h1::{ClientIo, OwnUpgraded, UpgradeSlot};
 use crate::server::Activity;
 use crate::table::{GateRoutes, RouteTable};
 use crate::traffic::{self, Traffic, Wake};
-use crate::upstream::{Upgraded, UpstreamBody};
+use crate::upstream::{Upgraded, UpstreamBody, UpstreamError};
 
 /// Every body the gate sends or receives.
 pub type Body = UnsyncBoxBody<Bytes, BodyError>;
@@ -89,7 +90,7 @@ impl Peer {
     }
 
     /// Answers one request.
-    pub async fn handle(&self, request: Request<Incoming>) -> Response<Body> {
+    pub async fn handle(&self, request: Request<Body>) -> Response<Body> {
         self.proxy.handle(request, self).await
     }
 
@@ -169,7 +170,7 @@ impl Proxy {
         }
     }
 
-    async fn handle(&self, request: Request<Incoming>, peer: &Peer) -> Response<Body> {
+    async fn handle(&self, request: Request<Body>, peer: &Peer) -> Response<Body> {
         let busy = peer.activity.begin();
         let response = self.answer(request, peer).await;
         response.map(|body| {
@@ -181,7 +182,7 @@ impl Proxy {
         })
     }
 
-    async fn answer(&self, request: Request<Incoming>, peer: &Peer) -> Response<Body> {
+    async fn answer(&self, request: Request<Body>, peer: &Peer) -> Response<Body> {
         let started = Instant::now();
         let snapshot = peer.table();
         let table = &snapshot.table;
@@ -234,7 +235,7 @@ impl Proxy {
     async fn route(
         &self,
         gate: &GateRoutes,
-        request: Request<Incoming>,
+        request: Request<Body>,
         peer: &Peer,
     ) -> Response<Body> {
         let spec = &gate.spec;
@@ -379,13 +380,13 @@ impl Proxy {
         &self,
         gate: &GateRoutes,
         pool: &Pool,
-        mut request: Request<Incoming>,
+        mut request: Request<Body>,
         peer: &Peer,
     ) -> Response<Body> {
         let spec = &gate.spec;
         let upgrade =
             request.version() == Version::HTTP_11 && forward::is_upgrade(request.headers());
-        let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
+        let client_upgrade = upgrade.then(|| ClientSide::of(&mut request));
         let (mut parts, body) = request.into_parts();
         let original_host = parts
             .headers
@@ -419,7 +420,7 @@ impl Proxy {
             },
         };
         let retryable = !upgrade && forward::is_idempotent(&parts.method) && body.is_end_stream();
-        let mut body = Some(body.map_err(BodyError::from).boxed_unsync());
+        let mut body = Some(body);
         let path_and_query = parts
             .uri
             .path_and_query()
@@ -474,6 +475,16 @@ impl Proxy {
                     }
                     pass_through(response)
                 }
+                Some(Err(UpstreamError::RequestBody(error))) => {
+                    // The client's fault, not the backend's.
+                    return text(
+                        StatusCode::BAD_REQUEST,
+                        format!(
+                            "gate \"{}\": the request's body could not be read: {error}\n",
+                            spec.name
+                        ),
+                    );
+                }
                 Some(Err(error)) => {
                     backend.metrics.by_class[class_index(None)].inc();
                     pool.record(
@@ -526,7 +537,7 @@ impl Proxy {
         lease: Lease,
         mut response: Response<UpstreamBody>,
         cookie: Option<&str>,
-        client_upgrade: Option<hyper::upgrade::OnUpgrade>,
+        client_upgrade: Option<ClientSide>,
     ) -> Response<Body> {
         let backend = Arc::clone(&lease.backend);
         let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
@@ -691,24 +702,54 @@ impl Storing {
 #[derive(Clone, Debug)]
 struct Served(String);
 
+/// The client's side of an upgrade: its connection once the `101` is
+/// written, from hyper (HTTP/1.1 over hyper) or from [`serve_h1`].
+enum ClientSide {
+    Hyper(hyper::upgrade::OnUpgrade),
+    Own(tokio::sync::oneshot::Receiver<OwnUpgraded>),
+}
+
+impl ClientSide {
+    fn of(request: &mut Request<Body>) -> Self {
+        match request
+            .extensions_mut()
+            .remove::<UpgradeSlot>()
+            .and_then(|slot| slot.take())
+        {
+            Some(slot) => Self::Own(slot),
+            None => Self::Hyper(hyper::upgrade::on(request)),
+        }
+    }
+
+    /// The connection and what the client sent after its request.
+    async fn connection(self) -> Option<(Box<dyn ClientIo>, Bytes)> {
+        match self {
+            Self::Hyper(upgrade) => match upgrade.await {
+                Ok(upgraded) => Some((Box::new(TokioIo::new(upgraded)), Bytes::new())),
+                Err(error) => {
+                    tracing::debug!(%error, "an upgrade through the gate did not complete");
+                    None
+                }
+            },
+            Self::Own(slot) => slot.await.ok().map(|own| (own.io, own.early)),
+        }
+    }
+}
+
 /// Copies bytes both ways between an upgraded client connection and its
 /// backend until either closes.
-async fn tunnel(client: hyper::upgrade::OnUpgrade, backend: Upgraded, lease: Lease) {
-    let client = match client.await {
-        Ok(client) => client,
-        Err(error) => {
-            tracing::debug!(%error, "an upgrade through the gate did not complete");
-            return;
-        }
+async fn tunnel(client: ClientSide, backend: Upgraded, lease: Lease) {
+    let Some((mut client, from_client)) = client.connection().await else {
+        return;
     };
-    let mut client = TokioIo::new(client);
     let Upgraded {
         stream: mut backend,
-        early,
+        early: from_backend,
     } = backend;
-    // What the backend sent right after its 101 goes first.
+    // What either side sent right after the handshake goes first.
     let copied = async {
-        client.write_all(&early).await?;
+        client.write_all(&from_backend).await?;
+        backend.write_all(&from_client).await?;
         tokio::io::copy_bidirectional(&mut client, &mut backend).await
     };
     if let Err(error) = copied.await {
@@ -752,7 +793,7 @@ fn pass_through(response: Response<UpstreamBody>) -> Response<Body> {
     response.map(BodyExt::boxed_unsync)
 }
 
-fn empty() -> Body {
+pub(crate) fn empty() -> Body {
     Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 

@@ -1,7 +1,8 @@
 //! The gate's listeners: accepts client connections (plain HTTP, and HTTPS
 //! with the certificate chosen by SNI and HTTP/2 or HTTP/1.1 by ALPN),
-//! serves each with hyper (HTTP/1.1 with upgrades, HTTP/2 by its preface)
-//! and closes it when it has been idle for its gate's idle timeout. The
+//! serves each with HTTP/1.1 ([`crate::serve_h1`]) or, when it opens with
+//! HTTP/2's preface or chose `h2` by ALPN, with hyper's HTTP/2, and closes
+//! it when it has been idle for its gate's idle timeout. The
 //! number of open connections is bounded; past it, accepting waits. On
 //! stop it accepts no more, lets every request in flight finish (each
 //! connection closes after its current response), and after the drain
@@ -12,8 +13,8 @@
 //! atomic updates of its connection's [`Activity`], not a timer reset,
 //! and a sweep asks the idle ones to close. The same sweep closes an
 //! HTTP/1.1 connection whose client started a request's headers and did
-//! not finish them within the header timeout ([`Watched`] sees the first
-//! bytes arrive), and ends waits for a backend's response that passed
+//! not finish them within the header timeout (the connection reports the
+//! first bytes of each request), and ends waits for a backend's response that passed
 //! their deadline ([`Activity::within`]): a timer registered and
 //! cancelled on every request added thread sleeps and wake-ups to a busy
 //! gate.
@@ -25,14 +26,18 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, Weak};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures_util::task::AtomicWaker;
 
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::Request;
+use hyper::body::Incoming;
+use hyper::server::conn::http2;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
@@ -40,7 +45,9 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tokio_rustls::TlsAcceptor;
 
-use crate::proxy::{Peer, Proxy};
+use crate::proxy::{BodyError, Peer, Proxy};
+use crate::serve_h1;
+use crate::transport::Transport;
 use crate::workers::Workers;
 
 /// How often a listener looks for idle connections: an idle timeout is
@@ -176,13 +183,18 @@ impl Activity {
         }
     }
 
+    /// Wakes `waker` when the connection is asked to close.
+    pub(crate) fn register(&self, waker: &std::task::Waker) {
+        self.task.register(waker);
+    }
+
     /// Asks the connection to close after the response it is sending.
     fn ask_to_close(&self) {
         self.close.store(true, Ordering::Release);
         self.task.wake();
     }
 
-    fn asked_to_close(&self) -> bool {
+    pub(crate) fn asked_to_close(&self) -> bool {
         self.close.load(Ordering::Acquire)
     }
 
@@ -192,7 +204,7 @@ impl Activity {
         self.task.wake();
     }
 
-    fn aborted(&self) -> bool {
+    pub(crate) fn aborted(&self) -> bool {
         self.abort.load(Ordering::Acquire)
     }
 
@@ -205,7 +217,7 @@ impl Activity {
 
     /// Bytes arrived: with no request in flight they start a request's
     /// headers, and its header timeout.
-    fn bytes_arrived(&self) {
+    pub(crate) fn bytes_arrived(&self) {
         if self.header_ms.load(Ordering::Relaxed) != 0
             && self.in_flight.load(Ordering::Relaxed) == 0
             && self.head_since.load(Ordering::Relaxed) == 0
@@ -215,7 +227,7 @@ impl Activity {
     }
 
     /// The connection speaks HTTP/2: no header timeout.
-    fn not_http1(&self) {
+    pub(crate) fn not_http1(&self) {
         self.header_ms.store(0, Ordering::Relaxed);
         self.head_since.store(0, Ordering::Relaxed);
     }
@@ -459,69 +471,109 @@ async fn serve_connection(
     options: ServerOptions,
     activity: Arc<Activity>,
 ) {
-    match acceptor {
-        None => serve_http(proxy, stream, client, false, options, activity).await,
-        Some(acceptor) => {
-            let handshake = tokio::time::timeout(options.header_timeout, acceptor.accept(stream));
-            match handshake.await {
-                Ok(Ok(tls)) => serve_http(proxy, tls, client, true, options, activity).await,
-                Ok(Err(error)) => {
-                    tracing::debug!(%client, %error, "a TLS handshake with the gate failed")
-                }
-                Err(_) => tracing::debug!(%client, "a TLS handshake with the gate timed out"),
-            }
-        }
-    }
+    // Each path boxed: a task is as large as the largest state of its
+    // future, and a TLS session or an HTTP/2 connection is kilobytes every
+    // idle plain connection would otherwise hold.
+    let Some(acceptor) = acceptor else {
+        let peer = Arc::new(Peer::new(Arc::clone(proxy), client, false, activity));
+        return Box::pin(serve_plain(stream, peer, options)).await;
+    };
+    Box::pin(serve_tls(
+        proxy, stream, client, acceptor, options, activity,
+    ))
+    .await;
 }
 
-/// A client connection's stream as the sweep needs to see it: bytes that
-/// arrive with no request in flight start a request's headers (see
-/// [`Activity::bytes_arrived`]); a stream that opens with HTTP/2's
-/// preface has no header timeout.
-struct Watched<I> {
-    inner: I,
+async fn serve_tls(
+    proxy: &Arc<Proxy>,
+    stream: TcpStream,
+    client: SocketAddr,
+    acceptor: TlsAcceptor,
+    options: ServerOptions,
     activity: Arc<Activity>,
-    first_read: bool,
+) {
+    let handshake = tokio::time::timeout(options.header_timeout, acceptor.accept(stream));
+    match handshake.await {
+        Ok(Ok(tls)) => {
+            let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+            let peer = Arc::new(Peer::new(Arc::clone(proxy), client, true, activity));
+            if h2 {
+                Box::pin(serve_h2(tls, peer, options)).await;
+            } else {
+                serve_h1::serve(tls, BytesMut::new(), peer).await;
+            }
+        }
+        Ok(Err(error)) => {
+            tracing::debug!(%client, %error, "a TLS handshake with the gate failed")
+        }
+        Err(_) => tracing::debug!(%client, "a TLS handshake with the gate timed out"),
+    }
 }
 
 /// How every HTTP/2 connection starts (RFC 9113 §3.4); no HTTP/1.1
 /// request line does.
-const HTTP2_PREFACE_START: &[u8] = b"PRI * ";
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-impl<I> Watched<I> {
-    fn new(inner: I, activity: &Arc<Activity>) -> Self {
-        Self {
-            inner,
-            activity: Arc::clone(activity),
-            first_read: true,
+/// Serves a plain connection with HTTP/2 if it opens with HTTP/2's
+/// preface, else with HTTP/1.1.
+async fn serve_plain(mut stream: TcpStream, peer: Arc<Peer>, options: ServerOptions) {
+    let activity = Arc::clone(&peer.activity);
+    let mut read = BytesMut::new();
+    loop {
+        let compared = read.len().min(HTTP2_PREFACE.len());
+        if read.len() >= HTTP2_PREFACE.len() || read[..compared] != HTTP2_PREFACE[..compared] {
+            break;
         }
+        let got = std::future::poll_fn(|cx| {
+            activity.register(cx.waker());
+            if activity.aborted() || activity.asked_to_close() {
+                return Poll::Ready(Ok(0));
+            }
+            stream.poll_fill(&mut read, cx)
+        })
+        .await;
+        if !matches!(got, Ok(1..)) {
+            return;
+        }
+    }
+    if read.starts_with(HTTP2_PREFACE) {
+        Box::pin(serve_h2(Rewind::new(read.freeze(), stream), peer, options)).await;
+    } else {
+        activity.bytes_arrived();
+        serve_h1::serve(stream, read, peer).await;
     }
 }
 
-impl<I: AsyncRead + Unpin> AsyncRead for Watched<I> {
+/// A stream whose first bytes were already read: they are read again
+/// first.
+struct Rewind<I> {
+    early: Bytes,
+    inner: I,
+}
+
+impl<I> Rewind<I> {
+    fn new(early: Bytes, inner: I) -> Self {
+        Self { early, inner }
+    }
+}
+
+impl<I: AsyncRead + Unpin> AsyncRead for Rewind<I> {
     fn poll_read(
-        self: Pin<&mut Self>,
+        mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        ready!(Pin::new(&mut this.inner).poll_read(cx, buf))?;
-        let read = &buf.filled()[before..];
-        if !read.is_empty() {
-            if std::mem::take(&mut this.first_read) {
-                let shorter = read.len().min(HTTP2_PREFACE_START.len());
-                if read[..shorter] == HTTP2_PREFACE_START[..shorter] {
-                    this.activity.not_http1();
-                }
-            }
-            this.activity.bytes_arrived();
+        if !self.early.is_empty() {
+            let taken = self.early.len().min(buf.remaining());
+            let early = self.early.split_to(taken);
+            buf.put_slice(&early);
+            return Poll::Ready(Ok(()));
         }
-        Poll::Ready(Ok(()))
+        Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
-impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
+impl<I: AsyncWrite + Unpin> AsyncWrite for Rewind<I> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -551,60 +603,41 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
     }
 }
 
-async fn serve_http<I>(
-    proxy: &Arc<Proxy>,
-    stream: I,
-    client: SocketAddr,
-    tls: bool,
-    options: ServerOptions,
-    activity: Arc<Activity>,
-) where
-    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+/// Serves an HTTP/2 connection with hyper until it closes, closing it
+/// gracefully when asked.
+async fn serve_h2<I>(io: I, peer: Arc<Peer>, options: ServerOptions)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
-    let peer = Arc::new(Peer::new(
-        Arc::clone(proxy),
-        client,
-        tls,
-        Arc::clone(&activity),
-    ));
-    let service = service_fn(move |request| {
+    let activity = Arc::clone(&peer.activity);
+    activity.not_http1();
+    let client = peer.client;
+    let service = service_fn(move |request: Request<Incoming>| {
         let peer = Arc::clone(&peer);
+        let request = request.map(|body| body.map_err(BodyError::from).boxed_unsync());
         // Boxed per request: hyper keeps a slot the size of the service's
-        // future for the whole life of a connection, and the request
-        // path's future is kilobytes — memory every idle connection would
-        // hold.
+        // future for each stream, and the request path's future is
+        // kilobytes.
         let answer = Box::pin(async move { peer.handle(request).await });
         async move { Ok::<_, Infallible>(answer.await) }
     });
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    // The header timeout is the sweep's (see the module documentation):
-    // no timer here.
-    builder.http1().header_read_timeout(None).keep_alive(true);
+    let mut builder = http2::Builder::new(TokioExecutor::new());
     builder
-        .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(options.max_streams)
         .keep_alive_interval(Some(options.idle_timeout / 2));
-    let io = TokioIo::new(Watched::new(stream, &activity));
-    let connection = builder.serve_connection_with_upgrades(io, service);
+    let connection = builder.serve_connection(TokioIo::new(io), service);
     tokio::pin!(connection);
     let mut closing = false;
     let served = std::future::poll_fn(|cx| {
-        if activity.aborted() {
-            tracing::debug!(%client, "a client too slow with a request's headers is cut off");
-            return Poll::Ready(Ok(()));
-        }
         if !closing {
-            activity.task.register(cx.waker());
+            activity.register(cx.waker());
             if activity.asked_to_close() {
                 closing = true;
                 connection.as_mut().graceful_shutdown();
             }
         }
-        match connection.as_mut().poll(cx) {
-            Poll::Ready(served) => Poll::Ready(served),
-            Poll::Pending => Poll::Pending,
-        }
+        connection.as_mut().poll(cx)
     });
     if let Err(error) = served.await {
         tracing::debug!(%client, error = %error, "a gate connection ended with an error");

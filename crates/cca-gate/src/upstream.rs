@@ -15,11 +15,6 @@
 //! another task. A `101 Switching Protocols` hands the socket itself (and
 //! any bytes already read past the head) to the tunnel.
 //!
-//! Reads clear the socket's readiness when they drain it (a read that
-//! returns less than it had room for): the next read then waits for the
-//! kernel to say more arrived instead of asking it in a system call that
-//! would only say "nothing yet".
-//!
 //! Each worker thread (see [`crate::workers`]) has a stack of its own:
 //! a connection's socket is registered with the runtime that opened it,
 //! and a request on another worker's thread reusing it would be woken
@@ -41,16 +36,13 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, SizeHint};
 use hyper::{Method, Request, Response, StatusCode};
-use tokio::io::Interest;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 use crate::h1::{self, BodyLength, ChunkedDecoder, Decoded, Framing, FramingError};
 use crate::proxy::{Body, BodyError};
 use crate::sharded::Shards;
-
-/// Room a read asks for at least.
-const READ_ROOM: usize = 8 * 1024;
+use crate::transport::poll_fill;
 
 /// How a gate talks to its backends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -81,6 +73,8 @@ pub enum UpstreamError {
         address: SocketAddr,
         source: BodyError,
     },
+    #[error("the request's body could not be read: {0}")]
+    RequestBody(BodyError),
     #[error("{address} closed the connection before responding")]
     Closed { address: SocketAddr },
     #[error("reading the response of {address}: {source}")]
@@ -134,42 +128,6 @@ fn lock(stack: &Mutex<Vec<Idle>>) -> std::sync::MutexGuard<'_, Vec<Idle>> {
     stack
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Reads what `stream` has into `buf`: 0 at the end of the stream. A read
-/// that drains the socket clears its readiness (see the module
-/// documentation).
-fn poll_fill(
-    stream: &TcpStream,
-    buf: &mut BytesMut,
-    cx: &mut Context<'_>,
-) -> Poll<io::Result<usize>> {
-    if buf.capacity() - buf.len() < READ_ROOM / 2 {
-        buf.reserve(READ_ROOM);
-    }
-    loop {
-        ready!(stream.poll_read_ready(cx))?;
-        let room = buf.capacity() - buf.len();
-        let mut got = 0;
-        let read = stream.try_io(Interest::READABLE, || {
-            got = stream.try_read_buf(buf)?;
-            if got > 0 && got < room {
-                // Drained: let the readiness go.
-                Err(io::ErrorKind::WouldBlock.into())
-            } else {
-                Ok(got)
-            }
-        });
-        match read {
-            Ok(read) => return Poll::Ready(Ok(read)),
-            Err(error) if error.kind() == io::ErrorKind::WouldBlock => {
-                if got > 0 {
-                    return Poll::Ready(Ok(got));
-                }
-            }
-            Err(error) => return Poll::Ready(Err(error)),
-        }
-    }
 }
 
 impl Connection {
@@ -296,14 +254,16 @@ async fn send_body(
     let mut framed = BytesMut::new();
     let mut sent = 0u64;
     while let Some(frame) = body.frame().await {
-        let Ok(data) = frame.map_err(failed)?.into_data() else {
+        let Ok(data) = frame.map_err(UpstreamError::RequestBody)?.into_data() else {
             continue; // Trailers are not forwarded.
         };
         sent += data.len() as u64;
         if let BodyLength::Known(declared) = length
             && sent > declared
         {
-            return Err(failed("the request body is longer than it said".into()));
+            return Err(UpstreamError::RequestBody(
+                "it is longer than its Content-Length".into(),
+            ));
         }
         if length == BodyLength::Chunked {
             if data.is_empty() {
@@ -325,9 +285,9 @@ async fn send_body(
                 .await
                 .map_err(|error| failed(error.into()))
         }
-        BodyLength::Known(declared) if sent != declared => {
-            Err(failed("the request body is shorter than it said".into()))
-        }
+        BodyLength::Known(declared) if sent != declared => Err(UpstreamError::RequestBody(
+            "it is shorter than its Content-Length".into(),
+        )),
         _ => Ok(()),
     }
 }

@@ -1,6 +1,7 @@
 //! The gate over real sockets: backends are hyper servers on loopback, the
 //! client is reqwest (HTTP/1.1, HTTP/2 and TLS with SNI) or a raw TCP
-//! stream (WebSocket handshake).
+//! stream (WebSocket handshake, HTTP/1.1 framing, pipelining, `100
+//! Continue`, requests the gate refuses).
 
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -95,6 +96,15 @@ async fn answer(
             .header("upgrade", "websocket")
             .body(Full::default())
             .expect("response");
+    }
+    if request.uri().path() == "/echo" {
+        use http_body_util::BodyExt;
+        let body = request
+            .into_body()
+            .collect()
+            .await
+            .map(|all| all.to_bytes());
+        return Response::new(Full::new(body.unwrap_or_default()));
     }
     if request.uri().path() == "/cached" {
         let served = CACHED_SERVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
@@ -705,14 +715,16 @@ async fn a_service_that_does_not_wake_in_time_gets_a_503_and_a_full_queue_at_onc
     spec.timeouts.wake = cca_model::spec::Duration(300);
     spec.queue = 1;
     let running = start(&map(vec![spec], vec![asleep("web")])).await;
-    let (wakes, _woken) = tokio::sync::mpsc::unbounded_channel();
+    let (wakes, mut woken) = tokio::sync::mpsc::unbounded_channel();
     running.gate.set_waker(Arc::new(Recorded(wakes)));
     let url = format!("http://{}/", running.http);
     let first = {
         let url = url.clone();
         tokio::spawn(async move { get(&reqwest::Client::new(), &url, "shop.example.com").await })
     };
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The first request holds the queue's place before it wakes the
+    // service.
+    assert_eq!(woken.recv().await.as_deref(), Some("web"));
     let (status, body) = get(&reqwest::Client::new(), &url, "shop.example.com").await;
     assert_eq!(status, 503, "the queue of one is full");
     assert!(body.contains("1 requests already wait"), "{body}");
@@ -891,4 +903,149 @@ async fn a_backend_silent_past_the_response_timeout_gets_a_504() {
         after >= Duration::from_secs(2) && after < Duration::from_secs(5),
         "answered after {after:?}"
     );
+}
+
+/// Sends `raw` on a new connection to `at` and reads until the gate
+/// closes it.
+async fn raw_exchange(at: SocketAddr, raw: &[u8]) -> String {
+    let mut stream = TcpStream::connect(at).await.expect("connect");
+    stream.write_all(raw).await.expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("the gate closes the connection")
+        .expect("read");
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+#[tokio::test]
+async fn request_bodies_keep_their_framing_and_pipelined_requests_are_answered_in_turn() {
+    let web = backend("web-a").await;
+    let gate = start(&map(
+        vec![gate_spec("shop", &["shop.example.com"], "web")],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let pipelined = "POST /echo HTTP/1.1\r\nHost: shop.example.com\r\nContent-Length: 5\r\n\r\nhello\
+                     POST /echo HTTP/1.1\r\nHost: shop.example.com\r\nTransfer-Encoding: chunked\r\n\r\n\
+                     2\r\nab\r\n3;ext=1\r\ncde\r\n0\r\n\r\n\
+                     HEAD / HTTP/1.1\r\nHost: shop.example.com\r\n\r\n\
+                     GET / HTTP/1.1\r\nHost: shop.example.com\r\nConnection: close\r\n\r\n";
+    let answer = raw_exchange(gate.http, pipelined.as_bytes()).await;
+    let statuses: Vec<&str> = answer
+        .match_indices("HTTP/1.1 ")
+        .map(|(at, _)| &answer[at..at + 12])
+        .collect();
+    assert_eq!(statuses, ["HTTP/1.1 200"; 4], "{answer}");
+    let hello = answer.find("\r\n\r\nhello").expect("the first body");
+    let chunked = answer
+        .find("\r\n\r\nabcde")
+        .expect("the chunked body, whole");
+    let last = answer.find("backend=web-a").expect("the GET's answer");
+    assert!(hello < chunked && chunked < last, "in turn: {answer}");
+    let head_response = &answer[answer.match_indices("HTTP/1.1 ").nth(2).expect("HEAD").0..last];
+    assert!(
+        head_response
+            .to_ascii_lowercase()
+            .contains("content-length: "),
+        "a HEAD answer keeps the length of what a GET would get: {head_response}"
+    );
+    assert!(answer.contains("connection: close"), "{answer}");
+}
+
+#[tokio::test]
+async fn a_client_waiting_for_100_continue_gets_it_before_sending_its_body() {
+    let web = backend("web-a").await;
+    let gate = start(&map(
+        vec![gate_spec("shop", &["shop.example.com"], "web")],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let mut stream = TcpStream::connect(gate.http).await.expect("connect");
+    stream
+        .write_all(
+            b"PUT /echo HTTP/1.1\r\nHost: shop.example.com\r\nExpect: 100-continue\r\nContent-Length: 4\r\n\r\n",
+        )
+        .await
+        .expect("write");
+    let mut interim = [0u8; 25];
+    tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut interim))
+        .await
+        .expect("100 Continue comes without the body")
+        .expect("read");
+    assert_eq!(&interim, b"HTTP/1.1 100 Continue\r\n\r\n");
+    stream.write_all(b"data").await.expect("write");
+    let mut answer = vec![0u8; 4096];
+    let mut read = 0;
+    while !answer[..read].ends_with(b"data") {
+        let got = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut answer[read..]))
+            .await
+            .expect("the answer")
+            .expect("read");
+        assert!(got > 0, "{}", String::from_utf8_lossy(&answer[..read]));
+        read += got;
+    }
+    assert!(answer.starts_with(b"HTTP/1.1 200 OK\r\n"));
+}
+
+#[tokio::test]
+async fn requests_two_readers_could_frame_differently_are_refused_and_the_connection_closed() {
+    let web = backend("web-a").await;
+    let gate = start(&map(
+        vec![gate_spec("shop", &["shop.example.com"], "web")],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let cases = [
+        (
+            "POST /echo HTTP/1.1\r\nHost: shop.example.com\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n",
+            "HTTP/1.1 400 Bad Request",
+            "both Transfer-Encoding and Content-Length",
+        ),
+        (
+            "POST /echo HTTP/1.1\r\nHost: shop.example.com\r\nTransfer-Encoding: gzip\r\n\r\n",
+            "HTTP/1.1 501 Not Implemented",
+            "not a lone \"chunked\"",
+        ),
+        (
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            "HTTP/1.1 400 Bad Request",
+            "exactly one Host header",
+        ),
+        (
+            "POST /echo HTTP/1.1\r\nHost: shop.example.com\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            "HTTP/1.1 400 Bad Request",
+            "chunk size that is not a hexadecimal number",
+        ),
+    ];
+    for (raw, status, reason) in cases {
+        let answer = raw_exchange(gate.http, raw.as_bytes()).await;
+        assert!(answer.starts_with(status), "{raw}\n=> {answer}");
+        assert!(answer.contains(reason), "{raw}\n=> {answer}");
+        let answers = answer
+            .lines()
+            .filter(|line| line.starts_with("HTTP/1.1 "))
+            .count();
+        assert_eq!(answers, 1, "nothing more is served: {answer}");
+    }
+}
+
+#[tokio::test]
+async fn an_http10_client_keeps_its_connection_only_when_it_asks() {
+    let web = backend("web-a").await;
+    let gate = start(&map(
+        vec![gate_spec("shop", &["shop.example.com"], "web")],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let kept = raw_exchange(
+        gate.http,
+        b"GET / HTTP/1.0\r\nHost: shop.example.com\r\nConnection: keep-alive\r\n\r\n\
+          GET / HTTP/1.0\r\nHost: shop.example.com\r\n\r\n",
+    )
+    .await;
+    assert_eq!(kept.matches("backend=web-a").count(), 2, "{kept}");
+    let (first, second) = kept.split_at(kept.rfind("HTTP/1.1 200").expect("two answers"));
+    assert!(first.contains("connection: keep-alive"), "{first}");
+    assert!(second.contains("connection: close"), "{second}");
 }
