@@ -257,6 +257,9 @@ impl Cache {
         if size > self.settings.max_entry.0 || size > self.settings.size.0 {
             return;
         }
+        // Kept long: values sharing a connection's read buffer would keep
+        // all of it.
+        let headers = crate::h1::owned(&headers);
         let varies_on_encoding = headers
             .get(header::VARY)
             .and_then(|v| v.to_str().ok())

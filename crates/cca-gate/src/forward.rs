@@ -191,7 +191,10 @@ impl ClientAddress {
         value.push_str(";host=");
         push_quoted_if_needed(&mut value, host.to_str().unwrap_or_default());
         let value = HeaderValue::from_str(&value).ok()?;
-        *last = Some((scheme, host.clone(), value.clone()));
+        // A copy: the request's own value shares its connection's read
+        // buffer, which this would keep for the connection's life.
+        let host = HeaderValue::from_bytes(host.as_bytes()).ok()?;
+        *last = Some((scheme, host, value.clone()));
         Some(value)
     }
 }

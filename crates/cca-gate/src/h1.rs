@@ -106,8 +106,9 @@ pub fn parse_response(
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    let headers = header_map(parsed.headers).map_err(FramingError::Head)?;
-    buf.advance(length);
+    let spans = FieldSpans::of(buf, parsed.headers);
+    let head = buf.split_to(length).freeze();
+    let headers = spans.header_map(&head).map_err(FramingError::Head)?;
     let (framing, framed_twice) = response_framing(status, method, &headers)?;
     let keep_alive =
         !framed_twice && framing != Framing::UntilClose && connection_persists(version, &headers);
@@ -498,16 +499,16 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, RequestE
         .method
         .and_then(|method| Method::from_bytes(method.as_bytes()).ok())
         .ok_or(RequestError::Malformed("an invalid method"))?;
-    let uri = parsed
-        .path
-        .and_then(|target| Uri::try_from(target).ok())
-        .ok_or(RequestError::Malformed("an invalid request target"))?;
+    let target = span(buf, parsed.path.unwrap_or_default().as_bytes());
     let version = match parsed.version {
         Some(0) => Version::HTTP_10,
         _ => Version::HTTP_11,
     };
-    let headers = header_map(parsed.headers).map_err(RequestError::Malformed)?;
-    buf.advance(length);
+    let spans = FieldSpans::of(buf, parsed.headers);
+    let head = buf.split_to(length).freeze();
+    let uri = Uri::from_maybe_shared(head.slice(target.0..target.1))
+        .map_err(|_| RequestError::Malformed("an invalid request target"))?;
+    let headers = spans.header_map(&head).map_err(RequestError::Malformed)?;
     if version == Version::HTTP_11 && headers.get_all(header::HOST).iter().count() != 1 {
         return Err(RequestError::Host);
     }
@@ -528,16 +529,106 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, RequestE
     }))
 }
 
-/// The header fields of a parsed head as a map.
-fn header_map(fields: &[httparse::Header<'_>]) -> Result<HeaderMap, &'static str> {
-    let mut headers = HeaderMap::with_capacity(fields.len());
-    for field in fields {
-        let name =
-            HeaderName::from_bytes(field.name.as_bytes()).map_err(|_| "an invalid header name")?;
-        let value = HeaderValue::from_bytes(field.value).map_err(|_| "an invalid header value")?;
-        headers.append(name, value);
+/// Where a head's header fields lie in it: noted while httparse borrows
+/// the buffer, used once the head is split off as shared bytes, so that
+/// each value is a slice of those bytes rather than a copy of its own.
+/// A usual head's spans sit in a small array (zeroing room for the most a
+/// head may have would cost more than the copies it saves).
+#[expect(
+    clippy::large_enum_variant,
+    reason = "a stack temporary: the small array is what spares the usual head an allocation"
+)]
+enum FieldSpans {
+    Few([FieldSpan; FEW_FIELDS], usize),
+    Many(Vec<FieldSpan>),
+}
+
+/// More header fields than a usual request or response has.
+const FEW_FIELDS: usize = 24;
+
+/// Byte offsets in a head (at most [`MAX_HEAD`] long).
+#[derive(Clone, Copy, Default)]
+struct FieldSpan {
+    name: (u32, u32),
+    value: (u32, u32),
+}
+
+/// Where `part` lies in `buf` (an empty part may lie anywhere: the
+/// empty span at the start then).
+fn span(buf: &[u8], part: &[u8]) -> (usize, usize) {
+    let start = (part.as_ptr() as usize).wrapping_sub(buf.as_ptr() as usize);
+    if start
+        .checked_add(part.len())
+        .is_none_or(|end| end > buf.len())
+    {
+        return (0, 0);
     }
-    Ok(headers)
+    (start, start + part.len())
+}
+
+impl FieldSpan {
+    fn of(buf: &[u8], field: &httparse::Header<'_>) -> Self {
+        let narrow = |(start, end): (usize, usize)| (start as u32, end as u32);
+        Self {
+            name: narrow(span(buf, field.name.as_bytes())),
+            value: narrow(span(buf, field.value)),
+        }
+    }
+}
+
+impl FieldSpans {
+    /// `buf` is at most [`MAX_HEAD`] long where the fields lie.
+    fn of(buf: &[u8], fields: &[httparse::Header<'_>]) -> Self {
+        let buf = &buf[..buf.len().min(MAX_HEAD)];
+        if fields.len() > FEW_FIELDS {
+            return Self::Many(
+                fields
+                    .iter()
+                    .map(|field| FieldSpan::of(buf, field))
+                    .collect(),
+            );
+        }
+        let mut spans = [FieldSpan::default(); FEW_FIELDS];
+        for (noted, field) in spans.iter_mut().zip(fields) {
+            *noted = FieldSpan::of(buf, field);
+        }
+        Self::Few(spans, fields.len())
+    }
+
+    fn spans(&self) -> &[FieldSpan] {
+        match self {
+            Self::Few(spans, count) => &spans[..*count],
+            Self::Many(spans) => spans,
+        }
+    }
+
+    /// The fields as a map whose values share `head`.
+    fn header_map(&self, head: &Bytes) -> Result<HeaderMap, &'static str> {
+        let spans = self.spans();
+        let mut headers = HeaderMap::with_capacity(spans.len());
+        for field in spans {
+            let (name, value) = (field.name, field.value);
+            let name = HeaderName::from_bytes(&head[name.0 as usize..name.1 as usize])
+                .map_err(|_| "an invalid header name")?;
+            let value =
+                HeaderValue::from_maybe_shared(head.slice(value.0 as usize..value.1 as usize))
+                    .map_err(|_| "an invalid header value")?;
+            headers.append(name, value);
+        }
+        Ok(headers)
+    }
+}
+
+/// A map of `headers` whose values own their bytes: kept long (in the
+/// cache), values sharing a connection's read buffer would keep all of it.
+pub fn owned(headers: &HeaderMap) -> HeaderMap {
+    let mut owned = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let mut copy = HeaderValue::from_bytes(value.as_bytes()).unwrap_or_else(|_| value.clone());
+        copy.set_sensitive(value.is_sensitive());
+        owned.append(name.clone(), copy);
+    }
+    owned
 }
 
 /// How a request's body is delimited (RFC 9112 §6.3), refusing what two
@@ -1041,5 +1132,26 @@ mod tests {
              date: Sun, 06 Nov 1994 08:49:37 GMT\r\nconnection: close\r\n\r\n",
             "a bodiless response keeps its length; the connection header is the gate's"
         );
+    }
+
+    #[test]
+    fn heads_with_many_fields_keep_every_one_and_values_share_the_head() {
+        let many: String = (0..40).map(|n| format!("X-{n}: value {n}\r\n")).collect();
+        let raw = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
+        let head = request(&raw).expect("valid").expect("complete");
+        assert_eq!(head.headers.len(), 41);
+        assert_eq!(head.headers["x-39"], "value 39");
+        let few = head_of_fields(3);
+        assert_eq!(few.headers["x-2"], "value 2");
+        assert_eq!(few.headers["x-0"], "value 0");
+    }
+
+    fn head_of_fields(count: usize) -> ResponseHead {
+        let fields: String = (0..count)
+            .map(|n| format!("X-{n}: value {n}\r\n"))
+            .collect();
+        head(&format!(
+            "HTTP/1.1 200 OK\r\n{fields}Content-Length: 0\r\n\r\n"
+        ))
     }
 }

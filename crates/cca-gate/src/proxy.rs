@@ -38,7 +38,7 @@ use crate::serve_h1::{ClientIo, OwnUpgraded, UpgradeSlot};
 use crate::server::Activity;
 use crate::table::{GateRoutes, RouteTable};
 use crate::traffic::{self, Traffic, Wake};
-use crate::upstream::{Upgraded, UpstreamBody, UpstreamError};
+use crate::upstream::{RequestLine, Upgraded, UpstreamBody, UpstreamError};
 
 /// Every body the gate sends or receives.
 pub type Body = UnsyncBoxBody<Bytes, BodyError>;
@@ -90,8 +90,8 @@ impl Peer {
     }
 
     /// Answers one request.
-    pub async fn handle(&self, request: Request<Body>) -> Response<Body> {
-        self.proxy.handle(request, self).await
+    pub fn handle(&self, request: Request<Body>) -> impl Future<Output = Response<Body>> + '_ {
+        self.proxy.handle(request, self)
     }
 
     /// The current route table, through the connection's own reference.
@@ -421,11 +421,11 @@ impl Proxy {
         };
         let retryable = !upgrade && forward::is_idempotent(&parts.method) && body.is_end_stream();
         let mut body = Some(body);
-        let path_and_query = parts
-            .uri
-            .path_and_query()
-            .cloned()
-            .unwrap_or_else(|| PathAndQuery::from_static("/"));
+        let head = RequestLine {
+            method: &parts.method,
+            target: parts.uri.path_and_query().map_or("/", PathAndQuery::as_str),
+            headers: &parts.headers,
+        };
         let mut tried = Vec::new();
         let mut last_failure: Option<Response<Body>> = None;
         loop {
@@ -433,25 +433,14 @@ impl Proxy {
                 return last_failure.unwrap_or_else(|| no_backend(spec.name.as_str(), pool));
             };
             let backend = Arc::clone(&lease.backend);
-            let mut outgoing = Request::new(body.take().unwrap_or_else(empty));
-            *outgoing.method_mut() = parts.method.clone();
-            *outgoing.uri_mut() = Uri::from(path_and_query.clone());
-            *outgoing.version_mut() = Version::HTTP_11;
-            *outgoing.headers_mut() = if retryable {
-                parts.headers.clone()
-            } else {
-                // Tried once only: the headers need not be kept.
-                std::mem::take(&mut parts.headers)
-            };
             let sent = Instant::now();
             let timeout = Duration::from_millis(spec.timeouts.response.0);
-            let result = peer
-                .activity
-                .within(
-                    timeout,
-                    backend.upstream.send(outgoing, gate.state.upstream),
-                )
-                .await;
+            let result = {
+                let body = body.take().unwrap_or_else(empty);
+                let sending =
+                    std::pin::pin!(backend.upstream.send(head, body, gate.state.upstream));
+                peer.activity.within(timeout, sending).await
+            };
             backend.metrics.seconds.observe(sent.elapsed());
             let failure = match result {
                 Some(Ok(response)) => {

@@ -99,9 +99,7 @@ pub async fn serve<T: Transport>(mut io: T, mut read: BytesMut, peer: Arc<Peer>)
                 break;
             }
         };
-        // Boxed: the request path's future is kilobytes, which every idle
-        // connection's task would otherwise hold.
-        match Box::pin(exchange(&mut io, &mut read, head, &peer)).await {
+        match exchange(&mut io, &mut read, head, &peer).await {
             Next::Continue => {}
             Next::Close => break,
             Next::Upgrade(slot) => {
@@ -203,10 +201,13 @@ async fn exchange<T: Transport>(
                 .insert(UpgradeSlot(Arc::new(std::sync::Mutex::new(Some(taken)))));
             slot
         });
-    let answer = peer.handle(request);
+    // Boxed: the request path's future is kilobytes; held inline, every
+    // idle connection's task would be that large, and each layer that
+    // moved it would copy it.
+    let mut answer = Box::pin(peer.handle(request));
     let (response, body_read) = match feed {
         None => (answer.await, true),
-        Some(feed) => answer_while_feeding(answer, feed, io, read).await,
+        Some(feed) => answer_while_feeding(answer.as_mut(), feed, io, read).await,
     };
     let persists = keep_alive && body_read && !peer.activity.asked_to_close();
     let written = write_response(io, response, head_request, version, persists).await;
@@ -222,12 +223,11 @@ async fn exchange<T: Transport>(
 /// channel: the answer, and whether the body was read to its end (the
 /// next request then starts right after it).
 async fn answer_while_feeding<T: Transport, F: Future<Output = Response<Body>>>(
-    answer: F,
+    mut answer: Pin<&mut F>,
     feed: Feed,
     io: &mut T,
     read: &mut BytesMut,
 ) -> (Response<Body>, bool) {
-    let mut answer = std::pin::pin!(answer);
     let mut feeding = std::pin::pin!(feed.run(io, read));
     let mut fed = None;
     poll_fn(|cx| {
@@ -555,4 +555,43 @@ fn body_failed(error: BodyError) -> io::Error {
     // The response cannot be finished: closing the connection tells the
     // client it is incomplete.
     io::Error::other(error)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a connection's task holds while it waits for the next request
+    /// includes room for the state of serving one: the request path's
+    /// kilobytes must stay behind a box, or every idle connection holds
+    /// them.
+    #[tokio::test]
+    async fn serving_a_request_adds_little_to_a_connections_task() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        let mut io = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("connect");
+        let metrics = Arc::new(crate::metrics::Metrics::default());
+        let proxy = Arc::new(crate::proxy::Proxy::new(
+            metrics,
+            Arc::default(),
+            Default::default(),
+        ));
+        let peer = Peer::new(proxy, address, false, Arc::new(Activity::for_tests()));
+        let mut read = BytesMut::new();
+        let head = h1::parse_request(&mut BytesMut::from("GET / HTTP/1.1\r\nHost: a\r\n\r\n"))
+            .expect("valid")
+            .expect("complete");
+        let serving = exchange(&mut io, &mut read, head, &peer);
+        let size = std::mem::size_of_val(&serving);
+        assert!(size < 4096, "{size} bytes");
+        let whole = peer.handle(Request::new(crate::proxy::empty()));
+        assert!(
+            std::mem::size_of_val(&whole) > size,
+            "the request path is boxed"
+        );
+    }
 }

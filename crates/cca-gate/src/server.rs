@@ -122,6 +122,11 @@ struct Deadline {
 }
 
 impl Activity {
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Self {
+        Self::new(Duration::from_secs(1), Duration::from_secs(1))
+    }
+
     fn new(idle: Duration, header: Duration) -> Self {
         Self {
             opened: Instant::now(),
@@ -145,7 +150,16 @@ impl Activity {
     /// `future`'s output, or `None` once `timeout` has passed: timed by
     /// the sweep to within its period (a quarter of a second), or by a
     /// timer for a timeout under [`SWEPT_FROM`].
-    pub async fn within<F: Future>(&self, timeout: Duration, future: F) -> Option<F::Output> {
+    ///
+    /// `future` is pinned by the caller: taken by value it would be held
+    /// twice in this future's state (the argument and its pinned move),
+    /// and every request's future would be that much larger to build and
+    /// move.
+    pub async fn within<F: Future>(
+        &self,
+        timeout: Duration,
+        mut future: Pin<&mut F>,
+    ) -> Option<F::Output> {
         if timeout < SWEPT_FROM {
             return tokio::time::timeout(timeout, future).await.ok();
         }
@@ -156,7 +170,6 @@ impl Activity {
         });
         self.lock_deadlines().push(Arc::clone(&deadline));
         let _forget = ForgetDeadline(self, &deadline);
-        let mut future = std::pin::pin!(future);
         std::future::poll_fn(|cx| {
             deadline.task.register(cx.waker());
             if deadline.expired.load(Ordering::Acquire) {
@@ -675,9 +688,10 @@ mod tests {
         open.add(&activity);
         let waiting = |timeout| {
             let activity = Arc::clone(&activity);
-            tokio::spawn(
-                async move { activity.within(timeout, std::future::pending::<()>()).await },
-            )
+            tokio::spawn(async move {
+                let pending = std::pin::pin!(std::future::pending::<()>());
+                activity.within(timeout, pending).await
+            })
         };
         let short = waiting(Duration::from_secs(5));
         let long = waiting(Duration::from_secs(60));
@@ -696,7 +710,9 @@ mod tests {
             "the ended wait is forgotten"
         );
         long.abort();
-        let done = activity.within(Duration::from_secs(60), async { 7 }).await;
+        let done = activity
+            .within(Duration::from_secs(60), std::pin::pin!(async { 7 }))
+            .await;
         assert_eq!(done, Some(7));
     }
 
@@ -705,7 +721,10 @@ mod tests {
         let activity = Activity::new(Duration::from_secs(60), Duration::from_secs(30));
         let started = Instant::now();
         let waited = activity
-            .within(Duration::from_millis(300), std::future::pending::<()>())
+            .within(
+                Duration::from_millis(300),
+                std::pin::pin!(std::future::pending::<()>()),
+            )
             .await;
         assert_eq!(waited, None);
         assert_eq!(started.elapsed(), Duration::from_millis(300));

@@ -35,7 +35,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, SizeHint};
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::header::HeaderMap;
+use hyper::{Method, Response, StatusCode};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -100,6 +101,22 @@ pub enum BodyBroken {
     Io(#[from] io::Error),
     #[error("the backend sent a body the gate cannot read: {0}")]
     Framing(#[from] FramingError),
+}
+
+/// A request's head as it goes to a backend, borrowed from the request
+/// so that a retry sends it again without a copy.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestLine<'a> {
+    pub method: &'a Method,
+    /// Origin form: path and query.
+    pub target: &'a str,
+    pub headers: &'a HeaderMap,
+}
+
+impl RequestLine<'_> {
+    fn write(&self, out: &mut BytesMut, length: BodyLength) {
+        h1::write_request_head(out, self.method, self.target, self.headers, length);
+    }
 }
 
 /// One backend's connections; see the module documentation.
@@ -300,17 +317,16 @@ impl Upstream {
         }
     }
 
-    /// Sends `request` (origin-form URI, `Host` set) and returns the
+    /// Sends a request (`Host` among its headers) and returns the
     /// response, whose body hands the connection back when it ends.
     pub async fn send(
         self: &Arc<Self>,
-        request: Request<Body>,
+        head: RequestLine<'_>,
+        body: Body,
         settings: UpstreamSettings,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
-        let (parts, body) = request.into_parts();
-        let length = body_length(&parts.method, &body);
+        let length = body_length(head.method, &body);
         let body = (!body.is_end_stream()).then_some(body);
-        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
         // Sent again on a new connection if a reused one turns out closed
         // (the backend closed it as the request went out): only while
         // nothing of a body was consumed, and after a reset only when
@@ -319,54 +335,43 @@ impl Upstream {
             UpstreamError::Closed { .. } | UpstreamError::Send { .. } => true,
             UpstreamError::Receive { source, .. } => {
                 source.kind() == io::ErrorKind::ConnectionReset
-                    && crate::forward::is_idempotent(&parts.method)
+                    && crate::forward::is_idempotent(head.method)
             }
             _ => false,
         };
         if let Some(mut connection) = self.checkout(settings.idle) {
-            h1::write_request_head(
-                &mut connection.write,
-                &parts.method,
-                target,
-                &parts.headers,
-                length,
-            );
+            head.write(&mut connection.write, length);
             let had_body = body.is_some();
             match connection
-                .exchange(&parts.method, body, length, self.address)
+                .exchange(head.method, body, length, self.address)
                 .await
             {
-                Ok((head, sent)) => return Ok(self.returning(head, connection, sent, settings)),
+                Ok((response, sent)) => {
+                    return Ok(self.returning(response, connection, sent, settings));
+                }
                 Err(error) if !had_body && resendable(&error) => {}
                 Err(error) => return Err(error),
             }
             // The body was empty: nothing of it is lost.
-            return Box::pin(self.send_fresh(&parts, None, length, settings)).await;
+            return Box::pin(self.send_fresh(head, None, length, settings)).await;
         }
-        Box::pin(self.send_fresh(&parts, body, length, settings)).await
+        Box::pin(self.send_fresh(head, body, length, settings)).await
     }
 
     /// Sends on a new connection.
     async fn send_fresh(
         self: &Arc<Self>,
-        parts: &hyper::http::request::Parts,
+        head: RequestLine<'_>,
         body: Option<Body>,
         length: BodyLength,
         settings: UpstreamSettings,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let mut connection = self.connect(settings.connect).await?;
-        let target = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
-        h1::write_request_head(
-            &mut connection.write,
-            &parts.method,
-            target,
-            &parts.headers,
-            length,
-        );
-        let (head, sent) = connection
-            .exchange(&parts.method, body, length, self.address)
+        head.write(&mut connection.write, length);
+        let (response, sent) = connection
+            .exchange(head.method, body, length, self.address)
             .await?;
-        Ok(self.returning(head, connection, sent, settings))
+        Ok(self.returning(response, connection, sent, settings))
     }
 
     /// Closes idle connections older than `idle` and those the backend
@@ -647,6 +652,8 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
+    use hyper::Request;
+
     use super::*;
 
     const SETTINGS: UpstreamSettings = UpstreamSettings {
@@ -694,6 +701,20 @@ mod tests {
         (address, accepted)
     }
 
+    /// Sends `request` as the proxy does.
+    async fn send(
+        upstream: &Arc<Upstream>,
+        request: Request<Body>,
+    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+        let (parts, body) = request.into_parts();
+        let line = RequestLine {
+            method: &parts.method,
+            target: parts.uri.path_and_query().map_or("/", |pq| pq.as_str()),
+            headers: &parts.headers,
+        };
+        upstream.send(line, body, SETTINGS).await
+    }
+
     fn get() -> Request<Body> {
         let body = http_body_util::Empty::new()
             .map_err(|never| match never {})
@@ -705,7 +726,7 @@ mod tests {
     }
 
     async fn exchange(upstream: &Arc<Upstream>) -> Result<Bytes, UpstreamError> {
-        let response = upstream.send(get(), SETTINGS).await?;
+        let response = send(upstream, get()).await?;
         Ok(response
             .into_body()
             .collect()
@@ -823,16 +844,16 @@ mod tests {
         ])
         .await;
         let upstream = Arc::new(Upstream::new(address));
-        let first = upstream.send(get(), SETTINGS).await.expect("response");
+        let first = send(&upstream, get()).await.expect("response");
         assert_eq!(read_all(first).await.expect("body"), "ok!!!");
-        let second = upstream.send(get(), SETTINGS).await.expect("response");
+        let second = send(&upstream, get()).await.expect("response");
         assert_eq!(
             second.status(),
             StatusCode::OK,
             "the interim 100 is skipped"
         );
         assert_eq!(read_all(second).await.expect("body"), "next");
-        let third = upstream.send(get(), SETTINGS).await.expect("response");
+        let third = send(&upstream, get()).await.expect("response");
         assert_eq!(third.status(), StatusCode::NO_CONTENT);
         assert!(third.body().is_end_stream());
         assert_eq!(upstream.idle_connections(), 1, "back as soon as it ended");
@@ -848,13 +869,13 @@ mod tests {
         ])
         .await;
         let upstream = Arc::new(Upstream::new(address));
-        let cut = upstream.send(get(), SETTINGS).await.expect("response");
+        let cut = send(&upstream, get()).await.expect("response");
         let error = read_all(cut).await.expect_err("cut short");
         assert!(
             error.to_string().contains("5 bytes before the body's end"),
             "{error}"
         );
-        let until_close = upstream.send(get(), SETTINGS).await.expect("response");
+        let until_close = send(&upstream, get()).await.expect("response");
         assert_eq!(
             read_all(until_close).await.expect("body"),
             "until the close"
@@ -876,7 +897,7 @@ mod tests {
             .header("host", "a")
             .body(full)
             .expect("request");
-        upstream.send(post, SETTINGS).await.expect("response");
+        send(&upstream, post).await.expect("response");
         let (sender, stream_body) =
             tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BodyError>>(2);
         let streamed =
@@ -894,7 +915,7 @@ mod tests {
             .header("host", "a")
             .body(streamed)
             .expect("request");
-        upstream.send(put, SETTINGS).await.expect("response");
+        send(&upstream, put).await.expect("response");
         let empty = http_body_util::Empty::new()
             .map_err(|never| match never {})
             .boxed_unsync();
@@ -902,7 +923,7 @@ mod tests {
             .header("host", "a")
             .body(empty)
             .expect("request");
-        upstream.send(bare, SETTINGS).await.expect("response");
+        send(&upstream, bare).await.expect("response");
         let received = received.lock().expect("lock").clone();
         assert_eq!(
             received[0],
@@ -933,7 +954,7 @@ mod tests {
         )])
         .await;
         let upstream = Arc::new(Upstream::new(address));
-        let response = upstream.send(get(), SETTINGS).await.expect("response");
+        let response = send(&upstream, get()).await.expect("response");
         assert_eq!(response.status(), StatusCode::SWITCHING_PROTOCOLS);
         let mut upgraded = response.into_body().into_upgraded().expect("the socket");
         let mut early = upgraded.early.to_vec();
@@ -955,7 +976,7 @@ mod tests {
         )])
         .await;
         let upstream = Arc::new(Upstream::new(address));
-        let error = upstream.send(get(), SETTINGS).await.expect_err("refused");
+        let error = send(&upstream, get()).await.expect_err("refused");
         let shown = error.to_string();
         assert!(shown.contains(&address.to_string()), "{shown}");
         assert!(
