@@ -372,21 +372,13 @@ pub fn write_request_head(
     out.put_slice(target.as_bytes());
     out.put_slice(b" HTTP/1.1\r\n");
     for (name, value) in headers {
-        if name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING {
-            continue;
+        if name != header::CONTENT_LENGTH && name != header::TRANSFER_ENCODING {
+            put_field(out, name, value);
         }
-        out.put_slice(name.as_str().as_bytes());
-        out.put_slice(b": ");
-        out.put_slice(value.as_bytes());
-        out.put_slice(b"\r\n");
     }
     match body {
         BodyLength::None => {}
-        BodyLength::Known(length) => {
-            out.put_slice(b"content-length: ");
-            out.put_slice(itoa(length, &mut [0; 20]));
-            out.put_slice(b"\r\n");
-        }
+        BodyLength::Known(length) => put_length(out, length),
         BodyLength::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
     }
     out.put_slice(b"\r\n");
@@ -414,6 +406,21 @@ pub fn write_chunk_header(out: &mut BytesMut, size: usize) {
         }
     }
     out.put_slice(&digits[at..]);
+    out.put_slice(b"\r\n");
+}
+
+/// One header field line.
+fn put_field(out: &mut BytesMut, name: &HeaderName, value: &HeaderValue) {
+    out.put_slice(name.as_str().as_bytes());
+    out.put_slice(b": ");
+    out.put_slice(value.as_bytes());
+    out.put_slice(b"\r\n");
+}
+
+/// A `Content-Length` line.
+fn put_length(out: &mut BytesMut, length: u64) {
+    out.put_slice(b"content-length: ");
+    out.put_slice(itoa(length, &mut [0; 20]));
     out.put_slice(b"\r\n");
 }
 
@@ -694,20 +701,12 @@ pub fn write_response_head(
         if framed && (name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING) {
             continue;
         }
-        if persistence != Persistence::AsIs && name == header::CONNECTION {
-            continue;
+        if persistence == Persistence::AsIs || name != header::CONNECTION {
+            put_field(out, name, value);
         }
-        out.put_slice(name.as_str().as_bytes());
-        out.put_slice(b": ");
-        out.put_slice(value.as_bytes());
-        out.put_slice(b"\r\n");
     }
     match body {
-        ResponseBody::Length(length) => {
-            out.put_slice(b"content-length: ");
-            out.put_slice(itoa(length, &mut [0; 20]));
-            out.put_slice(b"\r\n");
-        }
+        ResponseBody::Length(length) => put_length(out, length),
         ResponseBody::Chunked => out.put_slice(b"transfer-encoding: chunked\r\n"),
         ResponseBody::None | ResponseBody::UntilClose => {}
     }
