@@ -151,41 +151,13 @@ pub fn freshness(status: StatusCode, headers: &HeaderMap, now: SystemTime) -> Op
     let expires = headers
         .get(header::EXPIRES)
         .and_then(|v| v.to_str().ok())
-        .and_then(httpdate_parse);
+        // The three forms RFC 9110 §5.6.7 has recipients accept.
+        .and_then(|v| httpdate::parse_http_date(v).ok());
     if let Some(expires) = expires {
         return expires.duration_since(now).ok().filter(|d| !d.is_zero());
     }
     // `public` alone: fresh for the gate's ttl.
     has("public").then_some(Duration::MAX)
-}
-
-fn httpdate_parse(value: &str) -> Option<SystemTime> {
-    // IMF-fixdate only ("Sun, 06 Nov 1994 08:49:37 GMT"), the form
-    // RFC 9110 requires senders to use.
-    let parts: Vec<&str> = value.split_whitespace().collect();
-    let [_, day, month, year, time, "GMT"] = parts.as_slice() else {
-        return None;
-    };
-    let month = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ]
-    .iter()
-    .position(|m| m == month)? as i64
-        + 1;
-    let (day, year): (i64, i64) = (day.parse().ok()?, year.parse().ok()?);
-    let mut clock = time.split(':').map(|p| p.parse::<i64>().ok());
-    let (h, m, s) = (clock.next()??, clock.next()??, clock.next()??);
-    // Days since 1970-01-01 (Howard Hinnant's days_from_civil).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    let seconds = days * 86_400 + h * 3600 + m * 60 + s;
-    let seconds = u64::try_from(seconds).ok()?;
-    Some(SystemTime::UNIX_EPOCH + Duration::from_secs(seconds))
 }
 
 impl Cache {
@@ -433,6 +405,16 @@ mod tests {
             fresh(&[("expires", "Sun, 09 Sep 2001 01:47:00 GMT")]),
             Some(Duration::from_secs(20)),
             "Expires 20 s after now"
+        );
+        assert_eq!(
+            fresh(&[("expires", "Sunday, 09-Sep-01 01:47:00 GMT")]),
+            Some(Duration::from_secs(20)),
+            "the obsolete RFC 850 form is read too"
+        );
+        assert_eq!(
+            fresh(&[("expires", "tomorrow")]),
+            None,
+            "not a date: not fresh"
         );
         assert_eq!(
             freshness(
