@@ -397,6 +397,26 @@ async fn https_serves_each_host_its_own_certificate_by_sni() {
         assert!(body.contains(&format!("backend={expected}")), "{body}");
         assert!(body.contains("proto=https"), "{body}");
     }
+    // HTTP/1.1 over TLS: the gate's own HTTP/1.1 server behind rustls.
+    let http1 = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(shop_chain.as_bytes()).expect("pem"))
+        .resolve("shop.example.com", running.https)
+        .http1_only()
+        .build()
+        .expect("client");
+    for _ in 0..3 {
+        let response = http1
+            .post(format!(
+                "https://shop.example.com:{}/echo",
+                running.https.port()
+            ))
+            .body("over tls")
+            .send()
+            .await
+            .expect("an HTTP/1.1 request over TLS");
+        assert_eq!(response.version(), reqwest::Version::HTTP_11);
+        assert_eq!(response.text().await.expect("body"), "over tls");
+    }
 }
 
 #[tokio::test]
