@@ -4,10 +4,12 @@
 //! headers, retry idempotent requests elsewhere under the retry budget,
 //! and pass a WebSocket (any HTTP/1.1 upgrade) through once the backend
 //! agrees. A gate with a cache answers fresh GETs from it (`cca-cache:
-//! hit`) and stores what may be stored as it passes. The gate answers itself only when it must: 404 for a host no
-//! gate serves, 503 with `Retry-After` when a target has no ready backend,
-//! 502/504 when backends fail or time out, 429 over a rate limit; each
-//! with a plain-text body saying which.
+//! hit`) and stores what may be stored as it passes. The gate answers
+//! itself only when it must: 404 for a host no gate serves, 405 for
+//! CONNECT (a gate is no tunnel), 503 with `Retry-After` when a target has
+//! no ready backend, 502/504 when backends fail or time out, 400 when a
+//! request body cannot be read, 429 over a rate limit; each with a
+//! plain-text body saying which.
 
 use std::borrow::Cow;
 use std::net::SocketAddr;
@@ -183,6 +185,19 @@ impl Proxy {
     }
 
     async fn answer(&self, request: Request<Body>, peer: &Peer) -> Response<Body> {
+        if request.method() == Method::CONNECT {
+            // A gate routes requests to services; it is no tunnel to
+            // wherever a client names.
+            let mut response = text(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "the gate does not tunnel CONNECT requests\n".to_owned(),
+            );
+            response.headers_mut().insert(
+                header::ALLOW,
+                HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+            );
+            return response;
+        }
         let started = Instant::now();
         let snapshot = peer.table();
         let table = &snapshot.table;

@@ -1051,6 +1051,26 @@ async fn requests_two_readers_could_frame_differently_are_refused_and_the_connec
 }
 
 #[tokio::test]
+async fn connect_is_refused_with_405() {
+    let web = backend("web-a").await;
+    let gate = start(&map(
+        vec![gate_spec("shop", &["shop.example.com"], "web")],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await;
+    let answer = raw_exchange(
+        gate.http,
+        b"CONNECT shop.example.com:443 HTTP/1.1\r\nHost: shop.example.com:443\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert!(
+        answer.starts_with("HTTP/1.1 405 Method Not Allowed\r\n"),
+        "{answer}"
+    );
+    assert!(answer.contains("does not tunnel CONNECT"), "{answer}");
+}
+
+#[tokio::test]
 async fn an_http10_client_keeps_its_connection_only_when_it_asks() {
     let web = backend("web-a").await;
     let gate = start(&map(
