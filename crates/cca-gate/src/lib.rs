@@ -9,8 +9,10 @@
 //! consistent hashing, round robin, least connections, outlier ejection);
 //! [`gate_state`] what a gate keeps between requests (its backend client,
 //! rate limits, retry budget, [`cache`]); [`forward`] what the proxy changes in the
-//! messages it passes on; [`proxy`] the request path; [`server`] the
-//! listeners, TLS, idle timeouts and graceful drain; [`metrics`] what
+//! messages it passes on; [`proxy`] the request path; [`h1`] HTTP/1.1
+//! framing on raw bytes, which [`serve_h1`] (clients) and [`upstream`]
+//! (backends) speak over [`transport`]; [`server`] the listeners, TLS,
+//! HTTP/2 (hyper), idle timeouts and graceful drain; [`metrics`] what
 //! `/metrics` shows. Certificates by SNI are [`cca_tls::HostCertificates`];
 //! where they come from (the control plane) is the agent's business.
 

@@ -242,6 +242,15 @@ async fn start_with(map: &NetworkMap, options: ServerOptions) -> Running {
     }
 }
 
+/// A gate for `shop.example.com` in front of `web` alone.
+async fn start_shop(web: &Backend) -> Running {
+    start(&map(
+        vec![gate_spec("shop", &["shop.example.com"], "web")],
+        vec![service("web", 8080, &[("web-a", web.address)])],
+    ))
+    .await
+}
+
 async fn get(client: &reqwest::Client, url: &str, host: &str) -> (u16, String) {
     let response = client
         .get(url)
@@ -256,11 +265,7 @@ async fn get(client: &reqwest::Client, url: &str, host: &str) -> (u16, String) {
 #[tokio::test]
 async fn requests_reach_the_backend_of_their_host_with_forwarding_headers() {
     let web = backend("web-a").await;
-    let running = start(&map(
-        vec![gate_spec("shop", &["shop.example.com"], "web")],
-        vec![service("web", 8080, &[("web-a", web.address)])],
-    ))
-    .await;
+    let running = start_shop(&web).await;
     let client = reqwest::Client::new();
     let url = format!("http://{}/hello", running.http);
     let (status, body) = get(&client, &url, "Shop.Example.com:80").await;
@@ -306,11 +311,7 @@ async fn an_unknown_host_is_404_and_a_target_without_backends_503() {
 #[tokio::test]
 async fn http2_with_prior_knowledge_is_served() {
     let web = backend("web-a").await;
-    let running = start(&map(
-        vec![gate_spec("shop", &["shop.example.com"], "web")],
-        vec![service("web", 8080, &[("web-a", web.address)])],
-    ))
-    .await;
+    let running = start_shop(&web).await;
     let client = reqwest::Client::builder()
         .http2_prior_knowledge()
         .resolve("shop.example.com", running.http)
@@ -422,11 +423,7 @@ async fn https_serves_each_host_its_own_certificate_by_sni() {
 #[tokio::test]
 async fn a_websocket_handshake_and_its_bytes_pass_through() {
     let web = backend("web-a").await;
-    let running = start(&map(
-        vec![gate_spec("shop", &["shop.example.com"], "web")],
-        vec![service("web", 8080, &[("web-a", web.address)])],
-    ))
-    .await;
+    let running = start_shop(&web).await;
     let mut stream = TcpStream::connect(running.http).await.expect("connect");
     stream
         .write_all(
@@ -941,11 +938,7 @@ async fn raw_exchange(at: SocketAddr, raw: &[u8]) -> String {
 #[tokio::test]
 async fn request_bodies_keep_their_framing_and_pipelined_requests_are_answered_in_turn() {
     let web = backend("web-a").await;
-    let gate = start(&map(
-        vec![gate_spec("shop", &["shop.example.com"], "web")],
-        vec![service("web", 8080, &[("web-a", web.address)])],
-    ))
-    .await;
+    let gate = start_shop(&web).await;
     let pipelined = "POST /echo HTTP/1.1\r\nHost: shop.example.com\r\nContent-Length: 5\r\n\r\nhello\
                      POST /echo HTTP/1.1\r\nHost: shop.example.com\r\nTransfer-Encoding: chunked\r\n\r\n\
                      2\r\nab\r\n3;ext=1\r\ncde\r\n0\r\n\r\n\
@@ -976,11 +969,7 @@ async fn request_bodies_keep_their_framing_and_pipelined_requests_are_answered_i
 #[tokio::test]
 async fn a_client_waiting_for_100_continue_gets_it_before_sending_its_body() {
     let web = backend("web-a").await;
-    let gate = start(&map(
-        vec![gate_spec("shop", &["shop.example.com"], "web")],
-        vec![service("web", 8080, &[("web-a", web.address)])],
-    ))
-    .await;
+    let gate = start_shop(&web).await;
     let mut stream = TcpStream::connect(gate.http).await.expect("connect");
     stream
         .write_all(
@@ -1011,11 +1000,7 @@ async fn a_client_waiting_for_100_continue_gets_it_before_sending_its_body() {
 #[tokio::test]
 async fn requests_two_readers_could_frame_differently_are_refused_and_the_connection_closed() {
     let web = backend("web-a").await;
-    let gate = start(&map(
-        vec![gate_spec("shop", &["shop.example.com"], "web")],
-        vec![service("web", 8080, &[("web-a", web.address)])],
-    ))
-    .await;
+    let gate = start_shop(&web).await;
     let cases = [
         (
             "POST /echo HTTP/1.1\r\nHost: shop.example.com\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET /smuggled HTTP/1.1\r\n\r\n",
@@ -1053,11 +1038,7 @@ async fn requests_two_readers_could_frame_differently_are_refused_and_the_connec
 #[tokio::test]
 async fn connect_is_refused_with_405() {
     let web = backend("web-a").await;
-    let gate = start(&map(
-        vec![gate_spec("shop", &["shop.example.com"], "web")],
-        vec![service("web", 8080, &[("web-a", web.address)])],
-    ))
-    .await;
+    let gate = start_shop(&web).await;
     let answer = raw_exchange(
         gate.http,
         b"CONNECT shop.example.com:443 HTTP/1.1\r\nHost: shop.example.com:443\r\nConnection: close\r\n\r\n",
@@ -1073,11 +1054,7 @@ async fn connect_is_refused_with_405() {
 #[tokio::test]
 async fn an_http10_client_keeps_its_connection_only_when_it_asks() {
     let web = backend("web-a").await;
-    let gate = start(&map(
-        vec![gate_spec("shop", &["shop.example.com"], "web")],
-        vec![service("web", 8080, &[("web-a", web.address)])],
-    ))
-    .await;
+    let gate = start_shop(&web).await;
     let kept = raw_exchange(
         gate.http,
         b"GET / HTTP/1.0\r\nHost: shop.example.com\r\nConnection: keep-alive\r\n\r\n\
