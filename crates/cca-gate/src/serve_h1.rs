@@ -213,9 +213,8 @@ async fn exchange<T: Transport>(
     let written = write_response(io, response, head_request, version, persists).await;
     match (written, upgrade) {
         (Ok(Written::Switched), Some(slot)) => Next::Upgrade(slot),
-        (Ok(Written::Switched), None) | (Err(_), _) => Next::Close,
-        (Ok(Written::Persists), _) if persists => Next::Continue,
-        (Ok(_), _) => Next::Close,
+        (Ok(Written::Persists), _) => Next::Continue,
+        _ => Next::Close,
     }
 }
 
@@ -410,7 +409,9 @@ impl Feed {
 enum Written {
     /// Complete, and the connection can carry another request.
     Persists,
-    /// Complete, but only a close ends it (length unknown to HTTP/1.0).
+    /// Complete, and the connection closes after it (the client or the
+    /// gate asked, its body was not read to the end, or the response's
+    /// length was unknown to an HTTP/1.0 client).
     Closes,
     /// A `101`: the connection is the tunnel's now.
     Switched,
@@ -448,6 +449,11 @@ async fn write_response<T: Transport>(
         (false, true, Version::HTTP_10) => Persistence::KeepAlive,
         (false, true, _) => Persistence::Default,
     };
+    let complete = if persists {
+        Written::Persists
+    } else {
+        Written::Closes
+    };
     let mut out = BytesMut::new();
     h1::write_response_head(&mut out, status, &parts.headers, framing, persistence);
     if framing == ResponseBody::None {
@@ -456,10 +462,8 @@ async fn write_response<T: Transport>(
         io.flush().await?;
         return Ok(if switching {
             Written::Switched
-        } else if persists {
-            Written::Persists
         } else {
-            Written::Closes
+            complete
         });
     }
     let chunked = framing == ResponseBody::Chunked;
@@ -489,11 +493,7 @@ async fn write_response<T: Transport>(
         }
         io.write_all(&out).await?;
         io.flush().await?;
-        return Ok(if persists {
-            Written::Persists
-        } else {
-            Written::Closes
-        });
+        return Ok(complete);
     }
     if !out.is_empty() {
         io.write_all(&out).await?;
@@ -513,11 +513,7 @@ async fn write_response<T: Transport>(
         io.write_all(&out).await?;
         io.flush().await?;
     }
-    Ok(if persists {
-        Written::Persists
-    } else {
-        Written::Closes
-    })
+    Ok(complete)
 }
 
 /// Body bytes into `out`, framed as a chunk when `chunked`.
