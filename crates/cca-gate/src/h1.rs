@@ -15,6 +15,8 @@
 //! one `Host`. A response framed both ways is read by `Transfer-Encoding`
 //! (§6.3) and its connection closed after it.
 
+use std::mem::MaybeUninit;
+
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, StatusCode, Uri, Version};
@@ -82,9 +84,16 @@ pub fn parse_response(
     buf: &mut BytesMut,
     method: &Method,
 ) -> Result<Option<ResponseHead>, FramingError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut fields);
-    let length = match parsed.parse(buf) {
+    // Left uninitialised: the parser writes what it finds, and setting
+    // 128 empty fields first would cost more than parsing a small head.
+    let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let parsing = httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut fields,
+    );
+    let length = match parsing {
         Ok(httparse::Status::Complete(length)) => length,
         Ok(httparse::Status::Partial) if buf.len() > MAX_HEAD => {
             return Err(FramingError::HeadTooLong);
@@ -108,7 +117,7 @@ pub fn parse_response(
     };
     let spans = FieldSpans::of(buf, parsed.headers);
     let head = buf.split_to(length).freeze();
-    let headers = spans.header_map(&head).map_err(FramingError::Head)?;
+    let headers = spans.header_map(&head, 1).map_err(FramingError::Head)?;
     let (framing, framed_twice) = response_framing(status, method, &headers)?;
     let keep_alive =
         !framed_twice && framing != Framing::UntilClose && connection_persists(version, &headers);
@@ -485,12 +494,16 @@ impl RequestError {
     }
 }
 
+/// The fields a proxy adds to a request it forwards: `X-Forwarded-For`,
+/// `-Proto`, `-Host` and `Forwarded`.
+const FORWARDING_FIELDS: usize = 4;
+
 /// Parses a request head at the start of `buf` and takes it off: `None`
 /// while it is incomplete.
 pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, RequestError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Request::new(&mut fields);
-    let length = match parsed.parse(buf) {
+    let mut fields = [const { MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    let length = match parsed.parse_with_uninit_headers(buf, &mut fields) {
         Ok(httparse::Status::Complete(length)) if length > MAX_HEAD => {
             return Err(RequestError::HeadTooLong);
         }
@@ -515,7 +528,9 @@ pub fn parse_request(buf: &mut BytesMut) -> Result<Option<RequestHead>, RequestE
     let head = buf.split_to(length).freeze();
     let uri = Uri::from_maybe_shared(head.slice(target.0..target.1))
         .map_err(|_| RequestError::Malformed("an invalid request target"))?;
-    let headers = spans.header_map(&head).map_err(RequestError::Malformed)?;
+    let headers = spans
+        .header_map(&head, FORWARDING_FIELDS)
+        .map_err(RequestError::Malformed)?;
     if version == Version::HTTP_11 && headers.get_all(header::HOST).iter().count() != 1 {
         return Err(RequestError::Host);
     }
@@ -609,10 +624,11 @@ impl FieldSpans {
         }
     }
 
-    /// The fields as a map whose values share `head`.
-    fn header_map(&self, head: &Bytes) -> Result<HeaderMap, &'static str> {
+    /// The fields as a map whose values share `head`, with room for
+    /// `added` more (a map that grows allocates again).
+    fn header_map(&self, head: &Bytes, added: usize) -> Result<HeaderMap, &'static str> {
         let spans = self.spans();
-        let mut headers = HeaderMap::with_capacity(spans.len());
+        let mut headers = HeaderMap::with_capacity(spans.len() + added);
         for field in spans {
             let (name, value) = (field.name, field.value);
             let name = HeaderName::from_bytes(&head[name.0 as usize..name.1 as usize])

@@ -37,7 +37,7 @@ use crate::forward::{self, Origin};
 use crate::gate_state::GateState;
 use crate::metrics::{Metrics, class_index};
 use crate::serve_h1::{ClientIo, OwnUpgraded, UpgradeSlot};
-use crate::server::Activity;
+use crate::server::{Activity, Busy};
 use crate::table::{GateRoutes, RouteTable};
 use crate::traffic::{self, Traffic, Wake};
 use crate::upstream::{RequestLine, Upgraded, UpstreamBody, UpstreamError};
@@ -91,9 +91,27 @@ impl Peer {
         }
     }
 
-    /// Answers one request.
-    pub fn handle(&self, request: Request<Body>) -> impl Future<Output = Response<Body>> + '_ {
-        self.proxy.handle(request, self)
+    /// Answers one request: the response, and what counts the request in
+    /// flight (its connection busy) until it is dropped once the response
+    /// has been sent.
+    pub fn answer(
+        &self,
+        request: Request<Body>,
+    ) -> impl Future<Output = (Response<Body>, Busy)> + '_ {
+        self.proxy.serve(request, self)
+    }
+
+    /// Answers one request; the request counts as in flight until the
+    /// response's body has been sent or dropped.
+    pub async fn handle(&self, request: Request<Body>) -> Response<Body> {
+        let (response, busy) = self.answer(request).await;
+        response.map(|body| {
+            Guarded {
+                inner: body,
+                _guard: busy,
+            }
+            .boxed_unsync()
+        })
     }
 
     /// The current route table, through the connection's own reference.
@@ -172,16 +190,9 @@ impl Proxy {
         }
     }
 
-    async fn handle(&self, request: Request<Body>, peer: &Peer) -> Response<Body> {
+    async fn serve(&self, request: Request<Body>, peer: &Peer) -> (Response<Body>, Busy) {
         let busy = peer.activity.begin();
-        let response = self.answer(request, peer).await;
-        response.map(|body| {
-            Guarded {
-                inner: body,
-                _guard: busy,
-            }
-            .boxed_unsync()
-        })
+        (self.answer(request, peer).await, busy)
     }
 
     async fn answer(&self, request: Request<Body>, peer: &Peer) -> Response<Body> {
@@ -444,19 +455,21 @@ impl Proxy {
         let mut tried = Vec::new();
         let mut last_failure: Option<Response<Body>> = None;
         loop {
-            let Some(lease) = pool.choose(spec.balance, preference, &tried, Instant::now()) else {
+            // One reading of the clock for the choice and the latency.
+            let sent = Instant::now();
+            let Some(lease) = pool.choose(spec.balance, preference, &tried, sent) else {
                 return last_failure.unwrap_or_else(|| no_backend(spec.name.as_str(), pool));
             };
             let backend = Arc::clone(&lease.backend);
-            let sent = Instant::now();
             let timeout = Duration::from_millis(spec.timeouts.response.0);
             let result = {
                 let body = body.take().unwrap_or_else(empty);
                 let sending =
                     std::pin::pin!(backend.upstream.send(head, body, gate.state.upstream));
-                peer.activity.within(timeout, sending).await
+                peer.activity.within(sent, timeout, sending).await
             };
-            backend.metrics.seconds.observe(sent.elapsed());
+            let answered = Instant::now();
+            backend.metrics.seconds.observe(answered - sent);
             let failure = match result {
                 Some(Ok(response)) => {
                     let status = response.status();
@@ -467,7 +480,7 @@ impl Proxy {
                     } else {
                         Outcome::Success
                     };
-                    pool.record(&backend, outcome, &spec.circuit_breaker, Instant::now());
+                    pool.record(&backend, outcome, &spec.circuit_breaker, answered);
                     if !(failed && retryable && gate.state.may_retry(tried.len() as u32)) {
                         return self.respond(
                             gate,
@@ -491,12 +504,7 @@ impl Proxy {
                 }
                 Some(Err(error)) => {
                     backend.metrics.by_class[class_index(None)].inc();
-                    pool.record(
-                        &backend,
-                        Outcome::Failure,
-                        &spec.circuit_breaker,
-                        Instant::now(),
-                    );
+                    pool.record(&backend, Outcome::Failure, &spec.circuit_breaker, answered);
                     tracing::debug!(gate = %spec.name, instance = %backend.target.instance, %error, "a gate backend failed");
                     text(
                         StatusCode::BAD_GATEWAY,
@@ -508,12 +516,7 @@ impl Proxy {
                 }
                 None => {
                     backend.metrics.by_class[class_index(None)].inc();
-                    pool.record(
-                        &backend,
-                        Outcome::Failure,
-                        &spec.circuit_breaker,
-                        Instant::now(),
-                    );
+                    pool.record(&backend, Outcome::Failure, &spec.circuit_breaker, answered);
                     text(
                         StatusCode::GATEWAY_TIMEOUT,
                         format!(

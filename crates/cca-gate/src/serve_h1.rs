@@ -136,7 +136,7 @@ async fn next_head<T: Transport>(
             let polled = io.poll_fill(read, cx);
             if polled.is_pending() && read.is_empty() {
                 // Waiting for a request: hold no buffer meanwhile.
-                *read = BytesMut::new();
+                crate::transport::put_aside(std::mem::take(read));
             }
             polled
         })
@@ -204,13 +204,17 @@ async fn exchange<T: Transport>(
     // Boxed: the request path's future is kilobytes; held inline, every
     // idle connection's task would be that large, and each layer that
     // moved it would copy it.
-    let mut answer = Box::pin(peer.handle(request));
-    let (response, body_read) = match feed {
+    // Allocated before the future is made, so that it is made in place
+    // rather than on the stack and copied.
+    let room = Box::new_uninit();
+    let mut answer = Box::into_pin(Box::write(room, peer.answer(request)));
+    let ((response, busy), body_read) = match feed {
         None => (answer.await, true),
         Some(feed) => answer_while_feeding(answer.as_mut(), feed, io, read).await,
     };
     let persists = keep_alive && body_read && !peer.activity.asked_to_close();
     let written = write_response(io, response, head_request, version, persists).await;
+    drop(busy);
     match (written, upgrade) {
         (Ok(Written::Switched), Some(slot)) => Next::Upgrade(slot),
         (Ok(Written::Persists), _) => Next::Continue,
@@ -221,12 +225,12 @@ async fn exchange<T: Transport>(
 /// Awaits the proxy's answer while reading the request body into its
 /// channel: the answer, and whether the body was read to its end (the
 /// next request then starts right after it).
-async fn answer_while_feeding<T: Transport, F: Future<Output = Response<Body>>>(
+async fn answer_while_feeding<T: Transport, F: Future>(
     mut answer: Pin<&mut F>,
     feed: Feed,
     io: &mut T,
     read: &mut BytesMut,
-) -> (Response<Body>, bool) {
+) -> (F::Output, bool) {
     let mut feeding = std::pin::pin!(feed.run(io, read));
     let mut fed = None;
     poll_fn(|cx| {
@@ -426,6 +430,20 @@ async fn write_response<T: Transport>(
     version: Version,
     persists: bool,
 ) -> io::Result<Written> {
+    let mut out = crate::transport::spare_buffer();
+    let written = write_framed(io, &mut out, response, head_request, version, persists).await;
+    crate::transport::put_aside(out);
+    written
+}
+
+async fn write_framed<T: Transport>(
+    io: &mut T,
+    out: &mut BytesMut,
+    response: Response<Body>,
+    head_request: bool,
+    version: Version,
+    persists: bool,
+) -> io::Result<Written> {
     let (parts, mut body) = response.into_parts();
     let status = parts.status;
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
@@ -454,11 +472,10 @@ async fn write_response<T: Transport>(
     } else {
         Written::Closes
     };
-    let mut out = BytesMut::new();
-    h1::write_response_head(&mut out, status, &parts.headers, framing, persistence);
+    h1::write_response_head(out, status, &parts.headers, framing, persistence);
     if framing == ResponseBody::None {
         drop(body);
-        io.write_all(&out).await?;
+        io.write_all(out).await?;
         io.flush().await?;
         return Ok(if switching {
             Written::Switched
@@ -474,11 +491,11 @@ async fn write_response<T: Transport>(
         Poll::Ready(Some(Ok(frame))) => {
             if let Ok(data) = frame.into_data() {
                 if data.len() <= COALESCE {
-                    put_data(&mut out, &data, chunked);
+                    put_data(out, &data, chunked);
                 } else {
-                    io.write_all(&out).await?;
+                    io.write_all(out).await?;
                     out.clear();
-                    write_data(io, &mut out, &data, chunked).await?;
+                    write_data(io, out, &data, chunked).await?;
                 }
             }
             ended = body.is_end_stream();
@@ -489,14 +506,14 @@ async fn write_response<T: Transport>(
     }
     if ended {
         if chunked {
-            h1::write_chunk(&mut out, b"");
+            h1::write_chunk(out, b"");
         }
-        io.write_all(&out).await?;
+        io.write_all(out).await?;
         io.flush().await?;
         return Ok(complete);
     }
     if !out.is_empty() {
-        io.write_all(&out).await?;
+        io.write_all(out).await?;
         io.flush().await?;
     }
     while let Some(frame) = body.frame().await {
@@ -504,13 +521,13 @@ async fn write_response<T: Transport>(
             continue; // Trailers are not passed on.
         };
         out.clear();
-        write_data(io, &mut out, &data, chunked).await?;
+        write_data(io, out, &data, chunked).await?;
         io.flush().await?;
     }
     if chunked {
         out.clear();
-        h1::write_chunk(&mut out, b"");
-        io.write_all(&out).await?;
+        h1::write_chunk(out, b"");
+        io.write_all(out).await?;
         io.flush().await?;
     }
     Ok(complete)

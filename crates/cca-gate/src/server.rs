@@ -108,17 +108,55 @@ pub struct Activity {
     abort: AtomicBool,
     /// The connection's task, woken to close.
     task: AtomicWaker,
-    /// Waits with a deadline the sweep enforces.
+    /// The connection's first wait with a deadline the sweep enforces
+    /// (an HTTP/1.1 connection's only one: it needs no allocation).
+    first: Deadline,
+    /// Its other such waits (concurrent HTTP/2 streams).
     deadlines: Mutex<Vec<Arc<Deadline>>>,
 }
 
 /// One wait [`Activity::within`] bounds.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 struct Deadline {
-    /// Milliseconds after the connection opened.
-    at: u64,
-    expired: AtomicBool,
+    /// Milliseconds after the connection opened; 0: no wait holds this
+    /// one (the connection's `first`).
+    at: AtomicU64,
+    /// The `at` of the wait the sweep ended. A value rather than a flag:
+    /// a sweep that read a finished wait's deadline cannot end the next
+    /// wait, whose deadline is later.
+    expired: AtomicU64,
     task: AtomicWaker,
+}
+
+impl Deadline {
+    fn holding(at: u64) -> Self {
+        Self {
+            at: AtomicU64::new(at),
+            ..Self::default()
+        }
+    }
+
+    /// Ends the wait if its deadline passed by `now`.
+    fn expire(&self, now: u64) {
+        let at = self.at.load(Ordering::Acquire);
+        if at != 0 && at <= now {
+            self.expired.store(at, Ordering::Release);
+            self.task.wake();
+        }
+    }
+
+    /// `future`'s output, or `None` once the sweep ended the wait due at
+    /// `at`.
+    async fn bound<F: Future>(&self, at: u64, mut future: Pin<&mut F>) -> Option<F::Output> {
+        std::future::poll_fn(|cx| {
+            self.task.register(cx.waker());
+            if self.expired.load(Ordering::Acquire) == at {
+                return Poll::Ready(None);
+            }
+            future.as_mut().poll(cx).map(Some)
+        })
+        .await
+    }
 }
 
 impl Activity {
@@ -138,6 +176,7 @@ impl Activity {
             close: AtomicBool::new(false),
             abort: AtomicBool::new(false),
             task: AtomicWaker::new(),
+            first: Deadline::default(),
             deadlines: Mutex::default(),
         }
     }
@@ -147,7 +186,7 @@ impl Activity {
         self.opened.elapsed().as_millis() as u64
     }
 
-    /// `future`'s output, or `None` once `timeout` has passed: timed by
+    /// `future`'s output, or `None` once `timeout` has passed `since`: timed by
     /// the sweep to within its period (a quarter of a second), or by a
     /// timer for a timeout under [`SWEPT_FROM`].
     ///
@@ -157,27 +196,29 @@ impl Activity {
     /// move.
     pub async fn within<F: Future>(
         &self,
+        since: Instant,
         timeout: Duration,
-        mut future: Pin<&mut F>,
+        future: Pin<&mut F>,
     ) -> Option<F::Output> {
         if timeout < SWEPT_FROM {
-            return tokio::time::timeout(timeout, future).await.ok();
+            return tokio::time::timeout_at(since + timeout, future).await.ok();
         }
-        let deadline = Arc::new(Deadline {
-            at: self.now().saturating_add(timeout.as_millis() as u64),
-            expired: AtomicBool::new(false),
-            task: AtomicWaker::new(),
-        });
+        // The caller's reading of the clock, not another.
+        let at = (since.saturating_duration_since(self.opened) + timeout).as_millis() as u64;
+        let at = at.max(1);
+        let first = &self.first;
+        if first
+            .at
+            .compare_exchange(0, at, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            let _release = ReleaseFirst(first);
+            return first.bound(at, future).await;
+        }
+        let deadline = Arc::new(Deadline::holding(at));
         self.lock_deadlines().push(Arc::clone(&deadline));
         let _forget = ForgetDeadline(self, &deadline);
-        std::future::poll_fn(|cx| {
-            deadline.task.register(cx.waker());
-            if deadline.expired.load(Ordering::Acquire) {
-                return Poll::Ready(None);
-            }
-            future.as_mut().poll(cx).map(Some)
-        })
-        .await
+        deadline.bound(at, future).await
     }
 
     fn lock_deadlines(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Deadline>>> {
@@ -189,10 +230,9 @@ impl Activity {
     /// Ends the waits whose deadline passed.
     fn expire_deadlines(&self) {
         let now = self.now();
-        let deadlines = self.lock_deadlines();
-        for deadline in deadlines.iter().filter(|deadline| deadline.at <= now) {
-            deadline.expired.store(true, Ordering::Release);
-            deadline.task.wake();
+        self.first.expire(now);
+        for deadline in self.lock_deadlines().iter() {
+            deadline.expire(now);
         }
     }
 
@@ -271,6 +311,15 @@ impl Activity {
         let last = Duration::from_millis(self.last.load(Ordering::Relaxed));
         let quiet = self.opened.elapsed().saturating_sub(last);
         idle.checked_sub(quiet).filter(|left| !left.is_zero())
+    }
+}
+
+/// Frees the connection's first deadline when its wait ends.
+struct ReleaseFirst<'a>(&'a Deadline);
+
+impl Drop for ReleaseFirst<'_> {
+    fn drop(&mut self) {
+        self.0.at.store(0, Ordering::Release);
     }
 }
 
@@ -690,7 +739,7 @@ mod tests {
             let activity = Arc::clone(&activity);
             tokio::spawn(async move {
                 let pending = std::pin::pin!(std::future::pending::<()>());
-                activity.within(timeout, pending).await
+                activity.within(Instant::now(), timeout, pending).await
             })
         };
         let short = waiting(Duration::from_secs(5));
@@ -704,16 +753,39 @@ mod tests {
         open.close_idle();
         assert_eq!(short.await.expect("no panic"), None, "timed out");
         assert!(!long.is_finished());
-        assert_eq!(
-            activity.lock_deadlines().len(),
-            1,
-            "the ended wait is forgotten"
-        );
+        let held = usize::from(activity.first.at.load(Ordering::Relaxed) != 0)
+            + activity.lock_deadlines().len();
+        assert_eq!(held, 1, "the ended wait is forgotten");
         long.abort();
         let done = activity
-            .within(Duration::from_secs(60), std::pin::pin!(async { 7 }))
+            .within(
+                Instant::now(),
+                Duration::from_secs(60),
+                std::pin::pin!(async { 7 }),
+            )
             .await;
         assert_eq!(done, Some(7));
+    }
+
+    /// A sweep that read the deadline of a wait which then ended, and a
+    /// new wait took the connection's first deadline, ends nothing.
+    #[tokio::test]
+    async fn a_sweep_late_for_an_ended_wait_spares_the_next() {
+        let first = Deadline::default();
+        first.at.store(100, Ordering::Release);
+        let read_by_the_sweep = first.at.load(Ordering::Acquire);
+        first.at.store(0, Ordering::Release);
+        first.at.store(5_100, Ordering::Release);
+        first.expired.store(read_by_the_sweep, Ordering::Release);
+        let pending = std::pin::pin!(std::future::pending::<()>());
+        let waited =
+            tokio::time::timeout(Duration::from_millis(50), first.bound(5_100, pending)).await;
+        assert!(waited.is_err(), "the new wait goes on: {waited:?}");
+        first.expire(5_100);
+        let ended = first
+            .bound(5_100, std::pin::pin!(std::future::pending::<()>()))
+            .await;
+        assert_eq!(ended, None, "its own deadline ends it");
     }
 
     #[tokio::test(start_paused = true)]
@@ -722,6 +794,7 @@ mod tests {
         let started = Instant::now();
         let waited = activity
             .within(
+                started,
                 Duration::from_millis(300),
                 std::pin::pin!(std::future::pending::<()>()),
             )

@@ -4,8 +4,12 @@
 //! socket's readiness: the next read then waits for the kernel to say more
 //! arrived instead of asking in a system call that would only answer
 //! "nothing yet". A buffer gets room only once bytes are there to read, so
-//! a connection waiting for its next request holds none.
+//! a connection waiting for its next request holds none: it puts its empty
+//! buffer aside ([`put_aside`]) and the next read on the same worker
+//! thread takes one back, so a busy gate does not allocate a buffer for
+//! every request it reads.
 
+use std::cell::RefCell;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -17,6 +21,34 @@ use tokio_rustls::server::TlsStream;
 
 /// Room a read asks for at least.
 pub const READ_ROOM: usize = 8 * 1024;
+
+/// Empty buffers a worker thread keeps for its next reads: enough for the
+/// connections it serves at once under load, few enough that what an
+/// idle gate keeps is small.
+const SPARE_BUFFERS: usize = 64;
+
+thread_local! {
+    static SPARE: RefCell<Vec<BytesMut>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Keeps `buf` (emptied) for a later read or write on this thread; a
+/// buffer grown large for one message is let go instead.
+pub fn put_aside(mut buf: BytesMut) {
+    if buf.capacity() == 0 || buf.capacity() > 4 * READ_ROOM {
+        return;
+    }
+    buf.clear();
+    SPARE.with_borrow_mut(|spare| {
+        if spare.len() < SPARE_BUFFERS {
+            spare.push(buf);
+        }
+    });
+}
+
+/// A buffer put aside on this thread, or a new empty one.
+pub fn spare_buffer() -> BytesMut {
+    SPARE.with_borrow_mut(Vec::pop).unwrap_or_default()
+}
 
 /// A client connection's byte stream.
 pub trait Transport: AsyncRead + AsyncWrite + Unpin + Send + 'static {
@@ -32,6 +64,9 @@ impl Transport for TcpStream {
 
 impl Transport for TlsStream<TcpStream> {
     fn poll_fill(&mut self, buf: &mut BytesMut, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        if buf.capacity() == 0 {
+            *buf = spare_buffer();
+        }
         let start = buf.len();
         buf.resize(start + READ_ROOM, 0);
         let mut window = ReadBuf::new(&mut buf[start..]);
@@ -51,6 +86,9 @@ pub fn poll_fill(
 ) -> Poll<io::Result<usize>> {
     loop {
         ready!(stream.poll_read_ready(cx))?;
+        if buf.capacity() == 0 {
+            *buf = spare_buffer();
+        }
         if buf.capacity() - buf.len() < READ_ROOM / 2 {
             buf.reserve(READ_ROOM);
         }

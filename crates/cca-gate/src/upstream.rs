@@ -413,7 +413,7 @@ impl Upstream {
             return;
         }
         // An idle connection holds no buffer.
-        connection.read = BytesMut::new();
+        crate::transport::put_aside(std::mem::take(&mut connection.read));
         let mut stack = self.local();
         if stack.len() < max_idle {
             stack.push(Idle {
