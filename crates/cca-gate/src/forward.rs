@@ -27,6 +27,10 @@ static HOP_BY_HOP: [HeaderName; 8] = [
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+// The same names where a reference must outlive the call.
+static X_FORWARDED_FOR_NAME: HeaderName = X_FORWARDED_FOR;
+static X_FORWARDED_PROTO_NAME: HeaderName = X_FORWARDED_PROTO;
+static X_FORWARDED_HOST_NAME: HeaderName = X_FORWARDED_HOST;
 
 /// The host a request is for, lowercase and without a port: the URI's
 /// authority (HTTP/2, absolute-form) or the `Host` header.
@@ -209,36 +213,78 @@ pub struct Origin<'a> {
     pub host: &'a HeaderValue,
 }
 
-/// Adds the client's address to `X-Forwarded-For` and `Forwarded` (after
-/// what earlier proxies wrote), sets `X-Forwarded-Proto` and
-/// `X-Forwarded-Host`, and `Host` when the request had none (HTTP/2).
-pub fn add_forwarded(headers: &mut HeaderMap, origin: Origin<'_>) {
-    let client = origin.client;
-    match existing(headers, &X_FORWARDED_FOR) {
-        Some(earlier) => {
-            let joined = format!("{earlier}, {}", client.ip());
-            set(headers, X_FORWARDED_FOR, joined);
+/// The forwarding fields of one request: the client's address after what
+/// earlier proxies wrote in `X-Forwarded-For` and `Forwarded`, the
+/// scheme in `X-Forwarded-Proto`, the host in `X-Forwarded-Host`, and
+/// `Host` when the request had none (HTTP/2). They take the place of the
+/// request's own fields of those names as its head is written, so the
+/// request's header map is read, never changed.
+#[derive(Debug)]
+pub struct Forwarding {
+    forwarded_for: HeaderValue,
+    forwarded: Option<HeaderValue>,
+    proto: HeaderValue,
+    host: HeaderValue,
+    add_host: bool,
+}
+
+impl Forwarding {
+    pub fn of(headers: &HeaderMap, origin: Origin<'_>) -> Self {
+        let client = origin.client;
+        let forwarded_for = match existing(headers, &X_FORWARDED_FOR) {
+            Some(earlier) => joined(earlier, client.ip()),
+            None => None,
         }
-        None => {
-            headers.insert(X_FORWARDED_FOR, client.listed.clone());
-        }
-    }
-    if let Some(own) = client.forwarded(origin.scheme, origin.host) {
-        match existing(headers, &header::FORWARDED) {
-            Some(earlier) => {
-                let joined = format!("{earlier}, {}", own.to_str().unwrap_or_default());
-                set(headers, header::FORWARDED, joined);
+        .unwrap_or_else(|| client.listed.clone());
+        let forwarded = client.forwarded(origin.scheme, origin.host).map(|own| {
+            match existing(headers, &header::FORWARDED) {
+                Some(earlier) => joined(earlier, own.to_str().unwrap_or_default()).unwrap_or(own),
+                None => own,
             }
-            None => {
-                headers.insert(header::FORWARDED, own);
-            }
+        });
+        Self {
+            forwarded_for,
+            forwarded,
+            proto: HeaderValue::from_static(origin.scheme),
+            host: origin.host.clone(),
+            add_host: !headers.contains_key(header::HOST),
         }
     }
-    headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static(origin.scheme));
-    headers.insert(X_FORWARDED_HOST, origin.host.clone());
-    if !headers.contains_key(header::HOST) {
-        headers.insert(header::HOST, origin.host.clone());
+
+    /// Whether the request's own field `name` gives way to these.
+    pub fn replaces(name: &HeaderName) -> bool {
+        name == header::FORWARDED
+            || name == X_FORWARDED_FOR
+            || name == X_FORWARDED_PROTO
+            || name == X_FORWARDED_HOST
     }
+
+    /// The fields, written after the request's own.
+    pub fn fields(&self) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+        [
+            Some((&X_FORWARDED_FOR_NAME, &self.forwarded_for)),
+            self.forwarded
+                .as_ref()
+                .map(|value| (&header::FORWARDED, value)),
+            Some((&X_FORWARDED_PROTO_NAME, &self.proto)),
+            Some((&X_FORWARDED_HOST_NAME, &self.host)),
+            self.add_host.then_some((&header::HOST, &self.host)),
+        ]
+        .into_iter()
+        .flatten()
+    }
+
+    /// Sets the fields in `headers`, in place of its own.
+    pub fn apply(&self, headers: &mut HeaderMap) {
+        for (name, value) in self.fields() {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+}
+
+/// `earlier, own`, as one field value.
+fn joined(earlier: &str, own: &str) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(format!("{earlier}, {own}"))).ok()
 }
 
 impl ClientAddress {
@@ -264,12 +310,6 @@ fn push_quoted_if_needed(out: &mut String, value: &str) {
         out.push('"');
         out.extend(value.chars().filter(|c| *c != '"'));
         out.push('"');
-    }
-}
-
-fn set(headers: &mut HeaderMap, name: HeaderName, value: String) {
-    if let Ok(value) = HeaderValue::from_maybe_shared(bytes::Bytes::from(value)) {
-        headers.insert(name, value);
     }
 }
 
@@ -382,7 +422,7 @@ mod tests {
             scheme: "https",
             host: &host,
         };
-        add_forwarded(&mut map, origin);
+        Forwarding::of(&map, origin).apply(&mut map);
         assert_eq!(map["x-forwarded-for"], "198.51.100.7, 192.0.2.1");
         assert_eq!(
             map["forwarded"],
@@ -399,7 +439,7 @@ mod tests {
             scheme: "http",
             host: &host,
         };
-        add_forwarded(&mut v6, origin);
+        Forwarding::of(&v6, origin).apply(&mut v6);
         assert_eq!(
             v6["forwarded"],
             "for=\"[2001:db8::1]\";proto=http;host=\"a:8080\""

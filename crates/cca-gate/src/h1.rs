@@ -366,21 +366,23 @@ pub enum BodyLength {
     Chunked,
 }
 
-/// Writes a request head to a backend: the request line, `headers` but
-/// for any framing of their own, and the framing of `body`.
-pub fn write_request_head(
+/// Writes a request head to a backend: the request line, `fields` (about
+/// `count` of them) but for any framing of their own, and the framing of
+/// `body`.
+pub fn write_request_head<'a>(
     out: &mut BytesMut,
     method: &Method,
     target: &str,
-    headers: &HeaderMap,
+    fields: impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)>,
+    count: usize,
     body: BodyLength,
 ) {
-    out.reserve(64 + target.len() + headers.len() * 32);
+    out.reserve(64 + target.len() + count * 32);
     out.put_slice(method.as_str().as_bytes());
     out.put_u8(b' ');
     out.put_slice(target.as_bytes());
     out.put_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers {
+    for (name, value) in fields {
         if name != header::CONTENT_LENGTH && name != header::TRANSFER_ENCODING {
             put_field(out, name, value);
         }
@@ -969,7 +971,8 @@ mod tests {
             &mut out,
             &Method::POST,
             "/a?b",
-            &headers,
+            headers.iter(),
+            headers.len(),
             BodyLength::Known(12),
         );
         assert_eq!(
@@ -981,7 +984,8 @@ mod tests {
             &mut out,
             &Method::GET,
             "/",
-            &HeaderMap::new(),
+            HeaderMap::new().iter(),
+            0,
             BodyLength::None,
         );
         assert_eq!(&out[..], b"GET / HTTP/1.1\r\n\r\n");
@@ -990,7 +994,8 @@ mod tests {
             &mut out,
             &Method::PUT,
             "/",
-            &HeaderMap::new(),
+            HeaderMap::new().iter(),
+            0,
             BodyLength::Chunked,
         );
         assert_eq!(

@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 use crate::balance::{Lease, Outcome, Pool, Preference, hash64};
 use crate::cache::{self, CacheKey, Collector, Stored};
-use crate::forward::{self, Origin};
+use crate::forward::{self, Forwarding, Origin};
 use crate::gate_state::GateState;
 use crate::metrics::{Metrics, class_index};
 use crate::serve_h1::{ClientIo, OwnUpgraded, UpgradeSlot};
@@ -429,8 +429,8 @@ impl Proxy {
             .and_then(|sticky| forward::cookie(&parts.headers, &sticky.cookie))
             .map(str::to_owned);
         forward::strip_hop_by_hop(&mut parts.headers, upgrade);
-        forward::add_forwarded(
-            &mut parts.headers,
+        let forwarding = Forwarding::of(
+            &parts.headers,
             Origin {
                 client: &peer.address,
                 scheme: if peer.tls { "https" } else { "http" },
@@ -451,6 +451,7 @@ impl Proxy {
             method: &parts.method,
             target: parts.uri.path_and_query().map_or("/", PathAndQuery::as_str),
             headers: &parts.headers,
+            forwarding: &forwarding,
         };
         let mut tried = Vec::new();
         let mut last_failure: Option<Response<Body>> = None;

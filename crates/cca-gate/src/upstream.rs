@@ -40,6 +40,7 @@ use hyper::{Method, Response, StatusCode};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::forward::Forwarding;
 use crate::h1::{self, BodyLength, ChunkedDecoder, Decoded, Framing, FramingError};
 use crate::proxy::{Body, BodyError};
 use crate::sharded::Shards;
@@ -111,11 +112,19 @@ pub struct RequestLine<'a> {
     /// Origin form: path and query.
     pub target: &'a str,
     pub headers: &'a HeaderMap,
+    /// Written in place of the request's own forwarding fields.
+    pub forwarding: &'a Forwarding,
 }
 
 impl RequestLine<'_> {
     fn write(&self, out: &mut BytesMut, length: BodyLength) {
-        h1::write_request_head(out, self.method, self.target, self.headers, length);
+        let own = self
+            .headers
+            .iter()
+            .filter(|(name, _)| !Forwarding::replaces(name));
+        let fields = own.chain(self.forwarding.fields());
+        let count = self.headers.len() + 5;
+        h1::write_request_head(out, self.method, self.target, fields, count, length);
     }
 }
 
@@ -655,6 +664,8 @@ mod tests {
     use hyper::Request;
 
     use super::*;
+    use crate::forward::{ClientAddress, Origin};
+    use hyper::header::HeaderValue;
 
     const SETTINGS: UpstreamSettings = UpstreamSettings {
         connect: Duration::from_secs(5),
@@ -707,10 +718,19 @@ mod tests {
         request: Request<Body>,
     ) -> Result<Response<UpstreamBody>, UpstreamError> {
         let (parts, body) = request.into_parts();
+        let client = ClientAddress::new(([192, 0, 2, 1], 5555).into());
+        let host = HeaderValue::from_static("shop.example.com");
+        let origin = Origin {
+            client: &client,
+            scheme: "http",
+            host: &host,
+        };
+        let forwarding = Forwarding::of(&parts.headers, origin);
         let line = RequestLine {
             method: &parts.method,
             target: parts.uri.path_and_query().map_or("/", |pq| pq.as_str()),
             headers: &parts.headers,
+            forwarding: &forwarding,
         };
         upstream.send(line, body, SETTINGS).await
     }
@@ -927,15 +947,54 @@ mod tests {
         let received = received.lock().expect("lock").clone();
         assert_eq!(
             received[0],
-            "POST /in HTTP/1.1\r\nhost: a\r\ncontent-length: 5\r\n\r\nhello"
+            format!("POST /in HTTP/1.1\r\nhost: a\r\n{FORWARDING}content-length: 5\r\n\r\nhello")
         );
         assert_eq!(
             received[1],
-            "PUT /in HTTP/1.1\r\nhost: a\r\ntransfer-encoding: chunked\r\n\r\n2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"
+            format!(
+                "PUT /in HTTP/1.1\r\nhost: a\r\n{FORWARDING}transfer-encoding: chunked\r\n\r\n2\r\nab\r\n3\r\ncde\r\n0\r\n\r\n"
+            )
         );
         assert_eq!(
             received[2],
-            "POST /in HTTP/1.1\r\nhost: a\r\ncontent-length: 0\r\n\r\n"
+            format!("POST /in HTTP/1.1\r\nhost: a\r\n{FORWARDING}content-length: 0\r\n\r\n")
+        );
+    }
+
+    /// The forwarding fields [`send`] has the gate write.
+    const FORWARDING: &str = "x-forwarded-for: 192.0.2.1\r\n\
+        forwarded: for=192.0.2.1;proto=http;host=shop.example.com\r\n\
+        x-forwarded-proto: http\r\n\
+        x-forwarded-host: shop.example.com\r\n";
+
+    /// A client's own forwarding fields reach the backend once, extended or
+    /// replaced by the gate's: a client cannot pass for another address,
+    /// scheme or host.
+    #[tokio::test]
+    async fn the_clients_forwarding_fields_give_way_to_the_gates() {
+        let ok: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        let (address, received, _) = scripted(vec![(ok, false)]).await;
+        let upstream = Arc::new(Upstream::new(address));
+        let empty = http_body_util::Empty::new()
+            .map_err(|never| match never {})
+            .boxed_unsync();
+        let spoofed = Request::get("/")
+            .header("host", "a")
+            .header("x-forwarded-for", "198.51.100.7")
+            .header("x-forwarded-proto", "https")
+            .header("x-forwarded-host", "elsewhere")
+            .header("accept", "*/*")
+            .body(empty)
+            .expect("request");
+        send(&upstream, spoofed).await.expect("response");
+        let received = received.lock().expect("lock").clone();
+        assert_eq!(
+            received[0],
+            "GET / HTTP/1.1\r\nhost: a\r\naccept: */*\r\n\
+             x-forwarded-for: 198.51.100.7, 192.0.2.1\r\n\
+             forwarded: for=192.0.2.1;proto=http;host=shop.example.com\r\n\
+             x-forwarded-proto: http\r\n\
+             x-forwarded-host: shop.example.com\r\n\r\n"
         );
     }
 

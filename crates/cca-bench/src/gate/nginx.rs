@@ -84,7 +84,7 @@ pub(crate) fn proxy(
     if let Some(http2) = http2 {
         let _ = writeln!(text, "    listen {http2} http2;");
     }
-    // The headers `cca_gate::forward::add_forwarded` sets.
+    // The headers `cca_gate::forward::Forwarding` writes.
     text.push_str(
         "    location / {\n\
          \x20     proxy_pass http://backends;\n\
