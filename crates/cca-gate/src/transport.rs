@@ -34,7 +34,7 @@ thread_local! {
 /// Keeps `buf` (emptied) for a later read or write on this thread; a
 /// buffer grown large for one message is let go instead.
 pub fn put_aside(mut buf: BytesMut) {
-    if buf.capacity() == 0 || buf.capacity() > 4 * READ_ROOM {
+    if buf.capacity() == 0 || buf.capacity() > 2 * READ_ROOM {
         return;
     }
     buf.clear();

@@ -40,7 +40,7 @@ pub(crate) struct GateArgs {
     #[arg(long)]
     requests: Option<u64>,
     /// Runs of each target (gate, nginx, direct), alternating.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     rounds: usize,
     /// HTTP/1.1 only (no HTTP/2 runs).
     #[arg(long)]
@@ -142,7 +142,10 @@ fn print_report(report: &GateReport) {
         .iter()
         .map(|figures| {
             let cores = |pick: fn(&cca_bench::gate::CpuShare) -> f64| {
-                let values: Vec<f64> = figures.runs.iter().map(|run| pick(&run.cpu)).collect();
+                let values: Vec<f64> = cca_bench::gate::counted(&figures.runs)
+                    .iter()
+                    .map(|run| pick(&run.cpu))
+                    .collect();
                 format!(
                     "{:.2}",
                     values.iter().sum::<f64>() / values.len().max(1) as f64
@@ -166,10 +169,11 @@ fn print_report(report: &GateReport) {
                     .sum::<u64>()
                     .to_string(),
                 format!(
-                    "{} / {} / {}",
+                    "{} / {} / {} / {}",
                     cores(|cpu| cpu.proxy),
                     cores(|cpu| cpu.backends),
-                    cores(|cpu| cpu.client)
+                    cores(|cpu| cpu.client),
+                    cores(cca_bench::gate::CpuShare::elsewhere)
                 ),
             ]
         })
@@ -181,10 +185,29 @@ fn print_report(report: &GateReport) {
             "req/s min/median/max",
             "p99 ms min/median/max",
             "requests",
-            "cores proxy/backends/h2load",
+            "cores proxy/backends/h2load/elsewhere",
         ],
         rows,
     );
+    for figures in &report.load {
+        let left_out = figures.runs.len() - figures.counted;
+        if left_out > 0 {
+            output::line(&format!(
+                "{} {}: {left_out} of {} runs left out of the figures: processes outside the \
+                 benchmark kept more than {} cores busy during them",
+                figures.protocol,
+                figures.target,
+                figures.runs.len(),
+                cca_bench::gate::DISTURBED_CORES
+            ));
+        } else if figures.runs.iter().any(|run| run.disturbed) {
+            output::line(&format!(
+                "{} {}: every run was disturbed by processes outside the benchmark; the \
+                 figures count them all",
+                figures.protocol, figures.target
+            ));
+        }
+    }
     let rows = report
         .idle
         .iter()
