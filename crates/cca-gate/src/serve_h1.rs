@@ -213,7 +213,9 @@ async fn exchange<T: Transport>(
         Some(feed) => answer_while_feeding(answer.as_mut(), feed, io, read).await,
     };
     let persists = keep_alive && body_read && !peer.activity.asked_to_close();
-    let written = write_response(io, response, head_request, version, persists).await;
+    let mut out = crate::transport::spare_buffer();
+    let written = write_response(io, &mut out, response, head_request, version, persists).await;
+    crate::transport::put_aside(out);
     drop(busy);
     match (written, upgrade) {
         (Ok(Written::Switched), Some(slot)) => Next::Upgrade(slot),
@@ -421,22 +423,10 @@ enum Written {
     Switched,
 }
 
-/// Writes `response`: its head and, when it is at hand and small, the
-/// start of its body in one write; then the rest as it arrives.
+/// Writes `response` through `out`: its head and, when it is at hand and
+/// small, the start of its body in one write; then the rest as it
+/// arrives.
 async fn write_response<T: Transport>(
-    io: &mut T,
-    response: Response<Body>,
-    head_request: bool,
-    version: Version,
-    persists: bool,
-) -> io::Result<Written> {
-    let mut out = crate::transport::spare_buffer();
-    let written = write_framed(io, &mut out, response, head_request, version, persists).await;
-    crate::transport::put_aside(out);
-    written
-}
-
-async fn write_framed<T: Transport>(
     io: &mut T,
     out: &mut BytesMut,
     response: Response<Body>,

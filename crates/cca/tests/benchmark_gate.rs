@@ -92,7 +92,10 @@ fn a_tiny_gate_benchmark_reports_every_figure_and_only_2xx() {
     for figures in load {
         let runs = figures["runs"].as_array().expect("runs");
         assert_eq!(runs.len(), 1, "{figures}");
-        assert_eq!(figures["counted"], 1, "one run, disturbed or not: {figures}");
+        assert_eq!(
+            figures["counted"], 1,
+            "one run, disturbed or not: {figures}"
+        );
         for run in runs {
             assert_eq!(run["requests"], 300, "{figures}");
             assert_eq!(run["succeeded"], 300, "{figures}");
