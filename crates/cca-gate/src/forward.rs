@@ -273,13 +273,6 @@ impl Forwarding {
         .into_iter()
         .flatten()
     }
-
-    /// Sets the fields in `headers`, in place of its own.
-    pub fn apply(&self, headers: &mut HeaderMap) {
-        for (name, value) in self.fields() {
-            headers.insert(name.clone(), value.clone());
-        }
-    }
 }
 
 /// `earlier, own`, as one field value.
@@ -409,6 +402,13 @@ mod tests {
         assert_eq!(map["upgrade"], "websocket");
     }
 
+    /// `forwarding`'s fields set in `headers`, as a backend reads them.
+    fn apply(forwarding: &Forwarding, headers: &mut HeaderMap) {
+        for (name, value) in forwarding.fields() {
+            headers.insert(name.clone(), value.clone());
+        }
+    }
+
     #[test]
     fn forwarded_headers_append_the_client() {
         let mut map = headers(&[
@@ -422,7 +422,7 @@ mod tests {
             scheme: "https",
             host: &host,
         };
-        Forwarding::of(&map, origin).apply(&mut map);
+        apply(&Forwarding::of(&map, origin), &mut map);
         assert_eq!(map["x-forwarded-for"], "198.51.100.7, 192.0.2.1");
         assert_eq!(
             map["forwarded"],
@@ -439,7 +439,7 @@ mod tests {
             scheme: "http",
             host: &host,
         };
-        Forwarding::of(&v6, origin).apply(&mut v6);
+        apply(&Forwarding::of(&v6, origin), &mut v6);
         assert_eq!(
             v6["forwarded"],
             "for=\"[2001:db8::1]\";proto=http;host=\"a:8080\""
