@@ -193,6 +193,12 @@ impl CpuShare {
     pub fn elsewhere(&self) -> f64 {
         (self.machine - self.proxy - self.backends - self.client).max(0.0)
     }
+
+    /// Whether processes outside the benchmark used more than
+    /// [`DISTURBED_CORES`] (the machine's share measured at all).
+    pub fn disturbed(&self) -> bool {
+        self.machine > 0.0 && self.elsewhere() > DISTURBED_CORES
+    }
 }
 
 /// Smallest, median and largest of a figure over the rounds.
@@ -792,7 +798,7 @@ async fn load_run(
         p50_ms: ms(h2load::percentile(&outcome.latencies_us, 50.0)),
         p99_ms: ms(h2load::percentile(&outcome.latencies_us, 99.0)),
         max_ms: ms(outcome.latencies_us.last().copied().unwrap_or(0)),
-        disturbed: cpu.machine > 0.0 && cpu.elsewhere() > DISTURBED_CORES,
+        disturbed: cpu.disturbed(),
         cpu,
     })
 }
@@ -847,7 +853,7 @@ mod tests {
             p50_ms: 1.0,
             p99_ms: 3.0,
             max_ms: 9.0,
-            disturbed: cpu.elsewhere() > DISTURBED_CORES,
+            disturbed: cpu.disturbed(),
             cpu,
         }
     }
@@ -862,6 +868,11 @@ mod tests {
         let runs = vec![quiet.clone(), noisy.clone(), run(2, 42_000.0, 0.0)];
         let rounds: Vec<usize> = counted(&runs).iter().map(|run| run.round).collect();
         assert_eq!(rounds, [0, 2]);
+        let unmeasured = CpuShare {
+            machine: 0.0,
+            ..quiet.cpu
+        };
+        assert!(!unmeasured.disturbed(), "no machine figure: nothing said");
         let all_noisy = vec![noisy.clone(), run(3, 20_000.0, 0.7)];
         assert_eq!(counted(&all_noisy).len(), 2, "nothing quiet: all count");
     }
