@@ -37,7 +37,7 @@ use async_trait::async_trait;
 use cca_image::{Digest, ImageRef, ImageStore, Puller, RegistrySettings};
 use cca_runtime::{
     Error, ExecOutput, ExecRequest, InstanceSpec, InstanceStatus, LogOptions, LogStream, Operation,
-    Result, Runtime,
+    Result, Runtime, Usage,
 };
 
 use crate::netplane::NodeNet;
@@ -464,6 +464,10 @@ impl Runtime for RuntimeSet {
 
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecOutput> {
         self.route(id).await?.1.exec(id, request).await
+    }
+
+    async fn usage(&self, id: &str) -> Result<Usage> {
+        self.route(id).await?.1.usage(id).await
     }
 }
 

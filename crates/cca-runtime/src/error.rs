@@ -23,6 +23,7 @@ pub enum Operation {
     List,
     Logs,
     Exec,
+    Usage,
 }
 
 impl fmt::Display for Operation {
@@ -36,6 +37,7 @@ impl fmt::Display for Operation {
             Self::List => "list",
             Self::Logs => "logs",
             Self::Exec => "exec",
+            Self::Usage => "read the usage of",
         };
         f.write_str(name)
     }

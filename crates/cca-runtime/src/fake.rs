@@ -15,7 +15,7 @@ use crate::memory::{created_status, end_run, refuse_when_running, stop_at_once};
 
 use crate::{
     Error, ExecOutput, ExecRequest, ExitReason, InstanceSpec, InstanceState, InstanceStatus,
-    LogOptions, LogStream, Operation, Result, Runtime,
+    LogOptions, LogStream, Operation, Result, Runtime, Usage,
 };
 
 /// One recorded call. `Create` holds its spec boxed: a spec is far larger
@@ -30,6 +30,7 @@ pub enum Call {
     List,
     Logs { id: String, options: LogOptions },
     Exec { id: String, request: ExecRequest },
+    Usage(String),
 }
 
 /// An injected failure: calls of `operation` (on `id`, or any instance)
@@ -52,6 +53,7 @@ struct State {
     exit_after_start: HashMap<Option<String>, i32>,
     logs: HashMap<String, Vec<String>>,
     exec_outputs: HashMap<String, ExecOutput>,
+    usage: HashMap<String, Usage>,
     next_pid: u32,
 }
 
@@ -130,6 +132,12 @@ impl FakeRuntime {
     /// What `exec` returns for `id` (default: success, empty output).
     pub fn set_exec_output(&self, id: &str, output: ExecOutput) {
         self.state().exec_outputs.insert(id.to_owned(), output);
+    }
+
+    /// What `usage` reports for the instance while it runs (nothing used
+    /// until set).
+    pub fn set_usage(&self, id: &str, usage: Usage) {
+        self.state().usage.insert(id.to_owned(), usage);
     }
 
     /// Plants a running instance as if started by an earlier agent process
@@ -316,6 +324,19 @@ impl Runtime for FakeRuntime {
             ..ExecOutput::default()
         };
         Ok(state.exec_outputs.get(id).cloned().unwrap_or(success))
+    }
+
+    async fn usage(&self, id: &str) -> Result<Usage> {
+        let mut state = self.enter(Call::Usage(id.to_owned()), Operation::Usage, id)?;
+        let status = existing(&mut state, id)?;
+        if status.state != InstanceState::Running {
+            return Err(Error::InvalidState {
+                id: id.to_owned(),
+                operation: Operation::Usage,
+                state: status.state,
+            });
+        }
+        Ok(state.usage.get(id).copied().unwrap_or_default())
     }
 }
 

@@ -21,6 +21,7 @@ mod resolv;
 pub mod sim;
 mod spec;
 mod status;
+pub mod usage;
 
 use std::time::Duration;
 
@@ -37,6 +38,7 @@ pub use spec::{
 pub use status::{
     ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceState, InstanceStatus, LimitsEnforcement,
 };
+pub use usage::Usage;
 
 /// One node's way of running instances. Object safe: the agent holds an
 /// `Arc<dyn Runtime>` and never knows which kind it drives.
@@ -82,4 +84,9 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// Runs a command in the instance's context (for processes: its
     /// environment, working directory and cgroups) and collects its output.
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecOutput>;
+
+    /// What a running instance uses of the node now: the CPU time it has
+    /// used since it started and the memory it holds. Fails with
+    /// [`Error::InvalidState`] when it does not run.
+    async fn usage(&self, id: &str) -> Result<Usage>;
 }

@@ -7,6 +7,9 @@
 //! ends every instance at once as a machine losing power would. It follows
 //! the same state rules as the real runtimes (no double start, no removing
 //! a running instance), so the agent drives it exactly as it drives them.
+//! Instances use CPU and memory by a model: a share of what they request
+//! ([`SimRuntime::set_load`], for autoscaling scenarios), and CPU time
+//! grows with the time they have run.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -18,7 +21,7 @@ use crate::memory::{created_status, end_run, refuse_when_running, stop_at_once};
 
 use crate::{
     Error, ExecOutput, ExecRequest, ExitReason, InstanceSpec, InstanceState, InstanceStatus,
-    LogOptions, LogStream, Operation, Result, Runtime,
+    LogOptions, LogStream, Operation, Result, Runtime, Usage,
 };
 
 /// How long a simulated start takes.
@@ -79,6 +82,13 @@ impl Default for SimConfig {
     }
 }
 
+/// What a simulated instance that requests no CPU or memory is taken to
+/// have requested: a tenth of a core and 64 MiB.
+const UNREQUESTED_CPU_MILLIS: u64 = 100;
+const UNREQUESTED_MEMORY_BYTES: u64 = 64 << 20;
+/// The load instances run at until [`SimRuntime::set_load`] says.
+const DEFAULT_LOAD: f64 = 0.5;
+
 /// Exit code of a simulated crash.
 const CRASH_EXIT_CODE: i32 = 1;
 /// Signal that ends instances on a killed node (as SIGKILL would).
@@ -91,6 +101,8 @@ struct State {
     next_pid: u32,
     /// The node was killed: every call fails until [`SimRuntime::revive`].
     dead: bool,
+    /// The share of what they request that instances use.
+    load: f64,
 }
 
 /// A simulated node's runtime. Cheap to create; share it as
@@ -108,6 +120,7 @@ impl SimRuntime {
             instances: BTreeMap::new(),
             next_pid: 1,
             dead: false,
+            load: DEFAULT_LOAD,
         };
         Self {
             config,
@@ -132,6 +145,12 @@ impl SimRuntime {
                 );
             }
         }
+    }
+
+    /// From now on every instance uses `load` times the CPU and memory it
+    /// requests (0.5 until set; above 1.0 it uses more than it asked).
+    pub fn set_load(&self, load: f64) {
+        self.state().load = load.max(0.0);
     }
 
     /// The node is back (its instances stay exited, as after a reboot).
@@ -306,6 +325,40 @@ impl Runtime for SimRuntime {
             ..ExecOutput::default()
         })
     }
+
+    async fn usage(&self, id: &str) -> Result<Usage> {
+        let status = self.current(id, Operation::Usage)?;
+        if status.state != InstanceState::Running {
+            return Err(Error::InvalidState {
+                id: id.to_owned(),
+                operation: Operation::Usage,
+                state: status.state,
+            });
+        }
+        let load = self.state().load;
+        Ok(simulated_usage(
+            &status,
+            load,
+            cca_model::clock::now_millis(),
+        ))
+    }
+}
+
+/// What a running instance has used by `now` at `load`: the CPU share it
+/// requests times the load for as long as it has run (as if the load had
+/// always been this), and the memory it requests times the load.
+fn simulated_usage(status: &InstanceStatus, load: f64, now: cca_model::cluster::Millis) -> Usage {
+    let cpu_millis = status.spec.cpu_millis.unwrap_or(UNREQUESTED_CPU_MILLIS);
+    let memory = status.spec.memory_bytes.unwrap_or(UNREQUESTED_MEMORY_BYTES);
+    let ran_ms = now
+        .saturating_sub(status.started_at_ms.unwrap_or(now))
+        .max(0);
+    // ms × millicores = nanoseconds of CPU at full load.
+    let full_load_nanos = ran_ms as f64 * cpu_millis as f64 * 1_000.0;
+    Usage {
+        cpu_nanos: (full_load_nanos * load) as u64,
+        memory_bytes: (memory as f64 * load) as u64,
+    }
 }
 
 /// Crashes a running instance whose `crash_after` has passed; the exit is
@@ -338,6 +391,44 @@ mod tests {
     async fn started(runtime: &SimRuntime, id: &str) -> Result<()> {
         runtime.create(spec(id)).await?;
         runtime.start(id).await
+    }
+
+    #[test]
+    fn simulated_use_is_the_load_times_the_request() {
+        let mut requested = spec("a");
+        requested.cpu_millis = Some(2000);
+        requested.memory_bytes = Some(1 << 30);
+        let mut status = created_status(requested, "sim");
+        status.state = InstanceState::Running;
+        status.started_at_ms = Some(1_000);
+        // Two cores at a quarter load for 4 s: 2 s of CPU.
+        assert_eq!(
+            simulated_usage(&status, 0.25, 5_000),
+            Usage {
+                cpu_nanos: 2_000_000_000,
+                memory_bytes: 1 << 28,
+            }
+        );
+        let unrequested = created_status(spec("b"), "sim");
+        let usage = simulated_usage(&unrequested, 1.0, 5_000);
+        assert_eq!(usage.memory_bytes, UNREQUESTED_MEMORY_BYTES);
+        assert_eq!(usage.cpu_nanos, 0, "not started, no time run");
+    }
+
+    #[tokio::test]
+    async fn usage_follows_the_load_and_only_while_running() {
+        let runtime = SimRuntime::new(SimConfig::default());
+        started(&runtime, "a").await.expect("start a");
+        let half = runtime.usage("a").await.expect("usage");
+        assert_eq!(half.memory_bytes, UNREQUESTED_MEMORY_BYTES / 2);
+        runtime.set_load(2.0);
+        let double = runtime.usage("a").await.expect("usage");
+        assert_eq!(double.memory_bytes, UNREQUESTED_MEMORY_BYTES * 2);
+        runtime.stop("a", Duration::ZERO).await.expect("stop");
+        assert!(matches!(
+            runtime.usage("a").await,
+            Err(Error::InvalidState { .. })
+        ));
     }
 
     #[tokio::test]

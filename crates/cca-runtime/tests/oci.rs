@@ -218,6 +218,11 @@ async fn busybox_httpd_serves_on_loopback_then_is_killed_after_the_grace_and_rem
         .expect("a memory cgroup");
     let limit = std::fs::read_to_string(memory.join("memory.limit_in_bytes")).expect("limit");
     assert_eq!(limit.trim(), (64u64 << 20).to_string());
+    let usage = test.runtime.usage("web-1").await.expect("usage");
+    assert!(
+        usage.cpu_nanos > 0 && usage.memory_bytes > 0 && usage.memory_bytes < 64 << 20,
+        "a serving httpd is accounted in its cgroups: {usage:?}"
+    );
 
     let grace = Duration::from_millis(300);
     let started = Instant::now();
@@ -229,6 +234,10 @@ async fn busybox_httpd_serves_on_loopback_then_is_killed_after_the_grace_and_rem
     let exit = status.exit.expect("exited");
     assert_eq!((exit.reason, exit.signal), (ExitReason::Stopped, Some(9)));
     assert!(http_get(port).is_none(), "httpd is gone");
+    assert!(
+        test.runtime.usage("web-1").await.is_err(),
+        "an ended container has no usage"
+    );
 
     test.runtime.remove("web-1").await.expect("remove");
     test.assert_gone("web-1");

@@ -281,6 +281,52 @@ async fn a_memory_limit_is_enforced_and_an_oom_kill_reported() {
     assert!(!test.cgroup_dir("cpu", "hog").exists());
 }
 
+/// Every instance's use is accounted, limits or not: its CPU time grows
+/// while it keeps a core busy, its memory shows what it holds, and an
+/// instance that ended has no usage to read.
+#[tokio::test]
+async fn an_instances_cpu_time_and_memory_are_read_while_it_runs() {
+    let test = TestRuntime::new().await;
+    let held = 48u64 << 20;
+    let command = format!("exec perl -e '$held = \"x\" x {held}; 1 while 1'");
+    let status = test.run(spec("busy", &command)).await;
+    assert_eq!(status.limits, LimitsEnforcement::NotRequested);
+    if cca_image::testing::is_root() {
+        assert!(
+            test.cgroup_dir("cpuacct", "busy").is_dir(),
+            "accounted in cgroups"
+        );
+        assert!(test.cgroup_dir("memory", "busy").is_dir());
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let first = loop {
+        let usage = test.runtime.usage("busy").await.expect("usage");
+        if usage.cpu_nanos > 200_000_000 && usage.memory_bytes > held {
+            break usage;
+        }
+        assert!(Instant::now() < deadline, "never busy: {usage:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(first.memory_bytes < 4 * held, "{first:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = test.runtime.usage("busy").await.expect("usage");
+    assert!(
+        second.cpu_nanos >= first.cpu_nanos + 100_000_000,
+        "a busy instance's CPU time grows: {first:?} then {second:?}"
+    );
+    test.runtime
+        .stop("busy", Duration::from_millis(100))
+        .await
+        .expect("stop");
+    let ended = test.runtime.usage("busy").await.expect_err("not running");
+    assert!(matches!(ended, Error::InvalidState { .. }), "{ended}");
+    test.runtime.remove("busy").await.expect("remove");
+    assert!(
+        !test.cgroup_dir("cpuacct", "busy").exists(),
+        "its cgroups go with it"
+    );
+}
+
 #[tokio::test]
 async fn a_restarted_agent_adopts_a_running_instance_and_can_stop_it() {
     let test = TestRuntime::new().await;

@@ -62,7 +62,7 @@ use crate::process::procfs;
 use crate::resolv;
 use crate::{
     Error, ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceSpec, InstanceState,
-    InstanceStatus, LimitsEnforcement, Operation, Result, Runtime,
+    InstanceStatus, LimitsEnforcement, Operation, Result, Runtime, Usage,
 };
 
 /// The monitor: `$4…` is the OCI runtime's foreground `run` command line
@@ -264,6 +264,10 @@ impl Runtime for OciRuntime {
 
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecOutput> {
         self.inner.exec(id, request).await
+    }
+
+    async fn usage(&self, id: &str) -> Result<Usage> {
+        self.inner.usage(id)
     }
 }
 
@@ -629,6 +633,35 @@ impl Inner {
                 .join(id)
                 .join("memory.events")
         }
+    }
+
+    /// What a running container uses, from the cgroups runc made for it:
+    /// v1's `cpuacct` and `memory` hierarchies, else the v2 directory.
+    fn usage(&self, id: &str) -> Result<Usage> {
+        let status = self.status(id, Operation::Usage)?;
+        if status.state != InstanceState::Running {
+            return Err(Error::InvalidState {
+                id: id.to_owned(),
+                operation: Operation::Usage,
+                state: status.state,
+            });
+        }
+        let root = &self.config.cgroup_root;
+        let parent = &self.config.cgroup_parent;
+        let read = if root.join("memory").is_dir() {
+            crate::usage::from_cgroups(
+                &root.join("cpuacct").join(parent).join(id),
+                &root.join("memory").join(parent).join(id),
+            )
+        } else {
+            let dir = root.join(parent).join(id);
+            crate::usage::from_cgroups(&dir, &dir)
+        };
+        read.map_err(|message| Error::Failed {
+            id: id.to_owned(),
+            operation: Operation::Usage,
+            message,
+        })
     }
 
     /// `{cgroup_root}/{hierarchy}/{parent}/{id}` for every hierarchy.

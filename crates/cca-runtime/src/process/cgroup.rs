@@ -1,10 +1,12 @@
-//! Cgroup limits for process instances: detecting what the host offers
-//! (cgroup v1 `memory`/`cpu` hierarchies, or a cgroup v2 root whose
+//! Cgroups for process instances: detecting what the host offers (cgroup
+//! v1 `memory`/`cpu`/`cpuacct` hierarchies, or a cgroup v2 root whose
 //! `cgroup.controllers` lists `memory` and `cpu`), creating an instance's
 //! cgroups under a parent (`cca/{id}`) with its limits written, moving a pid
-//! in, reading the OOM-kill counter, killing leftover members, and removing
-//! the directories. Whatever cannot be applied is reported as a reason, never
-//! dropped silently.
+//! in, reading the OOM-kill counter and the usage counters, killing leftover
+//! members, and removing the directories. Every instance gets cgroups to
+//! account its CPU and memory in, limits or not. Whatever limit cannot be
+//! applied is reported as a reason, never dropped silently; an instance
+//! whose usage the cgroups cannot account is read from `/proc` instead.
 //!
 //! On the hybrid hosts we run on, v2 is mounted at `/sys/fs/cgroup/unified`
 //! with only `hugetlb`, so the v1 hierarchies are used.
@@ -14,6 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::usage::Usage;
 use crate::{InstanceSpec, LimitsEnforcement};
 
 /// `cpu.cfs_period_us` / the period of `cpu.max`: 100 ms.
@@ -28,6 +31,7 @@ pub(crate) enum CgroupHost {
     V1 {
         memory: Result<PathBuf, String>,
         cpu: Result<PathBuf, String>,
+        cpuacct: Result<PathBuf, String>,
     },
     /// One unified hierarchy with memory and cpu controllers.
     V2 {
@@ -62,6 +66,8 @@ impl CgroupHost {
         };
         let memory = hierarchy("memory", "memory.limit_in_bytes");
         let cpu = hierarchy("cpu", "cpu.cfs_quota_us");
+        // Where `cpu` and `cpuacct` share a mount, `cpuacct` is a link to it.
+        let cpuacct = hierarchy("cpuacct", "cpuacct.usage");
         if memory.is_err() && cpu.is_err() {
             return Self::Unavailable {
                 reason: format!(
@@ -70,7 +76,11 @@ impl CgroupHost {
                 ),
             };
         }
-        Self::V1 { memory, cpu }
+        Self::V1 {
+            memory,
+            cpu,
+            cpuacct,
+        }
     }
 
     /// Creates the instance's cgroups under `parent` with the spec's limits.
@@ -81,16 +91,17 @@ impl CgroupHost {
         parent: &str,
         spec: &InstanceSpec,
     ) -> (Option<InstanceCgroups>, LimitsEnforcement) {
-        if spec.memory_bytes.is_none() && spec.cpu_millis.is_none() {
-            return (None, LimitsEnforcement::NotRequested);
-        }
         let mut plan = Prepared::default();
         match self {
             Self::Unavailable { reason } => plan.failures.push(reason.clone()),
-            Self::V1 { memory, cpu } => plan.prepare_v1(memory, cpu, parent, spec),
+            Self::V1 {
+                memory,
+                cpu,
+                cpuacct,
+            } => plan.prepare_v1([memory, cpu, cpuacct], parent, spec),
             Self::V2 { root } => plan.prepare_v2(root, parent, spec),
         }
-        plan.finish(self.version_name())
+        plan.finish(self.version_name(), spec)
     }
 
     fn version_name(&self) -> &'static str {
@@ -106,59 +117,68 @@ impl CgroupHost {
 struct Prepared {
     dirs: Vec<PathBuf>,
     memory_dir: Option<PathBuf>,
+    cpu_usage_dir: Option<PathBuf>,
     enforced: Vec<&'static str>,
     failures: Vec<String>,
 }
 
 impl Prepared {
+    /// Memory and `cpuacct` cgroups for every instance (accounting), a
+    /// `cpu` one for a CPU limit. Accounting that cannot be set up is not
+    /// a failure: usage is then read from `/proc`.
     fn prepare_v1(
         &mut self,
-        memory: &Result<PathBuf, String>,
-        cpu: &Result<PathBuf, String>,
+        [memory, cpu, cpuacct]: [&Result<PathBuf, String>; 3],
         parent: &str,
         spec: &InstanceSpec,
     ) {
-        if let Some(limit) = spec.memory_bytes {
-            let result = memory.clone().and_then(|hierarchy| {
+        let instance_dir = |hierarchy: &Result<PathBuf, String>| {
+            hierarchy.clone().and_then(|hierarchy| {
                 let dir = hierarchy.join(parent).join(&spec.id);
                 create(&dir)?;
-                write_v1_memory_limit(&dir, limit)?;
                 Ok(dir)
-            });
-            self.record("memory", result, true);
+            })
+        };
+        let memory_dir = instance_dir(memory);
+        if let Ok(dir) = &memory_dir {
+            self.place(dir);
+            self.memory_dir = Some(dir.clone());
+        }
+        if let Some(limit) = spec.memory_bytes {
+            let result = memory_dir.and_then(|dir| write_v1_memory_limit(&dir, limit));
+            self.limit("memory", result);
         }
         if let Some(millis) = spec.cpu_millis {
-            let result = cpu.clone().and_then(|hierarchy| {
-                let dir = hierarchy.join(parent).join(&spec.id);
-                create(&dir)?;
+            let result = instance_dir(cpu).and_then(|dir| {
                 write(&dir.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
                 write(
                     &dir.join("cpu.cfs_quota_us"),
                     &cpu_quota_us(millis).to_string(),
                 )?;
-                Ok(dir)
+                self.place(&dir);
+                Ok(())
             });
-            self.record("cpu", result, false);
+            self.limit("cpu", result);
+        }
+        if let Ok(dir) = instance_dir(cpuacct) {
+            self.place(&dir);
+            self.cpu_usage_dir = Some(dir);
         }
     }
 
+    /// One directory with both controllers: `memory.current` needs the
+    /// memory controller even without a limit.
     fn prepare_v2(&mut self, root: &Path, parent: &str, spec: &InstanceSpec) {
-        let mut controllers = Vec::new();
-        if spec.memory_bytes.is_some() {
-            controllers.push("+memory");
-        }
-        if spec.cpu_millis.is_some() {
-            controllers.push("+cpu");
-        }
+        let controllers = "+memory +cpu";
         let dir = root.join(parent).join(&spec.id);
         let created = (|| {
             // v2 only offers a controller to a child when every ancestor
             // enables it in cgroup.subtree_control.
-            write(&root.join("cgroup.subtree_control"), &controllers.join(" "))?;
+            write(&root.join("cgroup.subtree_control"), controllers)?;
             create(&root.join(parent))?;
             write(
                 &root.join(parent).join("cgroup.subtree_control"),
-                &controllers.join(" "),
+                controllers,
             )?;
             create(&dir)
         })();
@@ -166,42 +186,48 @@ impl Prepared {
             self.failures.push(reason);
             return;
         }
+        self.place(&dir);
+        self.memory_dir = Some(dir.clone());
+        self.cpu_usage_dir = Some(dir.clone());
         if let Some(limit) = spec.memory_bytes {
             let result = write(&dir.join("memory.max"), &limit.to_string()).map(|()| {
                 // No swap beyond the limit; hosts without swap lack the file.
                 let _ = write(&dir.join("memory.swap.max"), "0");
-                dir.clone()
             });
-            self.record("memory", result, true);
+            self.limit("memory", result);
         }
         if let Some(millis) = spec.cpu_millis {
             let value = format!("{} {CPU_PERIOD_US}", cpu_quota_us(millis));
-            let result = write(&dir.join("cpu.max"), &value).map(|()| dir.clone());
-            self.record("cpu", result, false);
+            self.limit("cpu", write(&dir.join("cpu.max"), &value));
         }
     }
 
-    fn record(&mut self, what: &'static str, result: Result<PathBuf, String>, is_memory: bool) {
+    fn place(&mut self, dir: &Path) {
+        if !self.dirs.iter().any(|placed| placed == dir) {
+            self.dirs.push(dir.to_owned());
+        }
+    }
+
+    fn limit(&mut self, what: &'static str, result: Result<(), String>) {
         match result {
-            Ok(dir) => {
-                if is_memory {
-                    self.memory_dir = Some(dir.clone());
-                }
-                if !self.dirs.contains(&dir) {
-                    self.dirs.push(dir);
-                }
-                self.enforced.push(what);
-            }
+            Ok(()) => self.enforced.push(what),
             Err(reason) => self.failures.push(format!("{what}: {reason}")),
         }
     }
 
-    fn finish(self, version: &str) -> (Option<InstanceCgroups>, LimitsEnforcement) {
+    fn finish(
+        self,
+        version: &str,
+        spec: &InstanceSpec,
+    ) -> (Option<InstanceCgroups>, LimitsEnforcement) {
         let cgroups = (!self.dirs.is_empty()).then_some(InstanceCgroups {
             dirs: self.dirs,
             memory_dir: self.memory_dir,
+            cpu_usage_dir: self.cpu_usage_dir,
         });
-        let limits = if self.failures.is_empty() {
+        let limits = if spec.memory_bytes.is_none() && spec.cpu_millis.is_none() {
+            LimitsEnforcement::NotRequested
+        } else if self.failures.is_empty() {
             LimitsEnforcement::Enforced {
                 by: format!("{version}: {}", self.enforced.join(", ")),
             }
@@ -223,6 +249,10 @@ pub(crate) struct InstanceCgroups {
     pub(crate) dirs: Vec<PathBuf>,
     /// The one holding the memory controller's counters, if any.
     pub(crate) memory_dir: Option<PathBuf>,
+    /// The one holding the CPU time counters (v1 `cpuacct`), if any;
+    /// runs recorded before usage was accounted have none.
+    #[serde(default)]
+    pub(crate) cpu_usage_dir: Option<PathBuf>,
 }
 
 impl InstanceCgroups {
@@ -245,6 +275,20 @@ impl InstanceCgroups {
             .filter_map(|file| std::fs::read_to_string(dir.join(file)).ok())
             .find_map(|text| counter(&text, "oom_kill"))
             .unwrap_or(0)
+    }
+
+    /// The instance's usage as its cgroups account it: `None` when they
+    /// do not account both CPU and memory (read `/proc` instead).
+    pub(crate) fn usage(&self) -> Option<Result<Usage, String>> {
+        let cpu = self.cpu_usage_dir.as_deref()?;
+        let memory = self.memory_dir.as_deref()?;
+        Some(crate::usage::from_cgroups(cpu, memory))
+    }
+
+    /// Stops reading usage from the cgroups (the instance's process could
+    /// not be moved into them all).
+    pub(crate) fn unaccounted(&mut self) {
+        self.cpu_usage_dir = None;
     }
 
     /// Live processes in any of the instance's cgroups.
@@ -429,11 +473,67 @@ mod tests {
     }
 
     #[test]
+    fn every_instance_is_accounted_limits_or_not() {
+        let root = tempfile::tempdir().expect("tempdir");
+        for (dir, probe) in [
+            ("memory", "memory.limit_in_bytes"),
+            ("cpu", "cpu.cfs_quota_us"),
+            ("cpuacct", "cpuacct.usage"),
+        ] {
+            std::fs::create_dir(root.path().join(dir)).expect("mkdir");
+            std::fs::write(root.path().join(dir).join(probe), "").expect("probe");
+        }
+        let host = CgroupHost::detect(root.path());
+        let (cgroups, limits) = host.prepare("cca", &spec(None, None));
+        assert_eq!(limits, LimitsEnforcement::NotRequested);
+        let cgroups = cgroups.expect("accounting cgroups");
+        let memory = root.path().join("memory/cca/web-1");
+        let cpuacct = root.path().join("cpuacct/cca/web-1");
+        assert_eq!(cgroups.dirs, [memory.clone(), cpuacct.clone()]);
+        assert!(
+            !memory.join("memory.limit_in_bytes").exists(),
+            "no limit written"
+        );
+        std::fs::write(cpuacct.join("cpuacct.usage"), "5000\n").expect("usage");
+        std::fs::write(memory.join("memory.usage_in_bytes"), "4096\n").expect("charge");
+        std::fs::write(memory.join("memory.stat"), "total_inactive_file 0\n").expect("stat");
+        assert_eq!(
+            cgroups.usage(),
+            Some(Ok(Usage {
+                cpu_nanos: 5000,
+                memory_bytes: 4096,
+            }))
+        );
+        let mut unjoined = cgroups.clone();
+        unjoined.unaccounted();
+        assert_eq!(unjoined.usage(), None, "read from /proc instead");
+
+        let (cgroups, limits) = host.prepare("cca", &spec(Some(1 << 20), Some(100)));
+        assert_eq!(
+            limits,
+            LimitsEnforcement::Enforced {
+                by: "cgroup v1: memory, cpu".into()
+            }
+        );
+        let cpu = root.path().join("cpu/cca/web-1");
+        assert_eq!(cgroups.expect("cgroups").dirs, [memory, cpu, cpuacct]);
+    }
+
+    #[test]
+    fn a_run_recorded_before_accounting_reads_usage_from_proc() {
+        let old: InstanceCgroups =
+            serde_json::from_str(r#"{"dirs":["/m/x"],"memory_dir":"/m/x"}"#).expect("old record");
+        assert_eq!(old.cpu_usage_dir, None);
+        assert_eq!(old.usage(), None);
+    }
+
+    #[test]
     fn oom_kills_are_read_from_either_version() {
         let dir = tempfile::tempdir().expect("tempdir");
         let cgroups = InstanceCgroups {
             dirs: vec![dir.path().to_owned()],
             memory_dir: Some(dir.path().to_owned()),
+            cpu_usage_dir: None,
         };
         assert_eq!(cgroups.oom_kills(), 0);
         std::fs::write(

@@ -34,13 +34,13 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::watch;
 
-use self::cgroup::CgroupHost;
 pub(crate) use self::cgroup::oom_kill_counter;
+use self::cgroup::{CgroupHost, InstanceCgroups};
 use self::records::{InstanceDir, InstanceRecord, RunRecord};
 use crate::logs::{self, LogOptions, LogStream};
 use crate::{
     Error, ExecOutput, ExecRequest, ExitInfo, InstanceSpec, InstanceState, InstanceStatus,
-    LimitsEnforcement, Operation, Result, Runtime,
+    LimitsEnforcement, Operation, Result, Runtime, Usage,
 };
 
 /// Variables passed on from the agent's own environment to every instance
@@ -199,6 +199,10 @@ impl Runtime for ProcessRuntime {
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecOutput> {
         exec::exec(&self.inner, id, request).await
     }
+
+    async fn usage(&self, id: &str) -> Result<Usage> {
+        self.inner.usage(id)
+    }
 }
 
 impl Inner {
@@ -313,7 +317,7 @@ impl Inner {
         let dir = self.dir(id);
         let record = dir.read_instance(Operation::Start)?;
         dir.clear_exit(Operation::Start)?;
-        let (cgroups, mut limits) = self
+        let (mut cgroups, mut limits) = self
             .cgroups
             .prepare(&self.config.cgroup_parent, &record.spec);
         let spawned = launch::spawn_gated(
@@ -340,12 +344,15 @@ impl Inner {
                 "the instance did not get its own process group"
             );
         }
-        if let Some(cgroups) = &cgroups
+        if let Some(cgroups) = &mut cgroups
             && let Err(reason) = cgroups.join(pid)
         {
-            limits = LimitsEnforcement::Unenforced {
-                reason: format!("moving pid {pid} into its cgroup: {reason}"),
-            };
+            cgroups.unaccounted();
+            if limits != LimitsEnforcement::NotRequested {
+                limits = LimitsEnforcement::Unenforced {
+                    reason: format!("moving pid {pid} into its cgroup: {reason}"),
+                };
+            }
         }
         if let LimitsEnforcement::Unenforced { reason } = &limits {
             tracing::warn!(instance = id, %reason, "limits are not enforced");
@@ -433,6 +440,32 @@ impl Inner {
 
     fn list(&self) -> Result<Vec<InstanceStatus>> {
         crate::records::list_instances(&self.instances_dir, |id| self.status(id, Operation::List))
+    }
+
+    /// What a running instance uses: from its cgroups, or from its
+    /// process group in `/proc` where they do not account it.
+    fn usage(&self, id: &str) -> Result<Usage> {
+        let status = self.status(id, Operation::Usage)?;
+        let run = match self.dir(id).read_run(Operation::Usage)? {
+            Some(run) if status.state == InstanceState::Running => run,
+            _ => {
+                return Err(Error::InvalidState {
+                    id: id.to_owned(),
+                    operation: Operation::Usage,
+                    state: status.state,
+                });
+            }
+        };
+        match run.cgroups.as_ref().and_then(InstanceCgroups::usage) {
+            Some(read) => read.map_err(|message| Error::Failed {
+                id: id.to_owned(),
+                operation: Operation::Usage,
+                message,
+            }),
+            None => Ok(crate::usage::of_processes(&procfs::live_group_members(
+                run.pid,
+            ))),
+        }
     }
 
     /// The status, from disk plus what this object knows of its children.

@@ -137,7 +137,7 @@ impl Drop for TestRuntime {
         for entry in entries.flatten() {
             kill_run(&entry.path());
         }
-        for controller in ["memory", "cpu"] {
+        for controller in ["memory", "cpu", "cpuacct"] {
             let parent = Path::new("/sys/fs/cgroup")
                 .join(controller)
                 .join(&self.config.cgroup_parent);
