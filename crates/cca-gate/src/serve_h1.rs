@@ -101,11 +101,8 @@ pub async fn serve<T: Transport>(mut io: T, mut read: BytesMut, peer: Arc<Peer>)
         };
         // Boxed: a request's exchange, the proxy's answer in it, is
         // kilobytes; held inline, every idle connection's task would be
-        // that large. Allocated before the future is made, so that it is
-        // made in place rather than on the stack and copied.
-        let room = Box::new_uninit();
-        let exchanged = Box::into_pin(Box::write(room, exchange(&mut io, &mut read, head, &peer)));
-        match exchanged.await {
+        // that large.
+        match Box::pin(exchange(&mut io, &mut read, head, &peer)).await {
             Next::Continue => {}
             Next::Close => break,
             Next::Upgrade(slot) => {
