@@ -136,6 +136,8 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     // outside the cluster or freed again; its failed instance's report
     // waits on it.
     ("/v1/agent/nodes/{node}/held-ports", Lane::Reports),
+    // Every node's usage summary, once a period (30 s).
+    ("/v1/agent/nodes/{node}/usage", Lane::Reports),
     ("/v1/agent/nodes/{node}/gate-activity", Lane::Reports),
     (
         "/v1/agent/nodes/{node}/services/{service}/wake",

@@ -646,3 +646,71 @@ async fn held_ports_replace_the_nodes_set_skip_repeats_and_refuse_port_zero() {
         .expect("reports");
     assert_eq!(stored().await, None, "an empty set deletes the fact");
 }
+
+#[tokio::test]
+async fn a_usage_report_replaces_the_nodes_last_and_bad_ones_write_nothing() {
+    use cca_model::usage::{NodeUsage, UsageSummary};
+    let h = harness().await;
+    let (plain, _stop) = h.serve().await;
+    let client = cca_wire::Client::new(plain.base_url());
+    let summary = |cpu_millis| UsageSummary {
+        cpu_millis,
+        cpu_peak_millis: cpu_millis * 2,
+        memory_bytes: 64 << 20,
+        memory_peak_bytes: 80 << 20,
+    };
+    let report = |at, instances: &[(&str, u64)]| NodeUsage {
+        at,
+        period_ms: 30_000,
+        node: summary(900),
+        instances: instances
+            .iter()
+            .map(|(id, cpu)| ((*id).to_owned(), summary(*cpu)))
+            .collect(),
+    };
+    let unknown = client
+        .report_usage("n9", &report(1, &[]))
+        .await
+        .expect_err("n9 never registered");
+    assert_eq!(unknown.status(), Some(404), "{unknown}");
+    client
+        .register(&support::node_request("n1"))
+        .await
+        .expect("registers");
+    let stored = || async {
+        let kv = h
+            .store
+            .get(&keys::observed_usage("n1"))
+            .await
+            .expect("reads")?;
+        Some(serde_json::from_slice::<NodeUsage>(&kv.value).expect("decodes"))
+    };
+    client
+        .report_usage("n1", &report(1_000, &[("web-1", 250), ("web-2", 10)]))
+        .await
+        .expect("reports");
+    client
+        .report_usage("n1", &report(31_000, &[("web-1", 300)]))
+        .await
+        .expect("reports");
+    assert_eq!(
+        stored().await,
+        Some(report(31_000, &[("web-1", 300)])),
+        "replaced, not merged"
+    );
+    let before = h.keys().await;
+    let mut no_period = report(61_000, &[]);
+    no_period.period_ms = 0;
+    let refused = client
+        .report_usage("n1", &no_period)
+        .await
+        .expect_err("no period");
+    assert_eq!(refused.status(), Some(422), "{refused}");
+    assert!(refused.to_string().contains("period_ms is 0"), "{refused}");
+    let bad_id = client
+        .report_usage("n1", &report(61_000, &[("../etc", 1)]))
+        .await
+        .expect_err("a bad id");
+    assert_eq!(bad_id.status(), Some(422), "{bad_id}");
+    assert_eq!(h.keys().await, before, "a refused report writes nothing");
+}

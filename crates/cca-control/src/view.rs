@@ -16,6 +16,7 @@ use cca_model::cluster::{
 };
 use cca_model::net::{NodeSubnet, ServiceVip};
 use cca_model::scale::{GateActivity, ScaleState};
+use cca_model::usage::NodeUsage;
 use cca_model::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
     ServiceSpec, ServiceVersion,
@@ -116,6 +117,8 @@ pub struct View {
     pub gate_activity: Table<GateActivity>,
     /// Host ports held on each node by something outside the cluster.
     pub held_ports: Table<HeldPorts>,
+    /// Each node's last usage report, by node.
+    pub usage: Table<NodeUsage>,
     pub desired_generation: Option<Versioned<DesiredGeneration>>,
     /// Staged applies' chunks, by apply, then chunk: invisible until
     /// `applying` names their apply.
@@ -387,6 +390,7 @@ impl View {
             Key::HeldPorts { node } => {
                 put(&mut self.held_ports, node, bytes, rev, Value::HeldPorts)?
             }
+            Key::Usage { node } => put(&mut self.usage, node, bytes, rev, Value::Usage)?,
             Key::DesiredGeneration {} => put_single(
                 &mut self.desired_generation,
                 bytes,
@@ -480,6 +484,7 @@ impl View {
                 remove(&mut self.gate_activity, node, rev, Value::GateActivity)
             }
             Key::HeldPorts { node } => remove(&mut self.held_ports, node, rev, Value::HeldPorts),
+            Key::Usage { node } => remove(&mut self.usage, node, rev, Value::Usage),
             Key::DesiredGeneration {} => {
                 remove_single(&mut self.desired_generation, rev, Value::DesiredGeneration)
             }
@@ -570,6 +575,7 @@ impl View {
             Key::InstanceStatus { id } => at(&self.statuses, id),
             Key::GateActivity { node } => at(&self.gate_activity, node),
             Key::HeldPorts { node } => at(&self.held_ports, node),
+            Key::Usage { node } => at(&self.usage, node),
             Key::DesiredGeneration {} => self.desired_generation.as_ref().map(|v| v.mod_revision),
             Key::ApplyChunk { apply, chunk } => at2(&self.staged, apply, chunk),
             Key::ApplyCommit {} => self.applying.as_ref().map(|held| held.mod_revision),

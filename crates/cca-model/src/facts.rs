@@ -22,6 +22,7 @@ use crate::cluster::{
 use crate::net::{NodeSubnet, ServiceVip};
 use crate::ownership::Owner;
 use crate::scale::{GateActivity, ScaleState};
+use crate::usage::NodeUsage;
 use crate::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
     ServiceSpec, ServiceVersion,
@@ -222,6 +223,9 @@ fact_kinds! {
     /// Host ports something outside the cluster holds on a node.
     HeldPorts { node } = "observed/held-ports/{}",
         HeldPorts, Owner::Agent, applied: false;
+    /// What a node and its running instances used over the last period.
+    Usage { node } = "observed/usage/{}",
+        NodeUsage, Owner::Agent, applied: false;
     /// An instance's state as its agent reports it.
     InstanceStatus { id } = "observed/instance/{}",
         InstanceStatus, Owner::Agent, applied: false;

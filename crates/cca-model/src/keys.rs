@@ -217,6 +217,15 @@ pub fn observed_held_ports(node: &str) -> String {
     .to_string()
 }
 
+/// `observed/usage/{node}`: what a node and its instances used over the
+/// last period.
+pub fn observed_usage(node: &str) -> String {
+    Key::Usage {
+        node: node.to_owned(),
+    }
+    .to_string()
+}
+
 /// `derived/endpoint/{svc}/{port}`: ready backends of one service port.
 pub fn derived_endpoint(service: &str, port: &str) -> String {
     Key::Endpoint {

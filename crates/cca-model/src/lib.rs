@@ -13,6 +13,7 @@ pub mod net;
 pub mod ownership;
 pub mod scale;
 pub mod spec;
+pub mod usage;
 pub mod validity;
 
 pub use facts::{Key, Kind, Value};

@@ -473,6 +473,17 @@ impl Client {
         self.json(self.request(Method::PUT, &path).json(held)).await
     }
 
+    /// What node `node` and its running instances used over the agent's
+    /// last period (replacing the previous report).
+    pub async fn report_usage(
+        &self,
+        node: &str,
+        usage: &cca_model::usage::NodeUsage,
+    ) -> ClientResult<WriteReply> {
+        let path = format!("/v1/agent/nodes/{}/usage", segment(node));
+        self.json(self.request(Method::PUT, &path).json(usage)).await
+    }
+
     pub async fn forget_instance(&self, node: &str, id: &str) -> ClientResult<WriteReply> {
         let path = format!(
             "/v1/agent/nodes/{}/instances/{}",

@@ -11,6 +11,7 @@ use axum::response::Response;
 use cca_control::View;
 use cca_model::cluster::{Heartbeat, HeldPorts, Instance, InstanceState, InstanceStatus, NodeInfo};
 use cca_model::keys;
+use cca_model::usage::NodeUsage;
 use cca_store::{Compare, CompareOp, Op, Revision, StoreError, Txn, TxnOutcome};
 use serde::Deserialize;
 
@@ -619,6 +620,48 @@ pub(crate) async fn held_ports(
         })),
         TxnOutcome::CompareFailed { .. } => Err(ApiError::conflict(format!(
             "the held ports of node `{node}` changed while reporting; report again"
+        ))),
+    }
+}
+
+/// Most instances one usage report may list: far above what a node runs,
+/// low enough that a report stays a small fact.
+const MAX_USAGE_INSTANCES: usize = 10_000;
+
+/// `PUT /v1/agent/nodes/{node}/usage`: what the node and its running
+/// instances used over the agent's last period, replacing the previous
+/// report (`observed/usage/{node}`). The agent is the only writer of its
+/// node's report, so it is put without a compare.
+pub(crate) async fn usage(
+    State(state): State<ApiState>,
+    Path(node): Path<String>,
+    JsonBody(report): JsonBody<NodeUsage>,
+) -> ApiResult<Json<WriteReply>> {
+    check_name("node", &node)?;
+    if report.period_ms == 0 {
+        return Err(ApiError::invalid(
+            "a usage report's period_ms is 0: report the length of the period summarised",
+        ));
+    }
+    if report.instances.len() > MAX_USAGE_INSTANCES {
+        return Err(ApiError::invalid(format!(
+            "a usage report lists {} instances, more than {MAX_USAGE_INSTANCES}",
+            report.instances.len()
+        )));
+    }
+    for id in report.instances.keys() {
+        check_name("instance", id)?;
+    }
+    known_node(&state, &node).await?;
+    let key = keys::observed_usage(&node);
+    match state
+        .store()
+        .txn(Txn::new().then(Op::put(&key, encode(&report))))
+        .await?
+    {
+        TxnOutcome::Committed { revision } => Ok(Json(WriteReply { revision })),
+        TxnOutcome::CompareFailed { .. } => Err(ApiError::internal(format!(
+            "the usage of node `{node}` was not recorded: a transaction without a compare failed one"
         ))),
     }
 }

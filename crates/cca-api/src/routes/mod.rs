@@ -137,6 +137,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         ("/v1/agent/nodes/{node}/network", get(agent::network)),
         ("/v1/agent/nodes/{node}/reports", post(agent::report_batch)),
         ("/v1/agent/nodes/{node}/held-ports", put(agent::held_ports)),
+        ("/v1/agent/nodes/{node}/usage", put(agent::usage)),
         (
             "/v1/agent/nodes/{node}/instances/{id}",
             put(agent::report).delete(agent::forget),
