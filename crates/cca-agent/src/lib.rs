@@ -26,6 +26,7 @@ pub mod revocations;
 pub mod runtimes;
 pub mod serve;
 pub mod supervisor;
+pub mod usage;
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::net::SocketAddr;
@@ -95,6 +96,9 @@ pub struct AgentConfig {
     /// held (`host_ports`); `None`: ports are not probed (simulated nodes,
     /// whose made-up addresses nothing binds).
     pub port_probe: Option<Arc<dyn host_ports::PortProbe>>,
+    /// How the node's usage is measured and reported (`usage`); `None`:
+    /// it is not.
+    pub usage: Option<usage::UsageOptions>,
 }
 
 /// Options for running many agents in one process (`cca benchmark`), where
@@ -240,6 +244,15 @@ pub async fn run(
             };
             tokio::spawn(gate.run(link, view_changes, pairs, shutdown.clone()))
         });
+    }
+    if let Some(options) = &config.usage {
+        tasks.spawn(usage::keep_reporting(
+            Arc::clone(&runtime),
+            Arc::new(client.clone()),
+            config.node.clone(),
+            options.clone(),
+            shutdown.clone(),
+        ));
     }
     let mut supervisor = Supervisor::new(
         &config.node,

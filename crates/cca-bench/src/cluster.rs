@@ -711,6 +711,11 @@ fn agent_config(
         gate: None,
         // Made-up addresses: nothing to probe.
         port_probe: None,
+        // Many nodes to a host: each one's use is its instances'.
+        usage: Some(cca_agent::usage::UsageOptions {
+            node: cca_agent::usage::NodeMeter::Instances,
+            ..Default::default()
+        }),
     }
 }
 

@@ -16,11 +16,11 @@ use cca_model::cluster::{
 };
 use cca_model::net::{NodeSubnet, ServiceVip};
 use cca_model::scale::{GateActivity, ScaleState};
-use cca_model::usage::NodeUsage;
 use cca_model::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
     ServiceSpec, ServiceVersion,
 };
+use cca_model::usage::NodeUsage;
 use cca_model::{Key, Kind, Revision, Value};
 use imbl::OrdMap;
 use serde::de::DeserializeOwned;

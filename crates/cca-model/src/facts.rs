@@ -22,11 +22,11 @@ use crate::cluster::{
 use crate::net::{NodeSubnet, ServiceVip};
 use crate::ownership::Owner;
 use crate::scale::{GateActivity, ScaleState};
-use crate::usage::NodeUsage;
 use crate::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
     ServiceSpec, ServiceVersion,
 };
+use crate::usage::NodeUsage;
 
 /// One row of the table, as data.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -481,7 +481,8 @@ impl Client {
         usage: &cca_model::usage::NodeUsage,
     ) -> ClientResult<WriteReply> {
         let path = format!("/v1/agent/nodes/{}/usage", segment(node));
-        self.json(self.request(Method::PUT, &path).json(usage)).await
+        self.json(self.request(Method::PUT, &path).json(usage))
+            .await
     }
 
     pub async fn forget_instance(&self, node: &str, id: &str) -> ClientResult<WriteReply> {

@@ -381,6 +381,7 @@ pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentCon
         trust: None,
         gate: args.gate_config(),
         port_probe: Some(std::sync::Arc::new(cca_agent::host_ports::BindProbe)),
+        usage: Some(cca_agent::usage::UsageOptions::default()),
     })
 }
 
