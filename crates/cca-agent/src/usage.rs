@@ -38,6 +38,18 @@ impl Default for UsageOptions {
     }
 }
 
+impl UsageOptions {
+    /// Reports every `period` from the host's `/proc`, read every 5 s, or
+    /// three times a period when it is shorter than 15 s.
+    pub fn reporting_every(period: Duration) -> Self {
+        Self {
+            sample_every: (period / 3).min(Duration::from_secs(5)),
+            report_every: period,
+            node: NodeMeter::Host,
+        }
+    }
+}
+
 /// Where a node's own usage comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum NodeMeter {
@@ -209,7 +221,8 @@ pub async fn keep_reporting(
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut tracker = Tracker::new(cca_model::clock::now_millis());
-    let mut samples = tokio::time::interval(options.sample_every);
+    // A zero period would make the interval panic.
+    let mut samples = tokio::time::interval(options.sample_every.max(Duration::from_millis(1)));
     samples.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let per_report =
         (options.report_every.as_millis() / options.sample_every.as_millis().max(1)).max(1);

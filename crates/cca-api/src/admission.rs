@@ -174,6 +174,8 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     ("/v1/services", Lane::Bulk),
     ("/v1/instances", Lane::Bulk),
     ("/v1/nodes", Lane::Bulk),
+    ("/v1/top/nodes", Lane::Bulk),
+    ("/v1/top/workloads", Lane::Bulk),
     ("/v1/events", Lane::Bulk),
     ("/v1/watch", Lane::Bulk),
     ("/v1/services/{name}/logs", Lane::Bulk),

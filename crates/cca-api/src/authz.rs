@@ -76,6 +76,9 @@ pub(crate) fn requirement(method: &Method, route: &str) -> Option<Requirement> {
         "/v1/instances/{id}" => need(Read, Instance, Named),
         "/v1/instances/{id}/logs" => need(Logs, Instance, Named),
         "/v1/instances/{id}/exec" => need(Exec, Instance, Named),
+        "/v1/top/nodes" => need(Read, Node, Whole),
+        // Filtered by the services the caller may read.
+        "/v1/top/workloads" => need(Read, Service, Whole),
         "/v1/nodes" => need(Read, Node, Whole),
         "/v1/nodes/{name}" => need(Read, Node, Named),
         "/v1/nodes/{name}/drain" | "/v1/nodes/{name}/disable" | "/v1/nodes/{name}/enable" => {

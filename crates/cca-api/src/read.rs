@@ -7,10 +7,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use cca_control::View;
 use cca_model::cluster::InstanceState;
 use cca_model::spec::{Cpu, Memory, ServiceSpec, Workload, spec_hash};
+use cca_model::usage::{NodeUsage, UsageSummary};
 
 use crate::types::{
-    ClusterStatus, InstanceSummary, NodeCounts, NodeSummary, ServiceHistory, ServiceSummary,
-    VersionSummary,
+    ClusterStatus, InstanceSummary, InstanceTop, NodeCounts, NodeSummary, NodeTop, ReportedUsage,
+    ServiceHistory, ServiceSummary, VersionSummary,
 };
 
 /// Filters of `get instances`.
@@ -282,4 +283,62 @@ pub(crate) fn parse_tags(raw: &[String]) -> Result<Vec<(String, String)>, String
             _ => Err(format!("tag filter `{tag}` is not of the form key=value")),
         })
         .collect()
+}
+
+/// `cca top nodes`: every node's last usage report against its capacity
+/// and what its instances requested.
+pub(crate) fn top_nodes(view: &View) -> Vec<NodeTop> {
+    let mut requested: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+    for instance in view.instances.values() {
+        let sums = requested.entry(instance.node.as_str()).or_default();
+        sums.0 += instance.cpu.0;
+        sums.1 += instance.memory.0;
+    }
+    view.nodes
+        .iter()
+        .map(|(name, info)| {
+            let (cpu, memory) = requested.get(name.as_str()).copied().unwrap_or_default();
+            let report = view.usage.get(name);
+            NodeTop {
+                node: name.clone(),
+                status: node_condition(view, name).to_owned(),
+                cpu: info.cpu,
+                memory: info.memory,
+                cpu_requested: Cpu(cpu),
+                memory_requested: Memory(memory),
+                usage: report.map(|report| reported(&report.value, report.value.node)),
+            }
+        })
+        .collect()
+}
+
+/// `cca top workloads`: every placed instance of the services carrying
+/// `tags`, with its request and its node's last report of it.
+pub(crate) fn top_instances(view: &View, tags: &[(String, String)]) -> Vec<InstanceTop> {
+    view.instances
+        .values()
+        .filter(|instance| has_tags(view, &instance.service, tags))
+        .map(|instance| {
+            let report = view.usage.get(&instance.node);
+            InstanceTop {
+                instance: instance.id.clone(),
+                service: instance.service.clone(),
+                node: instance.node.clone(),
+                cpu_request: instance.cpu,
+                memory_request: instance.memory,
+                usage: report.and_then(|report| {
+                    let summary = report.value.instances.get(&instance.id)?;
+                    Some(reported(&report.value, *summary))
+                }),
+            }
+        })
+        .collect()
+}
+
+fn reported(report: &NodeUsage, summary: UsageSummary) -> ReportedUsage {
+    ReportedUsage {
+        at: report.at,
+        period_ms: report.period_ms,
+        summary,
+    }
 }

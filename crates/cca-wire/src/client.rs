@@ -473,6 +473,24 @@ impl Client {
         self.json(self.request(Method::PUT, &path).json(held)).await
     }
 
+    /// Every node's last reported usage (`cca top nodes`).
+    pub async fn top_nodes(&self) -> ClientResult<Vec<crate::types::NodeTop>> {
+        self.json(self.request(Method::GET, "/v1/top/nodes")).await
+    }
+
+    /// Every placed instance's last reported usage, of the services
+    /// carrying every tag in `tags` (`cca top workloads`).
+    pub async fn top_workloads(
+        &self,
+        tags: &[String],
+    ) -> ClientResult<Vec<crate::types::InstanceTop>> {
+        let mut request = self.request(Method::GET, "/v1/top/workloads");
+        if !tags.is_empty() {
+            request = request.query(&[("tag", tags.join(","))]);
+        }
+        self.json(request).await
+    }
+
     /// What node `node` and its running instances used over the agent's
     /// last period (replacing the previous report).
     pub async fn report_usage(

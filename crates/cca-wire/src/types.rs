@@ -819,3 +819,44 @@ pub struct GateNodeHealth {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
 }
+
+/// A node's row of `cca top nodes` (`GET /v1/top/nodes`): what it used
+/// over its agent's last period against what it has and what its
+/// instances requested.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeTop {
+    pub node: String,
+    /// `ready` or `unreachable`.
+    pub status: String,
+    /// What the node has, and what the instances placed on it requested.
+    pub cpu: Cpu,
+    pub memory: Memory,
+    pub cpu_requested: Cpu,
+    pub memory_requested: Memory,
+    /// The node's last usage report; `None` until its agent sent one.
+    pub usage: Option<ReportedUsage>,
+}
+
+/// An instance's row of `cca top workloads` (`GET /v1/top/workloads`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InstanceTop {
+    pub instance: String,
+    pub service: String,
+    pub node: String,
+    /// What it requested (also its limit); 0: nothing.
+    pub cpu_request: Cpu,
+    pub memory_request: Memory,
+    /// From its node's last usage report; `None` when that report does not
+    /// list it (not reported yet, or not running).
+    pub usage: Option<ReportedUsage>,
+}
+
+/// One period's usage as an agent reported it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportedUsage {
+    /// When the period ended, and how long it was.
+    pub at: Millis,
+    pub period_ms: u64,
+    #[serde(flatten)]
+    pub summary: cca_model::usage::UsageSummary,
+}

@@ -136,6 +136,10 @@ pub(crate) struct AgentArgs {
     /// per core).
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     gate_workers: Option<usize>,
+    /// How often the node reports what it and its instances used (read
+    /// every 5 s, or a third of this when shorter; at least 1s).
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::flags::duration)]
+    pub(crate) usage_every: Duration,
 }
 
 impl AgentArgs {
@@ -171,6 +175,7 @@ impl AgentArgs {
             gate_idle_timeout: Duration::from_secs(60),
             gate_drain: Duration::from_secs(30),
             gate_workers: None,
+            usage_every: Duration::from_secs(30),
         }
     }
 
@@ -381,8 +386,17 @@ pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentCon
         trust: None,
         gate: args.gate_config(),
         port_probe: Some(std::sync::Arc::new(cca_agent::host_ports::BindProbe)),
-        usage: Some(cca_agent::usage::UsageOptions::default()),
+        usage: Some(usage_options(args.usage_every)?),
     })
+}
+
+fn usage_options(every: Duration) -> Result<cca_agent::usage::UsageOptions> {
+    if every < Duration::from_secs(1) {
+        bail!(
+            "--usage-every {every:?} is under 1s: a report a second is already more than autoscaling needs"
+        );
+    }
+    Ok(cca_agent::usage::UsageOptions::reporting_every(every))
 }
 
 /// `cca join SERVER TOKEN [--node NAME] [--data-dir DIR] [--address IP]`

@@ -64,6 +64,10 @@ pub(crate) struct DevArgs {
     /// cluster DNS on this machine.
     #[arg(long)]
     no_cluster_network: bool,
+    /// How often the dev node reports what it and its instances used
+    /// (`cca top`; at least 1s).
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::flags::duration)]
+    usage_every: std::time::Duration,
     /// Where the dev node's gate proxy serves the program's gates: plain
     /// HTTP, then HTTPS (port 0: a free one, printed at start).
     #[arg(
@@ -327,6 +331,7 @@ async fn start_agent(
     let data_dir = args.data_dir.join("agent");
     let mut agent_args = crate::agent_cmd::AgentArgs::for_dev(api.to_owned(), data_dir.clone());
     agent_args.no_cluster_network = args.no_cluster_network;
+    agent_args.usage_every = args.usage_every;
     agent_args.gate_listen = args.gate_listen.clone();
     let mut config = crate::agent_cmd::agent_config(&agent_args, &data_dir)?;
     config.stop_instances_on_exit = true;

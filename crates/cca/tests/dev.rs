@@ -230,3 +230,98 @@ fn a_service_comes_up_on_another_port_when_something_else_holds_the_first() {
     );
     dev.stop();
 }
+
+/// A service that keeps half a core busy (its CPU limit) and holds 48 MiB.
+const BUSY: &str = r#"
+service busy {
+  run = "exec perl -e '$held = \"x\" x (48 << 20); 1 while 1'"
+  resources {
+    cpu = 500m
+    memory = 256Mi
+  }
+}
+"#;
+
+/// The agent's usage reports reach `cca top`: a busy instance's CPU
+/// against its request and the memory it holds, and the node's.
+#[test]
+fn cca_top_shows_what_the_node_and_its_workloads_use() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("busy.cca"), BUSY).expect("writes the program");
+    let dev = Dev::start(
+        dir.path(),
+        &[
+            "--data-dir",
+            "data",
+            "--insecure",
+            "--usage-every",
+            "1s",
+            "busy.cca",
+        ],
+    );
+    let (url, _) = dev.api_url();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let row = loop {
+        let output = cca(
+            dir.path(),
+            &url,
+            Some(NO_TRUST),
+            &["top", "workloads", "-o", "json"],
+        );
+        assert!(output.status.success(), "{}", text(&output));
+        let rows: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json rows");
+        let row = rows
+            .as_array()
+            .and_then(|rows| rows.iter().find(|row| row["service"] == "busy"))
+            .cloned();
+        if let Some(row) = row
+            && row["usage"]["cpu_millis"]
+                .as_u64()
+                .is_some_and(|cpu| cpu > 200)
+        {
+            break row;
+        }
+        assert!(Instant::now() < deadline, "no busy usage reported: {rows}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(row["cpu_request"], 500, "{row}");
+    let cpu = row["usage"]["cpu_millis"].as_u64().expect("cpu");
+    assert!(cpu <= 650, "held to its 500m limit: {row}");
+    let memory = row["usage"]["memory_bytes"].as_u64().expect("memory");
+    assert!(
+        (48 << 20..256 << 20).contains(&memory),
+        "the 48 MiB it holds: {row}"
+    );
+    let table = cca(dir.path(), &url, Some(NO_TRUST), &["top", "workloads"]);
+    let shown = text(&table);
+    assert!(table.status.success(), "{shown}");
+    assert!(shown.contains("busy") && shown.contains("500m"), "{shown}");
+    let nodes = cca(
+        dir.path(),
+        &url,
+        Some(NO_TRUST),
+        &["top", "nodes", "-o", "json"],
+    );
+    let nodes: serde_json::Value = serde_json::from_slice(&nodes.stdout).expect("json rows");
+    let node = &nodes[0];
+    assert!(
+        node["usage"]["cpu_millis"]
+            .as_u64()
+            .is_some_and(|cpu| cpu >= 200),
+        "the node's use includes the busy instance: {node}"
+    );
+    assert_eq!(node["cpu_requested"], 500, "{node}");
+    let refused = cca(
+        dir.path(),
+        &url,
+        Some(NO_TRUST),
+        &["top", "nodes", "--tag", "a=b"],
+    );
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused).contains("--tag selects workloads"),
+        "{}",
+        text(&refused)
+    );
+    dev.stop();
+}

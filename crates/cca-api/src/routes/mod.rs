@@ -89,6 +89,8 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         ("/v1/instances/{id}", get(reads::instance)),
         ("/v1/instances/{id}/logs", get(instance_io::instance_logs)),
         ("/v1/instances/{id}/exec", post(instance_io::exec)),
+        ("/v1/top/nodes", get(reads::top_nodes)),
+        ("/v1/top/workloads", get(reads::top_workloads)),
         ("/v1/nodes", get(reads::nodes)),
         ("/v1/nodes/{name}", get(reads::node)),
         ("/v1/nodes/{name}/drain", post(ops::drain)),

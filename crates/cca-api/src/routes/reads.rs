@@ -22,8 +22,8 @@ use crate::routes::events::recent_about;
 use crate::state::ApiState;
 use crate::tls::Peer;
 use crate::types::{
-    CallerIdentity, ClusterStatus, InstanceDetail, InstanceSummary, NodeDetail, NodeSummary,
-    Principal, ServiceDetail, ServiceHistory, ServiceSummary,
+    CallerIdentity, ClusterStatus, InstanceDetail, InstanceSummary, InstanceTop, NodeDetail,
+    NodeSummary, NodeTop, Principal, ServiceDetail, ServiceHistory, ServiceSummary,
 };
 
 /// How long a read waits for the cache to catch up with the store before
@@ -81,6 +81,30 @@ pub(crate) async fn services(
         Some(s.name.clone())
     });
     Ok(Json(services))
+}
+
+/// `GET /v1/top/nodes`: each node's last usage report against its
+/// capacity and its instances' requests.
+pub(crate) async fn top_nodes(State(state): State<ApiState>) -> ApiResult<Json<Vec<NodeTop>>> {
+    let view = fresh_view(&state).await?;
+    Ok(Json(read::top_nodes(&view)))
+}
+
+/// `GET /v1/top/workloads[?tag=k=v]`: each placed instance's last reported
+/// usage against its request, for the services the caller may read.
+pub(crate) async fn top_workloads(
+    State(state): State<ApiState>,
+    caller: Option<axum::Extension<crate::auth::Caller>>,
+    QueryArgs(query): QueryArgs<ServiceQuery>,
+) -> ApiResult<Json<Vec<InstanceTop>>> {
+    let tags = tags(query.tag.as_deref())?;
+    let view = fresh_view(&state).await?;
+    let mut rows = read::top_instances(&view, &tags);
+    let lens = Lens::of(&state, caller.as_deref(), Resource::Service);
+    filter_by_service(lens.as_ref(), &view, &mut rows, |row| {
+        Some(row.service.clone())
+    });
+    Ok(Json(rows))
 }
 
 pub(crate) async fn service(

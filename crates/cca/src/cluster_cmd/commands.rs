@@ -5,17 +5,17 @@ use anyhow::{Context, Result, bail};
 use cca_dsl::commands::{Style, ValueOptions, gather_values};
 use cca_dsl::compile::compile_file;
 use cca_dsl::source::RealFs;
-use cca_model::spec::Program;
+use cca_model::spec::{Cpu, Memory, Program};
 use cca_wire::types::{
-    ApplyReport, EventRecord, InstanceSummary, NodeSummary, ServiceHistory, ServiceSummary,
-    WatchLine,
+    ApplyReport, EventRecord, InstanceSummary, InstanceTop, NodeSummary, NodeTop, ServiceHistory,
+    ServiceSummary, WatchLine,
 };
 use cca_wire::{Client, EventQuery, InstanceQuery};
 
 use super::output::{self, Format, age, now_millis, or_dash};
 use super::{
     ApplyArgs, AuditArgs, ClusterCommand, EventsArgs, GetArgs, HistoryArgs, HistoryKind, Kind,
-    ServerAddr, WatchArgs, describe,
+    ServerAddr, TopArgs, TopKind, WatchArgs, describe,
 };
 
 /// Runs one command against the API server.
@@ -24,6 +24,7 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Apply(args) => apply(&args, false).await,
         ClusterCommand::Diff(args) => apply(&args, true).await,
         ClusterCommand::Get(args) => get(&args).await,
+        ClusterCommand::Top(args) => top(&args).await,
         ClusterCommand::Describe(args) => describe::describe(&client(&args.addr)?, &args).await,
         ClusterCommand::History(args) => history(&args).await,
         ClusterCommand::Status(args) => {
@@ -345,6 +346,113 @@ async fn get(args: &GetArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+async fn top(args: &TopArgs) -> Result<()> {
+    let client = client(&args.addr)?;
+    let format = args.out.output;
+    match args.kind {
+        TopKind::Nodes => {
+            if !args.tags.is_empty() {
+                bail!("--tag selects workloads: `cca top workloads --tag K=V`");
+            }
+            let rows = client.top_nodes().await?;
+            if !output::structured(format, &rows)? {
+                top_node_table(&rows);
+            }
+        }
+        TopKind::Workloads => {
+            let rows = client.top_workloads(&args.tags).await?;
+            if !output::structured(format, &rows)? {
+                top_instance_table(&rows);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `used (share%)` of a whole, or `-` without a report.
+fn used_of(used: Option<u64>, whole: u64, show: impl Fn(u64) -> String) -> String {
+    match used {
+        None => "-".into(),
+        Some(used) if whole == 0 => show(used),
+        Some(used) => format!("{} ({}%)", show(used), used * 100 / whole),
+    }
+}
+
+fn top_node_table(rows: &[NodeTop]) {
+    let now = now_millis();
+    let cpu = |millis| output::cpu(Cpu(millis));
+    let memory = |bytes| Memory(bytes).human();
+    let rows = rows
+        .iter()
+        .map(|n| {
+            let usage = n.usage.map(|usage| usage.summary);
+            vec![
+                n.node.clone(),
+                n.status.clone(),
+                used_of(usage.map(|u| u.cpu_millis), n.cpu.0, cpu),
+                format!("{}/{}", cpu(n.cpu_requested.0), cpu(n.cpu.0)),
+                used_of(usage.map(|u| u.memory_bytes), n.memory.0, memory),
+                format!("{}/{}", memory(n.memory_requested.0), memory(n.memory.0)),
+                age(n.usage.map(|usage| usage.at), now),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "node",
+            "status",
+            "cpu used",
+            "cpu requested",
+            "memory used",
+            "memory requested",
+            "reported",
+        ],
+        rows,
+    );
+}
+
+fn top_instance_table(rows: &[InstanceTop]) {
+    let now = now_millis();
+    let cpu = |millis| output::cpu(Cpu(millis));
+    let memory = |bytes| Memory(bytes).human();
+    let request = |value: u64, show: &dyn Fn(u64) -> String| {
+        if value == 0 { "-".into() } else { show(value) }
+    };
+    let rows = rows
+        .iter()
+        .map(|i| {
+            let usage = i.usage.map(|usage| usage.summary);
+            vec![
+                i.instance.clone(),
+                i.service.clone(),
+                i.node.clone(),
+                used_of(usage.map(|u| u.cpu_millis), i.cpu_request.0, cpu),
+                usage.map_or("-".into(), |u| cpu(u.cpu_peak_millis)),
+                request(i.cpu_request.0, &cpu),
+                used_of(usage.map(|u| u.memory_bytes), i.memory_request.0, memory),
+                usage.map_or("-".into(), |u| memory(u.memory_peak_bytes)),
+                request(i.memory_request.0, &memory),
+                age(i.usage.map(|usage| usage.at), now),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "instance",
+            "service",
+            "node",
+            "cpu",
+            "cpu peak",
+            "cpu request",
+            "memory",
+            "memory peak",
+            "memory request",
+            "reported",
+        ],
+        rows,
+    );
 }
 
 fn service_table(rows: &[ServiceSummary]) {

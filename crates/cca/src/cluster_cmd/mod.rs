@@ -92,6 +92,9 @@ pub(crate) enum ClusterCommand {
     History(HistoryArgs),
     /// Summarise the cluster: nodes, instances by state, unplaced demand.
     Status(ReadArgs),
+    /// Show what nodes or workloads use of CPU and memory (their agents'
+    /// last 30 s) against what they have or requested.
+    Top(TopArgs),
     /// Set a service's replica count.
     Scale(ScaleArgs),
     /// Delete a service.
@@ -196,6 +199,28 @@ pub(crate) struct GetArgs {
     /// Include stopped and failed instances.
     #[arg(long)]
     pub(crate) all: bool,
+}
+
+/// What `top` shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum TopKind {
+    #[value(alias = "node", alias = "no")]
+    Nodes,
+    #[value(alias = "workload", alias = "instances", alias = "instance")]
+    Workloads,
+}
+
+/// `cca top nodes|workloads [--tag k=v]`
+#[derive(Debug, Args)]
+pub(crate) struct TopArgs {
+    #[command(flatten)]
+    pub(crate) addr: ServerAddr,
+    #[command(flatten)]
+    pub(crate) out: OutputArgs,
+    pub(crate) kind: TopKind,
+    /// Only instances of services with this tag; may repeat.
+    #[arg(long = "tag", value_name = "KEY=VALUE")]
+    pub(crate) tags: Vec<String>,
 }
 
 /// What `describe` shows.
