@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use cca_control::View;
-use cca_model::cluster::InstanceState;
+use cca_model::cluster::{Instance, InstanceState};
 use cca_model::spec::{Cpu, Memory, ServiceSpec, Workload, spec_hash};
 use cca_model::usage::{NodeUsage, UsageSummary};
 
@@ -298,7 +298,6 @@ pub(crate) fn top_nodes(view: &View) -> Vec<NodeTop> {
         .iter()
         .map(|(name, info)| {
             let (cpu, memory) = requested.get(name.as_str()).copied().unwrap_or_default();
-            let report = view.usage.get(name);
             NodeTop {
                 node: name.clone(),
                 status: node_condition(view, name).to_owned(),
@@ -306,7 +305,7 @@ pub(crate) fn top_nodes(view: &View) -> Vec<NodeTop> {
                 memory: info.memory,
                 cpu_requested: Cpu(cpu),
                 memory_requested: Memory(memory),
-                usage: report.map(|report| reported(&report.value, report.value.node)),
+                usage: node_usage(view, name),
             }
         })
         .collect()
@@ -318,21 +317,42 @@ pub(crate) fn top_instances(view: &View, tags: &[(String, String)]) -> Vec<Insta
     view.instances
         .values()
         .filter(|instance| has_tags(view, &instance.service, tags))
-        .map(|instance| {
-            let report = view.usage.get(&instance.node);
-            InstanceTop {
-                instance: instance.id.clone(),
-                service: instance.service.clone(),
-                node: instance.node.clone(),
-                cpu_request: instance.cpu,
-                memory_request: instance.memory,
-                usage: report.and_then(|report| {
-                    let summary = report.value.instances.get(&instance.id)?;
-                    Some(reported(&report.value, *summary))
-                }),
-            }
-        })
+        .map(|instance| instance_top(view, &instance.value))
         .collect()
+}
+
+/// The `top` rows of one service's placed instances.
+pub(crate) fn service_usage(view: &View, service: &str) -> Vec<InstanceTop> {
+    view.service_instances
+        .get(service)
+        .into_iter()
+        .flat_map(|instances| instances.values())
+        .map(|instance| instance_top(view, &instance.value))
+        .collect()
+}
+
+fn instance_top(view: &View, instance: &Instance) -> InstanceTop {
+    InstanceTop {
+        instance: instance.id.clone(),
+        service: instance.service.clone(),
+        node: instance.node.clone(),
+        cpu_request: instance.cpu,
+        memory_request: instance.memory,
+        usage: instance_usage(view, &instance.node, &instance.id),
+    }
+}
+
+/// What `node`'s last report says instance `id` used.
+pub(crate) fn instance_usage(view: &View, node: &str, id: &str) -> Option<ReportedUsage> {
+    let report = view.usage.get(node)?;
+    let summary = report.value.instances.get(id)?;
+    Some(reported(&report.value, *summary))
+}
+
+/// What `node`'s last report says the whole node used.
+pub(crate) fn node_usage(view: &View, node: &str) -> Option<ReportedUsage> {
+    let report = view.usage.get(node)?;
+    Some(reported(&report.value, report.value.node))
 }
 
 fn reported(report: &NodeUsage, summary: UsageSummary) -> ReportedUsage {

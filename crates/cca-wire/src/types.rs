@@ -123,6 +123,9 @@ pub struct ServiceDetail {
     pub endpoints: Vec<Endpoints>,
     /// Recent events about this service.
     pub events: Vec<EventRecord>,
+    /// Each placed instance's last reported usage.
+    #[serde(default)]
+    pub usage: Vec<InstanceTop>,
 }
 
 /// One row of `get instances`.
@@ -151,6 +154,9 @@ pub struct InstanceDetail {
     pub summary: InstanceSummary,
     pub placement: Option<Instance>,
     pub status: Option<InstanceStatus>,
+    /// Its node's last report of what it used; `None` when there is none.
+    #[serde(default)]
+    pub usage: Option<ReportedUsage>,
 }
 
 /// One row of `get nodes`.
@@ -190,6 +196,9 @@ pub struct NodeDetail {
     /// (`max_unavailable = 0`) keeps their instances on it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub drain_held_by: Vec<String>,
+    /// The node's last usage report (the whole node); `None` before one.
+    #[serde(default)]
+    pub usage: Option<ReportedUsage>,
 }
 
 /// `status`: the cluster at a glance.

@@ -311,6 +311,44 @@ fn cca_top_shows_what_the_node_and_its_workloads_use() {
         "the node's use includes the busy instance: {node}"
     );
     assert_eq!(node["cpu_requested"], 500, "{node}");
+    let id = row["instance"].as_str().expect("instance id");
+    let described = text(&cca(
+        dir.path(),
+        &url,
+        Some(NO_TRUST),
+        &["describe", "instance", id],
+    ));
+    let usage = described
+        .lines()
+        .find(|line| line.starts_with("Usage"))
+        .unwrap_or_else(|| panic!("describe instance shows its usage:\n{described}"));
+    assert!(
+        usage.contains("of 500m") && usage.contains("of 256Mi"),
+        "{usage}"
+    );
+    let service = text(&cca(
+        dir.path(),
+        &url,
+        Some(NO_TRUST),
+        &["describe", "service", "busy"],
+    ));
+    assert!(
+        service.contains("Usage (each instance's last report):"),
+        "{service}"
+    );
+    let node = node["node"].as_str().expect("node name");
+    let described = text(&cca(
+        dir.path(),
+        &url,
+        Some(NO_TRUST),
+        &["describe", "node", node],
+    ));
+    assert!(
+        described
+            .lines()
+            .any(|line| line.starts_with("Usage") && line.contains("cpu ")),
+        "{described}"
+    );
     let refused = cca(
         dir.path(),
         &url,

@@ -134,6 +134,7 @@ pub(crate) async fn service(
             .map(|endpoints| (*endpoints.value).clone())
             .collect(),
         events: recent_about(&state, &format!("service/{name}"), 20).await?,
+        usage: read::service_usage(&view, &name),
     }))
 }
 
@@ -177,9 +178,10 @@ pub(crate) async fn instance(
     let summary = read::instance_summary(&view, &id)
         .ok_or_else(|| ApiError::not_found(format!("instance `{id}` not found")))?;
     Ok(Json(InstanceDetail {
-        summary,
+        usage: read::instance_usage(&view, &summary.node, &id),
         placement: view.instances.get(&id).map(|i| (*i.value).clone()),
         status: view.statuses.get(&id).map(|s| (*s.value).clone()),
+        summary,
     }))
 }
 
@@ -214,6 +216,7 @@ pub(crate) async fn node(
         heartbeat: view.heartbeats.get(&name).map(|h| (*h.value).clone()),
         instances: read::instances(&view, &filter),
         drain_held_by: read::drain_held_by(&view, &name),
+        usage: read::node_usage(&view, &name),
     }))
 }
 

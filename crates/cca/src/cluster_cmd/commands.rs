@@ -413,7 +413,7 @@ fn top_node_table(rows: &[NodeTop]) {
     );
 }
 
-fn top_instance_table(rows: &[InstanceTop]) {
+pub(super) fn top_instance_table(rows: &[InstanceTop]) {
     let now = now_millis();
     let cpu = |millis| output::cpu(Cpu(millis));
     let memory = |bytes| Memory(bytes).human();

@@ -8,11 +8,13 @@ use std::collections::BTreeMap;
 
 use anyhow::Result;
 use cca_model::cluster::Disruption;
-use cca_model::spec::{Memory, PortSpec, Protocol, Workload};
+use cca_model::spec::{Cpu, Memory, PortSpec, Protocol, Workload};
 use cca_wire::Client;
-use cca_wire::types::{ClusterStatus, GateDetail, InstanceDetail, NodeDetail, ServiceDetail};
+use cca_wire::types::{
+    ClusterStatus, GateDetail, InstanceDetail, NodeDetail, ReportedUsage, ServiceDetail,
+};
 
-use super::commands::{event_table, instance_table, node_state};
+use super::commands::{event_table, instance_table, node_state, top_instance_table};
 use super::output::{self, Format, age, field, now_millis, or_dash};
 use super::{DescribeArgs, DescribeKind};
 use cca_model::net::BackendState;
@@ -119,11 +121,43 @@ fn service(detail: &ServiceDetail) {
     } else {
         instance_table(&detail.instances);
     }
+    if detail.usage.iter().any(|row| row.usage.is_some()) {
+        output::line("");
+        output::line("Usage (each instance's last report):");
+        top_instance_table(&detail.usage);
+    }
     if !detail.events.is_empty() {
         output::line("");
         output::line("Events:");
         event_table(&detail.events);
     }
+}
+
+/// `cpu 498m (peak 522m) of 500m, memory 96.9Mi (peak 97Mi) of 256Mi,
+/// over 30s, 3s ago`, or that there is none yet.
+fn usage_line(usage: Option<&ReportedUsage>, cpu: Cpu, memory: Memory) -> String {
+    let Some(usage) = usage else {
+        return "no report yet".into();
+    };
+    let summary = &usage.summary;
+    let of = |whole: String, zero: bool| {
+        if zero {
+            String::new()
+        } else {
+            format!(" of {whole}")
+        }
+    };
+    format!(
+        "cpu {} (peak {}){}, memory {} (peak {}){}, over {}s, {} ago",
+        output::cpu(Cpu(summary.cpu_millis)),
+        output::cpu(Cpu(summary.cpu_peak_millis)),
+        of(output::cpu(cpu), cpu.0 == 0),
+        Memory(summary.memory_bytes).human(),
+        Memory(summary.memory_peak_bytes).human(),
+        of(memory.human(), memory.0 == 0),
+        usage.period_ms / 1000,
+        age(Some(usage.at), now_millis()),
+    )
 }
 
 /// "Why is it pending": the scheduler's unplaced-demand fact.
@@ -162,6 +196,12 @@ fn instance(detail: &InstanceDetail, ports: &[PortSpec]) {
     field("Restarts", &summary.restarts.to_string());
     field("Address", &or_dash(summary.address.clone()));
     field("Age", &age(summary.created_at, now_millis()));
+    if let Some(placement) = &detail.placement {
+        field(
+            "Usage",
+            &usage_line(detail.usage.as_ref(), placement.cpu, placement.memory),
+        );
+    }
     let host_ports = detail
         .status
         .as_ref()
@@ -362,6 +402,10 @@ fn node(detail: &NodeDetail) {
             summary.memory_allocated.human(),
             summary.memory.human()
         ),
+    );
+    field(
+        "Usage",
+        &usage_line(detail.usage.as_ref(), summary.cpu, summary.memory),
     );
     field(
         "Heartbeat",
