@@ -312,13 +312,7 @@ impl Runtime for FakeRuntime {
         };
         let mut state = self.enter(call, Operation::Exec, id)?;
         let status = existing(&mut state, id)?;
-        if status.state != InstanceState::Running {
-            return Err(Error::InvalidState {
-                id: id.to_owned(),
-                operation: Operation::Exec,
-                state: status.state,
-            });
-        }
+        status.require_running(Operation::Exec)?;
         let success = ExecOutput {
             code: Some(0),
             ..ExecOutput::default()
@@ -329,13 +323,7 @@ impl Runtime for FakeRuntime {
     async fn usage(&self, id: &str) -> Result<Usage> {
         let mut state = self.enter(Call::Usage(id.to_owned()), Operation::Usage, id)?;
         let status = existing(&mut state, id)?;
-        if status.state != InstanceState::Running {
-            return Err(Error::InvalidState {
-                id: id.to_owned(),
-                operation: Operation::Usage,
-                state: status.state,
-            });
-        }
+        status.require_running(Operation::Usage)?;
         Ok(state.usage.get(id).copied().unwrap_or_default())
     }
 }

@@ -313,13 +313,7 @@ impl Runtime for SimRuntime {
 
     async fn exec(&self, id: &str, _request: ExecRequest) -> Result<ExecOutput> {
         let status = self.current(id, Operation::Exec)?;
-        if status.state != InstanceState::Running {
-            return Err(Error::InvalidState {
-                id: id.to_owned(),
-                operation: Operation::Exec,
-                state: status.state,
-            });
-        }
+        status.require_running(Operation::Exec)?;
         Ok(ExecOutput {
             code: Some(0),
             ..ExecOutput::default()
@@ -328,13 +322,7 @@ impl Runtime for SimRuntime {
 
     async fn usage(&self, id: &str) -> Result<Usage> {
         let status = self.current(id, Operation::Usage)?;
-        if status.state != InstanceState::Running {
-            return Err(Error::InvalidState {
-                id: id.to_owned(),
-                operation: Operation::Usage,
-                state: status.state,
-            });
-        }
+        status.require_running(Operation::Usage)?;
         let load = self.state().load;
         Ok(simulated_usage(
             &status,

@@ -54,6 +54,20 @@ pub struct InstanceStatus {
     pub adopted: bool,
 }
 
+impl InstanceStatus {
+    /// Refuses `operation` unless the instance runs (exec, usage).
+    pub(crate) fn require_running(&self, operation: crate::Operation) -> crate::Result<()> {
+        if self.state == InstanceState::Running {
+            return Ok(());
+        }
+        Err(crate::Error::InvalidState {
+            id: self.id.clone(),
+            operation,
+            state: self.state,
+        })
+    }
+}
+
 /// How a run ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ExitInfo {

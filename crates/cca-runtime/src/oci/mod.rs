@@ -639,13 +639,7 @@ impl Inner {
     /// v1's `cpuacct` and `memory` hierarchies, else the v2 directory.
     fn usage(&self, id: &str) -> Result<Usage> {
         let status = self.status(id, Operation::Usage)?;
-        if status.state != InstanceState::Running {
-            return Err(Error::InvalidState {
-                id: id.to_owned(),
-                operation: Operation::Usage,
-                state: status.state,
-            });
-        }
+        status.require_running(Operation::Usage)?;
         let root = &self.config.cgroup_root;
         let parent = &self.config.cgroup_parent;
         let read = if root.join("memory").is_dir() {
@@ -748,13 +742,7 @@ impl Inner {
 
     async fn exec(&self, id: &str, request: ExecRequest) -> Result<ExecOutput> {
         let status = self.status(id, Operation::Exec)?;
-        if status.state != InstanceState::Running {
-            return Err(Error::InvalidState {
-                id: id.to_owned(),
-                operation: Operation::Exec,
-                state: status.state,
-            });
-        }
+        status.require_running(Operation::Exec)?;
         let output = self
             .binary
             .command("exec")

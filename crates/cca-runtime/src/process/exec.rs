@@ -17,14 +17,9 @@ use crate::{Error, ExecOutput, ExecRequest, InstanceState, Operation, Result};
 use std::os::unix::process::ExitStatusExt;
 
 pub(super) async fn exec(inner: &Inner, id: &str, request: ExecRequest) -> Result<ExecOutput> {
-    let status = inner.status(id, Operation::Exec)?;
-    if status.state != InstanceState::Running {
-        return Err(Error::InvalidState {
-            id: id.to_owned(),
-            operation: Operation::Exec,
-            state: status.state,
-        });
-    }
+    inner
+        .status(id, Operation::Exec)?
+        .require_running(Operation::Exec)?;
     let Some((program, args)) = request.argv.split_first() else {
         return Err(Error::Failed {
             id: id.to_owned(),

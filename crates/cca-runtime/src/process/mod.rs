@@ -445,16 +445,10 @@ impl Inner {
     /// What a running instance uses: from its cgroups, or from its
     /// process group in `/proc` where they do not account it.
     fn usage(&self, id: &str) -> Result<Usage> {
-        let status = self.status(id, Operation::Usage)?;
-        let run = match self.dir(id).read_run(Operation::Usage)? {
-            Some(run) if status.state == InstanceState::Running => run,
-            _ => {
-                return Err(Error::InvalidState {
-                    id: id.to_owned(),
-                    operation: Operation::Usage,
-                    state: status.state,
-                });
-            }
+        self.status(id, Operation::Usage)?
+            .require_running(Operation::Usage)?;
+        let Some(run) = self.dir(id).read_run(Operation::Usage)? else {
+            return Err(Error::NotFound { id: id.to_owned() });
         };
         match run.cgroups.as_ref().and_then(InstanceCgroups::usage) {
             Some(read) => read.map_err(|message| Error::Failed {
