@@ -180,16 +180,44 @@ pub(crate) fn instance_summary(view: &View, id: &str) -> Option<InstanceSummary>
 
 /// One row per registered node.
 pub(crate) fn nodes(view: &View) -> Vec<NodeSummary> {
+    let placed = placed_by_node(view);
     view.nodes
         .keys()
-        .filter_map(|name| node_summary(view, name))
+        .filter_map(|name| {
+            let on_node = placed.get(name.as_str()).copied().unwrap_or_default();
+            summary_of_node(view, name, on_node)
+        })
         .collect()
 }
 
 pub(crate) fn node_summary(view: &View, name: &str) -> Option<NodeSummary> {
+    let on_node = placed_by_node(view).get(name).copied().unwrap_or_default();
+    summary_of_node(view, name, on_node)
+}
+
+/// What the instances placed on a node reserve, and how many they are.
+#[derive(Clone, Copy, Debug, Default)]
+struct Placed {
+    cpu: u64,
+    memory: u64,
+    count: usize,
+}
+
+/// Every node's placed instances summed, in one pass over them.
+fn placed_by_node(view: &View) -> BTreeMap<&str, Placed> {
+    let mut placed: BTreeMap<&str, Placed> = BTreeMap::new();
+    for instance in view.instances.values() {
+        let sums = placed.entry(instance.node.as_str()).or_default();
+        sums.cpu += instance.cpu.0;
+        sums.memory += instance.memory.0;
+        sums.count += 1;
+    }
+    placed
+}
+
+fn summary_of_node(view: &View, name: &str, placed: Placed) -> Option<NodeSummary> {
     let info = view.nodes.get(name)?;
     let control = view.node_controls.get(name);
-    let placed: Vec<_> = view.instances.values().filter(|i| i.node == name).collect();
     Some(NodeSummary {
         name: name.to_owned(),
         status: node_condition(view, name).to_owned(),
@@ -197,9 +225,9 @@ pub(crate) fn node_summary(view: &View, name: &str) -> Option<NodeSummary> {
         disabled: control.is_some_and(|c| c.disabled),
         cpu: info.cpu,
         memory: info.memory,
-        cpu_allocated: Cpu(placed.iter().map(|i| i.cpu.0).sum()),
-        memory_allocated: Memory(placed.iter().map(|i| i.memory.0).sum()),
-        instances: placed.len(),
+        cpu_allocated: Cpu(placed.cpu),
+        memory_allocated: Memory(placed.memory),
+        instances: placed.count,
         arch: info.arch.clone(),
         zone: info.zone.clone(),
         labels: info.labels.clone(),
@@ -288,23 +316,18 @@ pub(crate) fn parse_tags(raw: &[String]) -> Result<Vec<(String, String)>, String
 /// `cca top nodes`: every node's last usage report against its capacity
 /// and what its instances requested.
 pub(crate) fn top_nodes(view: &View) -> Vec<NodeTop> {
-    let mut requested: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
-    for instance in view.instances.values() {
-        let sums = requested.entry(instance.node.as_str()).or_default();
-        sums.0 += instance.cpu.0;
-        sums.1 += instance.memory.0;
-    }
+    let placed = placed_by_node(view);
     view.nodes
         .iter()
         .map(|(name, info)| {
-            let (cpu, memory) = requested.get(name.as_str()).copied().unwrap_or_default();
+            let on_node = placed.get(name.as_str()).copied().unwrap_or_default();
             NodeTop {
                 node: name.clone(),
                 status: node_condition(view, name).to_owned(),
                 cpu: info.cpu,
                 memory: info.memory,
-                cpu_requested: Cpu(cpu),
-                memory_requested: Memory(memory),
+                cpu_requested: Cpu(on_node.cpu),
+                memory_requested: Memory(on_node.memory),
                 usage: node_usage(view, name),
             }
         })

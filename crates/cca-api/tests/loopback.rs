@@ -714,3 +714,61 @@ async fn a_usage_report_replaces_the_nodes_last_and_bad_ones_write_nothing() {
     assert_eq!(bad_id.status(), Some(422), "{bad_id}");
     assert_eq!(h.keys().await, before, "a refused report writes nothing");
 }
+
+#[tokio::test]
+async fn nodes_sum_what_is_placed_on_them_and_top_pairs_it_with_the_reports() {
+    use cca_model::usage::{NodeUsage, UsageSummary};
+    let h = harness().await;
+    let (plain, _stop) = h.serve().await;
+    let client = cca_wire::Client::new(plain.base_url());
+    for node in ["n1", "n2"] {
+        client
+            .register(&support::node_request(node))
+            .await
+            .expect("registers");
+    }
+    place(h.store.as_ref(), &placed("web-1", "n1")).await;
+    place(h.store.as_ref(), &placed("web-2", "n1")).await;
+    let busy = UsageSummary {
+        cpu_millis: 80,
+        cpu_peak_millis: 120,
+        memory_bytes: 30 << 20,
+        memory_peak_bytes: 40 << 20,
+    };
+    let report = NodeUsage {
+        at: 5_000,
+        period_ms: 30_000,
+        node: busy,
+        instances: [("web-1".to_owned(), busy)].into(),
+    };
+    // Reads answer from a view at least as new as the store: no wait.
+    put_fact(h.store.as_ref(), keys::observed_usage("n1"), &report).await;
+
+    let nodes = client.nodes().await.expect("nodes");
+    let allocated: Vec<_> = nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n.cpu_allocated.0, n.instances))
+        .collect();
+    assert_eq!(allocated, [("n1", 200, 2), ("n2", 0, 0)]);
+    let detail = client.node("n1").await.expect("node");
+    assert_eq!(detail.summary.memory_allocated.0, 128 << 20);
+    assert_eq!(detail.usage.map(|u| u.summary), Some(busy));
+
+    let top = client.top_nodes().await.expect("top nodes");
+    assert_eq!(top[0].cpu_requested.0, 200);
+    assert_eq!(top[0].usage.map(|u| (u.at, u.summary)), Some((5_000, busy)));
+    assert_eq!(top[1].usage, None, "n2 never reported");
+    let workloads = client.top_workloads(&[]).await.expect("top workloads");
+    let rows: Vec<_> = workloads
+        .iter()
+        .map(|row| {
+            (
+                row.instance.as_str(),
+                row.usage.map(|u| u.summary.cpu_millis),
+            )
+        })
+        .collect();
+    assert_eq!(rows, [("web-1", Some(80)), ("web-2", None)]);
+    let instance = client.instance("web-1").await.expect("instance");
+    assert_eq!(instance.usage.map(|u| u.summary), Some(busy));
+}
