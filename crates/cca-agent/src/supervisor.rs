@@ -1053,7 +1053,10 @@ async fn start_instance(
 }
 
 /// Runs one init step as a short-lived instance of its own, with the main
-/// instance's environment and ports, and waits for it to exit 0.
+/// instance's environment and ports, and waits for it to exit 0. A step
+/// with an image of its own runs as a container of that image: in the
+/// main container's network namespace, or for a host process on the
+/// host's network, as the process itself would reach what it checks.
 async fn run_init_step(
     runtime: &Arc<dyn Runtime>,
     main: &InstanceSpec,
@@ -1066,6 +1069,12 @@ async fn run_init_step(
     let mut spec = main.clone();
     spec.id = id.clone();
     spec.command = command.clone();
+    if let Some(image) = &step.image {
+        if spec.image.is_none() {
+            spec.host_network = true;
+        }
+        spec.image = Some(image.clone());
+    }
     let _ = runtime.remove(&id).await;
     runtime
         .create(spec)

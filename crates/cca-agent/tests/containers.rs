@@ -418,3 +418,66 @@ async fn after_a_host_reboot_a_restarted_container_is_attached_again() {
     );
     assert!(!oci.instance_dir(ID).exists(), "the instance is left");
 }
+
+/// A host-process service whose init step checks, with `check`, that it
+/// runs in `image`'s filesystem.
+fn process_with_image_init(id: &str, image: &str, check: &str) -> Assignment {
+    let mut service = ServiceSpec {
+        workload: cca_model::spec::Workload::Process {
+            run: "exec sleep 1000".into(),
+        },
+        ..image_service("web", image, "unused")
+    };
+    service.init.push(cca_model::spec::InitStep {
+        name: "check".into(),
+        command: Some(check.into()),
+        image: Some(image.into()),
+        probe: None,
+    });
+    Assignment {
+        instance: instance(id, "web"),
+        spec: Some(service),
+        secrets: Vec::new(),
+    }
+}
+
+/// An init step with an image of its own runs as a container of that
+/// image (this host is Debian; the busybox image has no
+/// `/etc/debian_version`), then the host process starts; a step that
+/// fails there fails the instance, naming the step.
+#[tokio::test]
+async fn an_init_step_with_its_own_image_runs_in_that_image_before_a_host_process() {
+    let test = "init_step_with_its_own_image";
+    if !can_run(test, &["runc", "docker-registry", "skopeo", "busybox"]) {
+        return;
+    }
+    assert!(
+        std::path::Path::new("/etc/debian_version").exists(),
+        "the test tells the image from the host by /etc/debian_version"
+    );
+    let registry = BusyboxRegistry::start();
+    let node = Node::new(&registry).await;
+    let _cleanup = node.cleanup(&["web-1.init-check", "web-2.init-check"]);
+    let mut supervisor = node.supervisor();
+
+    let in_image =
+        process_with_image_init("web-1", &registry.image, "test ! -e /etc/debian_version");
+    tick_until(&mut supervisor, &desired(vec![in_image]), "running", |t| {
+        state(t) == Some(InstanceState::Running)
+    })
+    .await;
+    node.assert_container_gone("web-1.init-check");
+
+    let mut supervisor = node.supervisor();
+    let on_host = process_with_image_init("web-2", &registry.image, "test -e /etc/debian_version");
+    let tick = tick_until(&mut supervisor, &desired(vec![on_host]), "failed", |t| {
+        state(t) == Some(InstanceState::Failed)
+    })
+    .await;
+    let message = tick.statuses[0].message.clone().unwrap_or_default();
+    assert!(
+        message.contains("init step `check`") && message.contains("code 1"),
+        "{message}"
+    );
+    node.assert_container_gone("web-2.init-check");
+}

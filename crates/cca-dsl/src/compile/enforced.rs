@@ -49,13 +49,6 @@ const NOT_ENFORCED: &[NotEnforced] = &[
         instead: "the step does not wait for the connection; its `command` runs at once",
     },
     NotEnforced {
-        context: Context::Init,
-        key: "image",
-        setting: "init.image",
-        instead: "the step's `command` runs in the service's own image (or as a host process \
-                  for a `run` service)",
-    },
-    NotEnforced {
         context: Context::Service,
         key: "volume.size",
         setting: "volume size",

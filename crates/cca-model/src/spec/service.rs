@@ -197,7 +197,9 @@ pub struct InitStep {
     pub name: String,
     /// Run as `sh -c command`.
     pub command: Option<String>,
-    /// Defaults to the service's own image.
+    /// The step runs as a container of this image (a `run` service's
+    /// step on the host's network); `None`: in the service's own image, or
+    /// as a host process for a `run` service.
     pub image: Option<String>,
     /// A connection to dial (TCP) before the step counts as done: catches
     /// wrong passwords and unreachable databases before the main start.
