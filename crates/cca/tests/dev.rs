@@ -231,8 +231,12 @@ fn a_service_comes_up_on_another_port_when_something_else_holds_the_first() {
     dev.stop();
 }
 
-/// A service that keeps half a core busy (its CPU limit) and holds 48 MiB.
+/// A service that keeps half a core busy (its CPU limit) and holds 48 MiB,
+/// and one that idles (first by name).
 const BUSY: &str = r#"
+service anchor {
+  run = "exec sleep 1000"
+}
 service busy {
   run = "exec perl -e '$held = \"x\" x (48 << 20); 1 while 1'"
   resources {
@@ -310,7 +314,26 @@ fn cca_top_shows_what_the_node_and_its_workloads_use() {
             .is_some_and(|cpu| cpu >= 200),
         "the node's use includes the busy instance: {node}"
     );
-    assert_eq!(node["cpu_requested"], 500, "{node}");
+    assert_eq!(
+        node["cpu_requested"], 600,
+        "busy's 500m and anchor's default 100m: {node}"
+    );
+    let sorted = cca(
+        dir.path(),
+        &url,
+        Some(NO_TRUST),
+        &["top", "workloads", "--sort", "cpu", "-o", "json"],
+    );
+    let sorted: serde_json::Value = serde_json::from_slice(&sorted.stdout).expect("json rows");
+    assert_eq!(sorted[0]["service"], "busy", "the busiest first: {sorted}");
+    let by_name = cca(
+        dir.path(),
+        &url,
+        Some(NO_TRUST),
+        &["top", "workloads", "-o", "json"],
+    );
+    let by_name: serde_json::Value = serde_json::from_slice(&by_name.stdout).expect("json rows");
+    assert_eq!(by_name[0]["service"], "anchor", "by name: {by_name}");
     let id = row["instance"].as_str().expect("instance id");
     let described = text(&cca(
         dir.path(),

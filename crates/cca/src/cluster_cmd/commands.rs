@@ -7,15 +7,16 @@ use cca_dsl::compile::compile_file;
 use cca_dsl::source::RealFs;
 use cca_model::spec::{Cpu, Memory, Program};
 use cca_wire::types::{
-    ApplyReport, EventRecord, InstanceSummary, InstanceTop, NodeSummary, NodeTop, ServiceHistory,
-    ServiceSummary, WatchLine,
+    ApplyReport, EventRecord, InstanceSummary, InstanceTop, NodeSummary, NodeTop, ReportedUsage,
+    ServiceHistory, ServiceSummary, WatchLine,
 };
 use cca_wire::{Client, EventQuery, InstanceQuery};
+use std::cmp::Reverse;
 
 use super::output::{self, Format, age, now_millis, or_dash};
 use super::{
     ApplyArgs, AuditArgs, ClusterCommand, EventsArgs, GetArgs, HistoryArgs, HistoryKind, Kind,
-    ServerAddr, TopArgs, TopKind, WatchArgs, describe,
+    ServerAddr, TopArgs, TopKind, TopSort, WatchArgs, describe,
 };
 
 /// Runs one command against the API server.
@@ -356,19 +357,33 @@ async fn top(args: &TopArgs) -> Result<()> {
             if !args.tags.is_empty() {
                 bail!("--tag selects workloads: `cca top workloads --tag K=V`");
             }
-            let rows = client.top_nodes().await?;
+            let mut rows = client.top_nodes().await?;
+            if let Some(by) = args.sort {
+                rows.sort_by_key(|row| Reverse(busiest(row.usage.as_ref(), by)));
+            }
             if !output::structured(format, &rows)? {
                 top_node_table(&rows);
             }
         }
         TopKind::Workloads => {
-            let rows = client.top_workloads(&args.tags).await?;
+            let mut rows = client.top_workloads(&args.tags).await?;
+            if let Some(by) = args.sort {
+                rows.sort_by_key(|row| Reverse(busiest(row.usage.as_ref(), by)));
+            }
             if !output::structured(format, &rows)? {
                 top_instance_table(&rows);
             }
         }
     }
     Ok(())
+}
+
+/// The figure `top --sort` orders by; a row without a report sorts last.
+fn busiest(usage: Option<&ReportedUsage>, by: TopSort) -> Option<u64> {
+    usage.map(|usage| match by {
+        TopSort::Cpu => usage.summary.cpu_millis,
+        TopSort::Memory => usage.summary.memory_bytes,
+    })
 }
 
 /// `used (share%)` of a whole, or `-` without a report.

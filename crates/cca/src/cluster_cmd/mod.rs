@@ -221,6 +221,17 @@ pub(crate) struct TopArgs {
     /// Only instances of services with this tag; may repeat.
     #[arg(long = "tag", value_name = "KEY=VALUE")]
     pub(crate) tags: Vec<String>,
+    /// The busiest first, by CPU or memory (default: by name; rows
+    /// without a report last).
+    #[arg(long, value_enum)]
+    pub(crate) sort: Option<TopSort>,
+}
+
+/// What `top --sort` orders by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum TopSort {
+    Cpu,
+    Memory,
 }
 
 /// What `describe` shows.
