@@ -496,4 +496,22 @@ mod tests {
         let error = gate_of(&["--gate-workers", "0"]).expect_err("zero workers");
         assert!(error.to_string().contains("--gate-workers <N>"), "{error}");
     }
+
+    #[test]
+    fn usage_reports_every_30s_by_default_and_no_more_than_every_second() {
+        let usage_of = |flags: &[&str]| {
+            let cli = Cli::try_parse_from(["cca"].into_iter().chain(flags.iter().copied()))
+                .expect("parses");
+            usage_options(cli.args.usage_every)
+        };
+        let default = usage_of(&[]).expect("the default");
+        assert_eq!(
+            (default.report_every, default.sample_every),
+            (Duration::from_secs(30), Duration::from_secs(5))
+        );
+        let quick = usage_of(&["--usage-every", "3s"]).expect("3s");
+        assert_eq!(quick.sample_every, Duration::from_secs(1));
+        let error = usage_of(&["--usage-every", "500ms"]).expect_err("under a second");
+        assert!(error.to_string().contains("--usage-every"), "{error}");
+    }
 }
