@@ -230,10 +230,8 @@ pub async fn keep_reporting(
     loop {
         tokio::select! {
             _ = samples.tick() => {}
-            _ = shutdown.changed() => {}
-        }
-        if *shutdown.borrow() {
-            return;
+            // Asked to stop, or nobody left who could ask.
+            _ = shutdown.wait_for(|stop| *stop) => return,
         }
         let instances = read_instances(runtime.as_ref()).await;
         let node_reading = match options.node {
