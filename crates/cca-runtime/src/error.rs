@@ -37,7 +37,7 @@ impl fmt::Display for Operation {
             Self::List => "list",
             Self::Logs => "logs",
             Self::Exec => "exec",
-            Self::Usage => "read the usage of",
+            Self::Usage => "read usage",
         };
         f.write_str(name)
     }

@@ -42,8 +42,8 @@ fn cgroup_cpu_nanos(dir: &Path) -> Result<u64, String> {
     }
     let v2 = dir.join("cpu.stat");
     let text = read(&v2)?;
-    let micros =
-        field(&text, "usage_usec").ok_or_else(|| format!("{} has no usage_usec", v2.display()))?;
+    let micros = counter(&text, "usage_usec")
+        .ok_or_else(|| format!("{} has no usage_usec", v2.display()))?;
     Ok(micros.saturating_mul(1_000))
 }
 
@@ -59,7 +59,7 @@ fn cgroup_working_set(dir: &Path) -> Result<u64, String> {
         )
     };
     let stat = read(&dir.join("memory.stat"))?;
-    let inactive = field(&stat, inactive_key).unwrap_or(0);
+    let inactive = counter(&stat, inactive_key).unwrap_or(0);
     Ok(charged.saturating_sub(inactive))
 }
 
@@ -121,7 +121,9 @@ pub(crate) fn of_processes(pids: &[u32]) -> Usage {
     )
 }
 
-fn field(text: &str, name: &str) -> Option<u64> {
+/// The value of `name` in a cgroup file of `key value` lines
+/// (`memory.stat`, `cpu.stat`, `memory.events`, `memory.oom_control`).
+pub(crate) fn counter(text: &str, name: &str) -> Option<u64> {
     text.lines().find_map(|line| {
         let (key, value) = line.split_once(' ')?;
         (key == name).then(|| value.trim().parse().ok()).flatten()

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::usage::Usage;
+use crate::usage::{Usage, counter};
 use crate::{InstanceSpec, LimitsEnforcement};
 
 /// `cpu.cfs_period_us` / the period of `cpu.max`: 100 ms.
@@ -354,13 +354,6 @@ fn write_v1_memory_limit(dir: &Path, limit: u64) -> Result<(), String> {
 /// v2 `memory.events` (the `oci` runtime reads the monitor's copy).
 pub(crate) fn oom_kill_counter(text: &str) -> Option<u64> {
     counter(text, "oom_kill")
-}
-
-fn counter(text: &str, name: &str) -> Option<u64> {
-    text.lines().find_map(|line| {
-        let (key, value) = line.split_once(' ')?;
-        (key == name).then(|| value.trim().parse().ok()).flatten()
-    })
 }
 
 fn create(dir: &Path) -> Result<(), String> {
