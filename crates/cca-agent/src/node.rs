@@ -95,18 +95,25 @@ pub fn host_cpu() -> Cpu {
 pub fn host_memory() -> Result<Memory, NodeError> {
     let meminfo = std::fs::read_to_string("/proc/meminfo")
         .map_err(|error| NodeError::Memory(error.to_string()))?;
-    let kib = meminfo
-        .lines()
-        .find_map(|line| line.strip_prefix("MemTotal:"))
-        .and_then(|rest| {
-            rest.trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
+    let bytes = meminfo_bytes(&meminfo, "MemTotal")
         .ok_or_else(|| NodeError::Memory("no MemTotal line".into()))?;
-    Ok(Memory(kib * 1024))
+    Ok(Memory(bytes))
+}
+
+/// The value of field `name` (`MemTotal`, `MemAvailable`, …) in the text
+/// of `/proc/meminfo`, in bytes.
+pub(crate) fn meminfo_bytes(meminfo: &str, name: &str) -> Option<u64> {
+    meminfo.lines().find_map(|line| {
+        let kib = line
+            .strip_prefix(name)?
+            .strip_prefix(':')?
+            .trim()
+            .trim_end_matches("kB")
+            .trim()
+            .parse::<u64>()
+            .ok()?;
+        Some(kib * 1024)
+    })
 }
 
 /// The host's architecture in Go/OCI spelling (`amd64`, `arm64`, …).

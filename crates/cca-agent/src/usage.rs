@@ -311,17 +311,8 @@ fn busy_ticks(stat: &str) -> Option<u64> {
 
 /// `MemTotal - MemAvailable`: what the host could not hand out now.
 fn memory_in_use(meminfo: &str) -> Option<u64> {
-    let kib = |name: &str| {
-        meminfo.lines().find_map(|line| {
-            line.strip_prefix(name)?
-                .trim()
-                .trim_end_matches("kB")
-                .trim()
-                .parse::<u64>()
-                .ok()
-        })
-    };
-    Some(kib("MemTotal:")?.saturating_sub(kib("MemAvailable:")?) * 1024)
+    let total = crate::node::meminfo_bytes(meminfo, "MemTotal")?;
+    Some(total.saturating_sub(crate::node::meminfo_bytes(meminfo, "MemAvailable")?))
 }
 
 #[cfg(test)]
