@@ -264,16 +264,14 @@ fn cca_top_shows_what_the_node_and_its_workloads_use() {
         ],
     );
     let (url, _) = dev.api_url();
+    let json = |args: &[&str]| -> serde_json::Value {
+        let output = cca(dir.path(), &url, Some(NO_TRUST), args);
+        assert!(output.status.success(), "cca {args:?}: {}", text(&output));
+        serde_json::from_slice(&output.stdout).expect("json rows")
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     let row = loop {
-        let output = cca(
-            dir.path(),
-            &url,
-            Some(NO_TRUST),
-            &["top", "workloads", "-o", "json"],
-        );
-        assert!(output.status.success(), "{}", text(&output));
-        let rows: serde_json::Value = serde_json::from_slice(&output.stdout).expect("json rows");
+        let rows = json(&["top", "workloads", "-o", "json"]);
         let row = rows
             .as_array()
             .and_then(|rows| rows.iter().find(|row| row["service"] == "busy"))
@@ -300,13 +298,7 @@ fn cca_top_shows_what_the_node_and_its_workloads_use() {
     let shown = text(&table);
     assert!(table.status.success(), "{shown}");
     assert!(shown.contains("busy") && shown.contains("500m"), "{shown}");
-    let nodes = cca(
-        dir.path(),
-        &url,
-        Some(NO_TRUST),
-        &["top", "nodes", "-o", "json"],
-    );
-    let nodes: serde_json::Value = serde_json::from_slice(&nodes.stdout).expect("json rows");
+    let nodes = json(&["top", "nodes", "-o", "json"]);
     let node = &nodes[0];
     assert!(
         node["usage"]["cpu_millis"]
@@ -318,21 +310,9 @@ fn cca_top_shows_what_the_node_and_its_workloads_use() {
         node["cpu_requested"], 600,
         "busy's 500m and anchor's default 100m: {node}"
     );
-    let sorted = cca(
-        dir.path(),
-        &url,
-        Some(NO_TRUST),
-        &["top", "workloads", "--sort", "cpu", "-o", "json"],
-    );
-    let sorted: serde_json::Value = serde_json::from_slice(&sorted.stdout).expect("json rows");
+    let sorted = json(&["top", "workloads", "--sort", "cpu", "-o", "json"]);
     assert_eq!(sorted[0]["service"], "busy", "the busiest first: {sorted}");
-    let by_name = cca(
-        dir.path(),
-        &url,
-        Some(NO_TRUST),
-        &["top", "workloads", "-o", "json"],
-    );
-    let by_name: serde_json::Value = serde_json::from_slice(&by_name.stdout).expect("json rows");
+    let by_name = json(&["top", "workloads", "-o", "json"]);
     assert_eq!(by_name[0]["service"], "anchor", "by name: {by_name}");
     let id = row["instance"].as_str().expect("instance id");
     let described = text(&cca(
