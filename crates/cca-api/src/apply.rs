@@ -133,12 +133,19 @@ async fn read_desired(store: &dyn Store) -> ApiResult<(BTreeMap<String, KeyValue
     }
 }
 
-/// The (service, spec hash) pairs of every placed instance in `view`.
+/// The (service, spec hash) pairs of every placed instance in `view`, and
+/// of every rollout's target and previous version: the scheduler may place
+/// the one, an automatic rollback or an undo may return to the other.
 pub(crate) fn versions_in_use(view: &View) -> InUse<'_> {
-    view.instances
+    let placed = view
+        .instances
         .values()
-        .map(|instance| (instance.service.as_str(), instance.spec_hash.as_str()))
-        .collect()
+        .map(|instance| (instance.service.as_str(), instance.spec_hash.as_str()));
+    let rolled = view.rollouts.iter().flat_map(|(service, rollout)| {
+        let versions = std::iter::once(rollout.target.as_str()).chain(rollout.previous.as_deref());
+        versions.map(move |version| (service.as_str(), version))
+    });
+    placed.chain(rolled).collect()
 }
 
 /// Compares `facts` with `current` and plans the writes. Pure. Versions
@@ -182,6 +189,7 @@ pub(crate) fn plan(
     plan_versions(&report, program, current, in_use, now, &mut txn);
     ApplyPlan { report, txn }
 }
+
 /// Writes the version of every service spec this apply writes and prunes
 /// versions. Per service, kept are: the version written, the version that
 /// was current when `current` was read, the versions `in_use` names, and
@@ -190,13 +198,16 @@ pub(crate) fn plan(
 ///
 /// Why no version an instance runs is deleted: the scheduler places an
 /// instance only with its view's current spec hash, guarded by the spec's
-/// mod revision. `in_use` comes from a view at least as new as `current`,
-/// so it holds every instance committed before the read. An instance
-/// committed after it carries the hash of the spec current at its commit:
-/// the one read (always kept), unless the spec changed after the read —
-/// and then this apply fails and is planned again: it is guarded by the
-/// desired generation (every program write bumps it) and, when it fits one
-/// transaction, by the spec key of every service whose versions it prunes.
+/// mod revision, or with its rollout's target. `in_use` comes from a view
+/// at least as new as `current`, so it holds every instance committed
+/// before the read. An instance committed after it carries the hash of the
+/// spec current at its commit: the one read (always kept), unless the spec
+/// changed after the read — and then this apply fails and is planned
+/// again: it is guarded by the desired generation (every program write
+/// bumps it) and, when it fits one transaction, by the spec key of every
+/// service whose versions it prunes. Or it carries its rollout's target,
+/// which `in_use` names, or names as the previous version of the rollout
+/// that replaced it (a new rollout's previous is always the target before).
 ///
 /// A spec written before versions existed has none: the first apply that
 /// changes it records it as a version too (dated by the service's last
@@ -340,10 +351,16 @@ fn plan_service_meta(
         .iter()
         .filter_map(|key| service_of_spec_key(key))
     {
-        let key = keys::desired_service_meta(&service);
-        if let Some(kv) = current.get(&key) {
-            guard(txn, &key, Some(kv));
-            txn.ops.push(Op::delete(key));
+        // Its rollout's pause or undo goes with it: a service applied
+        // again later starts afresh.
+        for key in [
+            keys::desired_service_meta(&service),
+            keys::desired_rollout(&service),
+        ] {
+            if let Some(kv) = current.get(&key) {
+                guard(txn, &key, Some(kv));
+                txn.ops.push(Op::delete(key));
+            }
         }
     }
 }

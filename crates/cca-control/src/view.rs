@@ -6,15 +6,17 @@
 //! changed ([`FactChange`]: the decoded value before and after), which is
 //! what the cache broadcasts to indexes and controllers.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cca_model::access::{RevocationRecord, RoleRecord, UserRecord};
 use cca_model::cluster::{
     ApplyChunk, ApplyCommit, DesiredGeneration, Disruption, Endpoints, Heartbeat, HeldPorts,
-    Instance, InstanceStatus, NodeControl, NodeInfo, NodeStatus, ReplacementResume, ServiceMeta,
-    StagedWrite, Unplaced,
+    Instance, InstanceState, InstanceStatus, NodeControl, NodeInfo, NodeStatus, ReplacementResume,
+    ServiceMeta, StagedWrite, Unplaced,
 };
 use cca_model::net::{NodeSubnet, ServiceVip};
+use cca_model::rollout::{Rollout, RolloutControl};
 use cca_model::scale::{GateActivity, ScaleState};
 use cca_model::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
@@ -104,6 +106,10 @@ pub struct View {
     /// Whether each scale-to-zero service sleeps, by service (absent:
     /// awake).
     pub scale: Table<ScaleState>,
+    /// The version each service is rolled to, and why, by service.
+    pub rollouts: Table<Rollout>,
+    /// Operators' pauses and undos of rollouts, by service.
+    pub rollout_controls: Table<RolloutControl>,
     /// Node subnets by node (held, released or wanted).
     pub subnets: Table<NodeSubnet>,
     /// Service VIPs by service (held, released or wanted).
@@ -371,6 +377,16 @@ impl View {
                 Value::Endpoint,
             )?,
             Key::Scale { service } => put(&mut self.scale, service, bytes, rev, Value::Scale)?,
+            Key::Rollout { service } => {
+                put(&mut self.rollouts, service, bytes, rev, Value::Rollout)?
+            }
+            Key::RolloutControl { service } => put(
+                &mut self.rollout_controls,
+                service,
+                bytes,
+                rev,
+                Value::RolloutControl,
+            )?,
             Key::Subnet { node } => put(&mut self.subnets, node, bytes, rev, Value::Subnet)?,
             Key::Vip { service } => put(&mut self.vips, service, bytes, rev, Value::Vip)?,
             Key::Node { node } => put(&mut self.nodes, node, bytes, rev, Value::Node)?,
@@ -473,6 +489,13 @@ impl View {
                 remove_grouped(&mut self.endpoints, service, port, rev, Value::Endpoint)
             }
             Key::Scale { service } => remove(&mut self.scale, service, rev, Value::Scale),
+            Key::Rollout { service } => remove(&mut self.rollouts, service, rev, Value::Rollout),
+            Key::RolloutControl { service } => remove(
+                &mut self.rollout_controls,
+                service,
+                rev,
+                Value::RolloutControl,
+            ),
             Key::Subnet { node } => remove(&mut self.subnets, node, rev, Value::Subnet),
             Key::Vip { service } => remove(&mut self.vips, service, rev, Value::Vip),
             Key::Node { node } => remove(&mut self.nodes, node, rev, Value::Node),
@@ -527,6 +550,46 @@ impl View {
             && self.scale.get(service).is_some_and(|state| state.asleep)
     }
 
+    /// The agent's report for `instance`, if it is about this placement:
+    /// from the node it is placed on. Stateless ids are never reused, so
+    /// that is enough for them. A stateful id is reused when its ordinal is
+    /// recreated, so there a terminal report (failed, stopped) older than
+    /// the record is the previous incarnation's and is ignored; only
+    /// terminal reports are dated, which keeps agent clock skew from hiding
+    /// a running instance.
+    pub fn fresh_status(&self, instance: &Instance) -> Option<&InstanceStatus> {
+        self.statuses
+            .get(&instance.id)
+            .map(|status| &*status.value)
+            .filter(|status| status.node == instance.node)
+            .filter(|status| {
+                let terminal =
+                    matches!(status.state, InstanceState::Failed | InstanceState::Stopped);
+                instance.ordinal.is_none() || !terminal || status.updated_at >= instance.created_at
+            })
+    }
+
+    /// True when the instance runs and is not reported unhealthy (an agent
+    /// reports an instance with a health check running only once it
+    /// passed).
+    pub fn is_ready(&self, instance: &Instance) -> bool {
+        self.fresh_status(instance).is_some_and(|status| {
+            status.state == InstanceState::Running && status.healthy != Some(false)
+        })
+    }
+
+    /// How many of `service`'s instances run each version (spec hash),
+    /// stopping ones left out.
+    pub fn versions_running(&self, service: &str) -> BTreeMap<&str, usize> {
+        let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+        for instance in self.instances_of(service) {
+            if !instance.stopping {
+                *counts.entry(instance.spec_hash.as_str()).or_default() += 1;
+            }
+        }
+        counts
+    }
+
     /// The placements of `service`, by instance id.
     pub fn instances_of(&self, service: &str) -> impl Iterator<Item = &Versioned<Instance>> {
         self.service_instances
@@ -568,6 +631,8 @@ impl View {
             Key::NodeStatus { node } => at(&self.node_statuses, node),
             Key::Endpoint { service, port } => at2(&self.endpoints, service, port),
             Key::Scale { service } => at(&self.scale, service),
+            Key::Rollout { service } => at(&self.rollouts, service),
+            Key::RolloutControl { service } => at(&self.rollout_controls, service),
             Key::Subnet { node } => at(&self.subnets, node),
             Key::Vip { service } => at(&self.vips, service),
             Key::Node { node } => at(&self.nodes, node),

@@ -261,6 +261,18 @@ pub struct ExitInfo {
     pub log_tail: Vec<String>,
 }
 
+impl ExitInfo {
+    /// One line: the reason with the code or signal, e.g. `exited with
+    /// code 3`, `killed by signal 9`, `oom_killed`.
+    pub fn summary(&self) -> String {
+        match (self.code, self.signal) {
+            (_, Some(signal)) => format!("{} by signal {signal}", self.reason),
+            (Some(code), None) => format!("{} with code {code}", self.reason),
+            (None, None) => self.reason.clone(),
+        }
+    }
+}
+
 /// `derived/unplaced/{service}/{slot}`, written by the scheduler: demand it
 /// could not place, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

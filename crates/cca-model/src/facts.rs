@@ -21,6 +21,7 @@ use crate::cluster::{
 };
 use crate::net::{NodeSubnet, ServiceVip};
 use crate::ownership::Owner;
+use crate::rollout::{Rollout, RolloutControl};
 use crate::scale::{GateActivity, ScaleState};
 use crate::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
@@ -176,6 +177,10 @@ fact_kinds! {
     /// Services co-scheduled on one node.
     Group { group } = "desired/group/{}",
         GroupSpec, Owner::Api, applied: true;
+    /// An operator's word on a service's rollout (`cca rollout
+    /// pause|resume|undo`).
+    RolloutControl { service } = "desired/rollout/{}",
+        RolloutControl, Owner::Api, applied: false;
     /// An operator's drain/disable intent for a node.
     NodeControl { node } = "desired/node/{}",
         NodeControl, Owner::Api, applied: false;
@@ -205,6 +210,10 @@ fact_kinds! {
     /// gate wakes it without waiting for a controller pass.
     Scale { service } = "derived/scale/{}",
         ScaleState, Owner::Controller("scale"), applied: false;
+    /// The version a service's instances are rolled to, and why: an
+    /// apply, an undo or an automatic rollback.
+    Rollout { service } = "derived/rollout/{}",
+        Rollout, Owner::Controller("lifecycle"), applied: false;
     /// A node's slice of the cluster CIDR.
     Subnet { node } = "derived/subnet/{}",
         NodeSubnet, Owner::Controller("network"), applied: false;
@@ -295,6 +304,25 @@ impl Key {
     /// Who may write this key.
     pub fn owner(&self) -> Owner {
         self.kind().info().owner
+    }
+
+    /// The service a key is about, for the kinds keyed by service.
+    pub fn service(&self) -> Option<&str> {
+        match self {
+            Key::Service { service }
+            | Key::ServiceTag { service, .. }
+            | Key::ServiceGrant { service, .. }
+            | Key::ServiceVersion { service, .. }
+            | Key::ServiceMeta { service }
+            | Key::RolloutControl { service }
+            | Key::Instance { service, .. }
+            | Key::Unplaced { service }
+            | Key::Endpoint { service, .. }
+            | Key::Scale { service }
+            | Key::Rollout { service }
+            | Key::Vip { service } => Some(service),
+            _ => None,
+        }
     }
 }
 
@@ -396,6 +424,22 @@ mod tests {
             "",
         ] {
             assert_eq!(parse(stray), None, "{stray}");
+        }
+    }
+
+    #[test]
+    fn keys_of_a_service_name_it() {
+        for (text, service) in [
+            ("desired/service/web", Some("web")),
+            ("desired/service/web/version/0123", Some("web")),
+            ("derived/instance/web/web-1", Some("web")),
+            ("derived/rollout/web", Some("web")),
+            ("desired/rollout/web", Some("web")),
+            ("observed/instance/web-1", None),
+            ("derived/node/n1", None),
+        ] {
+            let key = Key::parse(text).expect(text);
+            assert_eq!(key.service(), service, "{text}");
         }
     }
 

@@ -200,6 +200,22 @@ pub fn derived_scale(service: &str) -> String {
     .to_string()
 }
 
+/// `derived/rollout/{svc}`: the version a service is rolled to, and why.
+pub fn derived_rollout(service: &str) -> String {
+    Key::Rollout {
+        service: service.to_owned(),
+    }
+    .to_string()
+}
+
+/// `desired/rollout/{svc}`: an operator's pause or undo of a rollout.
+pub fn desired_rollout(service: &str) -> String {
+    Key::RolloutControl {
+        service: service.to_owned(),
+    }
+    .to_string()
+}
+
 /// `observed/gate-activity/{node}`: a gate node's last request per service.
 pub fn observed_gate_activity(node: &str) -> String {
     Key::GateActivity {

@@ -11,6 +11,7 @@ pub mod facts;
 pub mod keys;
 pub mod net;
 pub mod ownership;
+pub mod rollout;
 pub mod scale;
 pub mod spec;
 pub mod usage;

@@ -164,6 +164,7 @@ pub(crate) async fn delete_service(
         }
         let txn = txn
             .then(Op::delete(keys::desired_service_meta(&name)))
+            .then(Op::delete(keys::desired_rollout(&name)))
             .then(state.event_op(
                 EventLevel::Info,
                 &format!("service/{name}"),

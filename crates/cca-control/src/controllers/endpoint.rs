@@ -29,10 +29,10 @@ use std::collections::BTreeSet;
 
 use cca_model::cluster::{Backend, Endpoints, Instance, InstanceState, NodeCondition};
 use cca_model::spec::PortSpec;
-use cca_model::{Key, Kind, Value, keys};
+use cca_model::{Kind, keys};
 
 use crate::controller::{Changes, Context, Controller, Plan, Write};
-use crate::view::{FactChange, View};
+use crate::view::View;
 
 /// Writes `derived/endpoint/{svc}/{port}`; see the module documentation.
 #[derive(Clone, Copy, Debug, Default)]
@@ -66,42 +66,13 @@ impl Controller for EndpointController {
     /// disruption pause may move any service's backends: everything.
     fn reconcile_changes(&self, view: &View, context: &Context, changes: &Changes) -> Plan {
         match changes {
-            Changes::Facts(facts) => match touched_services(view, facts) {
+            Changes::Facts(facts) => match super::services_touched(view, facts) {
                 Some(services) => plan_services(view, services.iter().map(String::as_str)),
                 None => self.reconcile(view, context),
             },
             Changes::Everything => self.reconcile(view, context),
         }
     }
-}
-
-/// The services whose endpoints `facts` may change, or `None` when any
-/// service's may.
-fn touched_services(view: &View, facts: &[FactChange]) -> Option<BTreeSet<String>> {
-    let mut services = BTreeSet::new();
-    for fact in facts {
-        match &fact.key {
-            Key::Service { service }
-            | Key::Endpoint { service, .. }
-            | Key::Instance { service, .. } => {
-                services.insert(service.clone());
-            }
-            Key::InstanceStatus { id } => {
-                // The status names its service; the placement is what the
-                // backend is read through, so its service counts too.
-                for value in [&fact.old, &fact.new].into_iter().flatten() {
-                    if let Value::InstanceStatus(status) = value {
-                        services.insert(status.service.clone());
-                    }
-                }
-                if let Some(instance) = view.instances.get(id) {
-                    services.insert(instance.service.clone());
-                }
-            }
-            _ => return None,
-        }
-    }
-    Some(services)
 }
 
 /// The writes that bring the endpoints of `services` in line.
@@ -384,6 +355,7 @@ mod incremental {
 
     use super::*;
     use crate::controllers::fixtures::{context, instance, service, status};
+    use crate::view::FactChange;
 
     const SERVICES: usize = 3;
     const NODES: usize = 3;

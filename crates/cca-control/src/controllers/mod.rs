@@ -6,7 +6,9 @@
 //! (and moves, replaces and stops them), [`EndpointController`] publishes
 //! the ready backends of every service port, [`NetworkController`]
 //! gives nodes their subnets and services their VIPs, [`ScaleController`]
-//! puts idle `scale_to_zero` services to sleep. Every controller writes only
+//! puts idle `scale_to_zero` services to sleep, [`LifecycleController`]
+//! decides which version each service rolls to (and rolls back by itself
+//! when new instances fail). Every controller writes only
 //! what differs from the view, so a converged cluster yields empty plans.
 //!
 //! [`View`]: crate::view::View
@@ -14,6 +16,7 @@
 //! [`Plan`]: crate::controller::Plan
 
 mod endpoint;
+mod lifecycle;
 mod network;
 mod node;
 mod scale;
@@ -25,12 +28,18 @@ pub(crate) mod fixtures;
 use std::sync::Arc;
 
 pub use endpoint::EndpointController;
+pub use lifecycle::LifecycleController;
 pub use network::{NetworkConfig, NetworkController, PlanError};
 pub use node::{DisruptionConfig, MIN_MISSING, NodeConfig, NodeController};
 pub use scale::ScaleController;
 pub use scheduler::{SchedulerConfig, SchedulerController};
 
+use std::collections::BTreeSet;
+
+use cca_model::{Key, Value};
+
 use crate::controller::Controller;
+use crate::view::{FactChange, View};
 
 /// Every controller of the control plane, in the order the runner starts
 /// them: the one list every server (and the benchmark) runs.
@@ -51,5 +60,32 @@ pub fn all(
             config: network.clone(),
         }),
         Arc::new(ScaleController),
+        Arc::new(LifecycleController),
     ]
+}
+
+/// The services `facts` are about, for a controller whose work splits by
+/// service; `None` when one of them is about something else (a node, the
+/// disruption pause), which may touch any service. An instance's status
+/// counts for the service it names and for its placement's.
+pub(crate) fn services_touched(view: &View, facts: &[FactChange]) -> Option<BTreeSet<String>> {
+    let mut services = BTreeSet::new();
+    for fact in facts {
+        if let Some(service) = fact.key.service() {
+            services.insert(service.to_owned());
+            continue;
+        }
+        let Key::InstanceStatus { id } = &fact.key else {
+            return None;
+        };
+        for value in [&fact.old, &fact.new].into_iter().flatten() {
+            if let Value::InstanceStatus(status) = value {
+                services.insert(status.service.clone());
+            }
+        }
+        if let Some(instance) = view.instances.get(id) {
+            services.insert(instance.service.clone());
+        }
+    }
+    Some(services)
 }

@@ -212,8 +212,8 @@ pub struct InitStep {
 pub struct UpdateStrategy {
     pub max_unavailable: u32,
     pub max_surge: u32,
-    /// Roll back automatically after this many new instances fail health.
-    /// Not acted on yet: the compiler warns (`cca::W008`).
+    /// Roll back to the previous version once this many new instances
+    /// failed during a rollout (gave up, or crash looping); 0 never does.
     pub rollback_after: u32,
 }
 
@@ -243,6 +243,16 @@ impl ServiceSpec {
         self.budget
             .as_ref()
             .map_or(1, |budget| budget.max_unavailable)
+    }
+
+    /// How many of its instances a rolling update may take out of service
+    /// at once: `update.max_unavailable`, within the disruption budget
+    /// when there is one.
+    pub fn rollout_unavailable(&self) -> u32 {
+        let budget = self.budget.as_ref().map(|budget| budget.max_unavailable);
+        budget.map_or(self.update.max_unavailable, |budget| {
+            budget.min(self.update.max_unavailable)
+        })
     }
 }
 

@@ -31,6 +31,7 @@ mod pass;
 mod rebalance;
 mod scoring;
 mod service;
+mod target;
 
 #[cfg(test)]
 mod tests;
@@ -47,8 +48,8 @@ use crate::controller::{Context, Controller, EventDraft, Plan};
 use crate::view::View;
 pub use cluster::HOST_PORTS;
 use pass::Pass;
-use rebalance::Known;
 use scoring::Placer;
+use target::OlderSpecs;
 
 /// The scheduler's tunables; `Default` gives the documented values.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -118,6 +119,9 @@ impl Controller for SchedulerController {
             Kind::Disruption,
             Kind::Scale,
             Kind::HeldPorts,
+            Kind::ServiceVersion,
+            Kind::Rollout,
+            Kind::RolloutControl,
         ]
     }
 
@@ -134,14 +138,11 @@ impl Controller for SchedulerController {
 
 /// One scheduling pass after the startup grace; see the module documentation.
 pub(crate) fn reconcile(view: &View, context: &Context, config: &SchedulerConfig) -> Plan {
-    let known: Known<'_> = view
-        .services
-        .iter()
-        .map(|(name, spec)| (name.as_str(), (&*spec.value, spec_hash(&spec.value))))
-        .collect();
+    let older = OlderSpecs::of(view);
+    let known = target::targets(view, &older);
     let current = known
         .iter()
-        .map(|(name, (_, hash))| (*name, hash.clone()))
+        .map(|(name, target)| (*name, target.hash.clone()))
         .collect();
     let mut pass = Pass::new(view, context, config, current);
     let by_service = instances_by_service(view);
@@ -156,19 +157,19 @@ pub(crate) fn reconcile(view: &View, context: &Context, config: &SchedulerConfig
         }
     }
     let mut creates = Vec::new();
-    for (name, (spec, hash)) in &known {
+    for (name, target) in &known {
         let instances = by_service.get(name).map_or(&[][..], Vec::as_slice);
         let before = pass.instance_writes;
         let wanted = if view.is_asleep(name) {
             service::sleep(&mut pass, name, instances);
             Vec::new()
         } else {
-            service::decide(&mut pass, name, spec, hash, instances)
+            service::decide(&mut pass, name, target, instances)
         };
         if pass.instance_writes > before || !wanted.is_empty() {
             pass.guard_service(name);
         }
-        creates.push((*name, *spec, hash.as_str(), wanted));
+        creates.push((*name, target.spec, target.hash.as_str(), wanted));
     }
     for (name, spec, hash, wanted) in creates {
         place_service(&mut pass, name, spec, hash, wanted);

@@ -9,23 +9,18 @@
 //! whose disruption budget is 0 never moves.
 
 use std::cmp::Reverse;
-use std::collections::BTreeMap;
 
 use cca_model::cluster::Instance;
-use cca_model::spec::ServiceSpec;
 
 use super::cluster::Liveness;
 use super::index::Fit;
 use super::pass::{Create, Pass, Placement};
 use super::scoring::{Placer, Request};
-use super::service::is_ready;
+use super::target::Targets;
 use crate::controller::EventDraft;
 
-/// A service the pass knows: its spec and spec hash.
-pub(crate) type Known<'v> = BTreeMap<&'v str, (&'v ServiceSpec, String)>;
-
 /// Starts up to `config.max_moves` moves; see the module documentation.
-pub(crate) fn rebalance<'v>(pass: &mut Pass<'v>, services: &Known<'v>) {
+pub(crate) fn rebalance<'v>(pass: &mut Pass<'v>, services: &Targets<'v>) {
     if move_in_flight(pass) {
         return;
     }
@@ -62,7 +57,7 @@ fn move_in_flight(pass: &Pass<'_>) -> bool {
     })
 }
 
-fn move_one<'v>(pass: &mut Pass<'v>, services: &Known<'v>, source: u32) -> bool {
+fn move_one<'v>(pass: &mut Pass<'v>, services: &Targets<'v>, source: u32) -> bool {
     let source_name = pass.cluster.node(source).info.name.clone();
     let mut candidates: Vec<&'v Instance> = pass
         .view
@@ -73,11 +68,14 @@ fn move_one<'v>(pass: &mut Pass<'v>, services: &Known<'v>, source: u32) -> bool 
         .filter(|instance| {
             services
                 .get(instance.service.as_str())
-                .is_some_and(|(spec, hash)| {
-                    !spec.stateful && spec.voluntary_moves() > 0 && instance.spec_hash == *hash
+                .is_some_and(|target| {
+                    let spec = target.spec;
+                    !spec.stateful
+                        && spec.voluntary_moves() > 0
+                        && instance.spec_hash == target.hash
                 })
         })
-        .filter(|instance| is_ready(pass.view, instance))
+        .filter(|instance| pass.view.is_ready(instance))
         .collect();
     // The biggest instance relieves the node most.
     candidates.sort_by_key(|instance| {
@@ -88,10 +86,10 @@ fn move_one<'v>(pass: &mut Pass<'v>, services: &Known<'v>, source: u32) -> bool 
         )
     });
     for instance in candidates {
-        let Some((name, (spec, hash))) = services.get_key_value(instance.service.as_str()) else {
+        let Some((name, target)) = services.get_key_value(instance.service.as_str()) else {
             continue;
         };
-        let mut placer = Placer::new(&mut pass.cluster, name, spec);
+        let mut placer = Placer::new(&mut pass.cluster, name, target.spec);
         let request = Request {
             prefer: None,
             avoid: Some(source),
@@ -103,7 +101,7 @@ fn move_one<'v>(pass: &mut Pass<'v>, services: &Known<'v>, source: u32) -> bool 
         let mut create = Create::new();
         create.replaces = Some(instance.id.clone());
         create.request = request;
-        if pass.place(&mut placer, spec, hash, create) == Placement::Placed {
+        if pass.place(&mut placer, target.spec, &target.hash, create) == Placement::Placed {
             pass.guard_service(name);
             pass.events.push(EventDraft::info(
                 format!("instance/{}", instance.id),

@@ -7,8 +7,12 @@
 //!
 //! Stateless services follow a rolling-update rule in the style of a
 //! Kubernetes Deployment: old instances stop while at least
-//! `replicas - max_unavailable` instances stay ready, and at most
-//! `max_surge` extra instances run while old ones remain. Stateful services
+//! `replicas - max_unavailable` instances stay ready (`max_unavailable`
+//! within the disruption budget), and at most `max_surge` extra instances
+//! run while old ones remain. A new instance counts as ready once it runs
+//! and, when the service has a health check, passed it: the roll waits for
+//! each one. Which version is new is the pass's [`Target`]: the spec's,
+//! or what the rollout chose (an undo, an automatic rollback). Stateful services
 //! move one ordinal at a time: ordinal `k` is created only once `k - 1`
 //! runs, the highest ordinal stops first, and a stop waits for the previous
 //! one to finish.
@@ -17,13 +21,13 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use cca_model::clock::span_millis;
-use cca_model::cluster::{Instance, InstanceState, InstanceStatus, Millis};
+use cca_model::cluster::{Instance, InstanceState, Millis};
 use cca_model::spec::ServiceSpec;
 
 use super::cluster::Liveness;
 use super::pass::{Create, Pass};
+use super::target::Target;
 use crate::controller::EventDraft;
-use crate::view::View;
 
 /// An instance that counts for its service this pass.
 #[derive(Clone, Copy, Debug)]
@@ -51,31 +55,14 @@ enum Kind<'v> {
     Member(Member<'v>),
 }
 
-/// The agent's report for `instance`, if it is about this placement: from
-/// the node it is placed on. Stateless ids are never reused, so that is
-/// enough for them. A stateful id is reused when its ordinal is recreated,
-/// so there a terminal report (failed, stopped) older than the record is
-/// the previous incarnation's and is ignored; only terminal reports are
-/// dated, which keeps agent clock skew from hiding a running instance.
-pub(crate) fn fresh_status<'v>(view: &'v View, instance: &Instance) -> Option<&'v InstanceStatus> {
-    view.statuses
-        .get(&instance.id)
-        .map(|status| &*status.value)
-        .filter(|status| status.node == instance.node)
-        .filter(|status| {
-            let terminal = matches!(status.state, InstanceState::Failed | InstanceState::Stopped);
-            instance.ordinal.is_none() || !terminal || status.updated_at >= instance.created_at
-        })
-}
-
-/// True when the instance runs and is not reported unhealthy.
-pub(crate) fn is_ready(view: &View, instance: &Instance) -> bool {
-    fresh_status(view, instance).is_some_and(|status| {
-        status.state == InstanceState::Running && status.healthy != Some(false)
-    })
-}
-
-fn classify<'v>(pass: &mut Pass<'v>, instance: &'v Instance, spec_hash: &str) -> Kind<'v> {
+/// Classifies `instance` against the version `spec_hash`; `held` (a
+/// paused rollout) counts every version as current.
+fn classify<'v>(
+    pass: &mut Pass<'v>,
+    instance: &'v Instance,
+    spec_hash: &str,
+    held: bool,
+) -> Kind<'v> {
     let slot = pass.cluster.node_named(&instance.node);
     let liveness = slot.map_or(Liveness::Lost, |slot| slot.liveness);
     let draining = slot.is_some_and(|slot| slot.draining);
@@ -83,7 +70,7 @@ fn classify<'v>(pass: &mut Pass<'v>, instance: &'v Instance, spec_hash: &str) ->
     if let Liveness::Unreachable { lost_at: Some(at) } = liveness {
         pass.requeue_at(at);
     }
-    let status = fresh_status(pass.view, instance);
+    let status = pass.view.fresh_status(instance);
     if instance.stopping {
         let stopped = status.is_none_or(|status| {
             matches!(status.state, InstanceState::Stopped | InstanceState::Failed)
@@ -99,9 +86,9 @@ fn classify<'v>(pass: &mut Pass<'v>, instance: &'v Instance, spec_hash: &str) ->
     }
     Kind::Member(Member {
         instance,
-        ready: is_ready(pass.view, instance),
+        ready: pass.view.is_ready(instance),
         failed: status.is_some_and(|status| status.state == InstanceState::Failed),
-        current: instance.spec_hash == spec_hash,
+        current: held || instance.spec_hash == spec_hash,
         draining,
         load,
     })
@@ -110,7 +97,7 @@ fn classify<'v>(pass: &mut Pass<'v>, instance: &'v Instance, spec_hash: &str) ->
 /// Instances of a service that no longer exists: stop them, then delete.
 pub(crate) fn retire<'v>(pass: &mut Pass<'v>, instances: &[&'v Instance]) {
     for instance in instances {
-        match classify(pass, instance, "") {
+        match classify(pass, instance, "", false) {
             Kind::Finished | Kind::Lost => pass.delete(instance),
             Kind::Stopping => {}
             Kind::Member(_) => pass.stop(instance),
@@ -126,7 +113,7 @@ pub(crate) fn retire<'v>(pass: &mut Pass<'v>, instances: &[&'v Instance]) {
 pub(crate) fn sleep<'v>(pass: &mut Pass<'v>, service: &str, instances: &[&'v Instance]) {
     let mut stops = Vec::new();
     for instance in instances {
-        match classify(pass, instance, "") {
+        match classify(pass, instance, "", false) {
             Kind::Finished | Kind::Lost => pass.delete(instance),
             Kind::Stopping => {}
             Kind::Member(_) => {
@@ -147,14 +134,14 @@ pub(crate) fn sleep<'v>(pass: &mut Pass<'v>, service: &str, instances: &[&'v Ins
 pub(crate) fn decide<'v>(
     pass: &mut Pass<'v>,
     service: &str,
-    spec: &'v ServiceSpec,
-    spec_hash: &str,
+    target: &Target<'v>,
     instances: &[&'v Instance],
 ) -> Vec<Create> {
+    let spec = target.spec;
     let mut members = Vec::new();
     let mut lingering = BTreeSet::new();
     for instance in instances {
-        match classify(pass, instance, spec_hash) {
+        match classify(pass, instance, &target.hash, target.held) {
             Kind::Finished => pass.delete(instance),
             Kind::Stopping => {
                 lingering.insert(instance.id.as_str());
@@ -426,7 +413,7 @@ fn stateless<'v>(
     victim_order(&mut old);
     let (mut max_surge, max_unavailable) = (
         spec.update.max_surge as usize,
-        spec.update.max_unavailable as usize,
+        spec.rollout_unavailable() as usize,
     );
     if max_surge == 0 && max_unavailable == 0 {
         max_surge = 1; // otherwise a roll could never make progress
