@@ -70,7 +70,10 @@ pub(crate) fn requirement(method: &Method, route: &str) -> Option<Requirement> {
         "/v1/services/{name}" if delete => need(Delete, Service, Named),
         "/v1/services/{name}" => need(Read, Service, Named),
         "/v1/services/{name}/scale" => need(Write, Service, Named),
-        "/v1/services/{name}/history" => need(Read, Service, Named),
+        "/v1/services/{name}/history" | "/v1/services/{name}/rollout" => need(Read, Service, Named),
+        "/v1/services/{name}/rollout/pause"
+        | "/v1/services/{name}/rollout/resume"
+        | "/v1/services/{name}/rollout/undo" => need(Write, Service, Named),
         "/v1/services/{name}/logs" => need(Logs, Service, Named),
         "/v1/instances" => need(Read, Instance, Whole),
         "/v1/instances/{id}" => need(Read, Instance, Named),

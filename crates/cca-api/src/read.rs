@@ -11,8 +11,11 @@ use cca_model::usage::{NodeUsage, UsageSummary};
 
 use crate::types::{
     ClusterStatus, InstanceSummary, InstanceTop, NodeCounts, NodeSummary, NodeTop, ReportedUsage,
-    ServiceHistory, ServiceSummary, VersionSummary,
+    RolloutProgress, RolloutStatus, ServiceHistory, ServiceSummary, VersionSummary,
 };
+
+/// Instances a rollout status names as waiting, at most.
+const WAITING_SHOWN: usize = 20;
 
 /// Filters of `get instances`.
 #[derive(Clone, Debug, Default)]
@@ -74,6 +77,77 @@ pub(crate) fn history(view: &View, service: &str) -> Option<ServiceHistory> {
         service: service.to_owned(),
         versions,
     })
+}
+
+/// Where `service`'s rollout stands; `None` when it has no spec.
+pub(crate) fn rollout(view: &View, service: &str) -> Option<RolloutStatus> {
+    let spec = &view.services.get(service)?.value;
+    let spec_version = spec_hash(spec);
+    let placing = view.placed_version_at(service, spec_version.clone());
+    let wanted = if view.is_asleep(service) {
+        0
+    } else {
+        spec.replicas
+    };
+    let mut progress = RolloutProgress {
+        wanted,
+        ..RolloutProgress::default()
+    };
+    let mut waiting = Vec::new();
+    for instance in view.instances_of(service) {
+        if instance.stopping {
+            progress.stopping += 1;
+        } else if instance.spec_hash != placing {
+            progress.old += 1;
+        } else {
+            progress.updated += 1;
+            if view.is_ready(instance) {
+                progress.ready += 1;
+            } else if waiting.len() < WAITING_SHOWN {
+                waiting.push(waiting_line(view, instance));
+            }
+        }
+    }
+    Some(RolloutStatus {
+        service: service.to_owned(),
+        spec_version,
+        placing,
+        rollout: view.rollouts.get(service).map(|held| (*held.value).clone()),
+        paused: view
+            .rollout_controls
+            .get(service)
+            .is_some_and(|control| control.paused),
+        progress,
+        max_surge: spec.update.max_surge,
+        max_unavailable: spec.rollout_unavailable(),
+        rollback_after: spec.update.rollback_after,
+        waiting,
+    })
+}
+
+/// `web-3 on n1: starting (health check: connection refused)`.
+fn waiting_line(view: &View, instance: &Instance) -> String {
+    let Some(status) = view.fresh_status(instance) else {
+        return format!(
+            "{} on {}: no report from its agent yet",
+            instance.id, instance.node
+        );
+    };
+    let message = status
+        .message
+        .as_deref()
+        .map(|message| format!(" ({message})"))
+        .unwrap_or_default();
+    let restarts = match status.restarts {
+        0 => String::new(),
+        n => format!(", {n} restarts"),
+    };
+    format!(
+        "{} on {}: {}{restarts}{message}",
+        instance.id,
+        instance.node,
+        status.state.as_str()
+    )
 }
 
 pub(crate) fn service_summary(view: &View, name: &str, spec: &ServiceSpec) -> ServiceSummary {

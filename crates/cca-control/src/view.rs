@@ -20,7 +20,7 @@ use cca_model::rollout::{Rollout, RolloutControl};
 use cca_model::scale::{GateActivity, ScaleState};
 use cca_model::spec::{
     ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
-    ServiceSpec, ServiceVersion,
+    ServiceSpec, ServiceVersion, spec_hash,
 };
 use cca_model::usage::NodeUsage;
 use cca_model::{Key, Kind, Revision, Value};
@@ -588,6 +588,47 @@ impl View {
             }
         }
         counts
+    }
+
+    /// The version (spec hash) the scheduler places for `service`: its
+    /// spec's, or what its rollout chose (an undo, an automatic rollback)
+    /// while the rollout answers the spec's version, or, while paused, the
+    /// version most of its instances run (ties: the smallest hash). Only
+    /// a kept version is chosen. `None` when the service has no spec.
+    pub fn placed_version(&self, service: &str) -> Option<String> {
+        let current = spec_hash(&self.services.get(service)?.value);
+        Some(self.placed_version_at(service, current))
+    }
+
+    /// [`placed_version`](Self::placed_version) of a service whose spec
+    /// is at version `current`.
+    pub fn placed_version_at(&self, service: &str, current: String) -> String {
+        let paused = self
+            .rollout_controls
+            .get(service)
+            .is_some_and(|control| control.paused);
+        let chosen = if paused {
+            self.versions_running(service)
+                .into_iter()
+                .max_by(|(hash_a, a), (hash_b, b)| a.cmp(b).then_with(|| hash_b.cmp(hash_a)))
+                .map(|(hash, _)| hash.to_owned())
+        } else {
+            self.rollouts
+                .get(service)
+                .filter(|rollout| rollout.requested == current)
+                .map(|rollout| rollout.target.clone())
+        };
+        chosen
+            .filter(|hash| *hash == current || self.keeps_version(service, hash))
+            .unwrap_or(current)
+    }
+
+    /// Whether `version` of `service` is kept (`desired/service/{svc}/
+    /// version/{hash}`): instances may be placed with it.
+    pub fn keeps_version(&self, service: &str, version: &str) -> bool {
+        self.versions
+            .get(service)
+            .is_some_and(|versions| versions.contains_key(version))
     }
 
     /// The placements of `service`, by instance id.

@@ -86,6 +86,10 @@ pub struct Rollout {
     /// (bounded: see [`KEPT_FAILURES`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<FailedInstance>,
+    /// For a rollback: the failed instances of the version rolled back
+    /// from, which decided it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub decided_by: Vec<FailedInstance>,
     /// Earlier rollouts, newest first, at most [`KEPT_ROLLOUTS`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<RolloutRecord>,
@@ -130,7 +134,7 @@ pub enum RolloutPhase {
 
 impl RolloutPhase {
     /// Lower-case, as the CLI prints it.
-    pub fn name(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             RolloutPhase::Progressing => "progressing",
             RolloutPhase::Complete => "complete",
@@ -180,6 +184,7 @@ impl Rollout {
             ended_at: None,
             paused: false,
             failures: Vec::new(),
+            decided_by: Vec::new(),
             history: Vec::new(),
         }
     }

@@ -261,6 +261,37 @@ impl Client {
         self.json(request).await
     }
 
+    /// Where `service`'s rollout stands (`cca rollout status|why|history`).
+    pub async fn rollout(&self, service: &str) -> ClientResult<RolloutStatus> {
+        let path = format!("/v1/services/{}/rollout", segment(service));
+        self.json(self.request(Method::GET, &path)).await
+    }
+
+    /// Pauses (`true`) or resumes `service`'s rollout.
+    pub async fn pause_rollout(
+        &self,
+        service: &str,
+        pause: bool,
+    ) -> ClientResult<RolloutControlReport> {
+        let verb = if pause { "pause" } else { "resume" };
+        let path = format!("/v1/services/{}/rollout/{verb}", segment(service));
+        self.json(self.request(Method::POST, &path)).await
+    }
+
+    /// Rolls `service` to an older version: `to` (a hash or a unique
+    /// prefix), else its rollout's previous one.
+    pub async fn undo_rollout(
+        &self,
+        service: &str,
+        to: Option<&str>,
+    ) -> ClientResult<RolloutControlReport> {
+        let path = format!("/v1/services/{}/rollout/undo", segment(service));
+        let request = self.request(Method::POST, &path).json(&UndoArgs {
+            to: to.map(str::to_owned),
+        });
+        self.json(request).await
+    }
+
     pub async fn delete_service(&self, name: &str) -> ClientResult<DeleteReport> {
         let path = format!("/v1/services/{}", segment(name));
         self.json(self.request(Method::DELETE, &path)).await

@@ -112,6 +112,66 @@ pub struct VersionSummary {
     pub spec: ServiceSpec,
 }
 
+/// `GET /v1/services/{name}/rollout`: where the service's rollout stands,
+/// what it waits for, and the decisions behind it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutStatus {
+    pub service: String,
+    /// The version of the service's spec (what the last apply asked for).
+    pub spec_version: String,
+    /// The version the scheduler places now: the spec's, or an older one
+    /// an undo or an automatic rollback chose, or (paused) the one most
+    /// instances run.
+    pub placing: String,
+    /// The lifecycle controller's rollout (absent before its first pass).
+    pub rollout: Option<cca_model::rollout::Rollout>,
+    /// Held by `cca rollout pause`.
+    pub paused: bool,
+    pub progress: RolloutProgress,
+    /// What bounds the roll: `max_surge`, `max_unavailable` within the
+    /// disruption budget, `rollback_after`.
+    pub max_surge: u32,
+    pub max_unavailable: u32,
+    pub rollback_after: u32,
+    /// Instances of the version placed that are not ready yet, with their
+    /// state and their agent's message: what the roll waits for (at most
+    /// 20).
+    pub waiting: Vec<String>,
+}
+
+/// A rollout's progress, counted from the instances (stopping ones apart).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutProgress {
+    /// The replicas the service wants (0 while asleep).
+    pub wanted: u32,
+    /// Instances of the version placed.
+    pub updated: u32,
+    /// Of those, ready.
+    pub ready: u32,
+    /// Instances of other versions.
+    pub old: u32,
+    /// Instances stopping.
+    pub stopping: u32,
+}
+
+/// `POST /v1/services/{name}/rollout/undo`: the version to roll to, by
+/// hash or a unique prefix of one; absent: the rollout's previous version.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UndoArgs {
+    #[serde(default)]
+    pub to: Option<String>,
+}
+
+/// What `rollout pause|resume|undo` changed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RolloutControlReport {
+    pub service: String,
+    pub control: cca_model::rollout::RolloutControl,
+    /// False when it was already so (nothing written).
+    pub changed: bool,
+    pub revision: Revision,
+}
+
 /// `describe service`: the spec, its instances, and why some are pending.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServiceDetail {
@@ -126,6 +186,9 @@ pub struct ServiceDetail {
     /// Each placed instance's last reported usage.
     #[serde(default)]
     pub usage: Vec<InstanceTop>,
+    /// Where its rollout stands.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutStatus>,
 }
 
 /// One row of `get instances`.

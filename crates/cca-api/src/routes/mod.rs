@@ -10,6 +10,7 @@ mod instance_io;
 mod ops;
 mod reads;
 mod revoke;
+mod rollout;
 mod scale;
 mod secrets;
 mod users;
@@ -84,6 +85,10 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         ),
         ("/v1/services/{name}/scale", post(ops::scale)),
         ("/v1/services/{name}/history", get(reads::service_history)),
+        ("/v1/services/{name}/rollout", get(rollout::status)),
+        ("/v1/services/{name}/rollout/pause", post(rollout::pause)),
+        ("/v1/services/{name}/rollout/resume", post(rollout::resume)),
+        ("/v1/services/{name}/rollout/undo", post(rollout::undo)),
         ("/v1/services/{name}/logs", get(instance_io::service_logs)),
         ("/v1/instances", get(reads::instances)),
         ("/v1/instances/{id}", get(reads::instance)),

@@ -135,6 +135,7 @@ pub(crate) async fn service(
             .collect(),
         events: recent_about(&state, &format!("service/{name}"), 20).await?,
         usage: read::service_usage(&view, &name),
+        rollout: read::rollout(&view, &name),
     }))
 }
 

@@ -36,13 +36,6 @@ const NOT_ENFORCED: &[NotEnforced] = &[
                   it, horizontally or vertically",
     },
     NotEnforced {
-        context: Context::Update,
-        key: "rollback_after",
-        setting: "update.rollback_after",
-        instead: "a failing update is never rolled back: it stops replacing old instances once \
-                  new ones fail; apply the previous version to roll back",
-    },
-    NotEnforced {
         context: Context::Init,
         key: "probe",
         setting: "init.probe",

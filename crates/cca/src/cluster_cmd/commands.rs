@@ -84,9 +84,10 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Logout(args) => super::login::logout(args).await,
         ClusterCommand::Identity(args) => super::login::identity(args).await,
         // Answered by `run` (completions) and `dispatch` (exec's exit code).
-        ClusterCommand::Exec(_) | ClusterCommand::Secret(_) | ClusterCommand::Completions(_) => {
-            Ok(())
-        }
+        ClusterCommand::Exec(_)
+        | ClusterCommand::Secret(_)
+        | ClusterCommand::Rollout(_)
+        | ClusterCommand::Completions(_) => Ok(()),
     }
 }
 

@@ -87,6 +87,9 @@ fn service(detail: &ServiceDetail) {
         };
         field("Scale to zero", &line);
     }
+    if let Some(rollout) = &detail.rollout {
+        field("Rollout", &super::rollout::summary(rollout));
+    }
     let ports: Vec<String> = spec
         .ports
         .iter()

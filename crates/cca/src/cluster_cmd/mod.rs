@@ -1,5 +1,5 @@
 //! Arguments of the cluster commands (`apply`, `diff`, `get`, `describe`,
-//! `history`, `status`, `scale`, `delete`, `drain`, `disable-node`, `enable-node`,
+//! `history`, `status`, `scale`, `rollout`, `delete`, `drain`, `disable-node`, `enable-node`,
 //! `events`, `watch`, `logs`, `exec`, `secret`, `token`, `cert`, `completions`) and their
 //! dispatch.
 //! Each command is a call of the typed API client ([`cca_wire::Client`]);
@@ -16,6 +16,7 @@ mod describe;
 mod io;
 mod login;
 pub(crate) mod output;
+mod rollout;
 mod secret;
 mod token;
 mod user;
@@ -97,6 +98,9 @@ pub(crate) enum ClusterCommand {
     Top(TopArgs),
     /// Set a service's replica count.
     Scale(ScaleArgs),
+    /// Follow, list, explain, undo, pause and resume a service's rollouts.
+    #[command(subcommand_required = true)]
+    Rollout(rollout::RolloutArgs),
     /// Delete a service.
     Delete(DeleteArgs),
     /// Move every instance off a node and place nothing new there.
@@ -468,6 +472,7 @@ async fn dispatch(command: ClusterCommand) -> Result<ExitCode> {
     match command {
         ClusterCommand::Exec(args) => io::exec(&args).await,
         ClusterCommand::Secret(args) => secret::run(args).await.map(|()| ExitCode::SUCCESS),
+        ClusterCommand::Rollout(args) => rollout::run(args).await.map(|()| ExitCode::SUCCESS),
         other => commands::execute(other).await.map(|()| ExitCode::SUCCESS),
     }
 }

@@ -64,15 +64,17 @@ pub(crate) fn json_line<T: Serialize>(value: &T) -> Result<()> {
 /// (`2026-12-01T14:05:03.120Z`). A new time field of the API's types is
 /// added here (checked against every `Millis` field of `cca_wire::types`
 /// and `cca_model::cluster`).
-const TIME_FIELDS: [&str; 8] = [
+const TIME_FIELDS: [&str; 10] = [
     "at",
     "since",
     "created_at",
     "applied_at",
     "registered_at",
     "started_at",
+    "ended_at",
     "updated_at",
     "set_at",
+    "undo_at",
 ];
 
 /// Rewrites every [`TIME_FIELDS`] member holding an integer, at any depth.

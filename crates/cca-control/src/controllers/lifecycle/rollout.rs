@@ -122,11 +122,7 @@ fn announce(events: &mut Vec<EventDraft>, service: &str, rollout: &Rollout) {
 /// Whether `version` of `service` can be rolled to: the spec's own
 /// (`desired`) or a kept version.
 fn is_kept(view: &View, service: &str, desired: &str, version: &str) -> bool {
-    version == desired
-        || view
-            .versions
-            .get(service)
-            .is_some_and(|versions| versions.contains_key(version))
+    version == desired || view.keeps_version(service, version)
 }
 
 /// Records the target's instances found failing that are not recorded
@@ -231,6 +227,7 @@ fn breach(
     let mut back = Rollout::start(&back_to, desired, cause, now);
     back.undo_at = rollout.undo_at;
     back.paused = rollout.paused;
+    back.decided_by = rollout.failures.clone();
     rollout.followed_by(back, RolloutPhase::RolledBack, now)
 }
 

@@ -49,7 +49,7 @@ use crate::view::View;
 pub use cluster::HOST_PORTS;
 use pass::Pass;
 use scoring::Placer;
-use target::OlderSpecs;
+use target::Placed;
 
 /// The scheduler's tunables; `Default` gives the documented values.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -74,6 +74,10 @@ pub struct SchedulerConfig {
     /// mint); more demand is placed by the passes that follow at once.
     /// Bounds one pass's plan.
     pub max_creates: u32,
+    /// An instance that restarted within this long does not count as
+    /// ready for a rolling update or a move: between crashes a crash
+    /// looping one runs for a moment (10 s).
+    pub min_ready: Duration,
     /// The host ports handed out to instances, per node, lowest free
     /// first ([`HOST_PORTS`]: 20000-32767). Ports a node's agent reports
     /// held by something outside the cluster are skipped on that node.
@@ -90,6 +94,7 @@ impl Default for SchedulerConfig {
             pressure_percent: 80,
             max_moves: 2,
             max_creates: ids::MAX_MINTED_PER_CYCLE,
+            min_ready: Duration::from_secs(10),
             host_ports: HOST_PORTS,
         }
     }
@@ -138,8 +143,8 @@ impl Controller for SchedulerController {
 
 /// One scheduling pass after the startup grace; see the module documentation.
 pub(crate) fn reconcile(view: &View, context: &Context, config: &SchedulerConfig) -> Plan {
-    let older = OlderSpecs::of(view);
-    let known = target::targets(view, &older);
+    let placed = Placed::of(view);
+    let known = target::targets(view, &placed);
     let current = known
         .iter()
         .map(|(name, target)| (*name, target.hash.clone()))

@@ -21,7 +21,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use cca_model::clock::span_millis;
-use cca_model::cluster::{Instance, InstanceState, Millis};
+use cca_model::cluster::{Instance, InstanceState, InstanceStatus, Millis};
 use cca_model::spec::ServiceSpec;
 
 use super::cluster::Liveness;
@@ -33,7 +33,8 @@ use crate::controller::EventDraft;
 #[derive(Clone, Copy, Debug)]
 struct Member<'v> {
     instance: &'v Instance,
-    /// Running and not reported unhealthy.
+    /// Running, not reported unhealthy, and not restarted within
+    /// `min_ready`.
     ready: bool,
     failed: bool,
     /// Runs the current spec.
@@ -84,14 +85,30 @@ fn classify<'v>(
     if liveness == Liveness::Lost {
         return Kind::Lost;
     }
+    let ready = pass.view.is_ready(instance) && settled(pass, status);
     Kind::Member(Member {
         instance,
-        ready: pass.view.is_ready(instance),
+        ready,
         failed: status.is_some_and(|status| status.state == InstanceState::Failed),
         current: held || instance.spec_hash == spec_hash,
         draining,
         load,
     })
+}
+
+/// False while the instance restarted within `min_ready` (asking to be
+/// woken when that ends): it may be crash looping, and it runs for a
+/// moment between crashes.
+fn settled(pass: &mut Pass<'_>, status: Option<&InstanceStatus>) -> bool {
+    let Some(exit) = status.and_then(|status| status.last_exit.as_ref()) else {
+        return true;
+    };
+    let until = exit.at.saturating_add(span_millis(pass.config.min_ready));
+    if until <= pass.now() {
+        return true;
+    }
+    pass.requeue_at(until);
+    false
 }
 
 /// Instances of a service that no longer exists: stop them, then delete.

@@ -32,86 +32,57 @@ pub(crate) struct Target<'v> {
 /// Every service's target, by name.
 pub(crate) type Targets<'v> = BTreeMap<&'v str, Target<'v>>;
 
-/// Specs of older versions some service runs this pass, by service, with
-/// its current service-wide fields: built before the pass, which borrows
-/// its targets from here and from the view.
+/// The version each service places this pass and, for those placing an
+/// older version than their spec's, its spec with the current
+/// service-wide fields: built before the pass, which borrows its targets
+/// from here and from the view. Each spec is hashed once.
 #[derive(Debug, Default)]
-pub(crate) struct OlderSpecs(BTreeMap<String, (String, ServiceSpec)>);
+pub(crate) struct Placed {
+    hashes: BTreeMap<String, String>,
+    older: BTreeMap<String, ServiceSpec>,
+}
 
-impl OlderSpecs {
-    /// The older versions `view`'s rollouts and pauses choose.
-    pub(crate) fn of(view: &View) -> OlderSpecs {
-        let mut older = BTreeMap::new();
+impl Placed {
+    /// What `view`'s specs, rollouts and pauses choose.
+    pub(crate) fn of(view: &View) -> Placed {
+        let mut placed = Placed::default();
         for (name, spec) in view.services.iter() {
             let current = spec_hash(&spec.value);
-            let Some(hash) = chosen_version(view, name, &current) else {
-                continue;
-            };
-            if hash == current {
-                continue;
-            }
-            let kept = view
+            let hash = view.placed_version_at(name, current.clone());
+            let version = view
                 .versions
                 .get(name)
-                .and_then(|versions| versions.get(&hash));
-            if let Some(version) = kept {
+                .and_then(|versions| versions.get(&hash))
+                .filter(|_| hash != current);
+            if let Some(version) = version {
                 let mut run = version.spec.clone();
                 run.replicas = spec.replicas;
                 run.update = spec.update.clone();
                 run.budget = spec.budget.clone();
                 run.autoscale = spec.autoscale.clone();
                 run.scale_to_zero = spec.scale_to_zero;
-                older.insert(name.clone(), (hash, run));
+                placed.older.insert(name.clone(), run);
             }
+            placed.hashes.insert(name.clone(), hash);
         }
-        OlderSpecs(older)
+        placed
     }
 }
 
 /// Every service's target this pass.
-pub(crate) fn targets<'v>(view: &'v View, older: &'v OlderSpecs) -> Targets<'v> {
+pub(crate) fn targets<'v>(view: &'v View, placed: &'v Placed) -> Targets<'v> {
     view.services
         .iter()
-        .map(|(name, spec)| {
-            let held = is_paused(view, name);
-            let target = match older.0.get(name) {
-                Some((hash, run)) => Target {
-                    spec: run,
-                    hash: hash.clone(),
-                    held,
-                },
-                None => Target {
-                    spec: &spec.value,
-                    hash: spec_hash(&spec.value),
-                    held,
-                },
+        .filter_map(|(name, spec)| {
+            let target = Target {
+                spec: placed.older.get(name).unwrap_or(&spec.value),
+                hash: placed.hashes.get(name)?.clone(),
+                held: view
+                    .rollout_controls
+                    .get(name)
+                    .is_some_and(|control| control.paused),
             };
-            (name.as_str(), target)
+            Some((name.as_str(), target))
         })
         .collect()
-}
-
-fn is_paused(view: &View, service: &str) -> bool {
-    view.rollout_controls
-        .get(service)
-        .is_some_and(|control| control.paused)
-}
-
-/// The version the rollout (or a pause) chooses for `service`, whose spec
-/// is at version `current`; `None` leaves the spec's.
-fn chosen_version(view: &View, service: &str, current: &str) -> Option<String> {
-    if is_paused(view, service) {
-        return most_run(view, service);
-    }
-    let rollout = view.rollouts.get(service)?;
-    (rollout.requested == current).then(|| rollout.target.clone())
-}
-
-/// The version most of the service's instances run (ties: the smallest
-/// hash, so every pass picks the same), stopping ones left out.
-fn most_run(view: &View, service: &str) -> Option<String> {
-    view.versions_running(service)
-        .into_iter()
-        .max_by(|(hash_a, a), (hash_b, b)| a.cmp(b).then_with(|| hash_b.cmp(hash_a)))
-        .map(|(hash, _)| hash.to_owned())
 }

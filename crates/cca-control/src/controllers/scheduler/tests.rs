@@ -580,6 +580,53 @@ fn rolling_update_honours_surge_and_unavailable() {
 }
 
 #[test]
+fn a_new_instance_that_just_restarted_does_not_let_the_roll_go_on() {
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .service(service("web", 3))
+        .build();
+    let (view, now) = converge(view, NOW);
+    let mut next = service("web", 3);
+    next.env.insert("VERSION".into(), "2".into());
+    next.update.max_surge = 1;
+    next.update.max_unavailable = 0;
+    let view = ViewBuilder::from(view).service(next).build();
+    let plan = schedule(&view, now);
+    let surge = puts(&plan).remove(0);
+    // Running for a moment between two crashes.
+    let mut flapping = status(&surge.id, "web", "n1", InstanceState::Running);
+    flapping.restarts = 1;
+    flapping.last_exit = Some(cca_model::cluster::ExitInfo {
+        code: Some(1),
+        signal: None,
+        reason: "exited".into(),
+        at: now - 2_000,
+        log_tail: vec![],
+    });
+    let view = ViewBuilder::from(view)
+        .apply(&plan)
+        .status(flapping)
+        .build();
+    let plan = schedule(&view, now);
+    assert!(
+        plan.writes.is_empty(),
+        "no old instance stops for it: {:?}",
+        plan.writes
+    );
+    let min_ready = cca_model::clock::span_millis(SchedulerConfig::default().min_ready);
+    assert_eq!(
+        plan.requeue_after,
+        Some(min_ready - 2_000),
+        "woken when it settles"
+    );
+    let settled = schedule(&view, now + min_ready);
+    assert!(
+        puts(&settled).iter().any(|instance| instance.stopping),
+        "once it ran min_ready, an old one stops"
+    );
+}
+
+#[test]
 fn stateful_ordinals_start_in_order_and_stop_highest_first() {
     let mut spec = service("db", 3);
     spec.stateful = true;

@@ -1,0 +1,202 @@
+//! Rollouts end to end through `cca dev` (its agent runs processes) and
+//! the CLI: a version whose instances crash loops is rolled back by itself
+//! (rollback_after's default, 3) within 30 s of the third failure, and the
+//! previous version serves again within 60 s of the decision; `cca rollout
+//! status` fails saying so, `why`, `history` and `describe` show the
+//! signals. Then `undo` returns to the previous version, and `pause` holds
+//! a new apply until `resume`.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use support::dev::Dev;
+use support::{CCA, NO_TRUST, text};
+
+/// Service `web` whose instances print `version` and run; `crash` makes
+/// them exit at once instead.
+fn program(version: &str, crash: bool) -> String {
+    let run = if crash {
+        format!("echo {version}; exit 3")
+    } else {
+        format!("echo {version}; exec sleep 1000")
+    };
+    format!("service web {{\n  run = \"{run}\"\n  replicas = 3\n}}\n")
+}
+
+struct Cli<'a> {
+    dir: &'a Path,
+    url: String,
+}
+
+impl Cli<'_> {
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(CCA)
+            .args(args)
+            .current_dir(self.dir)
+            .env("CCA_SERVER", &self.url)
+            .env("CCA_CONFIG_DIR", NO_TRUST)
+            .env_remove("CCA_TOKEN")
+            .output()
+            .expect("cca runs")
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args);
+        assert!(output.status.success(), "cca {args:?}: {}", text(&output));
+        text(&output)
+    }
+
+    fn apply(&self, version: &str, crash: bool) {
+        let file = self.dir.join(format!("{version}.cca"));
+        std::fs::write(&file, program(version, crash)).expect("writes the program");
+        self.ok(&["apply", file.to_str().expect("utf-8")]);
+    }
+
+    /// `rollout status --no-wait -o json`.
+    fn status(&self) -> serde_json::Value {
+        let output = self.run(&["rollout", "status", "web", "--no-wait", "-o", "json"]);
+        assert!(output.status.success(), "{}", text(&output));
+        serde_json::from_slice(&output.stdout).expect("json")
+    }
+
+    /// Polls the status until `done` holds, for at most `within`.
+    fn until(
+        &self,
+        within: Duration,
+        done: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let status = self.status();
+            if done(&status) {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "never reached: {status:#}");
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+fn millis(value: &serde_json::Value) -> i64 {
+    let text = value.as_str().expect("an RFC 3339 time");
+    let at = humantime::parse_rfc3339(text).expect("parses");
+    let since = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970");
+    i64::try_from(since.as_millis()).expect("fits")
+}
+
+fn now() -> i64 {
+    let since = std::time::SystemTime::UNIX_EPOCH
+        .elapsed()
+        .expect("after 1970");
+    i64::try_from(since.as_millis()).expect("fits")
+}
+
+/// Every instance runs the placed version and is ready.
+fn settled(status: &serde_json::Value) -> bool {
+    let progress = &status["progress"];
+    progress["ready"] == 3 && progress["old"] == 0 && progress["updated"] == 3
+}
+
+#[test]
+fn a_crash_looping_version_is_rolled_back_by_itself_and_undo_and_pause_act() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("web.cca"), program("v1", false)).expect("writes");
+    let dev = Dev::start(dir.path(), &["--data-dir", "data", "--insecure", "web.cca"]);
+    let cli = Cli {
+        dir: dir.path(),
+        url: dev.api_url().0,
+    };
+    let first = cli.until(Duration::from_secs(60), |s| {
+        s["rollout"]["phase"] == "complete" && settled(s)
+    });
+    let v1 = first["spec_version"].as_str().expect("hash").to_owned();
+
+    cli.apply("v2", true);
+    let followed = cli.run(&["rollout", "status", "web", "--timeout", "3m"]);
+    assert!(!followed.status.success(), "a rollback fails the status");
+    assert!(
+        text(&followed).contains("was rolled back to"),
+        "{}",
+        text(&followed)
+    );
+    let back = cli.status();
+    let rollout = &back["rollout"];
+    assert_eq!(rollout["target"], v1.as_str(), "{back:#}");
+    assert_eq!(rollout["cause"]["reason"], "rollback", "{back:#}");
+    let decided_by = rollout["decided_by"].as_array().expect("failures");
+    // rollback_after's default; a pass may see more than one fail at once.
+    assert!(decided_by.len() >= 3, "{back:#}");
+    let breach = millis(&decided_by[2]["at"]);
+    let decided = millis(&rollout["started_at"]);
+    assert!(
+        decided - breach <= 30_000,
+        "decided {} ms after the third failure",
+        decided - breach
+    );
+    let serving = cli.until(Duration::from_secs(90), |s| {
+        s["placing"] == v1.as_str() && settled(s)
+    });
+    let serving_after = now() - decided;
+    assert!(
+        serving_after <= 60_000,
+        "v1 served again {serving_after} ms after the decision: {serving:#}"
+    );
+
+    let why = cli.ok(&["rollout", "why", "web"]);
+    assert!(why.contains("automatic rollback: "), "{why}");
+    assert!(why.contains("rollback_after = 3"), "{why}");
+    for failure in decided_by {
+        let id = failure["id"].as_str().expect("id");
+        assert!(why.contains(id), "{why}");
+    }
+    assert!(
+        why.contains("crash looping") || why.contains("failed"),
+        "{why}"
+    );
+    let history = cli.ok(&["rollout", "history", "web"]);
+    assert!(history.contains("rollback from"), "{history}");
+    assert!(history.contains("rolled back"), "{history}");
+    let described = cli.ok(&["describe", "service", "web"]);
+    assert!(
+        described
+            .lines()
+            .any(|line| line.starts_with("Rollout:") && line.contains("rolled back")),
+        "{described}"
+    );
+    let events = cli.ok(&["events"]);
+    assert!(events.contains("rolling back from version"), "{events}");
+
+    // A good version, then undo: back to the one before it.
+    cli.apply("v3", false);
+    cli.ok(&["rollout", "status", "web", "--timeout", "2m"]);
+    let undone = cli.ok(&["rollout", "undo", "web"]);
+    assert!(
+        undone.contains(&format!("rolling back to version {v1}")),
+        "{undone}"
+    );
+    cli.ok(&["rollout", "status", "web", "--timeout", "2m"]);
+    let status = cli.until(Duration::from_secs(60), settled);
+    assert_eq!(status["placing"], v1.as_str(), "{status:#}");
+    assert_eq!(status["rollout"]["cause"]["reason"], "undo", "{status:#}");
+
+    // Paused, a new apply rolls nothing until resumed.
+    cli.ok(&["rollout", "pause", "web"]);
+    cli.apply("v4", false);
+    std::thread::sleep(Duration::from_secs(3));
+    let held = cli.status();
+    assert_eq!(held["placing"], v1.as_str(), "{held:#}");
+    assert!(settled(&held), "nothing stopped or started: {held:#}");
+    let paused = cli.ok(&["rollout", "status", "web", "--no-wait"]);
+    assert!(paused.contains("paused"), "{paused}");
+    cli.ok(&["rollout", "resume", "web"]);
+    cli.ok(&["rollout", "status", "web", "--timeout", "2m"]);
+    let done = cli.until(Duration::from_secs(60), settled);
+    assert_eq!(done["placing"], done["spec_version"], "{done:#}");
+    assert_ne!(done["placing"], v1.as_str());
+    dev.stop();
+}
