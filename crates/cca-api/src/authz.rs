@@ -69,7 +69,7 @@ pub(crate) fn requirement(method: &Method, route: &str) -> Option<Requirement> {
         "/v1/services" => need(Read, Service, Whole),
         "/v1/services/{name}" if delete => need(Delete, Service, Named),
         "/v1/services/{name}" => need(Read, Service, Named),
-        "/v1/services/{name}/scale" => need(Write, Service, Named),
+        "/v1/services/{name}/scale" => need(pick(Read, Write), Service, Named),
         "/v1/services/{name}/history" | "/v1/services/{name}/rollout" => need(Read, Service, Named),
         "/v1/services/{name}/rollout/pause"
         | "/v1/services/{name}/rollout/resume"

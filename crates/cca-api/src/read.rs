@@ -11,7 +11,7 @@ use cca_model::usage::{NodeUsage, UsageSummary};
 
 use crate::types::{
     ClusterStatus, InstanceSummary, InstanceTop, NodeCounts, NodeSummary, NodeTop, ReportedUsage,
-    RolloutProgress, RolloutStatus, ServiceHistory, ServiceSummary, VersionSummary,
+    RolloutProgress, RolloutStatus, ScaleStatus, ServiceHistory, ServiceSummary, VersionSummary,
 };
 
 /// Instances a rollout status names as waiting, at most.
@@ -50,7 +50,7 @@ pub(crate) fn history(view: &View, service: &str) -> Option<ServiceHistory> {
         return None;
     }
     let mut running: BTreeMap<&str, usize> = BTreeMap::new();
-    for instance in view.instances.values().filter(|i| i.service == service) {
+    for instance in view.instances_of(service) {
         *running.entry(instance.spec_hash.as_str()).or_default() += 1;
     }
     let mut versions: Vec<VersionSummary> = versions
@@ -79,6 +79,38 @@ pub(crate) fn history(view: &View, service: &str) -> Option<ServiceHistory> {
     })
 }
 
+/// `service`'s replica count and what sets it; `None` when it has no
+/// spec.
+pub(crate) fn scale(view: &View, service: &str, now: i64) -> Option<ScaleStatus> {
+    let spec = &view.services.get(service)?.value;
+    let replicas = view.wanted_replicas(service)?;
+    let horizontal = spec
+        .autoscale
+        .as_ref()
+        .and_then(|autoscale| autoscale.horizontal.clone());
+    let signals = horizontal.as_ref().map_or_else(Vec::new, |horizontal| {
+        cca_control::controllers::lifecycle::horizontal::signals(
+            view, service, horizontal, replicas, now,
+        )
+    });
+    Some(ScaleStatus {
+        service: service.to_owned(),
+        replicas,
+        spec_replicas: spec.replicas,
+        autoscale: horizontal,
+        signals,
+        autoscaled: view
+            .autoscaled
+            .get(service)
+            .map(|held| (*held.value).clone()),
+        scale_to_zero: view
+            .scale
+            .get(service)
+            .filter(|_| spec.scale_to_zero.is_some())
+            .map(|held| (*held.value).clone()),
+    })
+}
+
 /// Where `service`'s rollout stands; `None` when it has no spec.
 pub(crate) fn rollout(view: &View, service: &str) -> Option<RolloutStatus> {
     let spec = &view.services.get(service)?.value;
@@ -87,7 +119,7 @@ pub(crate) fn rollout(view: &View, service: &str) -> Option<RolloutStatus> {
     let wanted = if view.is_asleep(service) {
         0
     } else {
-        spec.replicas
+        view.wanted_replicas(service).unwrap_or(spec.replicas)
     };
     let mut progress = RolloutProgress {
         wanted,
@@ -151,7 +183,7 @@ fn waiting_line(view: &View, instance: &Instance) -> String {
 }
 
 pub(crate) fn service_summary(view: &View, name: &str, spec: &ServiceSpec) -> ServiceSummary {
-    let mine = || view.instances.values().filter(|i| i.service == name);
+    let mine = || view.instances_of(name).map(|i| &*i.value);
     let running = mine()
         .filter(|i| state_of(view, &i.id) == Some(InstanceState::Running))
         .count();
@@ -161,7 +193,8 @@ pub(crate) fn service_summary(view: &View, name: &str, spec: &ServiceSpec) -> Se
             Workload::Image { .. } => "image".into(),
             Workload::Process { .. } => "process".into(),
         },
-        replicas: spec.replicas,
+        // The autoscaler's count for an autoscaled service.
+        replicas: view.wanted_replicas(name).unwrap_or(spec.replicas),
         instances: mine().filter(|i| !i.stopping).count(),
         running,
         unplaced: view.unplaced.get(name).map_or(0, |u| u.count),

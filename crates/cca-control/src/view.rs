@@ -10,6 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use cca_model::access::{RevocationRecord, RoleRecord, UserRecord};
+use cca_model::autoscale::Autoscaled;
 use cca_model::cluster::{
     ApplyChunk, ApplyCommit, DesiredGeneration, Disruption, Endpoints, Heartbeat, HeldPorts,
     Instance, InstanceState, InstanceStatus, NodeControl, NodeInfo, NodeStatus, ReplacementResume,
@@ -110,6 +111,8 @@ pub struct View {
     pub rollouts: Table<Rollout>,
     /// Operators' pauses and undos of rollouts, by service.
     pub rollout_controls: Table<RolloutControl>,
+    /// The replicas each autoscaled service runs at, by service.
+    pub autoscaled: Table<Autoscaled>,
     /// Node subnets by node (held, released or wanted).
     pub subnets: Table<NodeSubnet>,
     /// Service VIPs by service (held, released or wanted).
@@ -380,6 +383,9 @@ impl View {
             Key::Rollout { service } => {
                 put(&mut self.rollouts, service, bytes, rev, Value::Rollout)?
             }
+            Key::Autoscale { service } => {
+                put(&mut self.autoscaled, service, bytes, rev, Value::Autoscale)?
+            }
             Key::RolloutControl { service } => put(
                 &mut self.rollout_controls,
                 service,
@@ -490,6 +496,9 @@ impl View {
             }
             Key::Scale { service } => remove(&mut self.scale, service, rev, Value::Scale),
             Key::Rollout { service } => remove(&mut self.rollouts, service, rev, Value::Rollout),
+            Key::Autoscale { service } => {
+                remove(&mut self.autoscaled, service, rev, Value::Autoscale)
+            }
             Key::RolloutControl { service } => remove(
                 &mut self.rollout_controls,
                 service,
@@ -590,6 +599,24 @@ impl View {
         counts
     }
 
+    /// The replicas `service` runs at when awake: the autoscaler's count
+    /// for a service with horizontal `autoscale` (its spec's `replicas`
+    /// within `min..max` until the first decision), else its spec's.
+    /// `None` when it has no spec.
+    pub fn wanted_replicas(&self, service: &str) -> Option<u32> {
+        let spec = &self.services.get(service)?.value;
+        let Some(horizontal) = spec
+            .autoscale
+            .as_ref()
+            .and_then(|autoscale| autoscale.horizontal.as_ref())
+        else {
+            return Some(spec.replicas);
+        };
+        let decided = self.autoscaled.get(service).map(|held| held.replicas);
+        let replicas = decided.unwrap_or(spec.replicas);
+        Some(replicas.clamp(horizontal.min, horizontal.max.max(horizontal.min)))
+    }
+
     /// The version (spec hash) the scheduler places for `service`: its
     /// spec's, or what its rollout chose (an undo, an automatic rollback)
     /// while the rollout answers the spec's version, or, while paused, the
@@ -673,6 +700,7 @@ impl View {
             Key::Endpoint { service, port } => at2(&self.endpoints, service, port),
             Key::Scale { service } => at(&self.scale, service),
             Key::Rollout { service } => at(&self.rollouts, service),
+            Key::Autoscale { service } => at(&self.autoscaled, service),
             Key::RolloutControl { service } => at(&self.rollout_controls, service),
             Key::Subnet { node } => at(&self.subnets, node),
             Key::Vip { service } => at(&self.vips, service),

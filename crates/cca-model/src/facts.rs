@@ -14,6 +14,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::access::{JoinTokenRecord, RevocationRecord, RoleRecord, UserRecord};
+use crate::autoscale::Autoscaled;
 use crate::cluster::{
     ApplyChunk, ApplyCommit, AuditRecord, DesiredGeneration, Disruption, Endpoints, Event,
     Heartbeat, HeldPorts, Instance, InstanceStatus, LeaderRecord, NodeControl, NodeInfo,
@@ -214,6 +215,9 @@ fact_kinds! {
     /// apply, an undo or an automatic rollback.
     Rollout { service } = "derived/rollout/{}",
         Rollout, Owner::Controller("lifecycle"), applied: false;
+    /// The replica count an autoscaled service runs at, and why.
+    Autoscale { service } = "derived/autoscale/{}",
+        Autoscaled, Owner::Controller("lifecycle"), applied: false;
     /// A node's slice of the cluster CIDR.
     Subnet { node } = "derived/subnet/{}",
         NodeSubnet, Owner::Controller("network"), applied: false;
@@ -320,6 +324,7 @@ impl Key {
             | Key::Endpoint { service, .. }
             | Key::Scale { service }
             | Key::Rollout { service }
+            | Key::Autoscale { service }
             | Key::Vip { service } => Some(service),
             _ => None,
         }

@@ -208,6 +208,14 @@ pub fn derived_rollout(service: &str) -> String {
     .to_string()
 }
 
+/// `derived/autoscale/{svc}`: the replicas an autoscaled service runs at.
+pub fn derived_autoscale(service: &str) -> String {
+    Key::Autoscale {
+        service: service.to_owned(),
+    }
+    .to_string()
+}
+
 /// `desired/rollout/{svc}`: an operator's pause or undo of a rollout.
 pub fn desired_rollout(service: &str) -> String {
     Key::RolloutControl {

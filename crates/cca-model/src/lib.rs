@@ -4,6 +4,7 @@
 //! clock in one place, [`clock::now_millis`], for everyone.
 
 pub mod access;
+pub mod autoscale;
 pub mod clock;
 pub mod cluster;
 pub mod exposition;

@@ -261,6 +261,12 @@ impl Client {
         self.json(request).await
     }
 
+    /// `service`'s replica count and what sets it (`cca scale why`).
+    pub async fn scale_status(&self, service: &str) -> ClientResult<ScaleStatus> {
+        let path = format!("/v1/services/{}/scale", segment(service));
+        self.json(self.request(Method::GET, &path)).await
+    }
+
     /// Where `service`'s rollout stands (`cca rollout status|why|history`).
     pub async fn rollout(&self, service: &str) -> ClientResult<RolloutStatus> {
         let path = format!("/v1/services/{}/rollout", segment(service));

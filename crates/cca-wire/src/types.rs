@@ -172,6 +172,27 @@ pub struct RolloutControlReport {
     pub revision: Revision,
 }
 
+/// `GET /v1/services/{name}/scale`: the service's replica count, who sets
+/// it, and the signals, window and bounds behind it (`cca scale why`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleStatus {
+    pub service: String,
+    /// What the scheduler runs when the service is awake.
+    pub replicas: u32,
+    /// The spec's `replicas` (the starting count of an autoscaled one).
+    pub spec_replicas: u32,
+    /// Horizontal autoscaling's bounds and targets, when it is on: then the
+    /// autoscaler sets the count and `cca scale` is refused.
+    pub autoscale: Option<cca_model::spec::HorizontalScale>,
+    /// What each metric says now, from the instances' last reports.
+    pub signals: Vec<cca_model::autoscale::Signal>,
+    /// The autoscaler's decision: recommendation, window, last change, why
+    /// it holds.
+    pub autoscaled: Option<cca_model::autoscale::Autoscaled>,
+    /// Whether a `scale_to_zero` service sleeps (then it runs none).
+    pub scale_to_zero: Option<cca_model::scale::ScaleState>,
+}
+
 /// `describe service`: the spec, its instances, and why some are pending.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ServiceDetail {

@@ -83,7 +83,10 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
             "/v1/services/{name}",
             get(reads::service).delete(ops::delete_service),
         ),
-        ("/v1/services/{name}/scale", post(ops::scale)),
+        (
+            "/v1/services/{name}/scale",
+            get(reads::scale_status).post(ops::scale),
+        ),
         ("/v1/services/{name}/history", get(reads::service_history)),
         ("/v1/services/{name}/rollout", get(rollout::status)),
         ("/v1/services/{name}/rollout/pause", post(rollout::pause)),

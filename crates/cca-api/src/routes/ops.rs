@@ -82,6 +82,8 @@ fn for_tenant(
 
 /// Sets a service's replicas in its spec, guarded by the spec's revision.
 /// The next `apply` of the service's file sets them back to the file's.
+/// Refused (409) for a service with horizontal `autoscale`: the
+/// autoscaler owns its count.
 pub(crate) async fn scale(
     State(state): State<ApiState>,
     Path(name): Path<String>,
@@ -106,6 +108,14 @@ pub(crate) async fn scale(
         let mut spec: ServiceSpec = serde_json::from_slice(&kv.value).map_err(|error| {
             ApiError::internal(format!("stored spec of `{name}` does not decode: {error}"))
         })?;
+        if let Some(h) = spec.autoscale.as_ref().and_then(|a| a.horizontal.as_ref()) {
+            return Err(ApiError::conflict(format!(
+                "service `{name}` is autoscaled (min {}, max {}): the autoscaler sets its \
+                 replicas, so `scale` would fight it; change or remove `autoscale` in its file \
+                 (`cca scale why {name}` shows what sets the count now)",
+                h.min, h.max
+            )));
+        }
         let previous = spec.replicas;
         spec.replicas = replicas;
         let message = format!("scaled from {previous} to {replicas} replicas");

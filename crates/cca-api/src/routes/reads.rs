@@ -19,11 +19,11 @@ use serde::Deserialize;
 use crate::error::{ApiError, ApiResult, QueryArgs};
 use crate::read::{self, InstanceFilter};
 use crate::routes::events::recent_about;
-use crate::state::ApiState;
+use crate::state::{ApiState, now_millis};
 use crate::tls::Peer;
 use crate::types::{
     CallerIdentity, ClusterStatus, InstanceDetail, InstanceSummary, InstanceTop, NodeDetail,
-    NodeSummary, NodeTop, Principal, ServiceDetail, ServiceHistory, ServiceSummary,
+    NodeSummary, NodeTop, Principal, ScaleStatus, ServiceDetail, ServiceHistory, ServiceSummary,
 };
 
 /// How long a read waits for the cache to catch up with the store before
@@ -137,6 +137,17 @@ pub(crate) async fn service(
         usage: read::service_usage(&view, &name),
         rollout: read::rollout(&view, &name),
     }))
+}
+
+/// `GET /v1/services/{name}/scale`: the replica count and what sets it.
+pub(crate) async fn scale_status(
+    State(state): State<ApiState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<ScaleStatus>> {
+    let view = fresh_view(&state).await?;
+    read::scale(&view, &name, now_millis())
+        .map(Json)
+        .ok_or_else(|| ApiError::not_found(format!("service `{name}` not found")))
 }
 
 /// The kept versions of a service's spec (also after the service is

@@ -16,7 +16,7 @@
 //! [`Plan`]: crate::controller::Plan
 
 mod endpoint;
-mod lifecycle;
+pub mod lifecycle;
 mod network;
 mod node;
 mod scale;

@@ -29,11 +29,10 @@ const NOT_ENFORCED: &[NotEnforced] = &[
         instead: "the group is checked and stored; its members are placed independently",
     },
     NotEnforced {
-        context: Context::Service,
-        key: "autoscale",
-        setting: "autoscale",
-        instead: "the service keeps `replicas` instances and its `resources`; nothing scales \
-                  it, horizontally or vertically",
+        context: Context::Autoscale,
+        key: "vertical",
+        setting: "autoscale.vertical",
+        instead: "the instances keep their `resources`; nothing resizes them",
     },
     NotEnforced {
         context: Context::Init,

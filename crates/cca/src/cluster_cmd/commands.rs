@@ -31,16 +31,7 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Status(args) => {
             describe::status(&client(&args.addr)?, args.out.output).await
         }
-        ClusterCommand::Scale(args) => {
-            let report = client(&args.addr)?
-                .scale(&args.service, args.replicas)
-                .await?;
-            output::line(&format!(
-                "service/{} scaled from {} to {} replicas",
-                report.service, report.previous, report.replicas
-            ));
-            Ok(())
-        }
+        ClusterCommand::Scale(args) => super::scale::run(args).await,
         ClusterCommand::Delete(args) => {
             let report = client(&args.addr)?.delete_service(&args.name).await?;
             output::line(&format!("service/{} deleted", report.service));

@@ -70,11 +70,22 @@ fn service(detail: &ServiceDetail) {
         }
         Workload::Process { run } => field("Run", run),
     }
+    let autoscaled = spec
+        .autoscale
+        .as_ref()
+        .and_then(|autoscale| autoscale.horizontal.as_ref())
+        .map(|h| {
+            format!(
+                " (autoscaled {}..{}: `cca scale why {}`)",
+                h.min, h.max, summary.name
+            )
+        })
+        .unwrap_or_default();
     field(
         "Replicas",
         &format!(
-            "{} desired, {} placed, {} running",
-            spec.replicas, summary.instances, summary.running
+            "{} desired{autoscaled}, {} placed, {} running",
+            summary.replicas, summary.instances, summary.running
         ),
     );
     if let Some(state) = &summary.scale {

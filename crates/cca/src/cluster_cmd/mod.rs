@@ -17,6 +17,7 @@ mod io;
 mod login;
 pub(crate) mod output;
 mod rollout;
+mod scale;
 mod secret;
 mod token;
 mod user;
@@ -96,7 +97,7 @@ pub(crate) enum ClusterCommand {
     /// Show what nodes or workloads use of CPU and memory (their agents'
     /// last 30 s) against what they have or requested.
     Top(TopArgs),
-    /// Set a service's replica count.
+    /// Set a service's replica count; `scale why SERVICE` shows what sets it.
     Scale(ScaleArgs),
     /// Follow, list, explain, undo, pause and resume a service's rollouts.
     #[command(subcommand_required = true)]
@@ -296,13 +297,18 @@ pub(crate) struct ServerArgs {
     pub(crate) addr: ServerAddr,
 }
 
-/// `cca scale SERVICE N`
+/// `cca scale SERVICE N`, or `cca scale why SERVICE`
 #[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub(crate) struct ScaleArgs {
+    #[command(subcommand)]
+    pub(crate) why: Option<scale::ScaleCommand>,
     #[command(flatten)]
     pub(crate) addr: ServerAddr,
-    pub(crate) service: String,
-    pub(crate) replicas: u32,
+    #[arg(required = true)]
+    pub(crate) service: Option<String>,
+    #[arg(required = true)]
+    pub(crate) replicas: Option<u32>,
 }
 
 /// What `delete` deletes.

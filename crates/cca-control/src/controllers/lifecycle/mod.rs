@@ -3,11 +3,16 @@
 //! which version the scheduler rolls the service to, started by an apply
 //! or an undo, ended when every instance runs it and is ready, or rolled
 //! back by itself when `update.rollback_after` new instances failed
-//! ([`rollout`]).
+//! ([`rollout`]); and `derived/autoscale/{service}`: the replicas a service
+//! with horizontal `autoscale` runs at, decided after the rollout and held
+//! while one progresses ([`horizontal`]).
 //!
 //! Its work splits by service: a pass after a few changes looks at the
-//! services they touch alone.
+//! services they touch alone; a usage report touches the autoscaled ones.
 
+pub mod horizontal;
+#[cfg(test)]
+mod horizontal_tests;
 mod rollout;
 #[cfg(test)]
 mod tests;
@@ -19,7 +24,7 @@ use cca_model::{Kind, keys};
 use crate::controller::{Changes, Context, Controller, Plan, Write};
 use crate::view::View;
 
-/// Writes `derived/rollout/{svc}`.
+/// Writes `derived/rollout/{svc}` and `derived/autoscale/{svc}`.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct LifecycleController;
 
@@ -37,21 +42,32 @@ impl Controller for LifecycleController {
             Kind::Instance,
             Kind::InstanceStatus,
             Kind::Scale,
+            Kind::Usage,
         ]
     }
 
     fn reconcile(&self, view: &View, context: &Context) -> Plan {
         let mut services: BTreeSet<&str> = view.services.keys().map(String::as_str).collect();
         services.extend(view.rollouts.keys().map(String::as_str));
+        services.extend(view.autoscaled.keys().map(String::as_str));
         plan_services(view, context, services)
     }
 
     fn reconcile_changes(&self, view: &View, context: &Context, changes: &Changes) -> Plan {
         match changes {
-            Changes::Facts(facts) => match super::services_touched(view, facts) {
-                Some(services) => plan_services(view, context, services.iter().map(String::as_str)),
-                None => self.reconcile(view, context),
-            },
+            Changes::Facts(facts) => {
+                let (usage, others): (Vec<_>, Vec<_>) = facts
+                    .iter()
+                    .cloned()
+                    .partition(|fact| fact.kind() == Kind::Usage);
+                let Some(mut services) = super::services_touched(view, &others) else {
+                    return self.reconcile(view, context);
+                };
+                if !usage.is_empty() {
+                    services.extend(autoscaled(view).map(str::to_owned));
+                }
+                plan_services(view, context, services.iter().map(String::as_str))
+            }
             Changes::Everything => self.reconcile(view, context),
         }
     }
@@ -69,19 +85,53 @@ fn plan_services<'a>(
     plan
 }
 
-/// The rollout of one service, written only when it differs from the
-/// view's; deleted with the service.
+/// The services with horizontal `autoscale`: the ones a usage report
+/// may move.
+fn autoscaled(view: &View) -> impl Iterator<Item = &str> {
+    view.services
+        .iter()
+        .filter(|(_, spec)| {
+            spec.autoscale
+                .as_ref()
+                .is_some_and(|autoscale| autoscale.horizontal.is_some())
+        })
+        .map(|(name, _)| name.as_str())
+        .chain(view.autoscaled.keys().map(String::as_str))
+}
+
+/// The rollout and the autoscaled count of one service, each written only
+/// when it differs from the view's; deleted with the service (the count
+/// also with its `autoscale`).
 fn plan_service(view: &View, context: &Context, service: &str, plan: &mut Plan) {
-    let key = keys::derived_rollout(service);
-    let held = view.rollouts.get(service).map(|held| &*held.value);
+    let rollout_key = keys::derived_rollout(service);
+    let autoscale_key = keys::derived_autoscale(service);
+    let held_rollout = view.rollouts.get(service).map(|held| &*held.value);
+    let held_count = view.autoscaled.get(service).map(|held| &*held.value);
     let Some(spec) = view.services.get(service) else {
-        if held.is_some() {
-            plan.writes.push(Write::delete(key));
+        if held_rollout.is_some() {
+            plan.writes.push(Write::delete(rollout_key));
+        }
+        if held_count.is_some() {
+            plan.writes.push(Write::delete(autoscale_key));
         }
         return;
     };
-    let rollout = rollout::decide(view, service, &spec.value, context.now, &mut plan.events);
-    if held != Some(&rollout) {
-        plan.writes.push(Write::put_json(key, &rollout));
+    let now = context.now;
+    let rollout = rollout::decide(view, service, &spec.value, now, &mut plan.events);
+    let count = horizontal::decide(view, service, &spec.value, &rollout, now, &mut plan.events);
+    if held_rollout != Some(&rollout) {
+        plan.writes.push(Write::put_json(rollout_key, &rollout));
+    }
+    match count {
+        Some((count, wake)) => {
+            if let Some(at) = wake.filter(|at| *at > now) {
+                plan.requeue(at - now);
+            }
+            if held_count != Some(&count) {
+                plan.writes.push(Write::put_json(autoscale_key, &count));
+            }
+        }
+        None if held_count.is_some() => plan.writes.push(Write::delete(autoscale_key)),
+        None => {}
     }
 }

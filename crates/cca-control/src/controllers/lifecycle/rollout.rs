@@ -237,7 +237,7 @@ fn is_complete(view: &View, service: &str, spec: &ServiceSpec, rollout: &Rollout
     let wanted = if view.is_asleep(service) {
         0
     } else {
-        spec.replicas as usize
+        view.wanted_replicas(service).unwrap_or(spec.replicas) as usize
     };
     let mut ready = 0;
     for instance in view.instances_of(service) {

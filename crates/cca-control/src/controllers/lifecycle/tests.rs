@@ -16,14 +16,14 @@ use crate::view::{FactChange, View};
 /// A view and the changes the runner would have gathered for the
 /// lifecycle controller since its last pass.
 #[derive(Default)]
-struct Cluster {
-    view: View,
+pub(super) struct Cluster {
+    pub(super) view: View,
     gathered: Vec<FactChange>,
-    now: Millis,
+    pub(super) now: Millis,
 }
 
 impl Cluster {
-    fn put<T: Serialize>(&mut self, key: &str, value: &T) {
+    pub(super) fn put<T: Serialize>(&mut self, key: &str, value: &T) {
         let bytes = serde_json::to_vec(value).expect("encodes");
         let revision = self.view.revision + 1;
         let changes = self.view.put(key, &bytes, revision);
@@ -37,7 +37,7 @@ impl Cluster {
     }
 
     /// Applies `spec` as `cca apply` does: the spec and its version.
-    fn apply(&mut self, spec: &ServiceSpec) {
+    pub(super) fn apply(&mut self, spec: &ServiceSpec) {
         let version = ServiceVersion {
             spec: spec.clone(),
             created_at: self.now,
@@ -52,7 +52,13 @@ impl Cluster {
 
     /// An instance of `spec`'s version, reported in `state` after
     /// `restarts` restarts.
-    fn instance(&mut self, id: &str, spec: &ServiceSpec, state: InstanceState, restarts: u32) {
+    pub(super) fn instance(
+        &mut self,
+        id: &str,
+        spec: &ServiceSpec,
+        state: InstanceState,
+        restarts: u32,
+    ) {
         let mut placed = instance(id, &spec.name, "n1");
         placed.spec_hash = spec_hash(spec);
         self.put(&keys::derived_instance(&spec.name, id), &placed);
@@ -70,19 +76,19 @@ impl Cluster {
         self.put(&keys::observed_instance(id), &report);
     }
 
-    fn stop(&mut self, id: &str, spec: &ServiceSpec) {
+    pub(super) fn stop(&mut self, id: &str, spec: &ServiceSpec) {
         let key = keys::derived_instance(&spec.name, id);
         let mut placed = (*self.view.instances.get(id).expect("placed").value).clone();
         placed.stopping = true;
         self.put(&key, &placed);
     }
 
-    fn control(&mut self, service: &str, control: &RolloutControl) {
+    pub(super) fn control(&mut self, service: &str, control: &RolloutControl) {
         self.put(&keys::desired_rollout(service), control);
     }
 
     /// One pass (checked against the incremental one), committed.
-    fn pass(&mut self) -> Plan {
+    pub(super) fn pass(&mut self) -> Plan {
         let full = LifecycleController.reconcile(&self.view, &context(self.now));
         let changes = Changes::Facts(std::mem::take(&mut self.gathered));
         let scoped =
@@ -102,7 +108,7 @@ impl Cluster {
         full
     }
 
-    fn rollout(&self, service: &str) -> Rollout {
+    pub(super) fn rollout(&self, service: &str) -> Rollout {
         (*self.view.rollouts.get(service).expect("a rollout").value).clone()
     }
 }

@@ -127,6 +127,7 @@ impl Controller for SchedulerController {
             Kind::ServiceVersion,
             Kind::Rollout,
             Kind::RolloutControl,
+            Kind::Autoscale,
         ]
     }
 

@@ -10,6 +10,9 @@
 //! part of a version, and an apply of them must act even while a rollback
 //! holds.
 //!
+//! A service with horizontal `autoscale` runs the replicas the lifecycle
+//! controller decided (`derived/autoscale`), not its spec's.
+//!
 //! A paused rollout (`cca rollout pause`) holds: instances of every version
 //! count as current, so none is stopped to roll on, and what is created
 //! (scale up, replacements) runs the version most instances run.
@@ -32,36 +35,38 @@ pub(crate) struct Target<'v> {
 /// Every service's target, by name.
 pub(crate) type Targets<'v> = BTreeMap<&'v str, Target<'v>>;
 
-/// The version each service places this pass and, for those placing an
-/// older version than their spec's, its spec with the current
-/// service-wide fields: built before the pass, which borrows its targets
-/// from here and from the view. Each spec is hashed once.
+/// The version each service places this pass and, for those whose run
+/// differs from their stored spec — an older version, or replicas the
+/// autoscaler set — the spec to run, with the current service-wide fields:
+/// built before the pass, which borrows its targets from here and from the
+/// view. Each spec is hashed once.
 #[derive(Debug, Default)]
 pub(crate) struct Placed {
     hashes: BTreeMap<String, String>,
-    older: BTreeMap<String, ServiceSpec>,
+    run: BTreeMap<String, ServiceSpec>,
 }
 
 impl Placed {
-    /// What `view`'s specs, rollouts and pauses choose.
+    /// What `view`'s specs, rollouts, pauses and autoscaling choose.
     pub(crate) fn of(view: &View) -> Placed {
         let mut placed = Placed::default();
         for (name, spec) in view.services.iter() {
             let current = spec_hash(&spec.value);
             let hash = view.placed_version_at(name, current.clone());
-            let version = view
+            let older = view
                 .versions
                 .get(name)
                 .and_then(|versions| versions.get(&hash))
                 .filter(|_| hash != current);
-            if let Some(version) = version {
-                let mut run = version.spec.clone();
-                run.replicas = spec.replicas;
+            let replicas = view.wanted_replicas(name).unwrap_or(spec.replicas);
+            if older.is_some() || replicas != spec.replicas {
+                let mut run = older.map_or_else(|| (*spec.value).clone(), |v| v.spec.clone());
+                run.replicas = replicas;
                 run.update = spec.update.clone();
                 run.budget = spec.budget.clone();
                 run.autoscale = spec.autoscale.clone();
                 run.scale_to_zero = spec.scale_to_zero;
-                placed.older.insert(name.clone(), run);
+                placed.run.insert(name.clone(), run);
             }
             placed.hashes.insert(name.clone(), hash);
         }
@@ -75,7 +80,7 @@ pub(crate) fn targets<'v>(view: &'v View, placed: &'v Placed) -> Targets<'v> {
         .iter()
         .filter_map(|(name, spec)| {
             let target = Target {
-                spec: placed.older.get(name).unwrap_or(&spec.value),
+                spec: placed.run.get(name).unwrap_or(&spec.value),
                 hash: placed.hashes.get(name)?.clone(),
                 held: view
                     .rollout_controls

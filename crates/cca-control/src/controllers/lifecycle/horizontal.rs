@@ -1,0 +1,251 @@
+//! Horizontal autoscaling of one service with `autoscale { min max cpu
+//! memory }`: the replica count (`derived/autoscale/{service}`) from its
+//! instances' usage reports.
+//!
+//! - **Signals.** Per metric, the ready instances whose node's last report
+//!   is fresh (at most [`STALE_PERIODS`] periods old) and names them: their
+//!   summed mean use against their requests gives the utilization, and the
+//!   replicas that bring it to the target ([`recommend`]). The highest
+//!   metric's wins, within `min..max`.
+//! - **Up fast.** A higher recommendation is followed at once, at most
+//!   doubling (or +4) per step.
+//! - **Down slowly.** A scale-down goes to the highest recommendation of
+//!   the last [`SCALE_DOWN_WINDOW`] (the fact keeps the recommendations it
+//!   superseded in that window), so a periodic load holds the count of its
+//!   peaks rather than following each trough.
+//! - **Never fighting.** While a rollout progresses, or the service sleeps
+//!   (`scale_to_zero`), the count holds and says why. `cca scale` is
+//!   refused for an autoscaled service: the autoscaler owns its replicas,
+//!   within the bounds its file sets.
+//!
+//! [`STALE_PERIODS`]: cca_model::autoscale::STALE_PERIODS
+//! [`SCALE_DOWN_WINDOW`]: cca_model::autoscale::SCALE_DOWN_WINDOW
+
+use cca_model::autoscale::{
+    Autoscaled, Metric, Recommendation, SCALE_DOWN_WINDOW, STALE_PERIODS, ScaleChange, Signal,
+    recommend,
+};
+use cca_model::cluster::Millis;
+use cca_model::rollout::{Rollout, RolloutPhase};
+use cca_model::spec::{HorizontalScale, ServiceSpec};
+
+use crate::controller::EventDraft;
+use crate::view::View;
+
+/// The autoscaled count `service` should have now (`None`: it does not
+/// autoscale horizontally), and when to look again if nothing reports.
+pub(super) fn decide(
+    view: &View,
+    service: &str,
+    spec: &ServiceSpec,
+    rollout: &Rollout,
+    now: Millis,
+    events: &mut Vec<EventDraft>,
+) -> Option<(Autoscaled, Option<Millis>)> {
+    let horizontal = spec.autoscale.as_ref()?.horizontal.as_ref()?;
+    let (min, max) = (horizontal.min, horizontal.max.max(horizontal.min));
+    let held = view.autoscaled.get(service).map(|held| &*held.value);
+    let before = held.map_or(spec.replicas, |held| held.replicas);
+    let current = before.clamp(min, max);
+    let signals = signals(view, service, horizontal, current, now);
+    let recommended = signals
+        .iter()
+        .map(|signal| signal.recommended)
+        .max()
+        .unwrap_or(current)
+        .clamp(min, max);
+    let mut superseded: Vec<Recommendation> =
+        held.map(|held| held.superseded.clone()).unwrap_or_default();
+    if let Some(held) = held.filter(|held| held.recommended != recommended) {
+        superseded.push(Recommendation {
+            replicas: held.recommended,
+            until: now,
+        });
+    }
+    // One no higher than the newest recommendation never bounds a
+    // scale-down again: that one outlives it in the window.
+    superseded.retain(|old| old.until > now - SCALE_DOWN_WINDOW && old.replicas > recommended);
+    let window_max = superseded
+        .iter()
+        .map(|old| old.replicas)
+        .fold(recommended, u32::max);
+    let (target, holding) = choose(view, service, rollout, current, recommended, window_max);
+    let last_change = if target == before {
+        held.and_then(|held| held.last_change.clone())
+    } else {
+        let why = reason(&signals, before, target, recommended, window_max, min, max);
+        events.push(EventDraft::info(
+            format!("service/{service}"),
+            format!("autoscaled from {before} to {target} replicas: {why}"),
+        ));
+        Some(ScaleChange {
+            from: before,
+            to: target,
+            at: now,
+            signals,
+            why,
+        })
+    };
+    let wake = superseded
+        .iter()
+        .map(|old| old.until + SCALE_DOWN_WINDOW)
+        .min();
+    let decided = Autoscaled {
+        replicas: target,
+        recommended,
+        superseded,
+        last_change,
+        holding,
+    };
+    Some((decided, wake))
+}
+
+/// The count to run and, when it is not the recommendation, why.
+fn choose(
+    view: &View,
+    service: &str,
+    rollout: &Rollout,
+    current: u32,
+    recommended: u32,
+    window_max: u32,
+) -> (u32, Option<String>) {
+    if rollout.phase == RolloutPhase::Progressing && recommended != current {
+        let why = format!(
+            "holding at {current}: a rollout of version {} is in progress",
+            rollout.target
+        );
+        return (current, Some(why));
+    }
+    if view.is_asleep(service) && recommended != current {
+        return (
+            current,
+            Some(format!("holding at {current}: asleep (scale_to_zero)")),
+        );
+    }
+    if recommended > current {
+        let step = current.saturating_mul(2).max(current.saturating_add(4));
+        let target = recommended.min(step);
+        let holding = (target < recommended)
+            .then(|| format!("stepping up: at most {step} this step, {recommended} recommended"));
+        return (target, holding);
+    }
+    if window_max < current {
+        return (window_max, None);
+    }
+    let holding = (recommended < current).then(|| {
+        format!(
+            "scale-down to {recommended} waits: {window_max} was recommended within the last {}s",
+            SCALE_DOWN_WINDOW / 1000
+        )
+    });
+    (current, holding)
+}
+
+/// What each metric with a target says of `service`'s ready instances.
+pub fn signals(
+    view: &View,
+    service: &str,
+    horizontal: &HorizontalScale,
+    current: u32,
+    now: Millis,
+) -> Vec<Signal> {
+    let targets = [
+        (Metric::Cpu, horizontal.cpu),
+        (Metric::Memory, horizontal.memory),
+    ];
+    targets
+        .into_iter()
+        .filter_map(|(metric, target)| Some((metric, u64::from(target?.0))))
+        .map(|(metric, target)| signal(view, service, metric, target, current, now))
+        .collect()
+}
+
+fn signal(
+    view: &View,
+    service: &str,
+    metric: Metric,
+    target: u64,
+    current: u32,
+    now: Millis,
+) -> Signal {
+    let (mut reporting, mut used, mut requested) = (0u32, 0u64, 0u64);
+    for instance in view.instances_of(service) {
+        if instance.stopping || !view.is_ready(instance) {
+            continue;
+        }
+        let Some(report) = view.usage.get(&instance.node) else {
+            continue;
+        };
+        let stale = now.saturating_sub(report.at)
+            > i64::try_from(report.period_ms.saturating_mul(STALE_PERIODS)).unwrap_or(i64::MAX);
+        let Some(usage) = report.instances.get(&instance.id).filter(|_| !stale) else {
+            continue;
+        };
+        reporting += 1;
+        match metric {
+            Metric::Cpu => {
+                used += usage.cpu_millis;
+                requested += instance.cpu.0;
+            }
+            Metric::Memory => {
+                used += usage.memory_bytes;
+                requested += instance.memory.0;
+            }
+        }
+    }
+    let request = requested.checked_div(u64::from(reporting)).unwrap_or(0);
+    let utilization = (used.saturating_mul(100))
+        .checked_div(requested)
+        .unwrap_or(0);
+    Signal {
+        metric,
+        reporting,
+        used,
+        request,
+        utilization,
+        target,
+        recommended: recommend(current, reporting, used, request, target),
+    }
+}
+
+/// In words: the signal that decided, or the window, or the bounds.
+fn reason(
+    signals: &[Signal],
+    before: u32,
+    target: u32,
+    recommended: u32,
+    window_max: u32,
+    min: u32,
+    max: u32,
+) -> String {
+    let strongest = signals
+        .iter()
+        .max_by_key(|signal| signal.recommended)
+        .map(|signal| {
+            format!(
+                "{} at {}% of requests against a {}% target across {} instances recommends {}",
+                signal.metric.as_str(),
+                signal.utilization,
+                signal.target,
+                signal.reporting,
+                signal.recommended
+            )
+        })
+        .unwrap_or_else(|| "no usage reported".to_owned());
+    if !(min..=max).contains(&before) && (target == min || target == max) {
+        return format!("brought within min {min} .. max {max}");
+    }
+    if target > before {
+        return strongest;
+    }
+    if window_max > recommended {
+        return format!(
+            "{strongest}; the highest recommendation of the last {}s is {window_max}",
+            SCALE_DOWN_WINDOW / 1000
+        );
+    }
+    format!(
+        "{strongest}, and nothing higher within the last {}s",
+        SCALE_DOWN_WINDOW / 1000
+    )
+}
