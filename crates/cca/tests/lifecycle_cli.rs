@@ -1,10 +1,16 @@
-//! Rollouts end to end through `cca dev` (its agent runs processes) and
-//! the CLI: a version whose instances crash loops is rolled back by itself
+//! Lifecycle automation end to end through `cca dev` (its agent runs
+//! processes) and the CLI.
+//!
+//! Rollouts: a version whose instances crash loop is rolled back by itself
 //! (rollback_after's default, 3) within 30 s of the third failure, and the
 //! previous version serves again within 60 s of the decision; `cca rollout
 //! status` fails saying so, `why`, `history` and `describe` show the
 //! signals. Then `undo` returns to the previous version, and `pause` holds
 //! a new apply until `resume`.
+//!
+//! Autoscaling: a service whose instances burn their whole CPU request
+//! against a 50% target grows to its `max` from the agent's usage reports;
+//! `cca scale` is refused for it and `cca scale why` shows the signals.
 
 mod support;
 
@@ -25,6 +31,23 @@ fn program(version: &str, crash: bool) -> String {
     };
     format!("service web {{\n  run = \"{run}\"\n  replicas = 3\n}}\n")
 }
+
+/// A service whose instances each burn a whole core, held to their 100m
+/// request, autoscaled 1..3 on a 50% CPU target.
+const BUSY: &str = r#"
+service busy {
+  run = "exec perl -e '1 while 1'"
+  resources {
+    cpu = 100m
+    memory = 64Mi
+  }
+  autoscale {
+    min = 1
+    max = 3
+    cpu = 50%
+  }
+}
+"#;
 
 struct Cli<'a> {
     dir: &'a Path,
@@ -57,7 +80,11 @@ impl Cli<'_> {
 
     /// `rollout status --no-wait -o json`.
     fn status(&self) -> serde_json::Value {
-        let output = self.run(&["rollout", "status", "web", "--no-wait", "-o", "json"]);
+        self.json(&["rollout", "status", "web", "--no-wait", "-o", "json"])
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let output = self.run(args);
         assert!(output.status.success(), "{}", text(&output));
         serde_json::from_slice(&output.stdout).expect("json")
     }
@@ -198,5 +225,63 @@ fn a_crash_looping_version_is_rolled_back_by_itself_and_undo_and_pause_act() {
     let done = cli.until(Duration::from_secs(60), settled);
     assert_eq!(done["placing"], done["spec_version"], "{done:#}");
     assert_ne!(done["placing"], v1.as_str());
+    dev.stop();
+}
+
+#[test]
+fn a_busy_service_is_autoscaled_to_its_max_from_its_usage() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("busy.cca"), BUSY).expect("writes");
+    let dev = Dev::start(
+        dir.path(),
+        &[
+            "--data-dir",
+            "data",
+            "--insecure",
+            "--usage-every",
+            "1s",
+            "busy.cca",
+        ],
+    );
+    let cli = Cli {
+        dir: dir.path(),
+        url: dev.api_url().0,
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        let status = cli.json(&["scale", "why", "busy", "-o", "json"]);
+        let ready = cli.json(&["rollout", "status", "busy", "--no-wait", "-o", "json"]);
+        if status["replicas"] == 3 && ready["progress"]["ready"] == 3 {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "never scaled to 3: {status:#}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let change = &status["autoscaled"]["last_change"];
+    assert_eq!(change["to"], 3, "{status:#}");
+    let signal = &change["signals"][0];
+    assert_eq!(signal["metric"], "cpu", "{status:#}");
+    assert!(
+        signal["utilization"].as_u64().is_some_and(|u| u >= 60),
+        "a busy instance near its whole request: {status:#}"
+    );
+    let refused = cli.run(&["scale", "busy", "5"]);
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused).contains("is autoscaled (min 1, max 3)"),
+        "{}",
+        text(&refused)
+    );
+    let why = cli.ok(&["scale", "why", "busy"]);
+    assert!(
+        why.contains("set by the autoscaler within min 1 .. max 3"),
+        "{why}"
+    );
+    assert!(why.contains("cpu: "), "{why}");
+    let described = cli.ok(&["describe", "service", "busy"]);
+    assert!(
+        described.contains("3 desired (autoscaled 1..3"),
+        "{described}"
+    );
     dev.stop();
 }
