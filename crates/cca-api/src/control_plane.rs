@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use cca_control::Cache;
 use cca_control::controllers::{
-    self, DisruptionConfig, NetworkConfig, NodeConfig, SchedulerConfig,
+    self, DisruptionConfig, LifecycleConfig, NetworkConfig, NodeConfig, SchedulerConfig,
 };
 use cca_control::metrics::Metrics;
 use cca_control::runner::{Runner, RunnerConfig};
@@ -24,6 +24,8 @@ pub struct ControlPlaneConfig {
     /// The runner's identity and leader lease.
     pub runner: RunnerConfig,
     pub scheduler: SchedulerConfig,
+    /// Rollouts and autoscaling (the scale-down window).
+    pub lifecycle: LifecycleConfig,
     /// When the node controller pauses lost-node replacement.
     pub disruption: DisruptionConfig,
     /// The address plan (checked by the caller with
@@ -50,6 +52,7 @@ impl ControlPlaneConfig {
         Self {
             runner: RunnerConfig::new(server_id),
             scheduler: SchedulerConfig::default(),
+            lifecycle: LifecycleConfig::default(),
             disruption: DisruptionConfig::default(),
             network: NetworkConfig::default(),
             api: ApiConfig::default(),
@@ -69,6 +72,7 @@ pub struct ControlPlane {
     metrics: Arc<Metrics>,
     runner: RunnerConfig,
     scheduler: SchedulerConfig,
+    lifecycle: LifecycleConfig,
     node: NodeConfig,
     network: NetworkConfig,
     /// Runners started so far: a restarted one campaigns under a new name.
@@ -130,6 +134,7 @@ impl ControlPlane {
             metrics,
             runner: config.runner,
             scheduler: config.scheduler,
+            lifecycle: config.lifecycle,
             node,
             network: config.network,
             generation: 0,
@@ -179,7 +184,7 @@ impl ControlPlane {
         let runner = Runner::new(
             Arc::clone(&self.store),
             Arc::clone(&self.cache),
-            controllers::all(&self.node, &self.scheduler, &self.network),
+            controllers::all(&self.node, &self.scheduler, &self.network, &self.lifecycle),
             Arc::clone(&self.metrics),
             identity,
         );

@@ -104,6 +104,7 @@ async fn scale_is_refused_for_an_autoscaled_service_and_why_shows_what_sets_the_
     let decided = Autoscaled {
         replicas: 4,
         recommended: 4,
+        window_ms: 300_000,
         superseded: vec![],
         last_change: None,
         holding: None,

@@ -15,7 +15,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::cluster::Millis;
 
-/// How long a higher recommendation holds a scale-down back.
+/// How long a higher recommendation holds a scale-down back, unless the
+/// control plane is told otherwise (`cca server --scale-down-window`).
 pub const SCALE_DOWN_WINDOW: Millis = 300_000;
 
 /// Within this many percent of the target, nothing changes.
@@ -32,6 +33,9 @@ pub struct Autoscaled {
     pub replicas: u32,
     /// The newest recommendation (what the signals ask for now).
     pub recommended: u32,
+    /// The scale-down window it was decided with, in milliseconds.
+    #[serde(default = "default_window")]
+    pub window_ms: Millis,
     /// Earlier recommendations still inside the scale-down window, each
     /// with when it was superseded, oldest first: a scale-down goes no
     /// lower than the highest of them.
@@ -43,6 +47,10 @@ pub struct Autoscaled {
     /// Why it does not follow the recommendation now, if it does not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holding: Option<String>,
+}
+
+fn default_window() -> Millis {
+    SCALE_DOWN_WINDOW
 }
 
 /// A recommendation and when a different one replaced it.

@@ -8,11 +8,15 @@
 //! the same state rules as the real runtimes (no double start, no removing
 //! a running instance), so the agent drives it exactly as it drives them.
 //! Instances use CPU and memory by a model: a share of what they request
-//! ([`SimRuntime::set_load`], for autoscaling scenarios), and CPU time
-//! grows with the time they have run.
+//! ([`SimRuntime::set_load`]), or, for the services a shared [`SimLoads`]
+//! names, a given CPU rate per instance (a harness spreads a service's
+//! demand over its instances); CPU time accrues at the rate in force at
+//! each reading. An instance whose environment sets
+//! [`CRASH_SHARE_ENV`] to a share crashes soon after every start when its
+//! id falls in that share (a bad version, for rollout scenarios).
 
 use std::collections::BTreeMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -62,6 +66,8 @@ fn standard_normal(rng: &mut fastrand::Rng) -> f64 {
 #[derive(Clone, Debug, PartialEq)]
 pub struct SimConfig {
     pub start_latency: StartLatency,
+    /// CPU rates per instance by service, shared by every node of a run.
+    pub loads: Option<Arc<SimLoads>>,
     /// Each start fails (the instance exits as "failed to start") with
     /// this probability, 0.0 to 1.0.
     pub start_failure_probability: f64,
@@ -75,6 +81,7 @@ impl Default for SimConfig {
     fn default() -> Self {
         Self {
             start_latency: StartLatency::Fixed(Duration::ZERO),
+            loads: None,
             start_failure_probability: 0.0,
             crash_after: None,
             seed: 0,
@@ -91,6 +98,54 @@ const DEFAULT_LOAD: f64 = 0.5;
 
 /// Exit code of a simulated crash.
 const CRASH_EXIT_CODE: i32 = 1;
+
+/// An instance environment variable: the share (0.0 to 1.0) of the
+/// service's instances, chosen by their ids, that crash
+/// [`DOOMED_RUN`] after every start.
+pub const CRASH_SHARE_ENV: &str = "CCA_SIM_CRASH_SHARE";
+
+/// How long a run of a doomed instance lasts.
+const DOOMED_RUN: Duration = Duration::from_millis(100);
+
+/// Per-instance CPU rates by service, shared by the runtimes of a run:
+/// what a harness sets to spread each service's demand over its
+/// instances. A service it does not name uses the node's load model.
+#[derive(Debug, Default)]
+pub struct SimLoads {
+    per_instance_millis: Mutex<BTreeMap<String, u64>>,
+}
+
+impl SimLoads {
+    /// Each instance of `service` uses `millicores` from now on.
+    pub fn set(&self, service: &str, millicores: u64) {
+        self.rates().insert(service.to_owned(), millicores);
+    }
+
+    /// The rate set for `service`, if any.
+    pub fn get(&self, service: &str) -> Option<u64> {
+        self.rates().get(service).copied()
+    }
+
+    fn rates(&self) -> MutexGuard<'_, BTreeMap<String, u64>> {
+        self.per_instance_millis
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl PartialEq for SimLoads {
+    fn eq(&self, other: &Self) -> bool {
+        std::ptr::eq(self, other) || *self.rates() == *other.rates()
+    }
+}
+
+/// CPU time an instance's current run has used so far.
+#[derive(Clone, Copy, Debug)]
+struct Accrual {
+    started_at: cca_model::cluster::Millis,
+    nanos: f64,
+    at: cca_model::cluster::Millis,
+}
 /// Signal that ends instances on a killed node (as SIGKILL would).
 const NODE_DEATH_SIGNAL: i32 = 9;
 
@@ -103,6 +158,8 @@ struct State {
     dead: bool,
     /// The share of what they request that instances use.
     load: f64,
+    /// CPU time used by each instance's current run, by id.
+    accrued: BTreeMap<String, Accrual>,
 }
 
 /// A simulated node's runtime. Cheap to create; share it as
@@ -121,6 +178,7 @@ impl SimRuntime {
             next_pid: 1,
             dead: false,
             load: DEFAULT_LOAD,
+            accrued: BTreeMap::new(),
         };
         Self {
             config,
@@ -282,6 +340,7 @@ impl Runtime for SimRuntime {
         apply_crash(status, crash_after);
         refuse_when_running(status, Operation::Remove)?;
         state.instances.remove(id);
+        state.accrued.remove(id);
         Ok(())
     }
 
@@ -323,28 +382,44 @@ impl Runtime for SimRuntime {
     async fn usage(&self, id: &str) -> Result<Usage> {
         let status = self.current(id, Operation::Usage)?;
         status.require_running(Operation::Usage)?;
-        let load = self.state().load;
-        Ok(simulated_usage(
-            &status,
-            load,
-            cca_model::clock::now_millis(),
-        ))
+        let rate = self.config.loads.as_ref().and_then(|loads| loads.get(&status.spec.service));
+        let now = cca_model::clock::now_millis();
+        let mut state = self.state();
+        let load = state.load;
+        let started_at = status.started_at_ms.unwrap_or(now);
+        let fresh = Accrual {
+            started_at,
+            nanos: 0.0,
+            at: started_at,
+        };
+        let accrual = state.accrued.entry(id.to_owned()).or_insert(fresh);
+        if accrual.started_at != started_at {
+            *accrual = fresh;
+        }
+        Ok(simulated_usage(&status, load, rate, accrual, now))
     }
 }
 
-/// What a running instance has used by `now` at `load`: the CPU share it
-/// requests times the load for as long as it has run (as if the load had
-/// always been this), and the memory it requests times the load.
-fn simulated_usage(status: &InstanceStatus, load: f64, now: cca_model::cluster::Millis) -> Usage {
+/// What a running instance has used by `now`: its CPU time accrues from
+/// the last reading at `rate` millicores when its service has one, else at
+/// `load` times the CPU it requests; its memory is `load` times what it
+/// requests.
+fn simulated_usage(
+    status: &InstanceStatus,
+    load: f64,
+    rate: Option<u64>,
+    accrual: &mut Accrual,
+    now: cca_model::cluster::Millis,
+) -> Usage {
     let cpu_millis = status.spec.cpu_millis.unwrap_or(UNREQUESTED_CPU_MILLIS);
     let memory = status.spec.memory_bytes.unwrap_or(UNREQUESTED_MEMORY_BYTES);
-    let ran_ms = now
-        .saturating_sub(status.started_at_ms.unwrap_or(now))
-        .max(0);
-    // ms × millicores = nanoseconds of CPU at full load.
-    let full_load_nanos = ran_ms as f64 * cpu_millis as f64 * 1_000.0;
+    let millicores = rate.map_or(cpu_millis as f64 * load, |rate| rate as f64);
+    let elapsed_ms = now.saturating_sub(accrual.at).max(0);
+    // ms × millicores = nanoseconds of CPU.
+    accrual.nanos += elapsed_ms as f64 * millicores * 1_000.0;
+    accrual.at = accrual.at.max(now);
     Usage {
-        cpu_nanos: (full_load_nanos * load) as u64,
+        cpu_nanos: accrual.nanos as u64,
         memory_bytes: (memory as f64 * load) as u64,
     }
 }
@@ -352,6 +427,7 @@ fn simulated_usage(status: &InstanceStatus, load: f64, now: cca_model::cluster::
 /// Crashes a running instance whose `crash_after` has passed; the exit is
 /// dated when it was due, not when it was noticed.
 fn apply_crash(status: &mut InstanceStatus, crash_after: Option<Duration>) {
+    let crash_after = crash_after.or_else(|| is_doomed(status).then_some(DOOMED_RUN));
     let (Some(after), Some(started)) = (crash_after, status.started_at_ms) else {
         return;
     };
@@ -359,6 +435,23 @@ fn apply_crash(status: &mut InstanceStatus, crash_after: Option<Duration>) {
     if status.state == InstanceState::Running && cca_model::clock::now_millis() >= due {
         end_run(status, Some(CRASH_EXIT_CODE), None, ExitReason::Exited, due);
     }
+}
+
+/// Whether the instance's id falls in the share of its service that
+/// [`CRASH_SHARE_ENV`] dooms (an FNV-1a hash of the id, per mille).
+fn is_doomed(status: &InstanceStatus) -> bool {
+    let Some(share) = status
+        .spec
+        .env
+        .get(CRASH_SHARE_ENV)
+        .and_then(|share| share.parse::<f64>().ok())
+    else {
+        return false;
+    };
+    let hash = status.spec.id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    ((hash % 1_000) as f64) < share * 1_000.0
 }
 
 fn existing<'a>(state: &'a mut State, id: &str) -> Result<&'a mut InstanceStatus> {
@@ -382,25 +475,71 @@ mod tests {
     }
 
     #[test]
-    fn simulated_use_is_the_load_times_the_request() {
+    fn cpu_accrues_at_the_rate_in_force_at_each_reading() {
         let mut requested = spec("a");
         requested.cpu_millis = Some(2000);
         requested.memory_bytes = Some(1 << 30);
         let mut status = created_status(requested, "sim");
         status.state = InstanceState::Running;
         status.started_at_ms = Some(1_000);
+        let mut accrual = Accrual {
+            started_at: 1_000,
+            nanos: 0.0,
+            at: 1_000,
+        };
         // Two cores at a quarter load for 4 s: 2 s of CPU.
         assert_eq!(
-            simulated_usage(&status, 0.25, 5_000),
+            simulated_usage(&status, 0.25, None, &mut accrual, 5_000),
             Usage {
                 cpu_nanos: 2_000_000_000,
                 memory_bytes: 1 << 28,
             }
         );
-        let unrequested = created_status(spec("b"), "sim");
-        let usage = simulated_usage(&unrequested, 1.0, 5_000);
-        assert_eq!(usage.memory_bytes, UNREQUESTED_MEMORY_BYTES);
-        assert_eq!(usage.cpu_nanos, 0, "not started, no time run");
+        // Then 500m for 2 s: 1 s more, whatever the load.
+        let usage = simulated_usage(&status, 0.25, Some(500), &mut accrual, 7_000);
+        assert_eq!(usage.cpu_nanos, 3_000_000_000);
+        // A load step does not rewrite the past.
+        let usage = simulated_usage(&status, 1.0, None, &mut accrual, 7_000);
+        assert_eq!(usage.cpu_nanos, 3_000_000_000);
+    }
+
+    #[tokio::test]
+    async fn a_shared_rate_drives_a_services_instances() {
+        let loads = Arc::new(SimLoads::default());
+        let config = SimConfig {
+            loads: Some(Arc::clone(&loads)),
+            ..SimConfig::default()
+        };
+        let runtime = SimRuntime::new(config);
+        started(&runtime, "a").await.expect("start a");
+        loads.set("web", 1_000);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let first = runtime.usage("a").await.expect("usage").cpu_nanos;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let second = runtime.usage("a").await.expect("usage").cpu_nanos;
+        // A whole core: about 100 ms of CPU in 100 ms.
+        let used = second - first;
+        assert!((90_000_000..200_000_000).contains(&used), "{used}");
+    }
+
+    #[tokio::test]
+    async fn a_doomed_share_of_instances_crashes_soon_after_every_start() {
+        let runtime = SimRuntime::new(SimConfig::default());
+        let mut doomed = 0;
+        for n in 0..40 {
+            let mut spec = spec(&format!("web-{n}"));
+            spec.env.insert(CRASH_SHARE_ENV.into(), "0.5".into());
+            runtime.create(spec).await.expect("create");
+            runtime.start(&format!("web-{n}")).await.expect("start");
+        }
+        tokio::time::sleep(DOOMED_RUN + Duration::from_millis(50)).await;
+        for status in runtime.list().await.expect("list") {
+            if status.state == InstanceState::Exited {
+                doomed += 1;
+                assert_eq!(status.exit.expect("exit").code, Some(CRASH_EXIT_CODE));
+            }
+        }
+        assert!((8..32).contains(&doomed), "about half of 40: {doomed}");
     }
 
     #[tokio::test]

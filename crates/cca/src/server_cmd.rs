@@ -71,6 +71,10 @@ pub(crate) struct ServerArgs {
     /// expired) are replaced elsewhere.
     #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = flags::duration)]
     lost_grace: Duration,
+    /// An autoscaled service scales down only to the highest replica count
+    /// recommended within this long.
+    #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = flags::duration)]
+    scale_down_window: Duration,
     /// The host ports the scheduler hands out to instances, per node,
     /// lowest free first (ports a node's agent finds held by something
     /// outside the cluster are skipped on that node).
@@ -239,6 +243,9 @@ async fn serve(args: ServerArgs) -> Result<()> {
     let setup = ControlPlaneConfig {
         runner: runner_config(&args),
         scheduler,
+        lifecycle: cca_control::controllers::LifecycleConfig {
+            scale_down_window: args.scale_down_window,
+        },
         disruption: DisruptionConfig {
             max_missing_percent: args.pause_replacement_above,
             max_missing_nodes: args.pause_replacement_nodes,

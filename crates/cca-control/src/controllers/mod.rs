@@ -28,7 +28,7 @@ pub(crate) mod fixtures;
 use std::sync::Arc;
 
 pub use endpoint::EndpointController;
-pub use lifecycle::LifecycleController;
+pub use lifecycle::{LifecycleConfig, LifecycleController};
 pub use network::{NetworkConfig, NetworkController, PlanError};
 pub use node::{DisruptionConfig, MIN_MISSING, NodeConfig, NodeController};
 pub use scale::ScaleController;
@@ -47,6 +47,7 @@ pub fn all(
     node: &NodeConfig,
     scheduler: &SchedulerConfig,
     network: &NetworkConfig,
+    lifecycle: &LifecycleConfig,
 ) -> Vec<Arc<dyn Controller>> {
     vec![
         Arc::new(NodeController {
@@ -60,7 +61,9 @@ pub fn all(
             config: network.clone(),
         }),
         Arc::new(ScaleController),
-        Arc::new(LifecycleController),
+        Arc::new(LifecycleController {
+            config: lifecycle.clone(),
+        }),
     ]
 }
 

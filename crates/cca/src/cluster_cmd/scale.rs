@@ -4,7 +4,6 @@
 //! (`GET /v1/services/{name}/scale`).
 
 use anyhow::{Result, bail};
-use cca_model::autoscale::SCALE_DOWN_WINDOW;
 use cca_model::spec::Memory;
 use cca_wire::types::ScaleStatus;
 use clap::{Args, Subcommand};
@@ -94,7 +93,7 @@ fn explain(status: &ScaleStatus, now: i64) -> Vec<String> {
             "Recommendation: {} (the highest metric's, within the bounds); up follows it at once, \
              at most doubling (or +4) per step; down goes to the highest of the last {}s.",
             decided.recommended,
-            SCALE_DOWN_WINDOW / 1000
+            decided.window_ms / 1000
         ));
         for old in &decided.superseded {
             lines.push(format!(
@@ -187,6 +186,7 @@ mod tests {
             autoscaled: Some(Autoscaled {
                 replicas: 4,
                 recommended: 4,
+                window_ms: 300_000,
                 superseded: vec![Recommendation {
                     replicas: 6,
                     until: 40_000,

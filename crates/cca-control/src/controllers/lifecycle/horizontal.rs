@@ -10,7 +10,8 @@
 //! - **Up fast.** A higher recommendation is followed at once, at most
 //!   doubling (or +4) per step.
 //! - **Down slowly.** A scale-down goes to the highest recommendation of
-//!   the last [`SCALE_DOWN_WINDOW`] (the fact keeps the recommendations it
+//!   the last `scale_down_window` (5 minutes, [`SCALE_DOWN_WINDOW`], unless
+//!   configured; the fact keeps the recommendations it
 //!   superseded in that window), so a periodic load holds the count of its
 //!   peaks rather than following each trough.
 //! - **Never fighting.** While a rollout progresses, or the service sleeps
@@ -22,8 +23,7 @@
 //! [`SCALE_DOWN_WINDOW`]: cca_model::autoscale::SCALE_DOWN_WINDOW
 
 use cca_model::autoscale::{
-    Autoscaled, Metric, Recommendation, SCALE_DOWN_WINDOW, STALE_PERIODS, ScaleChange, Signal,
-    recommend,
+    Autoscaled, Metric, Recommendation, STALE_PERIODS, ScaleChange, Signal, recommend,
 };
 use cca_model::cluster::Millis;
 use cca_model::rollout::{Rollout, RolloutPhase};
@@ -39,9 +39,10 @@ pub(super) fn decide(
     service: &str,
     spec: &ServiceSpec,
     rollout: &Rollout,
-    now: Millis,
+    context: &Decision,
     events: &mut Vec<EventDraft>,
 ) -> Option<(Autoscaled, Option<Millis>)> {
+    let (now, window) = (context.now, context.window);
     let horizontal = spec.autoscale.as_ref()?.horizontal.as_ref()?;
     let (min, max) = (horizontal.min, horizontal.max.max(horizontal.min));
     let held = view.autoscaled.get(service).map(|held| &*held.value);
@@ -64,16 +65,22 @@ pub(super) fn decide(
     }
     // One no higher than the newest recommendation never bounds a
     // scale-down again: that one outlives it in the window.
-    superseded.retain(|old| old.until > now - SCALE_DOWN_WINDOW && old.replicas > recommended);
+    superseded.retain(|old| old.until > now - window && old.replicas > recommended);
     let window_max = superseded
         .iter()
         .map(|old| old.replicas)
         .fold(recommended, u32::max);
-    let (target, holding) = choose(view, service, rollout, current, recommended, window_max);
+    let choice = Choice {
+        current,
+        recommended,
+        window_max,
+        window,
+    };
+    let (target, holding) = choose(view, service, rollout, &choice);
     let last_change = if target == before {
         held.and_then(|held| held.last_change.clone())
     } else {
-        let why = reason(&signals, before, target, recommended, window_max, min, max);
+        let why = reason(&signals, before, target, &choice, (min, max));
         events.push(EventDraft::info(
             format!("service/{service}"),
             format!("autoscaled from {before} to {target} replicas: {why}"),
@@ -88,11 +95,12 @@ pub(super) fn decide(
     };
     let wake = superseded
         .iter()
-        .map(|old| old.until + SCALE_DOWN_WINDOW)
+        .map(|old| old.until + window)
         .min();
     let decided = Autoscaled {
         replicas: target,
         recommended,
+        window_ms: window,
         superseded,
         last_change,
         holding,
@@ -100,15 +108,30 @@ pub(super) fn decide(
     Some((decided, wake))
 }
 
-/// The count to run and, when it is not the recommendation, why.
-fn choose(
-    view: &View,
-    service: &str,
-    rollout: &Rollout,
+/// When a decision is taken, and the scale-down window it uses.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Decision {
+    pub(super) now: Millis,
+    pub(super) window: Millis,
+}
+
+/// What a choice weighs: the count now, the newest recommendation, the
+/// highest of the window.
+struct Choice {
     current: u32,
     recommended: u32,
     window_max: u32,
-) -> (u32, Option<String>) {
+    window: Millis,
+}
+
+/// The count to run and, when it is not the recommendation, why.
+fn choose(view: &View, service: &str, rollout: &Rollout, choice: &Choice) -> (u32, Option<String>) {
+    let Choice {
+        current,
+        recommended,
+        window_max,
+        window,
+    } = *choice;
     if rollout.phase == RolloutPhase::Progressing && recommended != current {
         let why = format!(
             "holding at {current}: a rollout of version {} is in progress",
@@ -117,16 +140,14 @@ fn choose(
         return (current, Some(why));
     }
     if view.is_asleep(service) && recommended != current {
-        return (
-            current,
-            Some(format!("holding at {current}: asleep (scale_to_zero)")),
-        );
+        return (current, Some(format!("holding at {current}: asleep (scale_to_zero)")));
     }
     if recommended > current {
         let step = current.saturating_mul(2).max(current.saturating_add(4));
         let target = recommended.min(step);
-        let holding = (target < recommended)
-            .then(|| format!("stepping up: at most {step} this step, {recommended} recommended"));
+        let holding = (target < recommended).then(|| {
+            format!("stepping up: at most {step} this step, {recommended} recommended")
+        });
         return (target, holding);
     }
     if window_max < current {
@@ -135,7 +156,7 @@ fn choose(
     let holding = (recommended < current).then(|| {
         format!(
             "scale-down to {recommended} waits: {window_max} was recommended within the last {}s",
-            SCALE_DOWN_WINDOW / 1000
+            window / 1000
         )
     });
     (current, holding)
@@ -213,10 +234,8 @@ fn reason(
     signals: &[Signal],
     before: u32,
     target: u32,
-    recommended: u32,
-    window_max: u32,
-    min: u32,
-    max: u32,
+    choice: &Choice,
+    (min, max): (u32, u32),
 ) -> String {
     let strongest = signals
         .iter()
@@ -238,14 +257,12 @@ fn reason(
     if target > before {
         return strongest;
     }
-    if window_max > recommended {
+    let window = choice.window / 1000;
+    if choice.window_max > choice.recommended {
         return format!(
-            "{strongest}; the highest recommendation of the last {}s is {window_max}",
-            SCALE_DOWN_WINDOW / 1000
+            "{strongest}; the highest recommendation of the last {window}s is {}",
+            choice.window_max
         );
     }
-    format!(
-        "{strongest}, and nothing higher within the last {}s",
-        SCALE_DOWN_WINDOW / 1000
-    )
+    format!("{strongest}, and nothing higher within the last {window}s")
 }

@@ -18,15 +18,38 @@ mod rollout;
 mod tests;
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
+use cca_model::clock::span_millis;
 use cca_model::{Kind, keys};
 
 use crate::controller::{Changes, Context, Controller, Plan, Write};
 use crate::view::View;
 
+/// The lifecycle controller's tunables; `Default` gives the documented
+/// values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LifecycleConfig {
+    /// How long a higher recommendation holds an autoscaled service's
+    /// scale-down back (5 min).
+    pub scale_down_window: Duration,
+}
+
+impl Default for LifecycleConfig {
+    fn default() -> Self {
+        LifecycleConfig {
+            scale_down_window: Duration::from_millis(
+                u64::try_from(cca_model::autoscale::SCALE_DOWN_WINDOW).unwrap_or(300_000),
+            ),
+        }
+    }
+}
+
 /// Writes `derived/rollout/{svc}` and `derived/autoscale/{svc}`.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct LifecycleController;
+#[derive(Clone, Debug, Default)]
+pub struct LifecycleController {
+    pub config: LifecycleConfig,
+}
 
 impl Controller for LifecycleController {
     fn name(&self) -> &'static str {
@@ -50,7 +73,7 @@ impl Controller for LifecycleController {
         let mut services: BTreeSet<&str> = view.services.keys().map(String::as_str).collect();
         services.extend(view.rollouts.keys().map(String::as_str));
         services.extend(view.autoscaled.keys().map(String::as_str));
-        plan_services(view, context, services)
+        plan_services(self, view, context, services)
     }
 
     fn reconcile_changes(&self, view: &View, context: &Context, changes: &Changes) -> Plan {
@@ -66,7 +89,7 @@ impl Controller for LifecycleController {
                 if !usage.is_empty() {
                     services.extend(autoscaled(view).map(str::to_owned));
                 }
-                plan_services(view, context, services.iter().map(String::as_str))
+                plan_services(self, view, context, services.iter().map(String::as_str))
             }
             Changes::Everything => self.reconcile(view, context),
         }
@@ -74,13 +97,18 @@ impl Controller for LifecycleController {
 }
 
 fn plan_services<'a>(
+    controller: &LifecycleController,
     view: &View,
     context: &Context,
     services: impl IntoIterator<Item = &'a str>,
 ) -> Plan {
+    let decision = horizontal::Decision {
+        now: context.now,
+        window: span_millis(controller.config.scale_down_window),
+    };
     let mut plan = Plan::default();
     for service in services {
-        plan_service(view, context, service, &mut plan);
+        plan_service(view, &decision, service, &mut plan);
     }
     plan
 }
@@ -102,7 +130,7 @@ fn autoscaled(view: &View) -> impl Iterator<Item = &str> {
 /// The rollout and the autoscaled count of one service, each written only
 /// when it differs from the view's; deleted with the service (the count
 /// also with its `autoscale`).
-fn plan_service(view: &View, context: &Context, service: &str, plan: &mut Plan) {
+fn plan_service(view: &View, decision: &horizontal::Decision, service: &str, plan: &mut Plan) {
     let rollout_key = keys::derived_rollout(service);
     let autoscale_key = keys::derived_autoscale(service);
     let held_rollout = view.rollouts.get(service).map(|held| &*held.value);
@@ -116,9 +144,16 @@ fn plan_service(view: &View, context: &Context, service: &str, plan: &mut Plan) 
         }
         return;
     };
-    let now = context.now;
+    let now = decision.now;
     let rollout = rollout::decide(view, service, &spec.value, now, &mut plan.events);
-    let count = horizontal::decide(view, service, &spec.value, &rollout, now, &mut plan.events);
+    let count = horizontal::decide(
+        view,
+        service,
+        &spec.value,
+        &rollout,
+        decision,
+        &mut plan.events,
+    );
     if held_rollout != Some(&rollout) {
         plan.writes.push(Write::put_json(rollout_key, &rollout));
     }

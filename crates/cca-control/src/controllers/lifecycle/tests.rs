@@ -28,7 +28,7 @@ impl Cluster {
         let revision = self.view.revision + 1;
         let changes = self.view.put(key, &bytes, revision);
         self.view.revision = revision;
-        let interests = LifecycleController.interests();
+        let interests = LifecycleController::default().interests();
         self.gathered.extend(
             changes
                 .into_iter()
@@ -89,10 +89,10 @@ impl Cluster {
 
     /// One pass (checked against the incremental one), committed.
     pub(super) fn pass(&mut self) -> Plan {
-        let full = LifecycleController.reconcile(&self.view, &context(self.now));
+        let full = LifecycleController::default().reconcile(&self.view, &context(self.now));
         let changes = Changes::Facts(std::mem::take(&mut self.gathered));
         let scoped =
-            LifecycleController.reconcile_changes(&self.view, &context(self.now), &changes);
+            LifecycleController::default().reconcile_changes(&self.view, &context(self.now), &changes);
         assert_eq!(sorted(&scoped), sorted(&full), "incremental == full");
         for write in &full.writes {
             let Write::Put { key, value } = write else {
