@@ -76,6 +76,10 @@ pub struct ClusterConfig {
     /// When a pause of lost-node replacement ends on its own (`None`:
     /// only returning heartbeats or an operator end it).
     pub resume_replacement_after: Option<Duration>,
+    /// How often each agent reports its usage (production 30 s).
+    pub usage_every: Duration,
+    /// The lifecycle controller's scale-down window (production 5 min).
+    pub scale_down_window: Duration,
     /// Production security: HTTPS with client certificates on both
     /// listeners, each agent with its own node certificate, the harness
     /// with the local admin's.
@@ -246,6 +250,12 @@ impl Cluster {
     /// it started, outside every measured span); `None` without TLS.
     pub fn certificates_seconds(&self) -> Option<f64> {
         self.pki.as_ref().map(|pki| pki.issue_seconds())
+    }
+
+    /// The per-service CPU rates every simulated node's instances use,
+    /// when the run set them up.
+    pub fn sim_loads(&self) -> Option<Arc<cca_runtime::sim::SimLoads>> {
+        self.config.sim.loads.clone()
     }
 
     /// Names of every simulated node, in order.
@@ -631,6 +641,7 @@ fn control_plane_config(config: &ClusterConfig) -> ControlPlaneConfig {
     plane.scheduler.startup_grace = config.startup_grace;
     plane.scheduler.lost_grace = config.lost_grace;
     plane.disruption.resume_after = config.resume_replacement_after;
+    plane.lifecycle.scale_down_window = config.scale_down_window;
     // Room for every simulated node's subnet (16,384 /24s), as an
     // operator of a cluster this size would configure it: the default /16
     // holds 256.
@@ -714,7 +725,7 @@ fn agent_config(
         // Many nodes to a host: each one's use is its instances'.
         usage: Some(cca_agent::usage::UsageOptions {
             node: cca_agent::usage::NodeMeter::Instances,
-            ..Default::default()
+            ..cca_agent::usage::UsageOptions::reporting_every(config.usage_every)
         }),
     }
 }

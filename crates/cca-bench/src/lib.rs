@@ -20,6 +20,7 @@
 mod cluster;
 mod error;
 pub mod gate;
+mod lifecycle;
 mod measure;
 mod network;
 mod plane_runtime;
@@ -33,6 +34,7 @@ pub mod workload;
 
 pub use cluster::{Cluster, ClusterConfig};
 pub use error::BenchError;
+pub use lifecycle::LifecycleFigures;
 pub use measure::{peak_rss_bytes, raise_open_file_limit};
 pub use network::NetworkFigures;
 pub use scenario::{BenchConfig, Progress, Report, Scenario, StoreTarget, run_scenario};

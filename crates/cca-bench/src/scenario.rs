@@ -69,6 +69,14 @@ pub enum Scenario {
     /// observer's rules updated (see the `network` module). Needs root;
     /// not part of `all`.
     Network,
+    /// Deploy with a 25% surge, roll out a new version, then one a share
+    /// of whose instances crash loop: time to finish, to decide each
+    /// rollback and to serve the previous version again (see the
+    /// `lifecycle` module).
+    Rollout,
+    /// Deploy autoscaled services on target, step their load up and back
+    /// down: time to reach each new count (see the `lifecycle` module).
+    Autoscale,
 }
 
 impl Scenario {
@@ -83,6 +91,8 @@ impl Scenario {
         Scenario::OverloadSlowStore,
         Scenario::OverloadFreeze,
         Scenario::OverloadMassKill,
+        Scenario::Rollout,
+        Scenario::Autoscale,
     ];
 
     /// The overload scenarios, which `overload` runs.
@@ -104,6 +114,8 @@ impl Scenario {
             Scenario::OverloadFreeze => "overload-freeze",
             Scenario::OverloadMassKill => "overload-mass-kill",
             Scenario::Network => "network",
+            Scenario::Rollout => "rollout",
+            Scenario::Autoscale => "autoscale",
         }
     }
 
@@ -144,6 +156,11 @@ impl Scenario {
     /// Whether `overload` runs it.
     pub fn is_overload(self) -> bool {
         Self::OVERLOAD.contains(&self)
+    }
+
+    /// Whether it drives rollouts or autoscaling.
+    pub fn is_lifecycle(self) -> bool {
+        matches!(self, Scenario::Rollout | Scenario::Autoscale)
     }
 }
 
@@ -206,6 +223,16 @@ pub struct BenchConfig {
     /// Without TLS too, every agent holds connections of its own (see
     /// [`ClusterConfig`]).
     pub connection_per_node: bool,
+    /// How often agents report usage; `None`: 30 s (production), 2 s in
+    /// the lifecycle scenarios.
+    pub usage_every: Option<Duration>,
+    /// The autoscaler's scale-down window; `None`: 5 min (production),
+    /// 30 s in `autoscale`.
+    pub scale_down_window: Option<Duration>,
+    /// `rollout`: `max_surge` as a share of each service's replicas (25).
+    pub surge_percent: u32,
+    /// `rollout`: per mille of the bad version's instances that crash (100).
+    pub bad_per_mille: u32,
 }
 
 impl BenchConfig {
@@ -238,6 +265,10 @@ impl BenchConfig {
             tls: false,
             liveness_over_api: false,
             connection_per_node: false,
+            usage_every: None,
+            scale_down_window: None,
+            surge_percent: 25,
+            bad_per_mille: 100,
         }
     }
 
@@ -286,6 +317,25 @@ impl BenchConfig {
             config.instances = self.services * self.service_replicas as usize;
         }
         config
+    }
+
+    /// How often agents report usage in `scenario`.
+    pub(crate) fn usage_every_for(&self, scenario: Scenario) -> Duration {
+        self.usage_every.unwrap_or(if scenario.is_lifecycle() {
+            Duration::from_secs(2)
+        } else {
+            Duration::from_secs(30)
+        })
+    }
+
+    /// The scale-down window the control plane runs `scenario` with.
+    pub(crate) fn scale_down_window_for(&self, scenario: Scenario) -> Duration {
+        self.scale_down_window
+            .unwrap_or(if scenario == Scenario::Autoscale {
+                Duration::from_secs(30)
+            } else {
+                Duration::from_secs(300)
+            })
     }
 
     /// The share of its raw rate `scenario` paces the store to, if any.
@@ -388,6 +438,9 @@ pub struct Report {
     /// are then per change, to every observer).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<crate::network::NetworkFigures>,
+    /// `rollout` and `autoscale`: their figures.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lifecycle: Option<crate::lifecycle::LifecycleFigures>,
 }
 
 fn is_zero(count: &u32) -> bool {
@@ -410,6 +463,7 @@ pub(crate) struct Outcome {
     pub(crate) success_rate: f64,
     pub(crate) instances: usize,
     pub(crate) network: Option<crate::network::NetworkFigures>,
+    pub(crate) lifecycle: Option<crate::lifecycle::LifecycleFigures>,
     pub(crate) detection_seconds: Option<f64>,
     pub(crate) total_seconds: Option<f64>,
     pub(crate) violations: Vec<String>,
@@ -456,7 +510,7 @@ pub async fn run_scenario(
     }
     let tracker = Tracker::start(Arc::clone(&store)).await?;
     progress.phase("starting the control plane and agents", config.nodes as u64);
-    let mut cluster = Cluster::start(Arc::clone(&store), cluster_config(config)).await?;
+    let mut cluster = Cluster::start(Arc::clone(&store), cluster_config(config, scenario)).await?;
     let outcome = match cluster.wait_ready(config.timeout).await {
         Ok(()) => {
             let ready = Instant::now();
@@ -494,7 +548,7 @@ async fn drive(
     if scenario == Scenario::Network {
         return crate::network::drive(cluster, tracker, store, config, progress).await;
     }
-    let workload = Workload::new(config.instances);
+    let workload = workload_for(scenario, cluster, config);
     let deployed = deploy(cluster, tracker, &workload, config, progress).await?;
     match scenario {
         // `network` returned above, with its own deployment.
@@ -502,6 +556,11 @@ async fn drive(
         | Scenario::StoreLatency
         | Scenario::OverloadSlowStore
         | Scenario::Network => Ok(deployed),
+        _ if deployed.success_rate < 1.0 => Ok(deployed),
+        Scenario::Rollout => crate::lifecycle::rollout(cluster, &workload, config, progress).await,
+        Scenario::Autoscale => {
+            crate::lifecycle::autoscale(cluster, &workload, config, progress).await
+        }
         Scenario::Placement => {
             let violations = verify::placement(cluster.client(), &workload).await?;
             Ok(Outcome {
@@ -524,6 +583,24 @@ async fn drive(
         Scenario::OverloadMassKill => {
             overload_mass_kill(cluster, tracker, &workload, config, progress).await
         }
+    }
+}
+
+/// The workload `scenario` deploys: the lifecycle scenarios' shapes
+/// (for `autoscale`, its instances start on target: half their request).
+fn workload_for(scenario: Scenario, cluster: &Cluster, config: &BenchConfig) -> Workload {
+    let plain = Workload::new(config.instances);
+    match scenario {
+        Scenario::Rollout => plain.shaped(crate::lifecycle::rollout_shape(config)),
+        Scenario::Autoscale => {
+            if let Some(loads) = cluster.sim_loads() {
+                for (service, _) in &plain.replicas {
+                    loads.set(service, INSTANCE_CPU_MILLIS / 2);
+                }
+            }
+            plain.shaped(crate::lifecycle::autoscale_shape())
+        }
+        _ => plain,
     }
 }
 
@@ -1139,7 +1216,7 @@ fn victims(nodes: &[String], count: usize) -> HashSet<String> {
 /// Nodes big enough for 2.25× their even share of the workload: room for
 /// the scale-up (1.5×) on the 90% of nodes left after a node failure, and
 /// for the restricted service crowding onto half of them.
-fn cluster_config(config: &BenchConfig) -> ClusterConfig {
+fn cluster_config(config: &BenchConfig, scenario: Scenario) -> ClusterConfig {
     let share = (config.instances as f64 * 2.25 / config.nodes.max(1) as f64).ceil() as u64 + 1;
     ClusterConfig {
         nodes: config.nodes,
@@ -1148,6 +1225,7 @@ fn cluster_config(config: &BenchConfig) -> ClusterConfig {
         sim: SimConfig {
             start_latency: config.start_latency,
             seed: config.seed,
+            loads: Some(Arc::new(cca_runtime::sim::SimLoads::default())),
             ..SimConfig::default()
         },
         node_ttl: config.node_ttl,
@@ -1155,6 +1233,8 @@ fn cluster_config(config: &BenchConfig) -> ClusterConfig {
         startup_grace: config.startup_grace,
         agent_tick: Duration::from_millis(500),
         resume_replacement_after: config.resume_replacement_after,
+        usage_every: config.usage_every_for(scenario),
+        scale_down_window: config.scale_down_window_for(scenario),
         tls: config.tls,
         liveness_over_api: config.liveness_over_api,
         connection_per_node: config.connection_per_node,
@@ -1234,6 +1314,7 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         connection_per_node: config.connection_per_node || config.tls,
         certificates_seconds: None,
         network: outcome.network,
+        lifecycle: outcome.lifecycle,
     }
 }
 

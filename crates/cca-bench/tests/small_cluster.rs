@@ -1,7 +1,9 @@
 //! CI keeps the benchmark honest: every scenario but the overload ones on
 //! a small cluster (20 nodes, 200 instances) with short lease and grace
 //! times, checking correctness — placement verified, nothing moved across
-//! a controller restart, success rate 1.0, no false lease expiry — never
+//! a controller restart, every service's bad version rolled back and its
+//! previous one serving again, every autoscaled service reaching its new
+//! count without flapping, success rate 1.0, no false lease expiry — never
 //! timings. The overload scenarios need a cluster large enough to load
 //! the control plane: `tests/overload.rs` runs them.
 
@@ -24,6 +26,11 @@ fn small_cluster() -> BenchConfig {
     config.killed_nodes = 2;
     config.timeout = Duration::from_secs(30);
     config.probe_window = Duration::from_millis(200);
+    // 20 instances a service: a tenth crashing would be two, short of
+    // rollback_after's 3 in many services.
+    config.bad_per_mille = 300;
+    // Within the 30 s each convergence may take.
+    config.scale_down_window = Some(Duration::from_secs(10));
     config
 }
 
@@ -55,6 +62,14 @@ async fn every_scenario_converges_correctly_on_a_small_cluster() {
         check(&report, instances);
         if scenario == Scenario::NodeFailure {
             assert!(report.detection_seconds.is_some() && report.total_seconds.is_some());
+        }
+        if scenario.is_lifecycle() {
+            let figures = report.lifecycle.as_ref().expect("lifecycle figures");
+            let timed = match scenario {
+                Scenario::Rollout => [figures.rollout_seconds, figures.rollback_seconds],
+                _ => [figures.scale_up_seconds, figures.scale_down_seconds],
+            };
+            assert!(timed.iter().all(Option::is_some), "{report:#?}");
         }
     }
 }

@@ -101,6 +101,8 @@ async fn a_tls_cluster_admits_only_certificates_and_nodes_only_as_themselves() {
         startup_grace: Duration::ZERO,
         agent_tick: Duration::from_millis(100),
         resume_replacement_after: None,
+        usage_every: Duration::from_secs(30),
+        scale_down_window: Duration::from_secs(300),
         tls: true,
         liveness_over_api: false,
         connection_per_node: false,

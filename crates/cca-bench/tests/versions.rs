@@ -98,6 +98,8 @@ async fn a_node_rebooted_during_a_rolling_update_restarts_old_instances_as_old()
         startup_grace: Duration::ZERO,
         agent_tick: Duration::from_millis(100),
         resume_replacement_after: None,
+        usage_every: Duration::from_secs(30),
+        scale_down_window: Duration::from_secs(300),
         tls: false,
         liveness_over_api: false,
         connection_per_node: false,

@@ -382,7 +382,11 @@ impl Runtime for SimRuntime {
     async fn usage(&self, id: &str) -> Result<Usage> {
         let status = self.current(id, Operation::Usage)?;
         status.require_running(Operation::Usage)?;
-        let rate = self.config.loads.as_ref().and_then(|loads| loads.get(&status.spec.service));
+        let rate = self
+            .config
+            .loads
+            .as_ref()
+            .and_then(|loads| loads.get(&status.spec.service));
         let now = cca_model::clock::now_millis();
         let mut state = self.state();
         let load = state.load;
@@ -448,9 +452,13 @@ fn is_doomed(status: &InstanceStatus) -> bool {
     else {
         return false;
     };
-    let hash = status.spec.id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
+    let hash = status
+        .spec
+        .id
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
     ((hash % 1_000) as f64) < share * 1_000.0
 }
 

@@ -37,9 +37,9 @@ pub(crate) struct BenchmarkArgs {
     store: String,
     /// deploy, placement, node-failure, scale-up, controller-restart,
     /// store-latency, overload-slow-store, overload-freeze,
-    /// overload-mass-kill; overload (every overload scenario) or all;
-    /// network (root only, not in all: endpoint change → every
-    /// observer node's nftables rules updated).
+    /// overload-mass-kill, rollout, autoscale; overload (every overload
+    /// scenario) or all; network (root only, not in all: endpoint change
+    /// → every observer node's nftables rules updated).
     #[arg(long, default_value = "deploy")]
     scenario: String,
     /// `network`: services deployed, each with one port (instead of
@@ -117,6 +117,22 @@ pub(crate) struct BenchmarkArgs {
     /// `scale-up` multiplies every service's replicas by this.
     #[arg(long, default_value_t = 1.5)]
     scale_factor: f64,
+    /// How often agents report usage [default: 30s; 2s in rollout and
+    /// autoscale].
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration)]
+    usage_every: Option<Duration>,
+    /// The autoscaler's scale-down window [default: 5m; 30s in autoscale].
+    #[arg(long, value_name = "DURATION", value_parser = flags::duration)]
+    scale_down_window: Option<Duration>,
+    /// `rollout`: max_surge as a share of each service's replicas.
+    #[arg(long, default_value_t = 25, value_name = "PERCENT",
+          value_parser = clap::value_parser!(u32).range(1..=100))]
+    surge_percent: u32,
+    /// `rollout`: the share (per mille) of the bad version's instances
+    /// that crash loop.
+    #[arg(long, default_value_t = 100, value_name = "PER_MILLE",
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    bad_per_mille: u32,
     /// Longest wait for one convergence.
     #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = flags::duration)]
     timeout: Duration,
@@ -180,6 +196,10 @@ fn bench_config(args: &BenchmarkArgs) -> Result<BenchConfig> {
     config.tls = args.tls;
     config.liveness_over_api = args.liveness_over_api;
     config.connection_per_node = args.connection_per_node;
+    config.usage_every = args.usage_every;
+    config.scale_down_window = args.scale_down_window;
+    config.surge_percent = args.surge_percent;
+    config.bad_per_mille = args.bad_per_mille;
     if let Some(kill) = args.kill {
         config.killed_nodes = kill;
     }
@@ -251,6 +271,12 @@ fn print_table(reports: &[Report]) {
     if !network.is_empty() {
         print_network_table(&network);
     }
+    let (lifecycle, others): (Vec<&Report>, Vec<&Report>) = others
+        .into_iter()
+        .partition(|report| report.lifecycle.is_some());
+    if !lifecycle.is_empty() {
+        print_lifecycle_table(&lifecycle);
+    }
     if others.is_empty() {
         return;
     }
@@ -273,6 +299,46 @@ fn print_table(reports: &[Report]) {
             "leases expired (false)",
             "re-registered",
             "peak rss",
+        ],
+        rows,
+    );
+}
+
+/// The `rollout` and `autoscale` scenarios' figures, in seconds.
+fn print_lifecycle_table(reports: &[&Report]) {
+    let seconds = |value: Option<f64>| value.map_or("-".to_owned(), |value| format!("{value:.1}"));
+    let rows = reports
+        .iter()
+        .filter_map(|report| report.lifecycle.as_ref().map(|figures| (report, figures)))
+        .map(|(report, figures)| {
+            vec![
+                report.scenario.clone(),
+                report.nodes.to_string(),
+                report.instances.to_string(),
+                seconds(figures.rollout_seconds),
+                seconds(figures.rollback_seconds),
+                seconds(figures.breach_to_decision_seconds),
+                seconds(figures.restored_seconds),
+                seconds(figures.scale_up_seconds),
+                seconds(figures.scale_down_seconds),
+                seconds(figures.scale_down_window_seconds),
+                format!("{:.0}", report.store_txn_per_s),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "scenario",
+            "nodes",
+            "instances",
+            "rollout s",
+            "rollback decided s",
+            "breach→decision s",
+            "previous serving s",
+            "scale up s",
+            "scale down s",
+            "window s",
+            "store txn/s",
         ],
         rows,
     );

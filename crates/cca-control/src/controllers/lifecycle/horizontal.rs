@@ -93,10 +93,7 @@ pub(super) fn decide(
             why,
         })
     };
-    let wake = superseded
-        .iter()
-        .map(|old| old.until + window)
-        .min();
+    let wake = superseded.iter().map(|old| old.until + window).min();
     let decided = Autoscaled {
         replicas: target,
         recommended,
@@ -140,14 +137,16 @@ fn choose(view: &View, service: &str, rollout: &Rollout, choice: &Choice) -> (u3
         return (current, Some(why));
     }
     if view.is_asleep(service) && recommended != current {
-        return (current, Some(format!("holding at {current}: asleep (scale_to_zero)")));
+        return (
+            current,
+            Some(format!("holding at {current}: asleep (scale_to_zero)")),
+        );
     }
     if recommended > current {
         let step = current.saturating_mul(2).max(current.saturating_add(4));
         let target = recommended.min(step);
-        let holding = (target < recommended).then(|| {
-            format!("stepping up: at most {step} this step, {recommended} recommended")
-        });
+        let holding = (target < recommended)
+            .then(|| format!("stepping up: at most {step} this step, {recommended} recommended"));
         return (target, holding);
     }
     if window_max < current {

@@ -91,8 +91,11 @@ impl Cluster {
     pub(super) fn pass(&mut self) -> Plan {
         let full = LifecycleController::default().reconcile(&self.view, &context(self.now));
         let changes = Changes::Facts(std::mem::take(&mut self.gathered));
-        let scoped =
-            LifecycleController::default().reconcile_changes(&self.view, &context(self.now), &changes);
+        let scoped = LifecycleController::default().reconcile_changes(
+            &self.view,
+            &context(self.now),
+            &changes,
+        );
         assert_eq!(sorted(&scoped), sorted(&full), "incremental == full");
         for write in &full.writes {
             let Write::Put { key, value } = write else {
