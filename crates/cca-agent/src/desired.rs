@@ -166,6 +166,7 @@ mod tests {
                 instance,
                 spec: None,
                 secrets: Vec::new(),
+                probes: Default::default(),
             }),
         }
     }

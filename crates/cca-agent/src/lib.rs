@@ -14,6 +14,7 @@ pub mod gate;
 pub mod gate_tls;
 pub mod health;
 pub mod host_ports;
+mod init;
 mod link;
 pub mod listeners;
 pub mod netmap;

@@ -13,6 +13,9 @@
 //! read-write at the volume's path; process workloads, which see the host's
 //! filesystem, get the directory as `CCA_VOLUME_{NAME}`.
 //!
+//! Init steps run in the start task before the main start (see
+//! [`crate::init`]); what one waits for shows in the instance's status.
+//!
 //! An instance whose service references connections or is granted secrets
 //! gets its files (see [`crate::files`]) fetched and written just before it
 //! is created; when they cannot be had (a secret without a value, the API
@@ -44,6 +47,7 @@ use crate::desired::Desired;
 use crate::files::{self, FileSource};
 use crate::health::{self, HealthTracker, ProbeTarget};
 use crate::host_ports::{self, HeldPorts, ListenerOwner, PortProbe};
+use crate::init::StartNote;
 use crate::netplane::NodeNet;
 use crate::restart::{self, AfterExit};
 
@@ -143,6 +147,8 @@ pub struct Supervisor {
     files: Option<(PathBuf, Arc<dyn FileSource>)>,
     records: HashMap<String, Record>,
     starting: HashMap<String, JoinHandle<Result<(), StartProblem>>>,
+    /// What each start in `starting` is doing now (an init step's wait).
+    start_notes: HashMap<String, StartNote>,
     /// Notified when a background start ends, so the agent ticks at once
     /// (its first health probe, its status report) instead of at its next
     /// periodic tick: a cold start waits on this.
@@ -170,7 +176,7 @@ const NETWORK_WAIT: Duration = Duration::from_millis(200);
 
 /// Why a start did not get the instance running.
 #[derive(Debug)]
-enum StartProblem {
+pub(crate) enum StartProblem {
     /// For good: the instance is failed (the scheduler replaces it).
     Failed(String),
     /// For now: tried again after the restart backoff.
@@ -215,6 +221,7 @@ impl Supervisor {
             files: None,
             records: HashMap::new(),
             starting: HashMap::new(),
+            start_notes: HashMap::new(),
             started: Arc::new(tokio::sync::Notify::new()),
             quick_probe_at: None,
             node_net: None,
@@ -383,6 +390,7 @@ impl Supervisor {
             .map(|(id, _)| id.clone())
             .collect();
         for id in finished {
+            self.start_notes.remove(&id);
             let Some(handle) = self.starting.remove(&id) else {
                 continue;
             };
@@ -622,13 +630,20 @@ impl Supervisor {
             });
         let runtime = Arc::clone(&self.runtime);
         let started = Arc::clone(&self.started);
+        let note = StartNote::default();
+        let steps = InitSteps {
+            steps: init,
+            probes: assignment.probes.clone(),
+            note: note.clone(),
+        };
         tracing::debug!(instance = %id, "starting");
         let task = tokio::spawn(async move {
-            let outcome = start_instance(runtime, spec, init, fetch).await;
+            let outcome = start_instance(runtime, spec, steps, fetch).await;
             started.notify_one();
             outcome
         });
         self.starting.insert(id.to_owned(), task);
+        self.start_notes.insert(id.to_owned(), note);
     }
 
     /// The runtime spec of an assignment.
@@ -747,6 +762,7 @@ impl Supervisor {
         if let Some(task) = self.starting.remove(id) {
             task.abort();
         }
+        self.start_notes.remove(id);
         self.records.remove(id);
         let stopped = self.runtime.stop(id, self.config.stop_grace).await;
         if let Err(error) = stopped.and(self.runtime.remove(id).await) {
@@ -885,7 +901,8 @@ impl Supervisor {
                     None,
                 )
             } else if self.starting.contains_key(&instance.id) {
-                (InstanceState::Starting, None)
+                let note = self.start_notes.get(&instance.id).and_then(StartNote::get);
+                (InstanceState::Starting, note)
             } else if let Some(waiting) = record
                 .and_then(|record| record.waiting.clone())
                 .filter(|_| actual.is_none_or(|status| status.state == RtState::Created))
@@ -1000,10 +1017,18 @@ struct FileFetch {
     node: String,
 }
 
+/// An instance's init steps, where their probes dial, and the note they
+/// leave for its status.
+struct InitSteps {
+    steps: Vec<cca_model::spec::InitStep>,
+    probes: BTreeMap<String, cca_wire::types::ProbeAddress>,
+    note: StartNote,
+}
+
 async fn start_instance(
     runtime: Arc<dyn Runtime>,
     spec: InstanceSpec,
-    init: Vec<cca_model::spec::InitStep>,
+    init: InitSteps,
     fetch: Option<FileFetch>,
 ) -> Result<(), StartProblem> {
     let id = spec.id.clone();
@@ -1036,70 +1061,20 @@ async fn start_instance(
     // Init steps run in the instance's own network namespace when it has
     // one (the runtime attached it at create), as a pod's init containers do.
     let mut main = spec.clone();
-    if !init.is_empty() {
+    if !init.steps.is_empty() {
         main.network = runtime
             .inspect(&id)
             .await
             .ok()
             .and_then(|status| status.spec.network.clone());
     }
-    for step in init {
-        run_init_step(&runtime, &main, &step).await?;
+    for step in &init.steps {
+        crate::init::run_step(&runtime, &main, step, &init.probes, &init.note).await?;
     }
     runtime
         .start(&id)
         .await
         .map_err(|err| StartProblem::Failed(err.to_string()))
-}
-
-/// Runs one init step as a short-lived instance of its own, with the main
-/// instance's environment and ports, and waits for it to exit 0. A step
-/// with an image of its own runs as a container of that image: in the
-/// main container's network namespace, or for a host process on the
-/// host's network, as the process itself would reach what it checks.
-async fn run_init_step(
-    runtime: &Arc<dyn Runtime>,
-    main: &InstanceSpec,
-    step: &cca_model::spec::InitStep,
-) -> Result<(), String> {
-    let Some(command) = &step.command else {
-        return Ok(());
-    };
-    let id = format!("{}.init-{}", main.id, step.name);
-    let mut spec = main.clone();
-    spec.id = id.clone();
-    spec.command = command.clone();
-    if let Some(image) = &step.image {
-        if spec.image.is_none() {
-            spec.host_network = true;
-        }
-        spec.image = Some(image.clone());
-    }
-    let _ = runtime.remove(&id).await;
-    runtime
-        .create(spec)
-        .await
-        .map_err(|err| format!("init step `{}`: {err}", step.name))?;
-    runtime
-        .start(&id)
-        .await
-        .map_err(|err| format!("init step `{}`: {err}", step.name))?;
-    let exit = loop {
-        match runtime.inspect(&id).await {
-            Ok(status) if status.state == RtState::Exited => break status.exit,
-            Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-            Err(err) => return Err(format!("init step `{}`: {err}", step.name)),
-        }
-    };
-    let _ = runtime.remove(&id).await;
-    match exit {
-        Some(exit) if exit.code == Some(0) => Ok(()),
-        Some(exit) => Err(format!("init step `{}` {exit}", step.name)),
-        None => Err(format!(
-            "init step `{}` ended without an exit status",
-            step.name
-        )),
-    }
 }
 
 /// The host port of each service port, in declaration order.

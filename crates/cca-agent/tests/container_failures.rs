@@ -53,6 +53,7 @@ fn assignment(
         },
         spec: Some(service),
         secrets: Vec::new(),
+        probes: Default::default(),
     }
 }
 

@@ -71,6 +71,7 @@ fn assignment(image: &str, stopping: bool) -> Assignment {
         },
         spec: Some(service),
         secrets: vec!["db_password".into()],
+        probes: Default::default(),
     }
 }
 

@@ -50,6 +50,7 @@ fn assignment(
         },
         spec: Some(service),
         secrets: Vec::new(),
+        probes: Default::default(),
     }
 }
 

@@ -52,6 +52,7 @@ fn assignment_of(id: &str, image: &str, host_port: u16, stopping: bool) -> Assig
         },
         spec: Some(service),
         secrets: Vec::new(),
+        probes: Default::default(),
     }
 }
 
@@ -433,11 +434,13 @@ fn process_with_image_init(id: &str, image: &str, check: &str) -> Assignment {
         command: Some(check.into()),
         image: Some(image.into()),
         probe: None,
+        timeout: None,
     });
     Assignment {
         instance: instance(id, "web"),
         spec: Some(service),
         secrets: Vec::new(),
+        probes: Default::default(),
     }
 }
 

@@ -57,6 +57,7 @@ fn assignment(id: &str, workload: Workload) -> Assignment {
             ..ServiceSpec::new("web", workload)
         }),
         secrets: vec!["api_token".into()],
+        probes: Default::default(),
     }
 }
 

@@ -47,6 +47,7 @@ fn assignment(id: &str, workload: Workload, stopping: bool) -> Assignment {
         },
         spec: Some(service(workload)),
         secrets: Vec::new(),
+        probes: Default::default(),
     }
 }
 
@@ -391,6 +392,7 @@ fn with_init(mut assignment: Assignment, command: &str) -> Assignment {
             command: Some(command.into()),
             image: None,
             probe: None,
+            timeout: None,
         });
     }
     assignment

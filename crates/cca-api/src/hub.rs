@@ -31,7 +31,7 @@ use tokio::sync::{OnceCell, broadcast, mpsc, watch};
 
 use crate::error::ApiResult;
 use crate::state::ApiState;
-use crate::types::{Assignment, AssignmentLine};
+use crate::types::{Assignment, AssignmentLine, ProbeAddress};
 
 /// Lines kept for resuming streams. A node reconnecting after a short
 /// break resumes from here; a longer break costs it one snapshot.
@@ -288,11 +288,43 @@ fn instance_of(value: Option<&Value>) -> Option<&Arc<Instance>> {
 /// An instance with the spec it was placed with and its service's explicit
 /// secret grants, as the agent runs it.
 fn assignment(view: &View, instance: &Instance) -> Assignment {
+    let spec = placed_spec(view, instance);
+    let probes = spec
+        .as_ref()
+        .map(|spec| probe_addresses(view, spec))
+        .unwrap_or_default();
     Assignment {
         instance: instance.clone(),
-        spec: placed_spec(view, instance),
+        spec,
         secrets: explicit_grants(view, &instance.service),
+        probes,
     }
+}
+
+/// Where each connection `spec`'s init steps probe answers: its host and
+/// port, and the VIP of the service its host names, if one is held.
+fn probe_addresses(view: &View, spec: &ServiceSpec) -> BTreeMap<String, ProbeAddress> {
+    spec.init
+        .iter()
+        .filter_map(|step| step.probe.as_deref())
+        .filter_map(|name| {
+            let connection = view.connections.get(name)?;
+            let service = connection
+                .host
+                .strip_suffix(&format!(".{}", cca_model::net::DNS_ZONE))
+                .unwrap_or(&connection.host);
+            let vip = view
+                .vips
+                .get(service)
+                .and_then(|vip| vip.value.held().copied());
+            let address = ProbeAddress {
+                host: connection.host.clone(),
+                port: connection.port,
+                vip,
+            };
+            Some((name.to_owned(), address))
+        })
+        .collect()
 }
 
 /// The spec `instance` was placed with: its service's version of the

@@ -171,7 +171,12 @@ const VERTICAL: &[Key] = &[
     setting("max_memory"),
 ];
 
-const INIT: &[Key] = &[setting("command"), setting("image"), setting("probe")];
+const INIT: &[Key] = &[
+    setting("command"),
+    setting("image"),
+    setting("probe"),
+    setting("timeout"),
+];
 
 const GATE: &[Key] = &[
     directive("host"),

@@ -431,6 +431,22 @@ pub struct Assignment {
     /// tells the agent to fetch the instance's files.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<String>,
+    /// Where each connection an init step probes answers, by connection.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub probes: BTreeMap<String, ProbeAddress>,
+}
+
+/// A connection's host and port as an init step's probe dials them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeAddress {
+    /// As the connection names it (resolved on the node when `vip` is
+    /// absent).
+    pub host: String,
+    pub port: u16,
+    /// The service VIP `host` names (`{svc}` or `{svc}.cca.local`), when
+    /// the service holds one: dialled instead of resolving `host`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vip: Option<std::net::Ipv4Addr>,
 }
 
 /// One line of a node's assignment stream.

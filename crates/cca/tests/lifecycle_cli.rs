@@ -11,6 +11,10 @@
 //! Autoscaling: a service whose instances burn their whole CPU request
 //! against a 50% target grows to its `max` from the agent's usage reports;
 //! `cca scale` is refused for it and `cca scale why` shows the signals.
+//!
+//! Init probes: an instance whose init step probes a connection nothing
+//! answers on waits, `cca describe instance` saying for what, and starts
+//! once something listens there.
 
 mod support;
 
@@ -283,5 +287,50 @@ fn a_busy_service_is_autoscaled_to_its_max_from_its_usage() {
         described.contains("3 desired (autoscaled 1..3"),
         "{described}"
     );
+    dev.stop();
+}
+
+#[test]
+fn an_init_probe_holds_the_start_until_the_connection_answers() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let spare = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+    let port = spare.local_addr().expect("address").port();
+    drop(spare);
+    let program = format!(
+        "connection db {{\n  driver = \"postgres\"\n  host = \"127.0.0.1\"\n  port = {port}\n}}\n\
+         service waits {{\n  run = \"exec sleep 1000\"\n  init ready {{\n    probe = db\n    timeout = 5m\n  }}\n}}\n"
+    );
+    std::fs::write(dir.path().join("waits.cca"), program).expect("writes");
+    let dev = Dev::start(
+        dir.path(),
+        &["--data-dir", "data", "--insecure", "waits.cca"],
+    );
+    let cli = Cli {
+        dir: dir.path(),
+        url: dev.api_url().0,
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let id = loop {
+        let rows = cli.json(&["get", "instances", "-o", "json"]);
+        if let Some(id) = rows[0]["id"].as_str() {
+            let described = cli.ok(&["describe", "instance", id]);
+            if described.contains("waiting for connection `db` (127.0.0.1:") {
+                assert!(described.contains("starting"), "{described}");
+                break id.to_owned();
+            }
+        }
+        assert!(Instant::now() < deadline, "never waited for db: {rows:#}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let _db = std::net::TcpListener::bind(("127.0.0.1", port)).expect("binds the port again");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let rows = cli.json(&["get", "instances", "-o", "json"]);
+        if rows[0]["id"] == id.as_str() && rows[0]["state"] == "running" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never started: {rows:#}");
+        std::thread::sleep(Duration::from_millis(300));
+    }
     dev.stop();
 }

@@ -35,12 +35,6 @@ const NOT_ENFORCED: &[NotEnforced] = &[
         instead: "the instances keep their `resources`; nothing resizes them",
     },
     NotEnforced {
-        context: Context::Init,
-        key: "probe",
-        setting: "init.probe",
-        instead: "the step does not wait for the connection; its `command` runs at once",
-    },
-    NotEnforced {
         context: Context::Service,
         key: "volume.size",
         setting: "volume size",

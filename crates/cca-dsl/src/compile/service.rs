@@ -615,7 +615,7 @@ impl Compiler<'_> {
         });
     }
 
-    /// `init NAME { command = ... image = ... probe = CONNECTION }`.
+    /// `init NAME { command = ... image = ... probe = CONNECTION timeout = D }`.
     fn init_step(&mut self, item: Entry<'_>, steps: &mut Vec<InitStep>) {
         let Some((name, _)) = self.block_name(item, false) else {
             return;
@@ -628,6 +628,7 @@ impl Compiler<'_> {
             command: None,
             image: None,
             probe: None,
+            timeout: None,
         };
         for entry in self.entries(block, Context::Init) {
             match entry.key() {
@@ -638,6 +639,10 @@ impl Compiler<'_> {
                         self.mark(field.clone().field("probe"), span);
                         step.probe = Some(connection);
                     }
+                }
+                "timeout" => {
+                    self.mark(field.clone().field("timeout"), entry.span());
+                    step.timeout = self.setting_quantity(entry, "a step timeout", Duration::parse);
                 }
                 _ => {}
             }

@@ -24,8 +24,9 @@ pub use gate::{
 };
 pub use quantity::{Cpu, Duration, Memory, Percent, QuantityError};
 pub use service::{
-    Autoscale, DisruptionBudget, HealthCheck, HorizontalScale, InitStep, Placement, PortSpec,
-    Probe, Protocol, Resources, ServiceSpec, UpdateStrategy, VerticalScale, VolumeSpec, Workload,
+    Autoscale, DisruptionBudget, HealthCheck, HorizontalScale, INIT_STEP_TIMEOUT, InitStep,
+    Placement, PortSpec, Probe, Protocol, Resources, ServiceSpec, UpdateStrategy, VerticalScale,
+    VolumeSpec, Workload,
 };
 pub use version::{ServiceVersion, spec_hash};
 

@@ -201,11 +201,19 @@ pub struct InitStep {
     /// step on the host's network); `None`: in the service's own image, or
     /// as a host process for a `run` service.
     pub image: Option<String>,
-    /// A connection to dial (TCP) before the step counts as done: catches
-    /// wrong passwords and unreachable databases before the main start.
-    /// Not acted on yet: the compiler warns (`cca::W008`).
+    /// A connection whose host and port must answer (a TCP connect) before
+    /// the step counts as done: an unreachable database stops the start
+    /// here, with the reason, rather than in the workload.
     pub probe: Option<String>,
+    /// How long the step may take, its command and its probe together
+    /// ([`INIT_STEP_TIMEOUT`] when not given); then the start fails and is
+    /// tried again after a backoff.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<Duration>,
 }
+
+/// How long an init step may take when it does not say.
+pub const INIT_STEP_TIMEOUT: Duration = Duration(120_000);
 
 /// How a new version replaces the old one.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

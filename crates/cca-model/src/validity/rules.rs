@@ -374,6 +374,16 @@ impl<'p> Check<'p> {
                     .with_help("give it a `command`, a `probe` connection, or both"),
                 );
             }
+            if step.timeout.is_some_and(|timeout| timeout.0 == 0) {
+                self.report(
+                    Problem::new(
+                        Code::OutOfRange,
+                        at(field.clone().field("timeout")),
+                        format!("init step `{}` has a timeout of 0", step.name),
+                    )
+                    .with_help("give the step time to run, e.g. `timeout = 2m`"),
+                );
+            }
             if let Some(connection) = &step.probe {
                 let user = format!("init step `{}` of `{name}`", step.name);
                 self.refer(
@@ -1152,6 +1162,7 @@ mod tests {
             command: None,
             image: None,
             probe: None,
+            timeout: Some(Duration(0)),
         }];
         web.update = UpdateStrategy {
             max_unavailable: 0,
@@ -1185,6 +1196,7 @@ mod tests {
                 "cca::E013 service `web` volumes[0].path: volume path `data` is not absolute",
                 "cca::E016 service `web` volumes[1]: volume `data` is declared twice",
                 "cca::E017 service `web` init[0]: init step `wait` does nothing",
+                "cca::E015 service `web` init[0].timeout: init step `wait` has a timeout of 0",
                 "cca::E019 service `web` update: an update with `max_unavailable = 0` and `max_surge = 0` can never progress",
                 "cca::E019 service `web` autoscale.horizontal.max: autoscale `max = 2` is below `min = 5`",
                 "cca::E015 service `web` autoscale.horizontal.cpu: target 0% is out of range",
