@@ -9,7 +9,8 @@
 //! has are deleted; objects the program does not mention are left alone,
 //! unless `prune` is set, in which case every program-managed fact the
 //! program does not have is deleted (operator node controls and secret
-//! values are never program-managed). Before planning, `tenancy` refuses
+//! values are never program-managed). Facts of a kind this version retired
+//! (`cca_model::keys::RETIRED_PREFIXES`) are deleted by any apply. Before planning, `tenancy` refuses
 //! a takeover of another tenant's object and a gate host that a gate
 //! outside the program serves.
 //!
@@ -175,11 +176,11 @@ pub(crate) fn plan(
         txn.ops.push(Op::put(fact.key.clone(), fact.value.clone()));
     }
     for (key, kv) in current {
-        if is_program_managed(key)
+        let unwanted = is_program_managed(key)
             && !wanted.contains(key.as_str())
             && ((prune && crate::tenancy::may_prune(key, current, program.tenant.as_deref()))
-                || belongs_to_program(key, program))
-        {
+                || belongs_to_program(key, program));
+        if unwanted || keys::is_retired(key) {
             report.deleted.push(key.clone());
             guard(&mut txn, key, Some(kv));
             txn.ops.push(Op::delete(key.clone()));
@@ -454,6 +455,25 @@ mod tests {
         let pruned = plan(&[], &Program::default(), &current, None, true, 0);
         assert!(pruned.report.is_empty());
         assert!(pruned.txn.ops.is_empty());
+    }
+
+    #[test]
+    fn any_apply_deletes_retired_group_facts() {
+        let group = br#"{"name":"pair","services":["a","b"],"tenant":"t"}"#;
+        let current = BTreeMap::from([
+            kv("desired/group/pair", group, 5),
+            kv("desired/connection/db", b"{}", 3),
+        ]);
+        let planned = plan(&[], &Program::default(), &current, None, false, 0);
+        assert_eq!(planned.report.deleted, ["desired/group/pair"]);
+        assert_eq!(
+            planned.txn.compares,
+            [Compare::mod_revision(
+                "desired/group/pair",
+                CompareOp::Equal,
+                5
+            )]
+        );
     }
 
     #[test]

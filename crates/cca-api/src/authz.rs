@@ -340,8 +340,8 @@ pub(crate) fn check(
 }
 
 /// The other kinds of object a program holds, beyond its services (the
-/// route's own `write:service` or `read:service`; groups and a service's
-/// tags and grants are part of its services).
+/// route's own `write:service` or `read:service`; a service's tags and
+/// grants are part of it).
 fn held_kinds(program: &Program) -> impl Iterator<Item = Resource> {
     [
         (Resource::Gate, program.gates.is_empty()),
@@ -571,15 +571,6 @@ mod tests {
     fn a_program_needs_the_action_on_every_kind_it_holds() {
         let mut program = Program::default();
         assert_eq!(held_kinds(&program).count(), 0, "services: the route's");
-        program.groups.insert(
-            "g".into(),
-            cca_model::spec::GroupSpec {
-                name: "g".into(),
-                services: Vec::new(),
-                tenant: None,
-            },
-        );
-        assert_eq!(held_kinds(&program).count(), 0, "groups are services'");
         let declared = SecretSpec {
             name: "s".into(),
             description: None,

@@ -2,7 +2,7 @@
 //! objects (the roles' `own` condition); what gives an object its tenant
 //! is who applied it: a tenant user's program is stamped with their
 //! tenant on every object it holds (services, gates, connections, network
-//! policies, groups, secret declarations: each spec's `tenant`), a
+//! policies, secret declarations: each spec's `tenant`), a
 //! cluster-wide user applies cluster-wide programs or, with `?tenant=T`
 //! (`cca apply --tenant T`), a tenant's. A service's instances, logs, exec
 //! and events are its tenant's; a secret value set by a tenant user is
@@ -10,7 +10,7 @@
 //!
 //! Why a tenant's objects reach only its own services: a program's
 //! references (a gate's services, its target's and its paths', a
-//! policy's or group's services, a service's connections and secrets, a
+//! policy's services, a service's connections and secrets, a
 //! connection's secret) must name objects the same program defines
 //! (`cca_model::validity`), so they carry
 //! the same stamp, and a program may not take over an object of another
@@ -88,9 +88,6 @@ pub(crate) fn stamp(program: &mut Program, tenant: Option<String>) -> ApiResult<
     for policy in program.networks.values_mut() {
         policy.tenant.clone_from(&tenant);
     }
-    for group in program.groups.values_mut() {
-        group.tenant.clone_from(&tenant);
-    }
     program.tenant = tenant;
     Ok(())
 }
@@ -165,12 +162,6 @@ fn named(program: &Program) -> Vec<(&'static str, &str, String)> {
         let key = keys::desired_network_policy(name);
         ("network policy", name.as_str(), key)
     }));
-    named.extend(
-        program
-            .groups
-            .keys()
-            .map(|name| ("group", name.as_str(), keys::desired_group(name))),
-    );
     named
 }
 
@@ -260,8 +251,7 @@ pub(crate) fn may_prune(
             Key::Gate { .. }
             | Key::Connection { .. }
             | Key::SecretDeclaration { .. }
-            | Key::NetworkPolicy { .. }
-            | Key::Group { .. },
+            | Key::NetworkPolicy { .. },
         ) => key.to_owned(),
         _ => return tenant.is_none(),
     };
@@ -271,8 +261,7 @@ pub(crate) fn may_prune(
 #[cfg(test)]
 mod tests {
     use cca_model::spec::{
-        ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, NetworkRule, SecretSpec, ServiceSpec,
-        Workload,
+        ConnectionSpec, GateSpec, NetworkPolicy, NetworkRule, SecretSpec, ServiceSpec, Workload,
     };
 
     use super::*;
@@ -356,14 +345,6 @@ mod tests {
                 tenant: None,
             },
         );
-        program.groups.insert(
-            "x".into(),
-            GroupSpec {
-                name: "x".into(),
-                services: vec!["web".into(), "api".into()],
-                tenant: None,
-            },
-        );
         program
     }
 
@@ -388,7 +369,6 @@ mod tests {
         assert_eq!(program.connections["x"].tenant, a);
         assert_eq!(program.secrets["x"].tenant, a);
         assert_eq!(program.networks["x"].tenant, a);
-        assert_eq!(program.groups["x"].tenant, a);
         // What is stored says whose each object is.
         let current = stored(&program);
         for (_, _, key) in named(&program) {
@@ -436,13 +416,12 @@ mod tests {
         // Each kind alone, in b's program and in a cluster-wide one.
         // Each keeps one kind first in `named`'s order, so the refusal names it.
         type Trim = fn(&mut Program);
-        let kinds: [(&str, Trim); 6] = [
+        let kinds: [(&str, Trim); 5] = [
             ("service `web`", |p| {
                 p.gates.clear();
                 p.connections.clear();
                 p.secrets.clear();
                 p.networks.clear();
-                p.groups.clear();
             }),
             ("gate `shop`", |p| {
                 p.services.clear();
@@ -461,13 +440,6 @@ mod tests {
                 p.gates.clear();
                 p.connections.clear();
                 p.secrets.clear();
-            }),
-            ("group `x`", |p| {
-                p.services.clear();
-                p.gates.clear();
-                p.connections.clear();
-                p.secrets.clear();
-                p.networks.clear();
             }),
         ];
         for (named, keep_from) in kinds {

@@ -628,7 +628,6 @@ async fn a_program_the_compiler_would_refuse_gets_422_with_every_problem() {
         }},
         "secrets": {},
         "networks": {},
-        "groups": {},
     });
     let (status, answer) = post_by_hand(address, "/v1/apply", posted.to_string().as_bytes()).await;
     assert_eq!(status, 422, "{answer}");

@@ -20,8 +20,8 @@ use cca_model::net::{NodeSubnet, ServiceVip};
 use cca_model::rollout::{Rollout, RolloutControl};
 use cca_model::scale::{GateActivity, ScaleState};
 use cca_model::spec::{
-    ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
-    ServiceSpec, ServiceVersion, spec_hash,
+    ConnectionSpec, GateSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec, ServiceSpec,
+    ServiceVersion, spec_hash,
 };
 use cca_model::usage::NodeUsage;
 use cca_model::{Key, Kind, Revision, Value};
@@ -81,7 +81,6 @@ pub struct View {
     /// Sealed values: never opened by the view.
     pub secrets: Table<SealedSecret>,
     pub network_policies: Table<NetworkPolicy>,
-    pub groups: Table<GroupSpec>,
     pub node_controls: Table<NodeControl>,
     /// Revoked certificates by record id: the API's TLS refuses them.
     pub revocations: Table<RevocationRecord>,
@@ -340,7 +339,6 @@ impl View {
                 rev,
                 Value::NetworkPolicy,
             )?,
-            Key::Group { group } => put(&mut self.groups, group, bytes, rev, Value::Group)?,
             Key::NodeControl { node } => put(
                 &mut self.node_controls,
                 node,
@@ -471,7 +469,6 @@ impl View {
                 rev,
                 Value::NetworkPolicy,
             ),
-            Key::Group { group } => remove(&mut self.groups, group, rev, Value::Group),
             Key::NodeControl { node } => {
                 remove(&mut self.node_controls, node, rev, Value::NodeControl)
             }
@@ -684,7 +681,6 @@ impl View {
             Key::SecretDeclaration { secret } => at(&self.secret_declarations, secret),
             Key::Secret { secret } => at(&self.secrets, secret),
             Key::NetworkPolicy { policy } => at(&self.network_policies, policy),
-            Key::Group { group } => at(&self.groups, group),
             Key::NodeControl { node } => at(&self.node_controls, node),
             Key::Revocation { id } => at(&self.revocations, id),
             Key::User { name } => at(&self.users, name),

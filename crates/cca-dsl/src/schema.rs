@@ -31,7 +31,6 @@ pub enum Context {
     Params,
     Secret,
     Network,
-    Group,
     /// Inside a block the language does not know: anything goes.
     Unknown,
 }
@@ -102,7 +101,6 @@ const FILE: &[Key] = &[
     block("connection", Context::Connection),
     block("secret", Context::Secret),
     block("network", Context::Network),
-    block("group", Context::Group),
     directive("from"),
 ];
 
@@ -245,8 +243,6 @@ const SECRET: &[Key] = &[setting("description")];
 
 const NETWORK: &[Key] = &[directive("allow"), directive("deny")];
 
-const GROUP: &[Key] = &[setting("services")];
-
 /// The keys a context accepts; empty for free-form maps.
 pub fn keys(context: Context) -> &'static [Key] {
     match context {
@@ -271,7 +267,6 @@ pub fn keys(context: Context) -> &'static [Key] {
         Context::Connection => CONNECTION,
         Context::Secret => SECRET,
         Context::Network => NETWORK,
-        Context::Group => GROUP,
         Context::Restrict | Context::Tags | Context::Env | Context::Params | Context::Unknown => {
             &[]
         }

@@ -159,7 +159,6 @@ fn the_everything_fixture_uses_every_key() {
         Context::Connection,
         Context::Secret,
         Context::Network,
-        Context::Group,
     ];
     let missing: Vec<String> = contexts
         .iter()

@@ -129,7 +129,7 @@ fn unterminated_strings_and_blocks_are_reported() {
         ("service a {\n  run = \"open\n}\n", "cca::E002"),
         ("service a {\n  run = \"\"\"open\n}\n", "cca::E002"),
         ("service a {\n  run = \"x\"\n", "cca::E004"),
-        ("group g {\n  services = [a, b\n}\n", "cca::E004"),
+        ("service a {\n  command = [\"a\", \"b\"\n}\n", "cca::E004"),
         ("service a {\n  run = \"x\\", "cca::E002"),
         ("service a { env { A = {{ values.x", "cca::E004"),
     ];

@@ -25,8 +25,8 @@ use crate::ownership::Owner;
 use crate::rollout::{Rollout, RolloutControl};
 use crate::scale::{GateActivity, ScaleState};
 use crate::spec::{
-    ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec,
-    ServiceSpec, ServiceVersion,
+    ConnectionSpec, GateSpec, NetworkPolicy, SealedSecret, SecretGrant, SecretSpec, ServiceSpec,
+    ServiceVersion,
 };
 use crate::usage::NodeUsage;
 
@@ -175,9 +175,6 @@ fact_kinds! {
     /// Allow/deny rules between services.
     NetworkPolicy { policy } = "desired/network/policy/{}",
         NetworkPolicy, Owner::Api, applied: true;
-    /// Services co-scheduled on one node.
-    Group { group } = "desired/group/{}",
-        GroupSpec, Owner::Api, applied: true;
     /// An operator's word on a service's rollout (`cca rollout
     /// pause|resume|undo`).
     RolloutControl { service } = "desired/rollout/{}",
@@ -479,7 +476,6 @@ mod tests {
                 Kind::Connection,
                 Kind::SecretDeclaration,
                 Kind::NetworkPolicy,
-                Kind::Group,
             ]
         );
         assert!(applied.iter().all(|kind| kind.info().owner == Owner::Api));

@@ -16,6 +16,19 @@ pub const OBSERVED: &str = "observed/";
 /// Root of the control plane's own bookkeeping (leader lease).
 pub const META: &str = "meta/";
 
+/// Prefixes of program facts that earlier versions wrote and this one no
+/// longer has a kind for (`desired/group/`: groups left the language, see
+/// docs/design/groups.md). Nothing reads them; the next apply deletes
+/// them, so a store upgraded in place does not keep inert facts.
+pub const RETIRED_PREFIXES: &[&str] = &["desired/group/"];
+
+/// Whether `key` is a retired program fact (see [`RETIRED_PREFIXES`]).
+pub fn is_retired(key: &str) -> bool {
+    RETIRED_PREFIXES
+        .iter()
+        .any(|prefix| key.starts_with(prefix))
+}
+
 /// `desired/service/{svc}`: a service spec.
 pub fn desired_service(service: &str) -> String {
     Key::Service {
@@ -136,14 +149,6 @@ pub fn revocation(id: &str) -> String {
 pub fn desired_network_policy(policy: &str) -> String {
     Key::NetworkPolicy {
         policy: policy.to_owned(),
-    }
-    .to_string()
-}
-
-/// `desired/group/{name}`: services co-scheduled on one node.
-pub fn desired_group(group: &str) -> String {
-    Key::Group {
-        group: group.to_owned(),
     }
     .to_string()
 }

@@ -1,8 +1,8 @@
 //! Work across blocks, run once everything is compiled: gate ports by
 //! name, secrets granted through connections, and warnings for placement
 //! hints that can never hold, declared-but-unused secrets and connections
-//! and `restrict` values no node can have. (Undefined references and group
-//! conflicts are `cca_model::validity` rules, reported by `sites`.)
+//! and `restrict` values no node can have. (Undefined references are
+//! `cca_model::validity` rules, reported by `sites`.)
 
 use std::collections::BTreeSet;
 

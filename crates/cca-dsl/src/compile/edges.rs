@@ -1,10 +1,10 @@
 //! Compiling the blocks around services other than gates (`gate.rs`):
-//! `connection`, `secret`, `network` and `group`.
+//! `connection`, `secret` and `network`.
 
 use std::collections::BTreeMap;
 
 use cca_model::spec::{
-    ConnectionSpec, GroupSpec, NetworkPolicy, NetworkRule, Peer, Protocol, RuleAction, SecretSpec,
+    ConnectionSpec, NetworkPolicy, NetworkRule, Peer, Protocol, RuleAction, SecretSpec,
 };
 use cca_model::validity::Field;
 
@@ -193,40 +193,5 @@ impl Compiler<'_> {
         let name = self.name_of(value)?;
         self.mark(field, value.span);
         Some(Peer::Service(name))
-    }
-
-    pub(crate) fn group(&mut self, entry: Entry<'_>) {
-        let Some((name, name_span)) = self.block_name(entry, false) else {
-            return;
-        };
-        let fresh = self.define(Kind::Group, &name, entry.key_span(), name_span);
-        let block = self.block_of(entry);
-        let mut services = Vec::new();
-        for item in self.entries(block, Context::Group) {
-            let Some(value) = self.single(item) else {
-                continue;
-            };
-            let Scalar::List(members) = &value.value else {
-                self.wrong_type(&value, "a list of services `[a, b]`");
-                continue;
-            };
-            for member in members {
-                let Some(service) = self.name_of(member) else {
-                    continue;
-                };
-                self.mark(Field::from("services").index(services.len()), member.span);
-                services.push(service);
-            }
-        }
-        if fresh && block.is_some() {
-            self.program.groups.insert(
-                name.clone(),
-                GroupSpec {
-                    name,
-                    services,
-                    tenant: None,
-                },
-            );
-        }
     }
 }

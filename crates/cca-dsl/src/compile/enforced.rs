@@ -23,12 +23,6 @@ struct NotEnforced {
 
 const NOT_ENFORCED: &[NotEnforced] = &[
     NotEnforced {
-        context: Context::File,
-        key: "group",
-        setting: "group",
-        instead: "the group is checked and stored; its members are placed independently",
-    },
-    NotEnforced {
         context: Context::Autoscale,
         key: "vertical",
         setting: "autoscale.vertical",

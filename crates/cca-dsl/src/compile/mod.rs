@@ -151,7 +151,7 @@ impl<'l> Compiler<'l> {
             "connection" => self.connection(entry),
             "secret" => self.secret(entry),
             "network" => self.network(entry),
-            "group" => self.group(entry),
+            "group" => self.removed_group(entry),
             "from" => self.check_include_entry(entry),
             other => self.unknown_block(entry, other),
         }
@@ -171,11 +171,29 @@ impl<'l> Compiler<'l> {
         } else if schema::lookup(Context::Service, key).is_some() {
             diagnostic = diagnostic.with_help(format!("`{key}` belongs inside a `service` block"));
         } else {
-            diagnostic = diagnostic.with_help(
-                "a file holds service, gate, connection, secret, network and group blocks",
-            );
+            diagnostic = diagnostic
+                .with_help("a file holds service, gate, connection, secret and network blocks");
         }
         self.report(diagnostic);
+    }
+
+    /// `group` was accepted by earlier versions; say why it is gone and
+    /// what to write instead rather than calling it unknown.
+    fn removed_group(&mut self, entry: Entry<'_>) {
+        self.report(
+            Diagnostic::error(
+                codes::UNKNOWN_BLOCK,
+                entry.key_span(),
+                "`group` blocks were removed from the language",
+            )
+            .with_label("no longer a top-level block")
+            .with_help(
+                "group members were separate services that scale and roll out on their own, \
+                 so they could not share a node's network namespace and volumes safely; \
+                 keep them as services and add `placement { colocate OTHER }` so that the \
+                 scheduler prefers one node for them (docs/design/groups.md)",
+            ),
+        );
     }
 
     fn check_include_entry(&mut self, entry: Entry<'_>) {

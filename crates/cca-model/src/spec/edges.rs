@@ -1,6 +1,6 @@
 //! The desired facts around services (gates are in [`super::gate`]):
 //! connections (database URLs assembled from parts), secret declarations
-//! and grants, network policy and co-scheduled groups.
+//! and grants, and network policy.
 
 use std::collections::BTreeMap;
 
@@ -114,17 +114,4 @@ pub enum Peer {
     /// `*`: every service (and, as a source, the outside world).
     Any,
     Service(String),
-}
-
-/// `desired/group/{name}`: services placed together on one node, sharing a
-/// network namespace and volumes.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct GroupSpec {
-    pub name: String,
-    pub services: Vec<String>,
-    /// The tenant it belongs to, stamped by the API from the program's
-    /// tenant at apply (never written in a `.cca` file); `None`:
-    /// cluster-wide.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tenant: Option<String>,
 }

@@ -15,8 +15,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 pub use edges::{
-    ConnectionSpec, GroupSpec, NetworkPolicy, NetworkRule, Peer, RuleAction, SealedSecret,
-    SecretGrant, SecretSpec,
+    ConnectionSpec, NetworkPolicy, NetworkRule, Peer, RuleAction, SealedSecret, SecretGrant,
+    SecretSpec,
 };
 pub use gate::{
     Balance, CircuitBreaker, DEFAULT_QUEUE, GatePath, GateSpec, GateTimeouts, Rate, RateLimit,
@@ -45,7 +45,6 @@ pub struct Program {
     pub connections: BTreeMap<String, ConnectionSpec>,
     pub secrets: BTreeMap<String, SecretSpec>,
     pub networks: BTreeMap<String, NetworkPolicy>,
-    pub groups: BTreeMap<String, GroupSpec>,
     /// The tenant the program's services belong to: set by the API from
     /// who applies it (never by a `.cca` file); `None`: cluster-wide.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -98,9 +97,6 @@ impl Program {
         for (name, policy) in &self.networks {
             push(&mut facts, keys::desired_network_policy(name), policy)?;
         }
-        for (name, group) in &self.groups {
-            push(&mut facts, keys::desired_group(name), group)?;
-        }
         facts.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(facts)
     }
@@ -125,7 +121,6 @@ impl Program {
         clash("connection", &self.connections, &other.connections)?;
         clash("secret", &self.secrets, &other.secrets)?;
         clash("network policy", &self.networks, &other.networks)?;
-        clash("group", &self.groups, &other.groups)?;
         self.services.extend(other.services);
         self.tags.extend(other.tags);
         self.grants.extend(other.grants);
@@ -133,7 +128,6 @@ impl Program {
         self.connections.extend(other.connections);
         self.secrets.extend(other.secrets);
         self.networks.extend(other.networks);
-        self.groups.extend(other.groups);
         Ok(())
     }
 }
@@ -262,9 +256,6 @@ mod tests {
             r#"{"name":"p","rules":[]}"#,
             "no tenant, no field: a cluster-wide fact is written as before"
         );
-        let old: GroupSpec = serde_json::from_str(r#"{"name":"g","services":["a","b"]}"#)
-            .expect("old group decodes");
-        assert_eq!(old.tenant, None);
         let declared = SecretSpec {
             name: "db".into(),
             description: None,

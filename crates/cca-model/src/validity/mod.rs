@@ -79,7 +79,6 @@ pub enum ObjectKind {
     Connection,
     Secret,
     Network,
-    Group,
 }
 
 impl ObjectKind {
@@ -91,7 +90,6 @@ impl ObjectKind {
             ObjectKind::Connection => "connection",
             ObjectKind::Secret => "secret",
             ObjectKind::Network => "network policy",
-            ObjectKind::Group => "group",
         }
     }
 

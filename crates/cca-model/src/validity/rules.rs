@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 
 use super::{Code, Field, ObjectKind, Problem, Subject, Undefined};
 use crate::spec::{
-    ConnectionSpec, GateSpec, GroupSpec, NetworkPolicy, Peer, Probe, Program, SameSite,
-    SecretGrant, ServiceSpec, Tls,
+    ConnectionSpec, GateSpec, NetworkPolicy, Peer, Probe, Program, SameSite, SecretGrant,
+    ServiceSpec, Tls,
 };
 
 /// More replicas than any cluster we target could run: a typo guard.
@@ -96,10 +96,6 @@ pub(super) fn check(program: &Program) -> Vec<Problem> {
     for (name, policy) in &program.networks {
         check.network(name, policy);
     }
-    let mut membership: BTreeMap<&str, &str> = BTreeMap::new();
-    for (name, group) in &program.groups {
-        check.group(name, group, &mut membership);
-    }
     check.problems
 }
 
@@ -140,7 +136,6 @@ impl<'p> Check<'p> {
             ObjectKind::Connection => self.program.connections.contains_key(name),
             ObjectKind::Secret => self.program.secrets.contains_key(name),
             ObjectKind::Network => self.program.networks.contains_key(name),
-            ObjectKind::Group => self.program.groups.contains_key(name),
         };
         if defined {
             return true;
@@ -919,100 +914,6 @@ impl<'p> Check<'p> {
             }
         }
     }
-
-    /// Members of a group share a node: at least two, each listed once and
-    /// defined, in one group only, agreeing on `restrict`, not separating
-    /// from each other.
-    fn group(
-        &mut self,
-        name: &'p str,
-        group: &'p GroupSpec,
-        membership: &mut BTreeMap<&'p str, &'p str>,
-    ) {
-        let at = |field: Field| Subject::new(ObjectKind::Group, name, field);
-        self.named(ObjectKind::Group, name, &group.name);
-        let mut distinct = 0;
-        for (index, member) in group.services.iter().enumerate() {
-            let subject = at(Field::from("services").index(index));
-            if group.services[..index].contains(member) {
-                self.report(Problem::new(
-                    Code::DuplicateName,
-                    subject,
-                    format!("`{member}` is listed twice"),
-                ));
-                continue;
-            }
-            distinct += 1;
-            self.refer(
-                ObjectKind::Service,
-                member,
-                subject,
-                format!("group `{name}`"),
-            );
-            if let Some(other) = membership.insert(member, name) {
-                self.report(
-                    Problem::new(
-                        Code::Conflict,
-                        at("name".into()),
-                        format!("`{member}` is in groups `{other}` and `{name}`"),
-                    )
-                    .with_help("a service belongs to at most one group"),
-                );
-            }
-        }
-        if distinct < 2 {
-            self.report(
-                Problem::new(
-                    Code::MissingField,
-                    at("services".into()),
-                    format!("group `{name}` needs at least two services"),
-                )
-                .with_help("write `services = [a, b]`"),
-            );
-        }
-        let mut labels: BTreeMap<&str, (&str, &str)> = BTreeMap::new();
-        for member in &group.services {
-            let Some(service) = self.program.services.get(member) else {
-                continue;
-            };
-            for (label, value) in &service.placement.restrict {
-                match labels.get(label.as_str()) {
-                    Some((first, theirs)) if theirs != value => self.report(
-                        Problem::new(
-                            Code::Conflict,
-                            at("name".into()),
-                            format!(
-                                "`{member}` restricts {label} = \"{value}\" but `{first}` \
-                                 restricts {label} = \"{theirs}\""
-                            ),
-                        )
-                        .with_help(
-                            "group members run on one node, so their restrictions must agree",
-                        ),
-                    ),
-                    Some(_) => {}
-                    None => {
-                        labels.insert(label, (member, value));
-                    }
-                }
-            }
-            for separated in &service.placement.separate {
-                if separated != member && group.services.contains(separated) {
-                    self.report(
-                        Problem::new(
-                            Code::Conflict,
-                            at("name".into()),
-                            format!(
-                                "`{member}` separates from `{separated}`, but group `{name}` \
-                                 places them together"
-                            ),
-                        )
-                        .with_help("drop the `separate` hint or the group"),
-                    );
-                }
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -1208,7 +1109,7 @@ mod tests {
     }
 
     #[test]
-    fn gates_connections_and_groups() {
+    fn gates_and_connections() {
         let mut program = Program::default();
         let mut api = service("api");
         api.placement.separate.push("web".into());
@@ -1235,25 +1136,6 @@ mod tests {
         broken.driver.clear();
         broken.port = 0;
         program.connections.insert("broken".into(), broken);
-        let members = |names: &[&str]| GroupSpec {
-            name: String::new(),
-            services: names.iter().map(|n| (*n).to_owned()).collect(),
-            tenant: None,
-        };
-        program.groups.insert(
-            "g1".into(),
-            GroupSpec {
-                name: "g1".into(),
-                ..members(&["api", "web"])
-            },
-        );
-        program.groups.insert(
-            "g2".into(),
-            GroupSpec {
-                name: "g2".into(),
-                ..members(&["web", "web"])
-            },
-        );
         check(
             &program,
             &[
@@ -1265,10 +1147,6 @@ mod tests {
                 "cca::E017 gate `c` service: gate `c` has no `service`",
                 "cca::E016 gate `b` hosts[0]: host `shop.example.com` is already served by gate `a`",
                 "cca::E017 connection `broken`: connection `broken` is missing `driver`, `port`",
-                "cca::E019 group `g1` name: `api` separates from `web`, but group `g1` places them together",
-                "cca::E019 group `g2` name: `web` is in groups `g1` and `g2`",
-                "cca::E016 group `g2` services[1]: `web` is listed twice",
-                "cca::E017 group `g2` services: group `g2` needs at least two services",
             ],
         );
     }
