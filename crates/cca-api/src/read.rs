@@ -12,6 +12,7 @@ use cca_model::usage::{NodeUsage, UsageSummary};
 use crate::types::{
     ClusterStatus, InstanceSummary, InstanceTop, NodeCounts, NodeSummary, NodeTop, ReportedUsage,
     RolloutProgress, RolloutStatus, ScaleStatus, ServiceHistory, ServiceSummary, VersionSummary,
+    VerticalStatus,
 };
 
 /// Instances a rollout status names as waiting, at most.
@@ -108,6 +109,25 @@ pub(crate) fn scale(view: &View, service: &str, now: i64) -> Option<ScaleStatus>
             .get(service)
             .filter(|_| spec.scale_to_zero.is_some())
             .map(|held| (*held.value).clone()),
+        vertical: vertical(view, service),
+    })
+}
+
+/// What vertical autoscaling recommends for `service`; `None` when it has
+/// no spec or no `vertical` block.
+pub(crate) fn vertical(view: &View, service: &str) -> Option<VerticalStatus> {
+    let spec = &view.services.get(service)?.value;
+    let bounds = spec.autoscale.as_ref()?.vertical.clone()?;
+    let held = view.vertical.get(service).map(|held| &*held.value);
+    Some(VerticalStatus {
+        bounds,
+        resources: spec.resources.clone(),
+        window_ms: held.map_or(0, |held| held.window_ms),
+        samples: held.map_or(0, |held| held.samples),
+        sampled_at: held.map_or(0, |held| held.sampled_at),
+        observed: held.and_then(|held| held.observed),
+        recommended: held.and_then(|held| held.recommended),
+        min_samples: cca_model::vertical::MIN_SAMPLES,
     })
 }
 

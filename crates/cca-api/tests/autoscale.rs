@@ -126,3 +126,48 @@ async fn scale_is_refused_for_an_autoscaled_service_and_why_shows_what_sets_the_
     let missing = client.scale_status("nope").await.expect_err("none");
     assert_eq!(missing.status(), Some(404));
 }
+
+#[tokio::test]
+async fn scale_status_and_describe_show_the_vertical_recommendation() {
+    let h = harness().await;
+    let (client, _stop) = h.serve().await;
+    let mut spec = service("api", 2);
+    spec.autoscale = Some(Autoscale {
+        horizontal: None,
+        vertical: Some(cca_model::spec::VerticalScale {
+            max_cpu: Some(cca_model::spec::Cpu(2_000)),
+            ..Default::default()
+        }),
+    });
+    let mut program = Program::default();
+    program.services.insert("api".into(), spec);
+    program.services.insert("plain".into(), service("plain", 1));
+    client.apply(&program, false).await.expect("applies");
+
+    let waiting = client.scale_status("api").await.expect("status");
+    let vertical = waiting.vertical.expect("a vertical block");
+    assert_eq!((vertical.samples, vertical.recommended), (0, None));
+    assert_eq!(vertical.min_samples, cca_model::vertical::MIN_SAMPLES);
+
+    let sizes = cca_model::vertical::Sizes {
+        cpu: 230,
+        memory: 96 << 20,
+    };
+    let decided = cca_model::vertical::VerticalScaled {
+        window_ms: 3_600_000,
+        sampled_at: 5,
+        slices: vec![],
+        recommended: Some(sizes),
+        observed: Some(sizes),
+        samples: 40,
+    };
+    put(h.store.as_ref(), keys::derived_vertical("api"), &decided).await;
+    let status = client.scale_status("api").await.expect("status");
+    let vertical = status.vertical.expect("a vertical block");
+    assert_eq!((vertical.samples, vertical.recommended), (40, Some(sizes)));
+    assert_eq!(vertical.bounds.max_cpu, Some(cca_model::spec::Cpu(2_000)));
+    let detail = client.service("api").await.expect("describe");
+    assert_eq!(detail.vertical.and_then(|v| v.recommended), Some(sizes));
+    let plain = client.service("plain").await.expect("describe");
+    assert_eq!(plain.vertical, None, "no block, no vertical status");
+}

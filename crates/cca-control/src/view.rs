@@ -24,6 +24,7 @@ use cca_model::spec::{
     ServiceVersion, spec_hash,
 };
 use cca_model::usage::NodeUsage;
+use cca_model::vertical::VerticalScaled;
 use cca_model::{Key, Kind, Revision, Value};
 use imbl::OrdMap;
 use serde::de::DeserializeOwned;
@@ -112,6 +113,9 @@ pub struct View {
     pub rollout_controls: Table<RolloutControl>,
     /// The replicas each autoscaled service runs at, by service.
     pub autoscaled: Table<Autoscaled>,
+    /// The usage window and recommended sizes of each service with
+    /// vertical autoscaling, by service.
+    pub vertical: Table<VerticalScaled>,
     /// Node subnets by node (held, released or wanted).
     pub subnets: Table<NodeSubnet>,
     /// Service VIPs by service (held, released or wanted).
@@ -381,6 +385,9 @@ impl View {
             Key::Rollout { service } => {
                 put(&mut self.rollouts, service, bytes, rev, Value::Rollout)?
             }
+            Key::Vertical { service } => {
+                put(&mut self.vertical, service, bytes, rev, Value::Vertical)?
+            }
             Key::Autoscale { service } => {
                 put(&mut self.autoscaled, service, bytes, rev, Value::Autoscale)?
             }
@@ -493,6 +500,7 @@ impl View {
             }
             Key::Scale { service } => remove(&mut self.scale, service, rev, Value::Scale),
             Key::Rollout { service } => remove(&mut self.rollouts, service, rev, Value::Rollout),
+            Key::Vertical { service } => remove(&mut self.vertical, service, rev, Value::Vertical),
             Key::Autoscale { service } => {
                 remove(&mut self.autoscaled, service, rev, Value::Autoscale)
             }
@@ -697,6 +705,7 @@ impl View {
             Key::Scale { service } => at(&self.scale, service),
             Key::Rollout { service } => at(&self.rollouts, service),
             Key::Autoscale { service } => at(&self.autoscaled, service),
+            Key::Vertical { service } => at(&self.vertical, service),
             Key::RolloutControl { service } => at(&self.rollout_controls, service),
             Key::Subnet { node } => at(&self.subnets, node),
             Key::Vip { service } => at(&self.vips, service),

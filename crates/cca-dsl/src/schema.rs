@@ -167,6 +167,7 @@ const VERTICAL: &[Key] = &[
     setting("max_cpu"),
     setting("min_memory"),
     setting("max_memory"),
+    setting("mode"),
 ];
 
 const INIT: &[Key] = &[

@@ -29,6 +29,7 @@ use crate::spec::{
     ServiceVersion,
 };
 use crate::usage::NodeUsage;
+use crate::vertical::VerticalScaled;
 
 /// One row of the table, as data.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -215,6 +216,10 @@ fact_kinds! {
     /// The replica count an autoscaled service runs at, and why.
     Autoscale { service } = "derived/autoscale/{}",
         Autoscaled, Owner::Controller("lifecycle"), applied: false;
+    /// The usage window of a service with vertical autoscaling and the
+    /// sizes it recommends.
+    Vertical { service } = "derived/vertical/{}",
+        VerticalScaled, Owner::Controller("lifecycle"), applied: false;
     /// A node's slice of the cluster CIDR.
     Subnet { node } = "derived/subnet/{}",
         NodeSubnet, Owner::Controller("network"), applied: false;

@@ -221,6 +221,14 @@ pub fn derived_autoscale(service: &str) -> String {
     .to_string()
 }
 
+/// `derived/vertical/{svc}`: a service's vertical usage window and sizes.
+pub fn derived_vertical(service: &str) -> String {
+    Key::Vertical {
+        service: service.to_owned(),
+    }
+    .to_string()
+}
+
 /// `desired/rollout/{svc}`: an operator's pause or undo of a rollout.
 pub fn desired_rollout(service: &str) -> String {
     Key::RolloutControl {

@@ -17,6 +17,7 @@ pub mod scale;
 pub mod spec;
 pub mod usage;
 pub mod validity;
+pub mod vertical;
 
 pub use facts::{Key, Kind, Value};
 pub use ownership::{Owner, OwnershipError, owner_of};

@@ -191,6 +191,30 @@ pub struct ScaleStatus {
     pub autoscaled: Option<cca_model::autoscale::Autoscaled>,
     /// Whether a `scale_to_zero` service sleeps (then it runs none).
     pub scale_to_zero: Option<cca_model::scale::ScaleState>,
+    /// Vertical autoscaling's window and recommendation, when it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vertical: Option<VerticalStatus>,
+}
+
+/// What vertical autoscaling recommends for a service, and from what.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VerticalStatus {
+    /// The `vertical` block: bounds and mode.
+    pub bounds: cca_model::spec::VerticalScale,
+    /// What the spec's `resources` give each instance now.
+    pub resources: cca_model::spec::Resources,
+    /// The usage window, in milliseconds.
+    pub window_ms: Millis,
+    /// Samples in the window (one per ready instance per sample).
+    pub samples: u64,
+    /// When the last sample was taken (0: none yet).
+    pub sampled_at: Millis,
+    /// The window's 95th percentiles.
+    pub observed: Option<cca_model::vertical::Sizes>,
+    /// The sizes recommended, once the window holds enough samples.
+    pub recommended: Option<cca_model::vertical::Sizes>,
+    /// The samples a first recommendation needs.
+    pub min_samples: u64,
 }
 
 /// `describe service`: the spec, its instances, and why some are pending.
@@ -210,6 +234,9 @@ pub struct ServiceDetail {
     /// Where its rollout stands.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<RolloutStatus>,
+    /// What vertical autoscaling recommends, when it is on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vertical: Option<VerticalStatus>,
 }
 
 /// One row of `get instances`.

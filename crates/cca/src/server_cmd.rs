@@ -75,6 +75,10 @@ pub(crate) struct ServerArgs {
     /// recommended within this long.
     #[arg(long, default_value = "5m", value_name = "DURATION", value_parser = flags::duration)]
     scale_down_window: Duration,
+    /// Vertical autoscaling recommends from the usage of this long (one
+    /// sample per sixtieth of it).
+    #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = flags::duration)]
+    vertical_window: Duration,
     /// The host ports the scheduler hands out to instances, per node,
     /// lowest free first (ports a node's agent finds held by something
     /// outside the cluster are skipped on that node).
@@ -245,6 +249,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
         scheduler,
         lifecycle: cca_control::controllers::LifecycleConfig {
             scale_down_window: args.scale_down_window,
+            vertical_window: args.vertical_window,
         },
         disruption: DisruptionConfig {
             max_missing_percent: args.pause_replacement_above,

@@ -30,11 +30,7 @@ service db {
 const IDLE: &str = r#"
 service idle {
   run = "sleep 1000"
-  autoscale {
-    min = 1
-    max = 3
-    cpu = 70%
-  }
+  volume data "/data" 1Gi
 }
 "#;
 
@@ -66,7 +62,7 @@ fn cluster_commands_against_a_real_server() {
     let warned = String::from_utf8_lossy(&applied_idle.stderr);
     assert!(warned.contains("cca::W008"), "{warned}");
     assert!(
-        warned.contains("`autoscale` is accepted but not enforced by this version"),
+        warned.contains("`volume size` is accepted but not enforced by this version"),
         "{warned}"
     );
     let stdout = String::from_utf8_lossy(&applied_idle.stdout);

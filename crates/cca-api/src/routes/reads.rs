@@ -136,6 +136,7 @@ pub(crate) async fn service(
         events: recent_about(&state, &format!("service/{name}"), 20).await?,
         usage: read::service_usage(&view, &name),
         rollout: read::rollout(&view, &name),
+        vertical: read::vertical(&view, &name),
     }))
 }
 

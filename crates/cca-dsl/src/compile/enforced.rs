@@ -23,10 +23,11 @@ struct NotEnforced {
 
 const NOT_ENFORCED: &[NotEnforced] = &[
     NotEnforced {
-        context: Context::Autoscale,
-        key: "vertical",
-        setting: "autoscale.vertical",
-        instead: "the instances keep their `resources`; nothing resizes them",
+        context: Context::Vertical,
+        key: "mode.auto",
+        setting: "vertical mode \"auto\"",
+        instead: "the recommendations are shown (`cca describe`, `cca scale why`); \
+                  the instances keep their `resources`",
     },
     NotEnforced {
         context: Context::Service,

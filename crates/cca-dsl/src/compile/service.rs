@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use cca_model::spec::{
     Autoscale, Cpu, DisruptionBudget, Duration, HealthCheck, HorizontalScale, InitStep, Memory,
     Percent, Placement, PortSpec, Probe, Protocol, Resources, SecretGrant, ServiceSpec,
-    UpdateStrategy, VerticalScale, VolumeSpec, Workload,
+    UpdateStrategy, VerticalMode, VerticalScale, VolumeSpec, Workload,
 };
 
 use cca_model::net::Affinity;
@@ -66,6 +66,11 @@ const NETWORK_MODES: &[(&str, NetworkMode)] =
 
 const AFFINITIES: &[(&str, Affinity)] =
     &[("none", Affinity::None), ("client-ip", Affinity::ClientIp)];
+
+const VERTICAL_MODES: &[(&str, VerticalMode)] = &[
+    ("recommend", VerticalMode::Recommend),
+    ("auto", VerticalMode::Auto),
+];
 
 impl Compiler<'_> {
     pub(crate) fn service(&mut self, entry: Entry<'_>) {
@@ -769,6 +774,15 @@ impl Compiler<'_> {
                 "max_memory" => {
                     vertical.max_memory =
                         self.setting_quantity(entry, "a memory size", Memory::parse);
+                }
+                "mode" => {
+                    self.mark("autoscale.vertical.mode", entry.span());
+                    if let Some(mode) = self.setting_choice(entry, VERTICAL_MODES) {
+                        if mode == VerticalMode::Auto {
+                            self.check_enforced(Context::Vertical, "mode.auto", entry.span());
+                        }
+                        vertical.mode = mode;
+                    }
                 }
                 _ => {}
             }

@@ -25,8 +25,8 @@ pub use gate::{
 pub use quantity::{Cpu, Duration, Memory, Percent, QuantityError};
 pub use service::{
     Autoscale, DisruptionBudget, HealthCheck, HorizontalScale, INIT_STEP_TIMEOUT, InitStep,
-    Placement, PortSpec, Probe, Protocol, Resources, ServiceSpec, UpdateStrategy, VerticalScale,
-    VolumeSpec, Workload,
+    Placement, PortSpec, Probe, Protocol, Resources, ServiceSpec, UpdateStrategy, VerticalMode,
+    VerticalScale, VolumeSpec, Workload,
 };
 pub use version::{ServiceVersion, spec_hash};
 

@@ -287,4 +287,18 @@ pub struct VerticalScale {
     pub max_cpu: Option<Cpu>,
     pub min_memory: Option<Memory>,
     pub max_memory: Option<Memory>,
+    #[serde(default)]
+    pub mode: VerticalMode,
+}
+
+/// What vertical autoscaling does with its recommendations.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VerticalMode {
+    /// Shows them (`describe`, `cca scale why`); the instances keep their
+    /// `resources`.
+    #[default]
+    Recommend,
+    /// Resizes the instances to them.
+    Auto,
 }

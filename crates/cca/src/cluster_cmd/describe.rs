@@ -88,6 +88,16 @@ fn service(detail: &ServiceDetail) {
             summary.replicas, summary.instances, summary.running
         ),
     );
+    if let Some(vertical) = &detail.vertical {
+        field(
+            "Vertical",
+            &format!(
+                "{} (`cca scale why {}`)",
+                super::scale::vertical_summary(vertical),
+                summary.name
+            ),
+        );
+    }
     if let Some(state) = &summary.scale {
         let now = now_millis();
         let ago = age(Some(state.since), now);

@@ -4,8 +4,8 @@
 //! (`GET /v1/services/{name}/scale`).
 
 use anyhow::{Result, bail};
-use cca_model::spec::Memory;
-use cca_wire::types::ScaleStatus;
+use cca_model::spec::{Memory, VerticalMode};
+use cca_wire::types::{ScaleStatus, VerticalStatus};
 use clap::{Args, Subcommand};
 
 use super::commands::client;
@@ -57,10 +57,11 @@ fn explain(status: &ScaleStatus, now: i64) -> Vec<String> {
     let Some(bounds) = &status.autoscale else {
         lines.push(format!(
             "service/{service}: {} replicas, from its spec (set by `cca apply` or `cca scale`); \
-             it is not autoscaled.",
+             it is not autoscaled horizontally.",
             status.replicas
         ));
         lines.extend(sleeping(status, now));
+        lines.extend(status.vertical.iter().flat_map(|v| vertical_lines(v, now)));
         return lines;
     };
     lines.push(format!(
@@ -118,6 +119,64 @@ fn explain(status: &ScaleStatus, now: i64) -> Vec<String> {
         lines.push("No decision yet: the lifecycle controller has not seen it.".into());
     }
     lines.extend(sleeping(status, now));
+    lines.extend(status.vertical.iter().flat_map(|v| vertical_lines(v, now)));
+    lines
+}
+
+/// Vertical autoscaling: the recommendation in one line, as `describe`
+/// shows it, or what it still waits for.
+pub(crate) fn vertical_summary(vertical: &VerticalStatus) -> String {
+    let have = format!(
+        "instances have {} CPU, {} memory",
+        vertical
+            .resources
+            .cpu
+            .map_or_else(|| "unlimited".to_owned(), |cpu| format!("{}m", cpu.0)),
+        vertical
+            .resources
+            .memory
+            .map_or_else(|| "unlimited".to_owned(), Memory::human)
+    );
+    let Some(sizes) = vertical.recommended else {
+        return format!(
+            "no recommendation yet: {} of {} samples ({have})",
+            vertical.samples, vertical.min_samples
+        );
+    };
+    let applied = match vertical.bounds.mode {
+        VerticalMode::Recommend => "mode recommend: nothing is resized",
+        VerticalMode::Auto => "mode auto: not applied by this version",
+    };
+    format!(
+        "recommends {}m CPU, {} memory per instance ({have}; {applied})",
+        sizes.cpu,
+        Memory(sizes.memory).human()
+    )
+}
+
+/// `scale why`'s lines on vertical autoscaling.
+fn vertical_lines(vertical: &VerticalStatus, now: i64) -> Vec<String> {
+    let mut lines = vec![format!("Vertical: {}.", vertical_summary(vertical))];
+    if vertical.sampled_at > 0 {
+        lines.push(format!(
+            "  Window: the last {}s, {} samples (each ready instance's last usage report, once \
+             every {}s; the last {} ago).",
+            vertical.window_ms / 1000,
+            vertical.samples,
+            vertical.window_ms / 60_000,
+            age(Some(vertical.sampled_at), now)
+        ));
+    }
+    if let Some(observed) = vertical.observed {
+        lines.push(format!(
+            "  95th percentiles: {}m CPU (mean per report), {} memory (peak per report); \
+             recommended with {}% and {}% on top, within the block's bounds.",
+            observed.cpu,
+            Memory(observed.memory).human(),
+            cca_model::vertical::CPU_MARGIN_PERCENT,
+            cca_model::vertical::MEMORY_MARGIN_PERCENT
+        ));
+    }
     lines
 }
 
@@ -138,6 +197,7 @@ fn sleeping(status: &ScaleStatus, now: i64) -> Option<String> {
 mod tests {
     use cca_model::autoscale::{Autoscaled, Metric, Recommendation, ScaleChange, Signal};
     use cca_model::spec::{HorizontalScale, Percent};
+    use cca_model::vertical::Sizes;
     use clap::Parser;
 
     use super::*;
@@ -201,6 +261,7 @@ mod tests {
                 holding: None,
             }),
             scale_to_zero: None,
+            vertical: None,
         };
         let text = explain(&status, 60_000).join("\n");
         assert!(
@@ -223,5 +284,52 @@ mod tests {
             ..status
         };
         assert!(explain(&plain, 0)[0].contains("from its spec"));
+    }
+
+    #[test]
+    fn why_shows_the_vertical_window_and_recommendation() {
+        let mut vertical = VerticalStatus {
+            bounds: cca_model::spec::VerticalScale::default(),
+            resources: cca_model::spec::Resources {
+                cpu: Some(cca_model::spec::Cpu(500)),
+                memory: None,
+            },
+            window_ms: 3_600_000,
+            samples: 4,
+            sampled_at: 50_000,
+            observed: None,
+            recommended: None,
+            min_samples: 12,
+        };
+        assert_eq!(
+            vertical_summary(&vertical),
+            "no recommendation yet: 4 of 12 samples (instances have 500m CPU, unlimited memory)"
+        );
+        vertical.samples = 40;
+        vertical.observed = Some(Sizes {
+            cpu: 200,
+            memory: 80 << 20,
+        });
+        vertical.recommended = Some(Sizes {
+            cpu: 230,
+            memory: 96 << 20,
+        });
+        let text = vertical_lines(&vertical, 60_000).join("\n");
+        assert!(
+            text.starts_with("Vertical: recommends 230m CPU, 96Mi memory per instance"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mode recommend: nothing is resized"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "the last 3600s, 40 samples (each ready instance's last usage report, \
+                           once every 60s; the last 10s ago)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("95th percentiles: 200m CPU"), "{text}");
     }
 }

@@ -25,9 +25,10 @@
 use cca_model::autoscale::{
     Autoscaled, Metric, Recommendation, STALE_PERIODS, ScaleChange, Signal, recommend,
 };
-use cca_model::cluster::Millis;
+use cca_model::cluster::{Instance, Millis};
 use cca_model::rollout::{Rollout, RolloutPhase};
 use cca_model::spec::{HorizontalScale, ServiceSpec};
+use cca_model::usage::UsageSummary;
 
 use crate::controller::EventDraft;
 use crate::view::View;
@@ -110,6 +111,8 @@ pub(super) fn decide(
 pub(super) struct Decision {
     pub(super) now: Millis,
     pub(super) window: Millis,
+    /// The vertical usage window.
+    pub(super) vertical_window: Millis,
 }
 
 /// What a choice weighs: the count now, the newest recommendation, the
@@ -189,18 +192,7 @@ fn signal(
     now: Millis,
 ) -> Signal {
     let (mut reporting, mut used, mut requested) = (0u32, 0u64, 0u64);
-    for instance in view.instances_of(service) {
-        if instance.stopping || !view.is_ready(instance) {
-            continue;
-        }
-        let Some(report) = view.usage.get(&instance.node) else {
-            continue;
-        };
-        let stale = now.saturating_sub(report.at)
-            > i64::try_from(report.period_ms.saturating_mul(STALE_PERIODS)).unwrap_or(i64::MAX);
-        let Some(usage) = report.instances.get(&instance.id).filter(|_| !stale) else {
-            continue;
-        };
+    for (instance, usage) in fresh_usage(view, service, now) {
         reporting += 1;
         match metric {
             Metric::Cpu => {
@@ -226,6 +218,25 @@ fn signal(
         target,
         recommended: recommend(current, reporting, used, request, target),
     }
+}
+
+/// The ready instances of `service` whose node's last usage report is
+/// fresh (at most [`STALE_PERIODS`] periods old) and names them, each with
+/// what it used.
+pub(super) fn fresh_usage<'v>(
+    view: &'v View,
+    service: &str,
+    now: Millis,
+) -> impl Iterator<Item = (&'v Instance, &'v UsageSummary)> {
+    view.instances_of(service)
+        .filter(|instance| !instance.stopping && view.is_ready(instance))
+        .filter_map(move |instance| {
+            let report = view.usage.get(&instance.node)?;
+            let stale = now.saturating_sub(report.at)
+                > i64::try_from(report.period_ms.saturating_mul(STALE_PERIODS)).unwrap_or(i64::MAX);
+            let usage = report.instances.get(&instance.id).filter(|_| !stale)?;
+            Some((&**instance, usage))
+        })
 }
 
 /// In words: the signal that decided, or the window, or the bounds.

@@ -5,7 +5,9 @@
 //! back by itself when `update.rollback_after` new instances failed
 //! ([`rollout`]); and `derived/autoscale/{service}`: the replicas a service
 //! with horizontal `autoscale` runs at, decided after the rollout and held
-//! while one progresses ([`horizontal`]).
+//! while one progresses ([`horizontal`]); and `derived/vertical/{service}`:
+//! the usage window and recommended sizes of a service with vertical
+//! autoscaling ([`vertical`]).
 //!
 //! Its work splits by service: a pass after a few changes looks at the
 //! services they touch alone; a usage report touches the autoscaled ones.
@@ -16,6 +18,9 @@ mod horizontal_tests;
 mod rollout;
 #[cfg(test)]
 mod tests;
+pub mod vertical;
+#[cfg(test)]
+mod vertical_tests;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -33,6 +38,8 @@ pub struct LifecycleConfig {
     /// How long a higher recommendation holds an autoscaled service's
     /// scale-down back (5 min).
     pub scale_down_window: Duration,
+    /// The usage window vertical recommendations look at (1 h).
+    pub vertical_window: Duration,
 }
 
 impl Default for LifecycleConfig {
@@ -41,11 +48,15 @@ impl Default for LifecycleConfig {
             scale_down_window: Duration::from_millis(
                 u64::try_from(cca_model::autoscale::SCALE_DOWN_WINDOW).unwrap_or(300_000),
             ),
+            vertical_window: Duration::from_millis(
+                u64::try_from(cca_model::vertical::VERTICAL_WINDOW).unwrap_or(3_600_000),
+            ),
         }
     }
 }
 
-/// Writes `derived/rollout/{svc}` and `derived/autoscale/{svc}`.
+/// Writes `derived/rollout/{svc}`, `derived/autoscale/{svc}` and
+/// `derived/vertical/{svc}`.
 #[derive(Clone, Debug, Default)]
 pub struct LifecycleController {
     pub config: LifecycleConfig,
@@ -73,6 +84,7 @@ impl Controller for LifecycleController {
         let mut services: BTreeSet<&str> = view.services.keys().map(String::as_str).collect();
         services.extend(view.rollouts.keys().map(String::as_str));
         services.extend(view.autoscaled.keys().map(String::as_str));
+        services.extend(view.vertical.keys().map(String::as_str));
         plan_services(self, view, context, services)
     }
 
@@ -105,6 +117,7 @@ fn plan_services<'a>(
     let decision = horizontal::Decision {
         now: context.now,
         window: span_millis(controller.config.scale_down_window),
+        vertical_window: span_millis(controller.config.vertical_window),
     };
     let mut plan = Plan::default();
     for service in services {
@@ -113,18 +126,14 @@ fn plan_services<'a>(
     plan
 }
 
-/// The services with horizontal `autoscale`: the ones a usage report
-/// may move.
+/// The services with `autoscale`: the ones a usage report may move.
 fn autoscaled(view: &View) -> impl Iterator<Item = &str> {
     view.services
         .iter()
-        .filter(|(_, spec)| {
-            spec.autoscale
-                .as_ref()
-                .is_some_and(|autoscale| autoscale.horizontal.is_some())
-        })
+        .filter(|(_, spec)| spec.autoscale.is_some())
         .map(|(name, _)| name.as_str())
         .chain(view.autoscaled.keys().map(String::as_str))
+        .chain(view.vertical.keys().map(String::as_str))
 }
 
 /// The rollout and the autoscaled count of one service, each written only
@@ -135,12 +144,17 @@ fn plan_service(view: &View, decision: &horizontal::Decision, service: &str, pla
     let autoscale_key = keys::derived_autoscale(service);
     let held_rollout = view.rollouts.get(service).map(|held| &*held.value);
     let held_count = view.autoscaled.get(service).map(|held| &*held.value);
+    let held_sizes = view.vertical.get(service).map(|held| &*held.value);
     let Some(spec) = view.services.get(service) else {
         if held_rollout.is_some() {
             plan.writes.push(Write::delete(rollout_key));
         }
         if held_count.is_some() {
             plan.writes.push(Write::delete(autoscale_key));
+        }
+        if held_sizes.is_some() {
+            plan.writes
+                .push(Write::delete(keys::derived_vertical(service)));
         }
         return;
     };
@@ -167,6 +181,26 @@ fn plan_service(view: &View, decision: &horizontal::Decision, service: &str, pla
             }
         }
         None if held_count.is_some() => plan.writes.push(Write::delete(autoscale_key)),
+        None => {}
+    }
+    let sizes = vertical::decide(
+        view,
+        service,
+        &spec.value,
+        (now, decision.vertical_window),
+        &mut plan.events,
+    );
+    let vertical_key = keys::derived_vertical(service);
+    match sizes {
+        Some((sizes, wake)) => {
+            if let Some(at) = wake.filter(|at| *at > now) {
+                plan.requeue(at - now);
+            }
+            if held_sizes != Some(&sizes) {
+                plan.writes.push(Write::put_json(vertical_key, &sizes));
+            }
+        }
+        None if held_sizes.is_some() => plan.writes.push(Write::delete(vertical_key)),
         None => {}
     }
 }
