@@ -469,6 +469,10 @@ impl Runtime for RuntimeSet {
     async fn usage(&self, id: &str) -> Result<Usage> {
         self.route(id).await?.1.usage(id).await
     }
+
+    async fn resize(&self, id: &str, limits: cca_runtime::Limits) -> Result<()> {
+        self.route(id).await?.1.resize(id, limits).await
+    }
 }
 
 /// Attaches container `id` to the node network again before a start when

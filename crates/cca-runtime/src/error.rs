@@ -24,6 +24,7 @@ pub enum Operation {
     Logs,
     Exec,
     Usage,
+    Resize,
 }
 
 impl fmt::Display for Operation {
@@ -38,6 +39,7 @@ impl fmt::Display for Operation {
             Self::Logs => "logs",
             Self::Exec => "exec",
             Self::Usage => "read usage",
+            Self::Resize => "resize",
         };
         f.write_str(name)
     }

@@ -15,7 +15,7 @@ use crate::memory::{created_status, end_run, refuse_when_running, stop_at_once};
 
 use crate::{
     Error, ExecOutput, ExecRequest, ExitReason, InstanceSpec, InstanceState, InstanceStatus,
-    LogOptions, LogStream, Operation, Result, Runtime, Usage,
+    Limits, LogOptions, LogStream, Operation, Result, Runtime, Usage,
 };
 
 /// One recorded call. `Create` holds its spec boxed: a spec is far larger
@@ -31,6 +31,7 @@ pub enum Call {
     Logs { id: String, options: LogOptions },
     Exec { id: String, request: ExecRequest },
     Usage(String),
+    Resize { id: String, limits: Limits },
 }
 
 /// An injected failure: calls of `operation` (on `id`, or any instance)
@@ -325,6 +326,18 @@ impl Runtime for FakeRuntime {
         let status = existing(&mut state, id)?;
         status.require_running(Operation::Usage)?;
         Ok(state.usage.get(id).copied().unwrap_or_default())
+    }
+
+    async fn resize(&self, id: &str, limits: Limits) -> Result<()> {
+        let call = Call::Resize {
+            id: id.to_owned(),
+            limits,
+        };
+        let mut state = self.enter(call, Operation::Resize, id)?;
+        let status = existing(&mut state, id)?;
+        status.require_running(Operation::Resize)?;
+        limits.set_on(std::sync::Arc::make_mut(&mut status.spec));
+        Ok(())
     }
 }
 

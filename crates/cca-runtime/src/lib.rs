@@ -89,4 +89,33 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// used since it started and the memory it holds. Fails with
     /// [`Error::InvalidState`] when it does not run.
     async fn usage(&self, id: &str) -> Result<Usage>;
+
+    /// Sets a running instance's CPU and memory limits in place, without a
+    /// restart (`None`: no limit), and keeps them as its spec's. Fails with
+    /// [`Error::Failed`] where this run cannot take new limits (no cgroup
+    /// for them): the agent then applies them at the next start.
+    async fn resize(&self, id: &str, limits: Limits) -> Result<()>;
+}
+
+/// An instance's CPU and memory limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Limits {
+    pub cpu_millis: Option<u64>,
+    pub memory_bytes: Option<u64>,
+}
+
+impl Limits {
+    /// The limits `spec` asks for.
+    pub fn of(spec: &InstanceSpec) -> Self {
+        Limits {
+            cpu_millis: spec.cpu_millis,
+            memory_bytes: spec.memory_bytes,
+        }
+    }
+
+    /// Writes them into `spec`.
+    pub fn set_on(self, spec: &mut InstanceSpec) {
+        spec.cpu_millis = self.cpu_millis;
+        spec.memory_bytes = self.memory_bytes;
+    }
 }

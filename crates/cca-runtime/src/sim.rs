@@ -25,7 +25,7 @@ use crate::memory::{created_status, end_run, refuse_when_running, stop_at_once};
 
 use crate::{
     Error, ExecOutput, ExecRequest, ExitReason, InstanceSpec, InstanceState, InstanceStatus,
-    LogOptions, LogStream, Operation, Result, Runtime, Usage,
+    Limits, LogOptions, LogStream, Operation, Result, Runtime, Usage,
 };
 
 /// How long a simulated start takes.
@@ -402,6 +402,14 @@ impl Runtime for SimRuntime {
         }
         Ok(simulated_usage(&status, load, rate, accrual, now))
     }
+
+    async fn resize(&self, id: &str, limits: Limits) -> Result<()> {
+        let mut state = self.alive(id, Operation::Resize)?;
+        let status = existing(&mut state, id)?;
+        status.require_running(Operation::Resize)?;
+        limits.set_on(std::sync::Arc::make_mut(&mut status.spec));
+        Ok(())
+    }
 }
 
 /// What a running instance has used by `now`: its CPU time accrues from
@@ -562,6 +570,24 @@ mod tests {
         runtime.stop("a", Duration::ZERO).await.expect("stop");
         assert!(matches!(
             runtime.usage("a").await,
+            Err(Error::InvalidState { .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_running_instance_is_resized_and_a_stopped_one_refuses() {
+        let runtime = SimRuntime::new(SimConfig::default());
+        started(&runtime, "a").await.expect("start a");
+        let limits = Limits {
+            cpu_millis: Some(300),
+            memory_bytes: Some(64 << 20),
+        };
+        runtime.resize("a", limits).await.expect("resize");
+        let status = runtime.inspect("a").await.expect("inspect");
+        assert_eq!(Limits::of(&status.spec), limits);
+        runtime.stop("a", Duration::ZERO).await.expect("stop");
+        assert!(matches!(
+            runtime.resize("a", limits).await,
             Err(Error::InvalidState { .. })
         ));
     }

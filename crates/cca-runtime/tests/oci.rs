@@ -223,6 +223,18 @@ async fn busybox_httpd_serves_on_loopback_then_is_killed_after_the_grace_and_rem
         usage.cpu_nanos > 0 && usage.memory_bytes > 0 && usage.memory_bytes < 64 << 20,
         "a serving httpd is accounted in its cgroups: {usage:?}"
     );
+    // Resized in place (`runc update`): the same container, new limits.
+    let limits = cca_runtime::Limits {
+        cpu_millis: Some(250),
+        memory_bytes: Some(96 << 20),
+    };
+    test.runtime.resize("web-1", limits).await.expect("resize");
+    let limit = std::fs::read_to_string(memory.join("memory.limit_in_bytes")).expect("limit");
+    assert_eq!(limit.trim(), (96u64 << 20).to_string());
+    let resized = test.runtime.inspect("web-1").await.expect("inspect");
+    assert_eq!(resized.pid, status.pid, "not restarted");
+    assert_eq!(cca_runtime::Limits::of(&resized.spec), limits);
+    assert!(http_get(port).is_some(), "still serving");
 
     let grace = Duration::from_millis(300);
     let started = Instant::now();

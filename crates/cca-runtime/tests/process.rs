@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use cca_image::testing::root_test;
 use cca_runtime::{
-    DnsConfig, Error, ExecRequest, ExitReason, InstanceSpec, InstanceState, LimitsEnforcement,
-    LogOptions, PortBinding, Protocol, Runtime,
+    DnsConfig, Error, ExecRequest, ExitReason, InstanceSpec, InstanceState, Limits,
+    LimitsEnforcement, LogOptions, PortBinding, Protocol, Runtime,
 };
 use support::{TestRuntime, is_alive};
 
@@ -279,6 +279,66 @@ async fn a_memory_limit_is_enforced_and_an_oom_kill_reported() {
     test.runtime.remove("hog").await.expect("remove");
     assert!(!memory_dir.exists(), "the cgroup goes with the instance");
     assert!(!test.cgroup_dir("cpu", "hog").exists());
+}
+
+/// Vertical autoscaling's in-place resize: a running instance's cgroups
+/// take the new limits without a restart (the same process keeps
+/// running), its spec says so, and an instance that does not run refuses.
+#[tokio::test]
+async fn a_running_instance_is_resized_in_place() {
+    let test = TestRuntime::new().await;
+    let mut spec = spec("grow", "sleep 30");
+    spec.memory_bytes = Some(32 << 20);
+    spec.cpu_millis = Some(500);
+    let status = test.run(spec).await;
+    if !cca_image::testing::is_root() {
+        println!("skipping a_running_instance_is_resized_in_place: cgroups need root");
+        return;
+    }
+    let pid = status.pid.expect("pid");
+    let limits = Limits {
+        cpu_millis: Some(250),
+        memory_bytes: Some(96 << 20),
+    };
+    test.runtime.resize("grow", limits).await.expect("resize");
+    let memory = std::fs::read_to_string(
+        test.cgroup_dir("memory", "grow")
+            .join("memory.limit_in_bytes"),
+    )
+    .expect("limit");
+    assert_eq!(memory.trim(), (96u64 << 20).to_string());
+    let quota = std::fs::read_to_string(test.cgroup_dir("cpu", "grow").join("cpu.cfs_quota_us"))
+        .expect("quota");
+    assert_eq!(quota.trim(), "25000");
+    let status = test.runtime.inspect("grow").await.expect("inspect");
+    assert_eq!(status.pid, Some(pid), "not restarted");
+    assert_eq!(Limits::of(&status.spec), limits);
+    // Unlimited memory.
+    let unlimited = Limits {
+        memory_bytes: None,
+        ..limits
+    };
+    test.runtime
+        .resize("grow", unlimited)
+        .await
+        .expect("resize");
+    let memory = std::fs::read_to_string(
+        test.cgroup_dir("memory", "grow")
+            .join("memory.limit_in_bytes"),
+    )
+    .expect("limit");
+    assert!(
+        memory.trim().parse::<u64>().expect("a number") > 1 << 40,
+        "{memory}"
+    );
+    test.runtime
+        .stop("grow", Duration::ZERO)
+        .await
+        .expect("stop");
+    assert!(matches!(
+        test.runtime.resize("grow", limits).await,
+        Err(Error::InvalidState { .. })
+    ));
 }
 
 /// Every instance's use is accounted, limits or not: its CPU time grows

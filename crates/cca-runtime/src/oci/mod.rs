@@ -62,7 +62,7 @@ use crate::process::procfs;
 use crate::resolv;
 use crate::{
     Error, ExecOutput, ExecRequest, ExitInfo, ExitReason, InstanceSpec, InstanceState,
-    InstanceStatus, LimitsEnforcement, Operation, Result, Runtime, Usage,
+    InstanceStatus, Limits, LimitsEnforcement, Operation, Result, Runtime, Usage,
 };
 
 /// The monitor: `$4…` is the OCI runtime's foreground `run` command line
@@ -269,6 +269,11 @@ impl Runtime for OciRuntime {
     async fn usage(&self, id: &str) -> Result<Usage> {
         self.inner.usage(id)
     }
+
+    async fn resize(&self, id: &str, limits: Limits) -> Result<()> {
+        let _guard = self.inner.lock(id).await;
+        self.inner.resize(id, limits).await
+    }
 }
 
 impl Inner {
@@ -368,15 +373,20 @@ impl Inner {
         dir.write_instance(instance, Operation::Create)
     }
 
-    fn cgroup_plan(&self, spec: &InstanceSpec) -> CgroupPlan {
-        let memsw = self
-            .config
+    /// Whether the host accounts memory+swap (v1 `memsw`): then a memory
+    /// limit bounds swap too.
+    fn limits_swap(&self) -> bool {
+        self.config
             .cgroup_root
-            .join("memory/memory.memsw.limit_in_bytes");
+            .join("memory/memory.memsw.limit_in_bytes")
+            .exists()
+    }
+
+    fn cgroup_plan(&self, spec: &InstanceSpec) -> CgroupPlan {
         CgroupPlan {
             path: PathBuf::from(format!("/{}/{}", self.config.cgroup_parent, spec.id)),
             memory_bytes: spec.memory_bytes,
-            limit_swap: memsw.exists(),
+            limit_swap: self.limits_swap(),
             cpu_millis: spec.cpu_millis,
         }
     }
@@ -633,6 +643,52 @@ impl Inner {
                 .join(id)
                 .join("memory.events")
         }
+    }
+
+    /// New limits for a running container (`runc update`, which rewrites
+    /// the cgroups it made), kept in its record for the next start.
+    async fn resize(&self, id: &str, limits: Limits) -> Result<()> {
+        let operation = Operation::Resize;
+        self.status(id, operation)?.require_running(operation)?;
+        let mut command = self.binary.command("update");
+        // -1: no limit, to runc and crun alike.
+        let memory = limits
+            .memory_bytes
+            .map_or_else(|| "-1".to_owned(), |bytes| bytes.to_string());
+        command.arg("--memory").arg(&memory);
+        if self.limits_swap() {
+            command.arg("--memory-swap").arg(&memory);
+        }
+        // As the bundle writes it: a tenth of a millicore per period's µs.
+        let quota = limits.cpu_millis.map_or(-1, |millis| {
+            i64::try_from(millis.saturating_mul(100).max(1_000)).unwrap_or(i64::MAX)
+        });
+        command.arg("--cpu-period").arg("100000");
+        command.arg("--cpu-quota").arg(quota.to_string());
+        let binary = self.binary.path.display().to_string();
+        let output = command
+            .arg(id)
+            .output()
+            .await
+            .map_err(|error| Error::Failed {
+                id: id.to_owned(),
+                operation,
+                message: format!("running {binary} update: {error}"),
+            })?;
+        if !output.status.success() {
+            return Err(Error::Failed {
+                id: id.to_owned(),
+                operation,
+                message: format!(
+                    "{binary} update refused: {}",
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ),
+            });
+        }
+        let dir = self.dir(id);
+        let mut instance = dir.read_instance(operation)?;
+        limits.set_on(&mut instance.spec);
+        dir.write_instance(&instance, operation)
     }
 
     /// What a running container uses, from the cgroups runc made for it:

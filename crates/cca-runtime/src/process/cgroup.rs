@@ -17,7 +17,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::usage::{Usage, counter};
-use crate::{InstanceSpec, LimitsEnforcement};
+use crate::{InstanceSpec, Limits, LimitsEnforcement};
 
 /// `cpu.cfs_period_us` / the period of `cpu.max`: 100 ms.
 const CPU_PERIOD_US: u64 = 100_000;
@@ -289,6 +289,68 @@ impl InstanceCgroups {
     /// not be moved into them all).
     pub(crate) fn unaccounted(&mut self) {
         self.cpu_usage_dir = None;
+    }
+
+    /// Rewrites the limits of the running instance's cgroups (`None`:
+    /// none). Checks first that every limit has a cgroup to go in, so a
+    /// refusal changes nothing.
+    pub(crate) fn set_limits(&self, limits: Limits) -> Result<(), String> {
+        let cpu_dir = self
+            .dirs
+            .iter()
+            .find(|dir| dir.join("cpu.cfs_quota_us").exists() || dir.join("cpu.max").exists());
+        if limits.cpu_millis.is_some() && cpu_dir.is_none() {
+            return Err(
+                "the run has no cpu cgroup (it started without a CPU limit on \
+                        cgroup v1): the CPU limit applies at its next start"
+                    .to_owned(),
+            );
+        }
+        let memory_dir = self.memory_dir.as_deref();
+        if limits.memory_bytes.is_some() && memory_dir.is_none() {
+            return Err(
+                "the run has no memory cgroup: the memory limit applies at its \
+                        next start"
+                    .to_owned(),
+            );
+        }
+        if let Some(dir) = memory_dir {
+            if dir.join("memory.limit_in_bytes").exists() {
+                match limits.memory_bytes {
+                    Some(limit) => write_v1_memory_limit(dir, limit)?,
+                    // Unlimited: memory+swap's first, as the memory limit
+                    // may not exceed it.
+                    None => {
+                        let memsw = dir.join("memory.memsw.limit_in_bytes");
+                        if memsw.exists() {
+                            write(&memsw, "-1")?;
+                        }
+                        write(&dir.join("memory.limit_in_bytes"), "-1")?;
+                    }
+                }
+            } else {
+                let value = limits
+                    .memory_bytes
+                    .map_or_else(|| "max".to_owned(), |limit| limit.to_string());
+                write(&dir.join("memory.max"), &value)?;
+            }
+        }
+        if let Some(dir) = cpu_dir {
+            if dir.join("cpu.cfs_quota_us").exists() {
+                let quota = limits.cpu_millis.map_or_else(
+                    || "-1".to_owned(),
+                    |millis| cpu_quota_us(millis).to_string(),
+                );
+                write(&dir.join("cpu.cfs_quota_us"), &quota)?;
+            } else {
+                let quota = limits.cpu_millis.map_or_else(
+                    || "max".to_owned(),
+                    |millis| cpu_quota_us(millis).to_string(),
+                );
+                write(&dir.join("cpu.max"), &format!("{quota} {CPU_PERIOD_US}"))?;
+            }
+        }
+        Ok(())
     }
 
     /// Live processes in any of the instance's cgroups.

@@ -39,7 +39,7 @@ use self::cgroup::{CgroupHost, InstanceCgroups};
 use self::records::{InstanceDir, InstanceRecord, RunRecord};
 use crate::logs::{self, LogOptions, LogStream};
 use crate::{
-    Error, ExecOutput, ExecRequest, ExitInfo, InstanceSpec, InstanceState, InstanceStatus,
+    Error, ExecOutput, ExecRequest, ExitInfo, InstanceSpec, InstanceState, InstanceStatus, Limits,
     LimitsEnforcement, Operation, Result, Runtime, Usage,
 };
 
@@ -202,6 +202,11 @@ impl Runtime for ProcessRuntime {
 
     async fn usage(&self, id: &str) -> Result<Usage> {
         self.inner.usage(id)
+    }
+
+    async fn resize(&self, id: &str, limits: Limits) -> Result<()> {
+        let _guard = self.inner.lock(id).await;
+        self.inner.resize(id, limits)
     }
 }
 
@@ -460,6 +465,36 @@ impl Inner {
                 run.pid,
             ))),
         }
+    }
+
+    /// New limits for a running instance's cgroups, kept in its record
+    /// (the next start applies them too).
+    fn resize(&self, id: &str, limits: Limits) -> Result<()> {
+        let operation = Operation::Resize;
+        self.status(id, operation)?.require_running(operation)?;
+        let dir = self.dir(id);
+        let Some(mut run) = dir.read_run(operation)? else {
+            return Err(Error::NotFound { id: id.to_owned() });
+        };
+        let failed = |message: String| Error::Failed {
+            id: id.to_owned(),
+            operation,
+            message,
+        };
+        let cgroups = run.cgroups.as_ref().ok_or_else(|| {
+            failed("the run has no cgroups: the limits apply at its next start".to_owned())
+        })?;
+        cgroups.set_limits(limits).map_err(failed)?;
+        let mut record = dir.read_instance(operation)?;
+        limits.set_on(&mut record.spec);
+        dir.write_instance(&record, operation)?;
+        if limits.cpu_millis.is_some() || limits.memory_bytes.is_some() {
+            run.limits = LimitsEnforcement::Enforced {
+                by: "resized in place".to_owned(),
+            };
+            dir.write_run(&run, operation)?;
+        }
+        Ok(())
     }
 
     /// The status, from disk plus what this object knows of its children.
