@@ -159,6 +159,7 @@ mod tests {
             stopping: false,
             replaces: None,
             failures: Vec::new(),
+            resized: None,
         };
         AssignmentLine::Put {
             revision,

@@ -36,8 +36,8 @@ use std::time::Duration;
 use cca_model::cluster::{ExitInfo, InstanceState, InstanceStatus};
 use cca_model::spec::{Probe, ServiceSpec, Workload};
 use cca_runtime::{
-    ExitReason, InstanceSpec, InstanceState as RtState, InstanceStatus as RtStatus, LogOptions,
-    Mount, NetworkAttachment, PortBinding, Runtime,
+    ExitReason, InstanceSpec, InstanceState as RtState, InstanceStatus as RtStatus, Limits,
+    LogOptions, Mount, NetworkAttachment, PortBinding, Runtime,
 };
 use cca_wire::types::Assignment;
 use tokio::task::JoinHandle;
@@ -108,6 +108,9 @@ struct Record {
     /// The run (main process) and host port whose listener was found to
     /// be the instance's own: not looked at again for that run.
     own_listener: Option<(u32, u16)>,
+    /// Limits the runtime refused to set in place, and why: not tried
+    /// again for this run; the next start applies them.
+    resize_refused: Option<(Limits, String)>,
 }
 
 impl Record {
@@ -125,6 +128,7 @@ impl Record {
             draining_since: None,
             placed_at: None,
             own_listener: None,
+            resize_refused: None,
         }
     }
 }
@@ -484,6 +488,16 @@ impl Supervisor {
                 self.begin_start(id, assignment);
             }
             Some(RtState::Running) => {
+                if let Some(status) = actual {
+                    let wanted = limits_of(assignment);
+                    let refused = record.resize_refused.as_ref().map(|(limits, _)| *limits);
+                    if Limits::of(&status.spec) == wanted {
+                        record.resize_refused = None;
+                    } else if refused != Some(wanted) {
+                        let result = self.runtime.resize(id, wanted).await;
+                        record_resize(record, id, wanted, result);
+                    }
+                }
                 if record.health.healthy == Some(false) {
                     let reason = record.health.last_failure.clone().unwrap_or_default();
                     tracing::warn!(instance = %id, %reason, "unhealthy; restarting");
@@ -680,8 +694,7 @@ impl Supervisor {
             .insert("CCA_ADDRESS".to_owned(), self.address.clone());
         spec.env.extend(service.env.clone());
         spec.ports = port_bindings(service, &instance.host_ports)?;
-        spec.cpu_millis = service.resources.cpu.map(|cpu| cpu.0);
-        spec.memory_bytes = service.resources.memory.map(|memory| memory.0);
+        limits_of(assignment).set_on(&mut spec);
         if files::needed(assignment) {
             let Some((root, _)) = &self.files else {
                 return Err(format!(
@@ -916,7 +929,12 @@ impl Supervisor {
                         InstanceState::Starting,
                         record.and_then(|record| record.health.last_failure.clone()),
                     ),
-                    Some(RtState::Running) => (InstanceState::Running, None),
+                    Some(RtState::Running) => (
+                        InstanceState::Running,
+                        record.and_then(|record| {
+                            record.resize_refused.as_ref().map(|(_, why)| why.clone())
+                        }),
+                    ),
                     Some(RtState::Exited) => (InstanceState::Restarting, None),
                 }
             };
@@ -939,6 +957,38 @@ impl Supervisor {
             last_exit: record.and_then(|record| record.last_exit.clone()),
             message,
             updated_at: 0,
+        }
+    }
+}
+
+/// The limits an instance runs with: what vertical autoscaling sized it
+/// to, else its spec's `resources`.
+fn limits_of(assignment: &Assignment) -> Limits {
+    let resources = assignment
+        .instance
+        .resized
+        .as_ref()
+        .or(assignment.spec.as_ref().map(|spec| &spec.resources));
+    Limits {
+        cpu_millis: resources.and_then(|r| r.cpu).map(|cpu| cpu.0),
+        memory_bytes: resources.and_then(|r| r.memory).map(|memory| memory.0),
+    }
+}
+
+/// Notes how an in-place resize went: a refusal is kept (and shown in
+/// the instance's status) so it is not retried every tick.
+fn record_resize(record: &mut Record, id: &str, wanted: Limits, result: cca_runtime::Result<()>) {
+    match result {
+        Ok(()) => {
+            tracing::info!(instance = %id, ?wanted, "resized in place");
+            record.resize_refused = None;
+        }
+        Err(error) => {
+            tracing::warn!(instance = %id, %error, "resize refused; the limits apply at the next start");
+            record.resize_refused = Some((
+                wanted,
+                format!("new limits apply at the next start: {error}"),
+            ));
         }
     }
 }
@@ -1033,6 +1083,14 @@ async fn start_instance(
 ) -> Result<(), StartProblem> {
     let id = spec.id.clone();
     match runtime.inspect(&id).await {
+        // A restart: with the limits it has now (vertical autoscaling may
+        // have resized it since it was created).
+        Ok(status) if Limits::of(&status.spec) != Limits::of(&spec) => {
+            runtime
+                .resize(&id, Limits::of(&spec))
+                .await
+                .map_err(|error| StartProblem::Failed(error.to_string()))?;
+        }
         Ok(_) => {}
         Err(_) => {
             if let Some(fetch) = fetch {

@@ -24,9 +24,12 @@ use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
 use cca_agent::{Containers, RuntimeSet};
 use cca_image::{Digest, ImageConfig, ImageRecord, ImageStore, RegistrySettings};
 use cca_model::cluster::{Instance, InstanceState};
-use cca_model::spec::{HealthCheck, InitStep, PortSpec, Probe, ServiceSpec, VolumeSpec, Workload};
+use cca_model::spec::{
+    Cpu, HealthCheck, InitStep, Memory, PortSpec, Probe, Resources, ServiceSpec, VolumeSpec,
+    Workload,
+};
 use cca_runtime::fake::{Call, FakeRuntime};
-use cca_runtime::{InstanceSpec, InstanceState as RtState, Mount, Runtime};
+use cca_runtime::{InstanceSpec, InstanceState as RtState, Limits, Mount, Operation, Runtime};
 use cca_wire::types::Assignment;
 use support::{desired, tick_until};
 
@@ -156,6 +159,67 @@ async fn a_stopping_instance_is_stopped_and_reported_stopped() {
             .iter()
             .any(|call| matches!(call, Call::Stop { id, .. } if id == "web-1"))
     );
+}
+
+/// Vertical autoscaling's size reaches a running instance in place, with
+/// no restart; a runtime that refuses is not asked again for the same
+/// limits and the status says they wait for the next start.
+#[tokio::test]
+async fn a_resized_instance_gets_its_new_limits_in_place() {
+    let fake = Arc::new(FakeRuntime::new());
+    let mut supervisor = supervisor(&fake);
+    let mut placed = assignment("web-1", run("sleep 100"), false);
+    let desired_now = desired(vec![placed.clone()]);
+    tick_until(&mut supervisor, &desired_now, "web-1", |t| {
+        state_of(t, "web-1") == Some(InstanceState::Running)
+    })
+    .await;
+    placed.instance.resized = Some(Resources {
+        cpu: Some(Cpu(300)),
+        memory: Some(Memory(96 << 20)),
+    });
+    let wanted = Limits {
+        cpu_millis: Some(300),
+        memory_bytes: Some(96 << 20),
+    };
+    let tick = supervisor.tick(&desired(vec![placed.clone()])).await;
+    assert_eq!(state_of(&tick, "web-1"), Some(InstanceState::Running));
+    let resizes: Vec<Limits> = fake
+        .calls()
+        .into_iter()
+        .filter_map(|call| match call {
+            Call::Resize { limits, .. } => Some(limits),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resizes, [wanted]);
+    assert!(
+        !fake
+            .calls()
+            .iter()
+            .any(|call| matches!(call, Call::Stop { .. })),
+        "not restarted"
+    );
+    let status = fake.inspect("web-1").await.expect("inspect");
+    assert_eq!(Limits::of(&status.spec), wanted);
+
+    // Refused: asked once, and the status says why.
+    placed.instance.resized = Some(Resources {
+        cpu: Some(Cpu(600)),
+        memory: None,
+    });
+    fake.fail(Operation::Resize, Some("web-1"), "no cpu cgroup");
+    let next = desired(vec![placed]);
+    supervisor.tick(&next).await;
+    let tick = supervisor.tick(&next).await;
+    let refused = fake
+        .calls()
+        .into_iter()
+        .filter(|call| matches!(call, Call::Resize { .. }))
+        .count();
+    assert_eq!(refused, 2, "the first resize and one refused attempt");
+    let message = tick.statuses[0].message.clone().unwrap_or_default();
+    assert!(message.contains("apply at the next start"), "{message}");
 }
 
 #[tokio::test]

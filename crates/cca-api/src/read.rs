@@ -128,6 +128,8 @@ pub(crate) fn vertical(view: &View, service: &str) -> Option<VerticalStatus> {
         observed: held.and_then(|held| held.observed),
         recommended: held.and_then(|held| held.recommended),
         min_samples: cca_model::vertical::MIN_SAMPLES,
+        applied: held.and_then(|held| held.applied.clone()),
+        holding: held.and_then(|held| held.holding.clone()),
     })
 }
 

@@ -160,6 +160,8 @@ async fn scale_status_and_describe_show_the_vertical_recommendation() {
         recommended: Some(sizes),
         observed: Some(sizes),
         samples: 40,
+        applied: None,
+        holding: None,
     };
     put(h.store.as_ref(), keys::derived_vertical("api"), &decided).await;
     let status = client.scale_status("api").await.expect("status");

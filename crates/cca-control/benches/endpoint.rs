@@ -74,6 +74,7 @@ fn converged() -> View {
                 stopping: false,
                 replaces: None,
                 failures: Vec::new(),
+                resized: None,
             };
             put(
                 &mut view,

@@ -604,6 +604,22 @@ impl View {
         counts
     }
 
+    /// The resources vertical autoscaling sizes `service`'s instances to
+    /// (`vertical { mode = "auto" }` and a size applied); `None`: their
+    /// spec's `resources`.
+    pub fn sized_resources(&self, service: &str) -> Option<&cca_model::spec::Resources> {
+        let spec = &self.services.get(service)?.value;
+        let auto = spec
+            .autoscale
+            .as_ref()
+            .and_then(|autoscale| autoscale.vertical.as_ref())
+            .is_some_and(|vertical| vertical.mode == cca_model::spec::VerticalMode::Auto);
+        if !auto {
+            return None;
+        }
+        self.vertical.get(service)?.value.applied.as_ref()
+    }
+
     /// The replicas `service` runs at when awake: the autoscaler's count
     /// for a service with horizontal `autoscale` (its spec's `replicas`
     /// within `min..max` until the first decision), else its spec's.

@@ -96,7 +96,7 @@ fn lint_json_gives_positions_and_codes() {
 
 #[test]
 fn lint_json_warns_about_settings_not_enforced_and_still_succeeds() {
-    let text = "service a {\n  run = \"x\"\n  autoscale {\n    max = 3\n    vertical {\n      max_cpu = 2\n      mode = \"auto\"\n    }\n  }\n}\n";
+    let text = "service a {\n  run = \"x\"\n  volume data \"/data\" 1Gi\n}\n";
     let fs = MemoryFs::new().with("scale.cca", text);
     let result = run(|io| commands::lint(&fs, &paths(&["scale.cca"]), DiagnosticFormat::Json, io));
     assert_eq!(result.code, 0);
@@ -106,10 +106,10 @@ fn lint_json_warns_about_settings_not_enforced_and_still_succeeds() {
     let warning = &diagnostics[0];
     assert_eq!(warning["code"], "cca::W008");
     assert_eq!(warning["severity"], "warning");
-    assert_eq!(warning["line"], 7);
+    assert_eq!(warning["line"], 3);
     let message = warning["message"].as_str().unwrap_or_default();
     assert!(
-        message.contains("`vertical mode \"auto\"` is accepted but not enforced by this version"),
+        message.contains("`volume size` is accepted but not enforced by this version"),
         "{message}"
     );
     assert_eq!(json["errors"], 0);

@@ -191,6 +191,12 @@ pub struct Instance {
     /// computed from facts and survives a leader change.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<Millis>,
+    /// The limits vertical autoscaling sized it to, in place of its
+    /// spec's `resources` (`None`: the spec's); `cpu`/`memory` reserve
+    /// the same. The agent applies a change in place where the runtime
+    /// can, else at the instance's next start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resized: Option<crate::spec::Resources>,
 }
 
 /// `observed/instance/{id}`, written by the agent running the instance.

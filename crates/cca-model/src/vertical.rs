@@ -67,6 +67,14 @@ pub struct VerticalScaled {
     pub observed: Option<Sizes>,
     /// Samples the window holds.
     pub samples: u64,
+    /// `mode = "auto"`: the resources the scheduler sizes the instances
+    /// to (in place where the node has room, else as they are replaced).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<crate::spec::Resources>,
+    /// Why the applied sizes do not follow the recommendation now, or
+    /// which of them another owner keeps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holding: Option<String>,
 }
 
 /// Per-instance CPU and memory.
@@ -240,6 +248,8 @@ mod tests {
             recommended: None,
             observed: None,
             samples: 3,
+            applied: None,
+            holding: None,
         };
         let text = serde_json::to_string(&fact).expect("encodes");
         // Bucket by count: 100m twice, 250m once.

@@ -90,10 +90,11 @@ pub trait Runtime: Send + Sync + std::fmt::Debug {
     /// [`Error::InvalidState`] when it does not run.
     async fn usage(&self, id: &str) -> Result<Usage>;
 
-    /// Sets a running instance's CPU and memory limits in place, without a
-    /// restart (`None`: no limit), and keeps them as its spec's. Fails with
-    /// [`Error::Failed`] where this run cannot take new limits (no cgroup
-    /// for them): the agent then applies them at the next start.
+    /// Sets an instance's CPU and memory limits (`None`: no limit) and
+    /// keeps them as its spec's, so its next start applies them; a running
+    /// one takes them in place, without a restart. Fails with
+    /// [`Error::Failed`], changing nothing, where the run cannot take them
+    /// (no cgroup for a limit): they then wait for a restart.
     async fn resize(&self, id: &str, limits: Limits) -> Result<()>;
 }
 

@@ -406,7 +406,6 @@ impl Runtime for SimRuntime {
     async fn resize(&self, id: &str, limits: Limits) -> Result<()> {
         let mut state = self.alive(id, Operation::Resize)?;
         let status = existing(&mut state, id)?;
-        status.require_running(Operation::Resize)?;
         limits.set_on(std::sync::Arc::make_mut(&mut status.spec));
         Ok(())
     }
@@ -575,7 +574,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_running_instance_is_resized_and_a_stopped_one_refuses() {
+    async fn an_instance_is_resized_running_or_not() {
         let runtime = SimRuntime::new(SimConfig::default());
         started(&runtime, "a").await.expect("start a");
         let limits = Limits {
@@ -586,9 +585,13 @@ mod tests {
         let status = runtime.inspect("a").await.expect("inspect");
         assert_eq!(Limits::of(&status.spec), limits);
         runtime.stop("a", Duration::ZERO).await.expect("stop");
+        let unlimited = Limits::default();
+        runtime.resize("a", unlimited).await.expect("resize");
+        let status = runtime.inspect("a").await.expect("inspect");
+        assert_eq!(Limits::of(&status.spec), unlimited);
         assert!(matches!(
-            runtime.resize("a", limits).await,
-            Err(Error::InvalidState { .. })
+            runtime.resize("gone", limits).await,
+            Err(Error::NotFound { .. })
         ));
     }
 

@@ -283,7 +283,8 @@ async fn a_memory_limit_is_enforced_and_an_oom_kill_reported() {
 
 /// Vertical autoscaling's in-place resize: a running instance's cgroups
 /// take the new limits without a restart (the same process keeps
-/// running), its spec says so, and an instance that does not run refuses.
+/// running), its spec says so, and one that has stopped keeps new limits
+/// for its next start.
 #[tokio::test]
 async fn a_running_instance_is_resized_in_place() {
     let test = TestRuntime::new().await;
@@ -335,10 +336,14 @@ async fn a_running_instance_is_resized_in_place() {
         .stop("grow", Duration::ZERO)
         .await
         .expect("stop");
-    assert!(matches!(
-        test.runtime.resize("grow", limits).await,
-        Err(Error::InvalidState { .. })
-    ));
+    test.runtime.resize("grow", limits).await.expect("resize");
+    test.runtime.start("grow").await.expect("start again");
+    let memory = std::fs::read_to_string(
+        test.cgroup_dir("memory", "grow")
+            .join("memory.limit_in_bytes"),
+    )
+    .expect("limit");
+    assert_eq!(memory.trim(), (96u64 << 20).to_string(), "the next start's");
 }
 
 /// Every instance's use is accounted, limits or not: its CPU time grows

@@ -215,6 +215,12 @@ pub struct VerticalStatus {
     pub recommended: Option<cca_model::vertical::Sizes>,
     /// The samples a first recommendation needs.
     pub min_samples: u64,
+    /// `mode = "auto"`: the resources the instances are sized to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied: Option<cca_model::spec::Resources>,
+    /// Why the applied sizes do not follow the recommendation, if so.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holding: Option<String>,
 }
 
 /// `describe service`: the spec, its instances, and why some are pending.

@@ -93,6 +93,7 @@ pub(crate) fn instance(id: &str, service: &str) -> Instance {
         stopping: false,
         replaces: None,
         failures: Vec::new(),
+        resized: None,
     }
 }
 

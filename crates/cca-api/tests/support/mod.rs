@@ -204,6 +204,7 @@ pub(crate) fn instance(id: &str, service: &str, node: &str) -> cca_model::cluste
         stopping: false,
         replaces: None,
         failures: Vec::new(),
+        resized: None,
     }
 }
 

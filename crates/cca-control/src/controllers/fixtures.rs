@@ -71,6 +71,7 @@ pub(crate) fn instance(id: &str, service: &str, node: &str) -> Instance {
         stopping: false,
         replaces: None,
         failures: vec![],
+        resized: None,
     }
 }
 

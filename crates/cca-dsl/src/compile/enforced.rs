@@ -21,21 +21,12 @@ struct NotEnforced {
     instead: &'static str,
 }
 
-const NOT_ENFORCED: &[NotEnforced] = &[
-    NotEnforced {
-        context: Context::Vertical,
-        key: "mode.auto",
-        setting: "vertical mode \"auto\"",
-        instead: "the recommendations are shown (`cca describe`, `cca scale why`); \
-                  the instances keep their `resources`",
-    },
-    NotEnforced {
-        context: Context::Service,
-        key: "volume.size",
-        setting: "volume size",
-        instead: "the volume is a directory on the node with no size limit",
-    },
-];
+const NOT_ENFORCED: &[NotEnforced] = &[NotEnforced {
+    context: Context::Service,
+    key: "volume.size",
+    setting: "volume size",
+    instead: "the volume is a directory on the node with no size limit",
+}];
 
 impl Compiler<'_> {
     /// Warns when `key` in `context` is a setting this version does not

@@ -778,9 +778,6 @@ impl Compiler<'_> {
                 "mode" => {
                     self.mark("autoscale.vertical.mode", entry.span());
                     if let Some(mode) = self.setting_choice(entry, VERTICAL_MODES) {
-                        if mode == VerticalMode::Auto {
-                            self.check_enforced(Context::Vertical, "mode.auto", entry.span());
-                        }
                         vertical.mode = mode;
                     }
                 }

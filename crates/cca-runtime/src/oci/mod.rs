@@ -645,11 +645,21 @@ impl Inner {
         }
     }
 
-    /// New limits for a running container (`runc update`, which rewrites
-    /// the cgroups it made), kept in its record for the next start.
+    /// New limits in the container's bundle (the next start's cgroups get
+    /// them) and, while it runs, in its cgroups (`runc update`).
     async fn resize(&self, id: &str, limits: Limits) -> Result<()> {
         let operation = Operation::Resize;
-        self.status(id, operation)?.require_running(operation)?;
+        if self.status(id, operation)?.state == InstanceState::Running {
+            self.update_running(id, limits).await?;
+        }
+        let dir = self.dir(id);
+        let mut instance = dir.read_instance(operation)?;
+        limits.set_on(&mut instance.spec);
+        self.write_bundle(&dir, &instance)
+    }
+
+    async fn update_running(&self, id: &str, limits: Limits) -> Result<()> {
+        let operation = Operation::Resize;
         let mut command = self.binary.command("update");
         // -1: no limit, to runc and crun alike.
         let memory = limits
@@ -685,10 +695,7 @@ impl Inner {
                 ),
             });
         }
-        let dir = self.dir(id);
-        let mut instance = dir.read_instance(operation)?;
-        limits.set_on(&mut instance.spec);
-        dir.write_instance(&instance, operation)
+        Ok(())
     }
 
     /// What a running container uses, from the cgroups runc made for it:

@@ -467,34 +467,35 @@ impl Inner {
         }
     }
 
-    /// New limits for a running instance's cgroups, kept in its record
-    /// (the next start applies them too).
+    /// New limits in the instance's record (the next start's cgroups get
+    /// them) and, while it runs, in its cgroups.
     fn resize(&self, id: &str, limits: Limits) -> Result<()> {
         let operation = Operation::Resize;
-        self.status(id, operation)?.require_running(operation)?;
+        let running = self.status(id, operation)?.state == InstanceState::Running;
         let dir = self.dir(id);
-        let Some(mut run) = dir.read_run(operation)? else {
-            return Err(Error::NotFound { id: id.to_owned() });
-        };
-        let failed = |message: String| Error::Failed {
-            id: id.to_owned(),
-            operation,
-            message,
-        };
-        let cgroups = run.cgroups.as_ref().ok_or_else(|| {
-            failed("the run has no cgroups: the limits apply at its next start".to_owned())
-        })?;
-        cgroups.set_limits(limits).map_err(failed)?;
+        if running {
+            let Some(mut run) = dir.read_run(operation)? else {
+                return Err(Error::NotFound { id: id.to_owned() });
+            };
+            let failed = |message: String| Error::Failed {
+                id: id.to_owned(),
+                operation,
+                message,
+            };
+            let cgroups = run.cgroups.as_ref().ok_or_else(|| {
+                failed("the run has no cgroups: the limits apply at its next start".to_owned())
+            })?;
+            cgroups.set_limits(limits).map_err(failed)?;
+            if limits.cpu_millis.is_some() || limits.memory_bytes.is_some() {
+                run.limits = LimitsEnforcement::Enforced {
+                    by: "resized in place".to_owned(),
+                };
+                dir.write_run(&run, operation)?;
+            }
+        }
         let mut record = dir.read_instance(operation)?;
         limits.set_on(&mut record.spec);
-        dir.write_instance(&record, operation)?;
-        if limits.cpu_millis.is_some() || limits.memory_bytes.is_some() {
-            run.limits = LimitsEnforcement::Enforced {
-                by: "resized in place".to_owned(),
-            };
-            dir.write_run(&run, operation)?;
-        }
-        Ok(())
+        dir.write_instance(&record, operation)
     }
 
     /// The status, from disk plus what this object knows of its children.

@@ -4,6 +4,7 @@
 //! (`GET /v1/services/{name}/scale`).
 
 use anyhow::{Result, bail};
+use cca_control::controllers::lifecycle::vertical::resources_text;
 use cca_model::spec::{Memory, VerticalMode};
 use cca_wire::types::{ScaleStatus, VerticalStatus};
 use clap::{Args, Subcommand};
@@ -126,26 +127,19 @@ fn explain(status: &ScaleStatus, now: i64) -> Vec<String> {
 /// Vertical autoscaling: the recommendation in one line, as `describe`
 /// shows it, or what it still waits for.
 pub(crate) fn vertical_summary(vertical: &VerticalStatus) -> String {
-    let have = format!(
-        "instances have {} CPU, {} memory",
-        vertical
-            .resources
-            .cpu
-            .map_or_else(|| "unlimited".to_owned(), |cpu| format!("{}m", cpu.0)),
-        vertical
-            .resources
-            .memory
-            .map_or_else(|| "unlimited".to_owned(), Memory::human)
-    );
+    let have = format!("the spec gives {}", resources_text(&vertical.resources));
     let Some(sizes) = vertical.recommended else {
         return format!(
             "no recommendation yet: {} of {} samples ({have})",
             vertical.samples, vertical.min_samples
         );
     };
-    let applied = match vertical.bounds.mode {
-        VerticalMode::Recommend => "mode recommend: nothing is resized",
-        VerticalMode::Auto => "mode auto: not applied by this version",
+    let applied = match (vertical.bounds.mode, &vertical.applied) {
+        (VerticalMode::Recommend, _) => "mode recommend: nothing is resized".to_owned(),
+        (VerticalMode::Auto, Some(applied)) => {
+            format!("mode auto: sized to {}", resources_text(applied))
+        }
+        (VerticalMode::Auto, None) => "mode auto: nothing applied yet".to_owned(),
     };
     format!(
         "recommends {}m CPU, {} memory per instance ({have}; {applied})",
@@ -157,6 +151,9 @@ pub(crate) fn vertical_summary(vertical: &VerticalStatus) -> String {
 /// `scale why`'s lines on vertical autoscaling.
 fn vertical_lines(vertical: &VerticalStatus, now: i64) -> Vec<String> {
     let mut lines = vec![format!("Vertical: {}.", vertical_summary(vertical))];
+    if let Some(holding) = &vertical.holding {
+        lines.push(format!("  Holding: {holding}."));
+    }
     if vertical.sampled_at > 0 {
         lines.push(format!(
             "  Window: the last {}s, {} samples (each ready instance's last usage report, once \
@@ -300,10 +297,12 @@ mod tests {
             observed: None,
             recommended: None,
             min_samples: 12,
+            applied: None,
+            holding: None,
         };
         assert_eq!(
             vertical_summary(&vertical),
-            "no recommendation yet: 4 of 12 samples (instances have 500m CPU, unlimited memory)"
+            "no recommendation yet: 4 of 12 samples (the spec gives 500m CPU, unlimited memory)"
         );
         vertical.samples = 40;
         vertical.observed = Some(Sizes {
@@ -331,5 +330,20 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("95th percentiles: 200m CPU"), "{text}");
+        vertical.bounds.mode = VerticalMode::Auto;
+        vertical.applied = Some(cca_model::spec::Resources {
+            cpu: Some(cca_model::spec::Cpu(230)),
+            memory: Some(Memory(96 << 20)),
+        });
+        vertical.holding = Some("a rollout of version ab12 is in progress".into());
+        let text = vertical_lines(&vertical, 60_000).join("\n");
+        assert!(
+            text.contains("mode auto: sized to 230m CPU, 96Mi memory"),
+            "{text}"
+        );
+        assert!(
+            text.contains("Holding: a rollout of version ab12"),
+            "{text}"
+        );
     }
 }

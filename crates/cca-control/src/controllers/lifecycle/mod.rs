@@ -187,6 +187,7 @@ fn plan_service(view: &View, decision: &horizontal::Decision, service: &str, pla
         view,
         service,
         &spec.value,
+        &rollout,
         (now, decision.vertical_window),
         &mut plan.events,
     );

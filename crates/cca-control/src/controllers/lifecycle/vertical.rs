@@ -12,13 +12,18 @@
 //!   (`cca_model::vertical`). A new one replaces the one before only when
 //!   it differs by more than [`TOLERANCE_PERCENT`], so what `describe`
 //!   shows does not wander with every sample.
+//! - **Applying it** (`mode = "auto"`): the recommendation becomes the
+//!   fact's `applied` resources, which the scheduler sizes the instances
+//!   to — except a metric horizontal autoscaling follows, and never while
+//!   a rollout progresses.
 //!
 //! [`SAMPLES_PER_WINDOW`]: cca_model::vertical::SAMPLES_PER_WINDOW
 //! [`MIN_SAMPLES`]: cca_model::vertical::MIN_SAMPLES
 //! [`TOLERANCE_PERCENT`]: cca_model::vertical::TOLERANCE_PERCENT
 
 use cca_model::cluster::Millis;
-use cca_model::spec::{ServiceSpec, VerticalScale};
+use cca_model::rollout::{Rollout, RolloutPhase};
+use cca_model::spec::{Cpu, Memory, Resources, ServiceSpec, VerticalMode, VerticalScale};
 use cca_model::vertical::{
     CPU_MARGIN_PERCENT, MEMORY_MARGIN_PERCENT, MIN_CPU, MIN_MEMORY, MIN_SAMPLES, PERCENTILE,
     SAMPLES_PER_WINDOW, SLICES, Sizes, Slice, VerticalScaled, percentile, with_margin,
@@ -35,6 +40,7 @@ pub(super) fn decide(
     view: &View,
     service: &str,
     spec: &ServiceSpec,
+    rollout: &Rollout,
     (now, window): (Millis, Millis),
     events: &mut Vec<EventDraft>,
 ) -> Option<(VerticalScaled, Option<Millis>)> {
@@ -63,8 +69,90 @@ pub(super) fn decide(
             format!("vertical recommendation: {}", describe(&decided, sizes)),
         ));
     }
+    apply(&mut decided, spec, vertical, rollout);
+    let applied = decided.applied.as_ref();
+    if applied != held.and_then(|held| held.applied.as_ref())
+        && let Some(resources) = applied
+    {
+        events.push(EventDraft::info(
+            format!("service/{service}"),
+            format!(
+                "vertical autoscaling sizes instances to {} (in place where their node has room)",
+                resources_text(resources)
+            ),
+        ));
+    }
     let wake = (decided.sampled_at > 0).then_some(decided.sampled_at + step);
     Some((decided, wake))
+}
+
+/// `mode = "auto"`: the resources the instances are sized to — the
+/// recommendation for what horizontal autoscaling does not follow (it
+/// scales on a share of the request, so resizing that request would make
+/// the two fight), held while a rollout progresses.
+fn apply(
+    decided: &mut VerticalScaled,
+    spec: &ServiceSpec,
+    bounds: &VerticalScale,
+    rollout: &Rollout,
+) {
+    decided.holding = None;
+    if bounds.mode != VerticalMode::Auto {
+        decided.applied = None;
+        return;
+    }
+    let Some(sizes) = decided.recommended else {
+        decided.holding = Some(format!(
+            "waiting for {MIN_SAMPLES} samples before the first size"
+        ));
+        return;
+    };
+    if rollout.phase == RolloutPhase::Progressing {
+        decided.holding = Some(format!(
+            "a rollout of version {} is in progress",
+            rollout.target
+        ));
+        return;
+    }
+    let horizontal = spec
+        .autoscale
+        .as_ref()
+        .and_then(|autoscale| autoscale.horizontal.as_ref());
+    let (cpu_kept, memory_kept) =
+        horizontal.map_or((false, false), |h| (h.cpu.is_some(), h.memory.is_some()));
+    let kept: Vec<&str> = [("cpu", cpu_kept), ("memory", memory_kept)]
+        .into_iter()
+        .filter_map(|(name, kept)| kept.then_some(name))
+        .collect();
+    if !kept.is_empty() {
+        decided.holding = Some(format!(
+            "{} stays at the spec's `resources`: horizontal autoscaling follows it",
+            kept.join(" and ")
+        ));
+    }
+    decided.applied = Some(Resources {
+        cpu: if cpu_kept {
+            spec.resources.cpu
+        } else {
+            Some(Cpu(sizes.cpu))
+        },
+        memory: if memory_kept {
+            spec.resources.memory
+        } else {
+            Some(Memory(sizes.memory))
+        },
+    });
+}
+
+/// `250m CPU, 96Mi memory`, or `unlimited` for a missing one.
+pub fn resources_text(resources: &Resources) -> String {
+    let cpu = resources
+        .cpu
+        .map_or_else(|| "unlimited".to_owned(), |cpu| format!("{}m", cpu.0));
+    let memory = resources
+        .memory
+        .map_or_else(|| "unlimited".to_owned(), Memory::human);
+    format!("{cpu} CPU, {memory} memory")
 }
 
 /// Adds one sample of each fresh, ready instance to the newest slice (a

@@ -7,15 +7,19 @@
 
 use std::collections::BTreeMap;
 
-use cca_model::cluster::InstanceState;
+use cca_model::cluster::{Instance, InstanceState};
 use cca_model::keys;
-use cca_model::spec::{Autoscale, Cpu, Memory, ServiceSpec, VerticalScale};
+use cca_model::spec::{
+    Autoscale, Cpu, HorizontalScale, Memory, Percent, Resources, ServiceSpec, VerticalMode,
+    VerticalScale,
+};
 use cca_model::usage::{NodeUsage, UsageSummary};
 use cca_model::vertical::{MIN_SAMPLES, Sizes, VERTICAL_WINDOW, VerticalScaled};
 
 use super::tests::Cluster;
-use crate::controller::Write;
-use crate::controllers::fixtures::service;
+use crate::controller::{Controller, Write};
+use crate::controllers::SchedulerController;
+use crate::controllers::fixtures::{ViewBuilder, context, service};
 
 /// A sample is due once a minute with the default window of an hour.
 const STEP: i64 = VERTICAL_WINDOW / 60;
@@ -183,4 +187,100 @@ fn without_the_block_the_fact_goes() {
         plan.writes
     );
     assert!(cluster.view.vertical.get("api").is_none());
+}
+
+fn auto(spec: &mut ServiceSpec) {
+    let vertical = spec
+        .autoscale
+        .as_mut()
+        .and_then(|autoscale| autoscale.vertical.as_mut())
+        .expect("a vertical block");
+    vertical.mode = VerticalMode::Auto;
+}
+
+/// The scheduler's writes for `cluster`'s view on one node of `cpu`
+/// millicores and `memory_mi` MiB.
+fn schedule(cluster: &Cluster, cpu: u64, memory_mi: u64) -> Vec<(String, Instance)> {
+    let view = ViewBuilder::from(cluster.view.clone())
+        .node("n1", cpu, memory_mi)
+        .build();
+    let plan = SchedulerController::default().reconcile(&view, &context(cluster.now));
+    plan.writes
+        .iter()
+        .filter_map(|write| match write {
+            Write::Put { key, value } if key.starts_with("derived/instance/") => Some((
+                key.clone(),
+                serde_json::from_slice(value).expect("an instance"),
+            )),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn auto_mode_applies_the_recommendation_and_the_scheduler_resizes_in_place() {
+    let mut spec = sized(None, None);
+    auto(&mut spec);
+    let mut cluster = running(&spec);
+    assert!(
+        cluster
+            .vertical()
+            .holding
+            .expect("why")
+            .contains("waiting for")
+    );
+    cluster.sample_steps(MIN_SAMPLES / 2, 100, 64 * MIB);
+    let decided = cluster.vertical();
+    let sizes = decided.recommended.expect("enough samples");
+    let applied = decided.applied.expect("auto applies it");
+    assert_eq!(
+        applied,
+        Resources {
+            cpu: Some(Cpu(sizes.cpu)),
+            memory: Some(Memory(sizes.memory))
+        }
+    );
+    // Room on the node: both instances resized in place, same ids.
+    let resized = schedule(&cluster, 8_000, 16_384);
+    assert_eq!(resized.len(), 2, "{resized:?}");
+    for (_, instance) in &resized {
+        assert_eq!(instance.resized.as_ref(), Some(&applied));
+        assert_eq!(instance.cpu, Cpu(sizes.cpu));
+        assert!(!instance.stopping, "not replaced");
+    }
+    // A busy service on a small node: no room to grow, nothing resized.
+    let mut busy = running(&spec);
+    busy.sample_steps(MIN_SAMPLES / 2, 3_000, 64 * MIB);
+    assert!(busy.vertical().applied.expect("applied").cpu > Some(Cpu(3_000)));
+    assert!(schedule(&busy, 1_000, 16_384).is_empty());
+}
+
+#[test]
+fn auto_mode_leaves_horizontals_metric_alone_and_holds_during_a_rollout() {
+    let mut spec = sized(None, None);
+    auto(&mut spec);
+    spec.autoscale.as_mut().expect("autoscale").horizontal = Some(HorizontalScale {
+        min: 2,
+        max: 4,
+        cpu: Some(Percent(70)),
+        memory: None,
+    });
+    let mut cluster = running(&spec);
+    cluster.sample_steps(MIN_SAMPLES / 2, 100, 64 * MIB);
+    let decided = cluster.vertical();
+    let applied = decided.applied.expect("memory applied");
+    assert_eq!(
+        applied.cpu, spec.resources.cpu,
+        "cpu stays the spec's: horizontal follows it"
+    );
+    assert!(applied.memory.is_some());
+    assert!(decided.holding.expect("why").contains("cpu stays"));
+    // A new version rolls out: the applied sizes hold where they are.
+    let mut next = spec.clone();
+    next.env.insert("V".into(), "2".into());
+    cluster.apply(&next);
+    cluster.sample_steps(MIN_SAMPLES, 900, 300 * MIB);
+    let decided = cluster.vertical();
+    assert_eq!(decided.applied, Some(applied));
+    assert!(decided.holding.expect("why").contains("rollout"));
 }

@@ -336,6 +336,25 @@ impl<'v> Cluster<'v> {
         ports
     }
 
+    /// Changes `instance`'s reservation to `amount` when its node has
+    /// room for what it grows by. Whether it did.
+    pub(crate) fn resize(&mut self, instance: &Instance, amount: Amount) -> bool {
+        let Some(id) = self.node_id(&instance.node) else {
+            return false;
+        };
+        let slot = &mut self.nodes[id as usize];
+        let free = slot.free();
+        let grows_cpu = signed(amount.cpu) - signed(instance.cpu.0);
+        let grows_memory = signed(amount.memory) - signed(instance.memory.0);
+        if grows_cpu > free.cpu.max(0) || grows_memory > free.memory.max(0) {
+            return false;
+        }
+        slot.used.cpu = (slot.used.cpu + amount.cpu).saturating_sub(instance.cpu.0);
+        slot.used.memory = (slot.used.memory + amount.memory).saturating_sub(instance.memory.0);
+        self.refresh(id);
+        true
+    }
+
     /// Gives back a deleted record's reservation.
     pub(crate) fn release(&mut self, instance: &Instance) {
         let Some(id) = self.node_id(&instance.node) else {

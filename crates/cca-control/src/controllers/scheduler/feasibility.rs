@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use cca_model::cluster::UnplacedReason;
-use cca_model::spec::ServiceSpec;
+use cca_model::spec::{Resources, ServiceSpec};
 
 use super::cluster::{Amount, Cluster, Liveness, NodeSlot};
 
@@ -28,17 +28,23 @@ pub(crate) struct Demand<'s> {
 }
 
 impl<'s> Demand<'s> {
-    pub(crate) fn of(spec: &'s ServiceSpec) -> Self {
+    /// One instance of `spec` sized to `resources` (its own, or vertical
+    /// autoscaling's).
+    pub(crate) fn of(spec: &'s ServiceSpec, resources: &Resources) -> Self {
         Demand {
-            amount: Amount {
-                cpu: spec.resources.cpu.map_or(DEFAULT_CPU, |cpu| cpu.0),
-                memory: spec
-                    .resources
-                    .memory
-                    .map_or(DEFAULT_MEMORY, |memory| memory.0),
-            },
+            amount: Amount::of(resources),
             ports: spec.ports.len(),
             restrict: &spec.placement.restrict,
+        }
+    }
+}
+
+impl Amount {
+    /// What an instance with `resources` reserves (defaults where unset).
+    pub(crate) fn of(resources: &Resources) -> Self {
+        Amount {
+            cpu: resources.cpu.map_or(DEFAULT_CPU, |cpu| cpu.0),
+            memory: resources.memory.map_or(DEFAULT_MEMORY, |memory| memory.0),
         }
     }
 }

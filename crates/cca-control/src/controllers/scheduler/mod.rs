@@ -128,6 +128,7 @@ impl Controller for SchedulerController {
             Kind::Rollout,
             Kind::RolloutControl,
             Kind::Autoscale,
+            Kind::Vertical,
         ]
     }
 
@@ -172,6 +173,11 @@ pub(crate) fn reconcile(view: &View, context: &Context, config: &SchedulerConfig
         } else {
             service::decide(&mut pass, name, target, instances)
         };
+        // A steady service's instances follow vertical autoscaling's size.
+        let steady = pass.instance_writes == before && wanted.is_empty();
+        if steady && resize_service(&mut pass, name, target.spec, instances) {
+            pass.guard_service(name);
+        }
         if pass.instance_writes > before || !wanted.is_empty() {
             pass.guard_service(name);
         }
@@ -197,7 +203,8 @@ fn place_service<'v>(
         pass.sync_unplaced(name, 0, None);
         return;
     }
-    let mut placer = Placer::new(&mut pass.cluster, name, spec);
+    let sized = pass.view.sized_resources(name);
+    let mut placer = Placer::new(&mut pass.cluster, name, spec, sized);
     let (mut placed, mut unplaced) = (0, 0);
     for create in wanted {
         match pass.place(&mut placer, spec, hash, create) {
@@ -213,6 +220,27 @@ fn place_service<'v>(
             format!("placed {placed} instance(s)"),
         ));
     }
+}
+
+/// Sizes `service`'s placed instances to what vertical autoscaling
+/// applies (or back to the spec's `resources` once it no longer does), in
+/// place where each node has room for the growth; the others keep their
+/// size until they are replaced. Whether any changed.
+fn resize_service(
+    pass: &mut Pass<'_>,
+    service: &str,
+    spec: &cca_model::spec::ServiceSpec,
+    instances: &[&Instance],
+) -> bool {
+    let sized = pass.view.sized_resources(service);
+    let amount = cluster::Amount::of(sized.unwrap_or(&spec.resources));
+    let mut changed = false;
+    for instance in instances.iter().filter(|instance| !instance.stopping) {
+        if instance.resized.as_ref() != sized {
+            changed |= pass.resize(instance, sized, amount);
+        }
+    }
+    changed
 }
 
 fn instances_by_service(view: &View) -> BTreeMap<&str, Vec<&Instance>> {
@@ -252,7 +280,7 @@ impl<'v> PlacementProbe<'v> {
         let current = BTreeMap::from([(name.as_str(), spec_hash(&spec.value))]);
         let mut cluster =
             cluster::Cluster::build(view, &context, &SchedulerConfig::default(), current);
-        let placer = Placer::new(&mut cluster, name, &spec.value);
+        let placer = Placer::new(&mut cluster, name, &spec.value, None);
         Some(PlacementProbe {
             cluster,
             placer,

@@ -8,10 +8,10 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cca_model::cluster::{Instance, Millis, Unplaced};
 use cca_model::keys;
-use cca_model::spec::{Cpu, Memory, ServiceSpec};
+use cca_model::spec::{Cpu, Memory, Resources, ServiceSpec};
 
 use super::SchedulerConfig;
-use super::cluster::Cluster;
+use super::cluster::{Amount, Cluster};
 use super::feasibility::diagnose;
 use super::ids::IdMinter;
 use super::scoring::{Placer, Request};
@@ -143,6 +143,30 @@ impl<'v> Pass<'v> {
         self.instance_writes += 1;
     }
 
+    /// Sizes a placed instance to `resized` (`None`: its spec's
+    /// `resources`, which `amount` reserves) in place, when its node has
+    /// room for any growth. Whether it did.
+    pub(crate) fn resize(
+        &mut self,
+        instance: &Instance,
+        resized: Option<&Resources>,
+        amount: Amount,
+    ) -> bool {
+        if !self.cluster.resize(instance, amount) {
+            return false;
+        }
+        let sized = Instance {
+            cpu: Cpu(amount.cpu),
+            memory: Memory(amount.memory),
+            resized: resized.cloned(),
+            ..instance.clone()
+        };
+        let key = keys::derived_instance(&instance.service, &instance.id);
+        self.write(Write::put_json(key, &sized));
+        self.instance_writes += 1;
+        true
+    }
+
     /// Places one instance of `spec`.
     pub(crate) fn place(
         &mut self,
@@ -199,6 +223,7 @@ impl<'v> Pass<'v> {
             stopping: false,
             replaces: create.replaces,
             failures: create.failures,
+            resized: placer.resized.clone(),
         };
         let key = keys::derived_instance(service, &instance.id);
         self.write(Write::put_json(key, &instance));

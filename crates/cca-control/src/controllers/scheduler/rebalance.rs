@@ -89,7 +89,8 @@ fn move_one<'v>(pass: &mut Pass<'v>, services: &Targets<'v>, source: u32) -> boo
         let Some((name, target)) = services.get_key_value(instance.service.as_str()) else {
             continue;
         };
-        let mut placer = Placer::new(&mut pass.cluster, name, target.spec);
+        let sized = pass.view.sized_resources(name);
+        let mut placer = Placer::new(&mut pass.cluster, name, target.spec, sized);
         let request = Request {
             prefer: None,
             avoid: Some(source),

@@ -17,7 +17,7 @@
 
 use std::collections::BTreeMap;
 
-use cca_model::spec::ServiceSpec;
+use cca_model::spec::{Resources, ServiceSpec};
 
 use super::cluster::Cluster;
 use super::feasibility::{Demand, labels_match, misfit};
@@ -54,6 +54,8 @@ struct Spread {
 pub(crate) struct Placer<'s> {
     pub(crate) service: &'s str,
     pub(crate) demand: Demand<'s>,
+    /// What vertical autoscaling sizes new instances to, if it does.
+    pub(crate) resized: Option<Resources>,
     spec: &'s ServiceSpec,
     /// Per node: do its labels satisfy `restrict`? `None` when unrestricted.
     eligible: Option<Vec<bool>>,
@@ -71,9 +73,14 @@ impl<'s> Placer<'s> {
     /// Prepares placement for `spec` and focuses the cluster on it:
     /// O(nodes) when it has `restrict` or `spread`, otherwise
     /// O(log nodes) per node the service (and the previous focus) runs on.
-    pub(crate) fn new(cluster: &mut Cluster<'s>, service: &'s str, spec: &'s ServiceSpec) -> Self {
+    pub(crate) fn new(
+        cluster: &mut Cluster<'s>,
+        service: &'s str,
+        spec: &'s ServiceSpec,
+        resized: Option<&Resources>,
+    ) -> Self {
         cluster.focus(service);
-        let demand = Demand::of(spec);
+        let demand = Demand::of(spec, resized.unwrap_or(&spec.resources));
         let eligible: Option<Vec<bool>> = (!demand.restrict.is_empty()).then(|| {
             cluster
                 .nodes
@@ -87,6 +94,7 @@ impl<'s> Placer<'s> {
         let mut placer = Placer {
             service,
             demand,
+            resized: resized.cloned(),
             spec,
             eligible,
             pool,
