@@ -68,6 +68,10 @@ pub(crate) struct DevArgs {
     /// (`cca top`; at least 1s).
     #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::flags::duration)]
     usage_every: std::time::Duration,
+    /// Vertical autoscaling recommends from the usage of this long (as
+    /// `cca server --vertical-window`).
+    #[arg(long, default_value = "1h", value_name = "DURATION", value_parser = crate::flags::duration)]
+    vertical_window: std::time::Duration,
     /// Where the dev node's gate proxy serves the program's gates: plain
     /// HTTP, then HTTPS (port 0: a free one, printed at start).
     #[arg(
@@ -145,9 +149,11 @@ async fn dev(args: DevArgs) -> Result<()> {
         ),
     };
     let (stop, stopping) = watch::channel(false);
+    let mut setup = dev_setup(secret_key, trust, args.host_ports.clone());
+    setup.lifecycle.vertical_window = args.vertical_window;
     let plane = tokio::spawn(run_control_plane(
         Arc::new(store),
-        dev_setup(secret_key, trust, args.host_ports.clone()),
+        setup,
         listener,
         None,
         Some(SocketAddr::from(([127, 0, 0, 1], cca_model::net::DNS_PORT))),

@@ -12,6 +12,10 @@
 //! against a 50% target grows to its `max` from the agent's usage reports;
 //! `cca scale` is refused for it and `cca scale why` shows the signals.
 //!
+//! Vertical autoscaling: a busy service with `mode = "auto"` gets a
+//! recommendation from its usage and its running instance is resized to
+//! it in place: same process, new reservation and limits.
+//!
 //! Init probes: an instance whose init step probes a connection nothing
 //! answers on waits, `cca describe instance` saying for what, and starts
 //! once something listens there.
@@ -49,6 +53,24 @@ service busy {
     min = 1
     max = 3
     cpu = 50%
+  }
+}
+"#;
+
+const SIZED: &str = r#"
+service sized {
+  run = "exec perl -e '1 while 1'"
+  resources {
+    cpu = 100m
+    memory = 64Mi
+  }
+  autoscale {
+    vertical {
+      min_cpu = 50m
+      max_cpu = 500m
+      min_memory = 64Mi
+      mode = "auto"
+    }
   }
 }
 "#;
@@ -287,6 +309,111 @@ fn a_busy_service_is_autoscaled_to_its_max_from_its_usage() {
         described.contains("3 desired (autoscaled 1..3"),
         "{described}"
     );
+    dev.stop();
+}
+
+/// The CFS quota of `pid`'s cgroup v1 `cpu` controller; `None` where
+/// there is none to read (not root, another cgroup layout).
+fn cpu_quota_us(pid: u64) -> Option<u64> {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    let path = cgroups.lines().find_map(|line| {
+        let (_, rest) = line.split_once(':')?;
+        let (controllers, path) = rest.split_once(':')?;
+        controllers.split(',').any(|c| c == "cpu").then_some(path)
+    })?;
+    let file = format!("/sys/fs/cgroup/cpu{path}/cpu.cfs_quota_us");
+    std::fs::read_to_string(file).ok()?.trim().parse().ok()
+}
+
+#[test]
+fn a_busy_service_with_vertical_auto_is_resized_in_place() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("sized.cca"), SIZED).expect("writes");
+    let dev = Dev::start(
+        dir.path(),
+        &[
+            "--data-dir",
+            "data",
+            "--insecure",
+            "--usage-every",
+            "1s",
+            "--vertical-window",
+            "12s",
+            "sized.cca",
+        ],
+    );
+    let cli = Cli {
+        dir: dir.path(),
+        url: dev.api_url().0,
+    };
+    let instance = |cli: &Cli<'_>| {
+        let rows = cli.json(&["get", "instances", "-o", "json"]);
+        let id = rows[0]["id"].as_str().unwrap_or_default().to_owned();
+        cli.json(&["describe", "instance", &id, "-o", "json"])
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let (first_pid, described) = loop {
+        let described = instance(&cli);
+        if let Some(pid) = described["status"]["pid"].as_u64() {
+            break (pid, described);
+        }
+        assert!(Instant::now() < deadline, "never ran: {described:#}");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert_eq!(described["placement"]["cpu"], 100, "{described:#}");
+    let resized = loop {
+        let described = instance(&cli);
+        if described["placement"]["resized"].is_object() {
+            break described;
+        }
+        let why = cli.json(&["scale", "why", "sized", "-o", "json"]);
+        assert!(
+            Instant::now() < deadline,
+            "never resized: {described:#} {why:#}"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let why = cli.json(&["scale", "why", "sized", "-o", "json"]);
+    let applied = &why["vertical"]["applied"];
+    assert_eq!(&resized["placement"]["resized"], applied, "{why:#}");
+    let cpu = applied["cpu"].as_u64().expect("a cpu size");
+    assert!((50..=500).contains(&cpu), "within the bounds: {why:#}");
+    assert_ne!(
+        cpu, 100,
+        "a busy instance at its 100m limit is sized up: {why:#}"
+    );
+    assert_eq!(resized["placement"]["cpu"], cpu, "{resized:#}");
+    // In place: the same process, its CPU cgroup's quota rewritten.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let described = instance(&cli);
+        assert_eq!(
+            described["status"]["pid"].as_u64(),
+            Some(first_pid),
+            "not restarted: {described:#}"
+        );
+        let quota = cpu_quota_us(first_pid);
+        // As root on cgroup v1 (how scripts/test runs) the quota is read.
+        let readable = std::path::Path::new("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").exists()
+            && std::os::unix::fs::MetadataExt::uid(
+                &std::fs::metadata("/proc/self").expect("/proc/self"),
+            ) == 0;
+        assert!(
+            quota.is_some() || !readable,
+            "no cpu cgroup for {first_pid}"
+        );
+        if quota.is_none_or(|quota| quota == cpu * 100) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "quota {quota:?}, not {}: {described:#}",
+            cpu * 100
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let text = cli.ok(&["describe", "service", "sized"]);
+    assert!(text.contains("mode auto: sized to"), "{text}");
     dev.stop();
 }
 
