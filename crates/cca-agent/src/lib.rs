@@ -143,6 +143,9 @@ pub async fn run(
         Some(gate) => Some(gate::bind(gate, &config.address).await?),
         None => None,
     };
+    let gate_requests = gate
+        .as_ref()
+        .map(|gate| Arc::clone(&gate.gate) as Arc<dyn usage::RequestCounts>);
     let (agent_url, server, revoked) = if config.link.without_agent_api {
         (None, None, None)
     } else {
@@ -250,7 +253,7 @@ pub async fn run(
         tasks.spawn(usage::keep_reporting(
             Arc::clone(&runtime),
             Arc::new(client.clone()),
-            config.node.clone(),
+            (config.node.clone(), gate_requests),
             options.clone(),
             shutdown.clone(),
         ));

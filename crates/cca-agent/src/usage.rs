@@ -7,7 +7,7 @@
 //! summary out. A report that cannot be sent is dropped, not queued: the
 //! next period's says what matters now.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,6 +57,32 @@ pub enum NodeMeter {
     Host,
     /// The sum of the node's instances (simulated nodes, many to a host).
     Instances,
+}
+
+/// A gate node's requests so far per service (monotonic counts).
+pub trait RequestCounts: Send + Sync {
+    fn requests(&self) -> BTreeMap<String, u64>;
+}
+
+impl RequestCounts for cca_gate::Gate {
+    fn requests(&self) -> BTreeMap<String, u64> {
+        self.traffic().requests()
+    }
+}
+
+/// Each service's requests since `before` (the counts at the last
+/// report), and the counts to compare the next report with.
+pub fn requests_since(
+    before: &BTreeMap<String, u64>,
+    now: BTreeMap<String, u64>,
+) -> BTreeMap<String, u64> {
+    now.iter()
+        .map(|(service, count)| {
+            let earlier = before.get(service).copied().unwrap_or(0);
+            (service.clone(), count.saturating_sub(earlier))
+        })
+        .filter(|(_, count)| *count > 0)
+        .collect()
 }
 
 /// Where summaries go: the API server, or a test's recorder.
@@ -204,6 +230,7 @@ impl Tracker {
                 .iter()
                 .filter_map(|(id, series)| Some((id.clone(), series.summary()?)))
                 .collect(),
+            requests: BTreeMap::new(),
         };
         self.period_start = now;
         self.node.iter_mut().for_each(Series::carry_over);
@@ -212,14 +239,16 @@ impl Tracker {
     }
 }
 
-/// Samples and reports until `shutdown` turns true.
+/// Samples and reports until `shutdown` turns true; a gate node's
+/// reports carry the requests its gate forwarded over each period.
 pub async fn keep_reporting(
     runtime: Arc<dyn Runtime>,
     sink: Arc<dyn UsageSink>,
-    node: String,
+    (node, gate): (String, Option<Arc<dyn RequestCounts>>),
     options: UsageOptions,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut counted = BTreeMap::new();
     let mut tracker = Tracker::new(cca_model::clock::now_millis());
     // A zero period would make the interval panic.
     let mut samples = tokio::time::interval(options.sample_every.max(Duration::from_millis(1)));
@@ -245,10 +274,18 @@ pub async fn keep_reporting(
         let now = cca_model::clock::now_millis();
         tracker.sample(now, node_reading, instances);
         taken += 1;
-        if taken.is_multiple_of(per_report)
-            && let Some(report) = tracker.report(now)
-            && let Err(error) = sink.send(&node, &report).await
-        {
+        if !taken.is_multiple_of(per_report) {
+            continue;
+        }
+        let Some(mut report) = tracker.report(now) else {
+            continue;
+        };
+        if let Some(gate) = &gate {
+            let totals = gate.requests();
+            report.requests = requests_since(&counted, totals.clone());
+            counted = totals;
+        }
+        if let Err(error) = sink.send(&node, &report).await {
             tracing::debug!(%error, "reporting the node's usage failed; the next period's goes");
         }
     }
@@ -419,6 +456,27 @@ mod tests {
         assert!(host.cpu_nanos > 0 && host.memory_bytes > 0, "{host:?}");
     }
 
+    /// A gate whose `web` count grows by 10 each time it is read.
+    #[derive(Default)]
+    struct GateCounts(std::sync::atomic::AtomicU64);
+
+    impl RequestCounts for GateCounts {
+        fn requests(&self) -> BTreeMap<String, u64> {
+            let total = self.0.fetch_add(10, std::sync::atomic::Ordering::Relaxed) + 10;
+            BTreeMap::from([("web".to_owned(), total), ("idle".to_owned(), 0)])
+        }
+    }
+
+    #[test]
+    fn a_period_reports_the_requests_since_the_last() {
+        let before = BTreeMap::from([("web".to_owned(), 5), ("gone".to_owned(), 9)]);
+        let now = BTreeMap::from([("web".to_owned(), 12), ("new".to_owned(), 3)]);
+        assert_eq!(
+            requests_since(&before, now),
+            BTreeMap::from([("web".to_owned(), 7), ("new".to_owned(), 3)])
+        );
+    }
+
     /// Summaries received, in order.
     #[derive(Default)]
     struct Recorder(std::sync::Mutex<Vec<(String, NodeUsage)>>);
@@ -458,10 +516,11 @@ mod tests {
             report_every: Duration::from_millis(60),
             node: NodeMeter::Instances,
         };
+        let gate: Arc<dyn RequestCounts> = Arc::new(GateCounts::default());
         let task = tokio::spawn(keep_reporting(
             runtime.clone(),
             recorder.clone(),
-            "n1".to_owned(),
+            ("n1".to_owned(), Some(gate)),
             options,
             shutdown,
         ));
@@ -481,6 +540,11 @@ mod tests {
         task.await.expect("the loop ends on shutdown");
         let (node, report) = &reports[1];
         assert_eq!(node, "n1");
+        assert_eq!(
+            report.requests,
+            BTreeMap::from([("web".to_owned(), 10)]),
+            "the period's requests, not the total"
+        );
         assert_eq!(
             report.instances.keys().collect::<Vec<_>>(),
             ["web-1"],

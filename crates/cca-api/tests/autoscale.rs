@@ -26,6 +26,7 @@ fn autoscaled() -> ServiceSpec {
             max: 10,
             cpu: Some(Percent(70)),
             memory: None,
+            requests_per_second: None,
         }),
         vertical: None,
     });
@@ -99,6 +100,7 @@ async fn scale_is_refused_for_an_autoscaled_service_and_why_shows_what_sets_the_
         period_ms: 30_000,
         node: UsageSummary::default(),
         instances: usage,
+        requests: BTreeMap::new(),
     };
     put(h.store.as_ref(), keys::observed_usage("n1"), &report).await;
     let decided = Autoscaled {
@@ -172,4 +174,40 @@ async fn scale_status_and_describe_show_the_vertical_recommendation() {
     assert_eq!(detail.vertical.and_then(|v| v.recommended), Some(sizes));
     let plain = client.service("plain").await.expect("describe");
     assert_eq!(plain.vertical, None, "no block, no vertical status");
+}
+
+#[tokio::test]
+async fn why_shows_the_requests_per_second_the_gates_counted() {
+    let h = harness().await;
+    let (client, _stop) = h.serve().await;
+    let mut spec = service("web", 2);
+    spec.autoscale = Some(Autoscale {
+        horizontal: Some(HorizontalScale {
+            min: 1,
+            max: 10,
+            cpu: None,
+            memory: None,
+            requests_per_second: Some(100),
+        }),
+        vertical: None,
+    });
+    let mut program = Program::default();
+    program.services.insert("web".into(), spec);
+    client.apply(&program, false).await.expect("applies");
+    let report = NodeUsage {
+        at: cca_model::clock::now_millis(),
+        period_ms: 30_000,
+        node: UsageSummary::default(),
+        instances: BTreeMap::new(),
+        requests: BTreeMap::from([("web".to_owned(), 8_400)]),
+    };
+    put(h.store.as_ref(), keys::observed_usage("gate-1"), &report).await;
+    let status = client.scale_status("web").await.expect("status");
+    let signal = status
+        .signals
+        .iter()
+        .find(|signal| signal.metric == Metric::RequestsPerSecond)
+        .expect("a requests-per-second signal");
+    assert_eq!((signal.used, signal.request), (280_000, 100_000));
+    assert_eq!(signal.recommended, 3, "280/s at 100/s each");
 }

@@ -667,6 +667,7 @@ async fn a_usage_report_replaces_the_nodes_last_and_bad_ones_write_nothing() {
             .iter()
             .map(|(id, cpu)| ((*id).to_owned(), summary(*cpu)))
             .collect(),
+        requests: Default::default(),
     };
     let unknown = client
         .report_usage("n9", &report(1, &[]))
@@ -740,6 +741,7 @@ async fn nodes_sum_what_is_placed_on_them_and_top_pairs_it_with_the_reports() {
         period_ms: 30_000,
         node: busy,
         instances: [("web-1".to_owned(), busy)].into(),
+        requests: Default::default(),
     };
     // Reads answer from a view at least as new as the store: no wait.
     put_fact(h.store.as_ref(), keys::observed_usage("n1"), &report).await;

@@ -159,6 +159,7 @@ const AUTOSCALE: &[Key] = &[
     setting("max"),
     setting("cpu"),
     setting("memory"),
+    setting("requests_per_second"),
     block("vertical", Context::Vertical),
 ];
 

@@ -168,6 +168,9 @@ pub struct Pool {
     pub wakeable: bool,
     /// When the service last got a request through this gate node.
     pub last_request: Arc<std::sync::atomic::AtomicI64>,
+    /// Requests to the service through this node (autoscaling's
+    /// `requests_per_second`), shared by its pools.
+    pub requests: crate::sharded::Counter,
     /// Where round-robin starts, and each thread's turn from there.
     start: usize,
     turns: Shards<AtomicUsize>,
@@ -211,6 +214,7 @@ impl Pool {
             service_known,
             wakeable: false,
             last_request: Arc::default(),
+            requests: crate::sharded::Counter::default(),
             start,
             turns: Shards::default(),
         }

@@ -297,6 +297,7 @@ impl Proxy {
             .map(|(_, key)| (key, request.headers().clone()));
         let mut pool: &Pool = gate.pool_for(request.uri().path());
         traffic::stamp(&pool.last_request);
+        pool.requests.inc();
         let mut waited = None;
         let woken;
         if pool.backends.is_empty() && pool.wakeable {

@@ -174,6 +174,7 @@ impl Routing {
         let mut pool = Pool::new(service, port, members, net.is_some());
         pool.wakeable = net.is_some_and(|net| net.scale_to_zero.is_some());
         pool.last_request = self.traffic.clock(service);
+        pool.requests = self.traffic.counter(service);
         pool
     }
 }

@@ -3,7 +3,9 @@
 //! and reported to the control plane, so a busy service is never put to
 //! sleep and no request costs a store write), and a way to wake a service
 //! that sleeps ([`Wake`], the agent's call to the control plane, made at
-//! most once a second per service however many requests wait).
+//! most once a second per service however many requests wait). It also
+//! counts each service's requests ([`Traffic::requests`]), which the
+//! agent's usage reports carry for autoscaling on `requests_per_second`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -11,6 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
+
+use crate::sharded::Counter;
 
 /// Wake calls for one service are at least this far apart.
 const WAKE_EVERY: Duration = Duration::from_secs(1);
@@ -27,6 +31,7 @@ pub struct Traffic {
     services: Mutex<HashMap<String, Arc<AtomicI64>>>,
     reported: Mutex<HashMap<String, i64>>,
     woken: Mutex<HashMap<String, Instant>>,
+    counters: Mutex<HashMap<String, Counter>>,
 }
 
 impl Traffic {
@@ -38,6 +43,30 @@ impl Traffic {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         Arc::clone(services.entry(service.to_owned()).or_default())
+    }
+
+    /// The request counter of `service`: sharded, so counting costs a
+    /// request no shared cache line; the same for every pool of the
+    /// service, across route-table rebuilds.
+    pub fn counter(&self, service: &str) -> Counter {
+        let mut counters = self
+            .counters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        counters.entry(service.to_owned()).or_default().clone()
+    }
+
+    /// Every service's requests so far (monotonic).
+    pub fn requests(&self) -> BTreeMap<String, u64> {
+        let counters = self
+            .counters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        counters
+            .iter()
+            .map(|(service, counter)| (service.clone(), counter.get()))
+            .filter(|(_, count)| *count > 0)
+            .collect()
     }
 
     /// Services with a request since the last call, with its time.
@@ -131,6 +160,22 @@ mod tests {
         assert!(
             Arc::ptr_eq(&web, &traffic.clock("web")),
             "one clock per service"
+        );
+    }
+
+    #[test]
+    fn requests_are_counted_per_service_across_pools() {
+        let traffic = Traffic::default();
+        let one_pool = traffic.counter("web");
+        let another = traffic.counter("web");
+        let _quiet = traffic.counter("quiet");
+        one_pool.inc();
+        another.inc();
+        another.inc();
+        assert_eq!(
+            traffic.requests(),
+            BTreeMap::from([("web".to_owned(), 3)]),
+            "one count per service; none for a quiet one"
         );
     }
 

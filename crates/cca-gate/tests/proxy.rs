@@ -724,6 +724,9 @@ async fn a_request_for_a_sleeping_service_wakes_it_and_waits() {
     // Its traffic is there for the agent to report.
     let traffic = running.gate.traffic().take_new();
     assert!(traffic.contains_key("web"), "{traffic:?}");
+    // And its count, for autoscaling on requests per second.
+    let counted = running.gate.traffic().requests();
+    assert_eq!(counted.get("web"), Some(&1), "{counted:?}");
 }
 
 #[tokio::test]

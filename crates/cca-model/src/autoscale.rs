@@ -96,6 +96,10 @@ pub struct Signal {
 pub enum Metric {
     Cpu,
     Memory,
+    /// Requests per second through the gates; `used` and `request` in
+    /// thousandths of a request per second, `target` 100 (percent of the
+    /// per-instance rate).
+    RequestsPerSecond,
 }
 
 impl Metric {
@@ -103,6 +107,7 @@ impl Metric {
         match self {
             Metric::Cpu => "cpu",
             Metric::Memory => "memory",
+            Metric::RequestsPerSecond => "requests_per_second",
         }
     }
 }

@@ -25,6 +25,10 @@ pub struct NodeUsage {
     pub node: UsageSummary,
     /// Each instance that ran through the period's last sample, by id.
     pub instances: BTreeMap<String, UsageSummary>,
+    /// A gate node: the requests its gate forwarded to each service over
+    /// the period (none: no gate, or no request).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub requests: BTreeMap<String, u64>,
 }
 
 /// What something used over one period.

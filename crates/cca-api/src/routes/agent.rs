@@ -649,8 +649,17 @@ pub(crate) async fn usage(
             report.instances.len()
         )));
     }
+    if report.requests.len() > MAX_USAGE_INSTANCES {
+        return Err(ApiError::invalid(format!(
+            "a usage report counts requests of {} services, more than {MAX_USAGE_INSTANCES}",
+            report.requests.len()
+        )));
+    }
     for id in report.instances.keys() {
         check_name("instance", id)?;
+    }
+    for service in report.requests.keys() {
+        check_name("service", service)?;
     }
     known_node(&state, &node).await?;
     let key = keys::observed_usage(&node);

@@ -707,6 +707,7 @@ impl Compiler<'_> {
         let block = self.block_of(item)?;
         let mut autoscale = Autoscale::default();
         let (mut min, mut max, mut cpu, mut memory) = (None, None, None, None);
+        let mut requests_per_second = None;
         for entry in self.entries(Some(block), Context::Autoscale) {
             match entry.key() {
                 "min" => min = self.setting_count(entry),
@@ -722,11 +723,19 @@ impl Compiler<'_> {
                     self.mark("autoscale.horizontal.memory", entry.span());
                     memory = self.setting_quantity(entry, "a percentage", Percent::parse);
                 }
+                "requests_per_second" => {
+                    self.mark("autoscale.horizontal.requests_per_second", entry.span());
+                    requests_per_second = self.setting_count(entry);
+                }
                 "vertical" => autoscale.vertical = self.vertical(entry),
                 _ => {}
             }
         }
-        let any_horizontal = min.is_some() || max.is_some() || cpu.is_some() || memory.is_some();
+        let any_horizontal = min.is_some()
+            || max.is_some()
+            || cpu.is_some()
+            || memory.is_some()
+            || requests_per_second.is_some();
         if any_horizontal {
             let Some(max) = max else {
                 self.report(
@@ -740,7 +749,7 @@ impl Compiler<'_> {
                 return None;
             };
             let min = min.unwrap_or(1);
-            let cpu = if cpu.is_none() && memory.is_none() {
+            let cpu = if cpu.is_none() && memory.is_none() && requests_per_second.is_none() {
                 Some(DEFAULT_CPU_TARGET)
             } else {
                 cpu
@@ -750,6 +759,7 @@ impl Compiler<'_> {
                 max,
                 cpu,
                 memory,
+                requests_per_second,
             });
         }
         Some(autoscale)

@@ -278,6 +278,9 @@ pub struct HorizontalScale {
     pub max: u32,
     pub cpu: Option<Percent>,
     pub memory: Option<Percent>,
+    /// Requests per second through the gates each instance should take.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_second: Option<u32>,
 }
 
 /// Per-instance resources adjusted within bounds from observed usage.

@@ -438,6 +438,16 @@ impl<'p> Check<'p> {
                     );
                 }
             }
+            if h.requests_per_second == Some(0) {
+                self.report(
+                    Problem::new(
+                        Code::OutOfRange,
+                        at("autoscale.horizontal.requests_per_second"),
+                        "a target of 0 requests per second per instance is out of range",
+                    )
+                    .with_label("at least 1"),
+                );
+            }
         }
         if let Some(v) = &autoscale.vertical {
             let inverted = matches!((v.min_cpu, v.max_cpu), (Some(a), Some(b)) if a > b)
@@ -1076,6 +1086,7 @@ mod tests {
                 max: 2,
                 cpu: Some(Percent(0)),
                 memory: Some(Percent(150)),
+                requests_per_second: Some(0),
             }),
             vertical: Some(VerticalScale {
                 min_cpu: Some(Cpu(2000)),
@@ -1102,6 +1113,7 @@ mod tests {
                 "cca::E019 service `web` autoscale.horizontal.max: autoscale `max = 2` is below `min = 5`",
                 "cca::E015 service `web` autoscale.horizontal.cpu: target 0% is out of range",
                 "cca::E015 service `web` autoscale.horizontal.memory: target 150% is out of range",
+                "cca::E015 service `web` autoscale.horizontal.requests_per_second: a target of 0 requests per second per instance is out of range",
                 "cca::E019 service `web` autoscale.vertical: vertical autoscale has a minimum above its maximum",
                 "cca::E019 service `web` scale_to_zero: a stateful service cannot scale to zero",
             ],

@@ -4,6 +4,7 @@
 //! (`GET /v1/services/{name}/scale`).
 
 use anyhow::{Result, bail};
+use cca_control::controllers::lifecycle::horizontal::per_second;
 use cca_control::controllers::lifecycle::vertical::resources_text;
 use cca_model::spec::{Memory, VerticalMode};
 use cca_wire::types::{ScaleStatus, VerticalStatus};
@@ -78,6 +79,17 @@ fn explain(status: &ScaleStatus, now: i64) -> Vec<String> {
             }
             cca_model::autoscale::Metric::Memory => {
                 (Memory(signal.used).human(), Memory(signal.request).human())
+            }
+            cca_model::autoscale::Metric::RequestsPerSecond => {
+                lines.push(format!(
+                    "  requests_per_second: {}/s through the gates against {}/s per instance \
+                     ({} instances) → {} replicas",
+                    per_second(signal.used),
+                    per_second(signal.request),
+                    signal.reporting,
+                    signal.recommended
+                ));
+                continue;
             }
         };
         lines.push(format!(
@@ -238,6 +250,7 @@ mod tests {
                 max: 10,
                 cpu: Some(Percent(70)),
                 memory: None,
+                requests_per_second: None,
             }),
             signals: vec![signal.clone()],
             autoscaled: Some(Autoscaled {

@@ -172,21 +172,67 @@ pub fn signals(
     current: u32,
     now: Millis,
 ) -> Vec<Signal> {
-    let targets = [
-        (Metric::Cpu, horizontal.cpu),
-        (Metric::Memory, horizontal.memory),
-    ];
-    targets
+    let cpu: Resource = (Metric::Cpu, |usage| usage.cpu_millis, |i| i.cpu.0);
+    let memory: Resource = (Metric::Memory, |usage| usage.memory_bytes, |i| i.memory.0);
+    let targets = [(cpu, horizontal.cpu), (memory, horizontal.memory)];
+    let mut signals: Vec<Signal> = targets
         .into_iter()
-        .filter_map(|(metric, target)| Some((metric, u64::from(target?.0))))
-        .map(|(metric, target)| signal(view, service, metric, target, current, now))
-        .collect()
+        .filter_map(|(resource, target)| Some((resource, u64::from(target?.0))))
+        .map(|(resource, target)| signal(view, service, resource, target, current, now))
+        .collect();
+    if let Some(per_instance) = horizontal.requests_per_second {
+        signals.push(request_signal(view, service, per_instance, current, now));
+    }
+    signals
 }
+
+/// Requests per second: what every gate node's fresh usage report says
+/// it forwarded to `service` over its period, summed, against
+/// `per_instance` for each of the `current` instances (in thousandths of
+/// a request per second, so low rates keep their precision).
+fn request_signal(
+    view: &View,
+    service: &str,
+    per_instance: u32,
+    current: u32,
+    now: Millis,
+) -> Signal {
+    let mut used = 0u64;
+    for (_, report) in view.usage.iter() {
+        if is_stale(report, now) {
+            continue;
+        }
+        let Some(requests) = report.requests.get(service) else {
+            continue;
+        };
+        used += requests.saturating_mul(1_000_000) / report.period_ms.max(1);
+    }
+    let request = u64::from(per_instance) * 1000;
+    let capacity = request.saturating_mul(u64::from(current));
+    Signal {
+        metric: Metric::RequestsPerSecond,
+        reporting: current,
+        used,
+        request,
+        utilization: used.saturating_mul(100).checked_div(capacity).unwrap_or(0),
+        target: 100,
+        recommended: recommend(current, current, used, request, 100),
+    }
+}
+
+/// A usage report older than [`STALE_PERIODS`] of its periods.
+fn is_stale(report: &cca_model::usage::NodeUsage, now: Millis) -> bool {
+    now.saturating_sub(report.at)
+        > i64::try_from(report.period_ms.saturating_mul(STALE_PERIODS)).unwrap_or(i64::MAX)
+}
+
+/// A resource metric: what an instance used of it, and what it requests.
+type Resource = (Metric, fn(&UsageSummary) -> u64, fn(&Instance) -> u64);
 
 fn signal(
     view: &View,
     service: &str,
-    metric: Metric,
+    (metric, use_of, request_of): Resource,
     target: u64,
     current: u32,
     now: Millis,
@@ -194,16 +240,8 @@ fn signal(
     let (mut reporting, mut used, mut requested) = (0u32, 0u64, 0u64);
     for (instance, usage) in fresh_usage(view, service, now) {
         reporting += 1;
-        match metric {
-            Metric::Cpu => {
-                used += usage.cpu_millis;
-                requested += instance.cpu.0;
-            }
-            Metric::Memory => {
-                used += usage.memory_bytes;
-                requested += instance.memory.0;
-            }
-        }
+        used += use_of(usage);
+        requested += request_of(instance);
     }
     let request = requested.checked_div(u64::from(reporting)).unwrap_or(0);
     let utilization = (used.saturating_mul(100))
@@ -232,11 +270,19 @@ pub(super) fn fresh_usage<'v>(
         .filter(|instance| !instance.stopping && view.is_ready(instance))
         .filter_map(move |instance| {
             let report = view.usage.get(&instance.node)?;
-            let stale = now.saturating_sub(report.at)
-                > i64::try_from(report.period_ms.saturating_mul(STALE_PERIODS)).unwrap_or(i64::MAX);
+            let stale = is_stale(report, now);
             let usage = report.instances.get(&instance.id).filter(|_| !stale)?;
             Some((&**instance, usage))
         })
+}
+
+/// Thousandths of a request per second, in words: `2.5`, `40`.
+pub fn per_second(thousandths: u64) -> String {
+    let whole = thousandths / 1000;
+    match (thousandths % 1000) / 100 {
+        0 => whole.to_string(),
+        tenths => format!("{whole}.{tenths}"),
+    }
 }
 
 /// In words: the signal that decided, or the window, or the bounds.
@@ -250,15 +296,23 @@ fn reason(
     let strongest = signals
         .iter()
         .max_by_key(|signal| signal.recommended)
-        .map(|signal| {
-            format!(
+        .map(|signal| match signal.metric {
+            Metric::RequestsPerSecond => format!(
+                "requests_per_second at {}/s through the gates against {}/s per instance across {} \
+                 instances recommends {}",
+                per_second(signal.used),
+                per_second(signal.request),
+                signal.reporting,
+                signal.recommended
+            ),
+            _ => format!(
                 "{} at {}% of requests against a {}% target across {} instances recommends {}",
                 signal.metric.as_str(),
                 signal.utilization,
                 signal.target,
                 signal.reporting,
                 signal.recommended
-            )
+            ),
         })
         .unwrap_or_else(|| "no usage reported".to_owned());
     if !(min..=max).contains(&before) && (target == min || target == max) {

@@ -26,6 +26,7 @@ fn autoscaled() -> ServiceSpec {
             max: 10,
             cpu: Some(Percent(70)),
             memory: None,
+            requests_per_second: None,
         }),
         vertical: None,
     });
@@ -58,6 +59,7 @@ impl Cluster {
             period_ms: 30_000,
             node: UsageSummary::default(),
             instances,
+            requests: BTreeMap::new(),
         };
         self.put(&keys::observed_usage("n1"), &report);
     }
@@ -247,4 +249,55 @@ fn the_scheduler_runs_the_autoscaled_count() {
         .filter(|write| matches!(write, Write::Put { .. }))
         .count();
     assert_eq!(created, 2, "two more for the autoscaled four");
+}
+
+#[test]
+fn requests_per_second_through_the_gates_scale_the_count() {
+    let mut spec = autoscaled();
+    let horizontal = spec
+        .autoscale
+        .as_mut()
+        .and_then(|autoscale| autoscale.horizontal.as_mut())
+        .expect("horizontal");
+    horizontal.cpu = None;
+    horizontal.requests_per_second = Some(100);
+    let mut cluster = Cluster::default();
+    cluster.apply(&spec);
+    cluster.ready(&spec, 2);
+    cluster.pass();
+    cluster.now = 200_000;
+    // Two gate nodes forwarded 280 requests per second between them over
+    // their 30 s periods; one more node's report is stale and counts for
+    // nothing.
+    let reports = [
+        ("g1", 6_000, 200_000),
+        ("g2", 2_400, 200_000),
+        ("g3", 90_000, 0),
+    ];
+    for (node, requests, at) in reports {
+        let report = NodeUsage {
+            at,
+            period_ms: 30_000,
+            node: UsageSummary::default(),
+            instances: BTreeMap::new(),
+            requests: BTreeMap::from([("web".to_owned(), requests)]),
+        };
+        cluster.put(&keys::observed_usage(node), &report);
+    }
+    let plan = cluster.pass();
+    let decided = cluster.autoscaled();
+    assert_eq!((decided.replicas, decided.recommended), (3, 3));
+    let signal = &decided.last_change.expect("a change").signals[0];
+    assert_eq!(
+        signal.metric,
+        cca_model::autoscale::Metric::RequestsPerSecond
+    );
+    assert_eq!((signal.used, signal.request), (280_000, 100_000));
+    assert!(
+        plan.events[0]
+            .message
+            .contains("requests_per_second at 280/s through the gates against 100/s per instance"),
+        "{:?}",
+        plan.events
+    );
 }

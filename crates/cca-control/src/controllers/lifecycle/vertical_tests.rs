@@ -68,6 +68,7 @@ impl Cluster {
             period_ms: 30_000,
             node: UsageSummary::default(),
             instances,
+            requests: BTreeMap::new(),
         };
         self.put(&keys::observed_usage("n1"), &report);
     }
@@ -264,6 +265,7 @@ fn auto_mode_leaves_horizontals_metric_alone_and_holds_during_a_rollout() {
         max: 4,
         cpu: Some(Percent(70)),
         memory: None,
+        requests_per_second: None,
     });
     let mut cluster = running(&spec);
     cluster.sample_steps(MIN_SAMPLES / 2, 100, 64 * MIB);
