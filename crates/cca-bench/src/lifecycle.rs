@@ -78,6 +78,10 @@ pub struct LifecycleFigures {
     /// `autoscale`: the most changes of one service's count in one step.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub most_count_changes: Option<u32>,
+    /// `autoscale`: the most times one service's count turned back (up
+    /// after down, or down after up) in one step: flapping.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub most_count_reversals: Option<u32>,
 }
 
 /// The shape the scenario deploys: `rollout`'s surge, `autoscale`'s
@@ -259,6 +263,7 @@ pub(crate) async fn autoscale(
     let up = until_counts(client, &base, 2, config.timeout, progress, &mut counts).await?;
     let up_seconds = up.values().map(|at| at.duration_since(begun)).max();
     let up_changes = counts.most_changes();
+    let up_reversals = counts.most_reversals();
 
     progress.phase("stepping the load down", base.len() as u64);
     spreader.set(demand);
@@ -272,6 +277,7 @@ pub(crate) async fn autoscale(
     spreader.stop().await;
 
     let most_changes = up_changes.max(down_counts.most_changes());
+    let most_reversals = up_reversals.max(down_counts.most_reversals());
     let mut violations = Vec::new();
     for (service, peak) in counts.peaks.iter().chain(&down_counts.peaks) {
         let ceiling = base.get(service).copied().unwrap_or_default() * 2;
@@ -281,9 +287,12 @@ pub(crate) async fn autoscale(
             ));
         }
     }
-    if most_changes > 2 {
+    // Several steps the same way are a count catching up with reports
+    // that arrive one node at a time; a step back within one load step is
+    // flapping.
+    if most_reversals > 0 {
         violations.push(format!(
-            "a service's count changed {most_changes} times in one load step: it flapped"
+            "a service's count turned back {most_reversals} times in one load step: it flapped"
         ));
     }
     let window = config.scale_down_window_for(crate::scenario::Scenario::Autoscale);
@@ -292,6 +301,7 @@ pub(crate) async fn autoscale(
         scale_down_seconds: down_seconds.map(|span| span.as_secs_f64()),
         scale_down_window_seconds: Some(window.as_secs_f64()),
         most_count_changes: Some(most_changes),
+        most_count_reversals: Some(most_reversals),
         ..LifecycleFigures::default()
     };
     Ok(Outcome {
@@ -351,14 +361,26 @@ impl Spreader {
 struct Counts {
     last: BTreeMap<String, u32>,
     changes: BTreeMap<String, u32>,
+    /// Whether each service's last change went up.
+    rising: BTreeMap<String, bool>,
+    /// Changes against the direction of the one before: flapping.
+    reversals: BTreeMap<String, u32>,
     peaks: BTreeMap<String, u32>,
 }
 
 impl Counts {
     fn saw(&mut self, service: &str, replicas: u32) {
         let last = self.last.insert(service.to_owned(), replicas);
-        if last.is_some_and(|last| last != replicas) {
+        if let Some(last) = last.filter(|last| *last != replicas) {
             *self.changes.entry(service.to_owned()).or_default() += 1;
+            let rising = replicas > last;
+            if self
+                .rising
+                .insert(service.to_owned(), rising)
+                .is_some_and(|before| before != rising)
+            {
+                *self.reversals.entry(service.to_owned()).or_default() += 1;
+            }
         }
         let peak = self.peaks.entry(service.to_owned()).or_default();
         *peak = (*peak).max(replicas);
@@ -366,6 +388,10 @@ impl Counts {
 
     fn most_changes(&self) -> u32 {
         self.changes.values().copied().max().unwrap_or(0)
+    }
+
+    fn most_reversals(&self) -> u32 {
+        self.reversals.values().copied().max().unwrap_or(0)
     }
 }
 
@@ -495,5 +521,23 @@ async fn until_all(
             });
         }
         tokio::time::sleep(POLL).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Counts;
+
+    #[test]
+    fn catching_up_is_not_flapping_and_turning_back_is() {
+        let mut counts = Counts::default();
+        for replicas in [10, 10, 14, 20, 20] {
+            counts.saw("web", replicas);
+        }
+        assert_eq!((counts.most_changes(), counts.most_reversals()), (2, 0));
+        counts.saw("web", 15);
+        counts.saw("web", 20);
+        assert_eq!((counts.most_changes(), counts.most_reversals()), (4, 2));
+        assert_eq!(counts.peaks["web"], 20);
     }
 }
