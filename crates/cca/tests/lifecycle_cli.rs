@@ -75,6 +75,16 @@ service sized {
 }
 "#;
 
+/// `cca dev` in `dir` serving `file` (written with `text`), with
+/// `extra` flags before it.
+fn dev_serving(dir: &Path, file: &str, text: &str, extra: &[&str]) -> Dev {
+    std::fs::write(dir.join(file), text).expect("writes the program");
+    let mut args = vec!["--data-dir", "data", "--insecure"];
+    args.extend_from_slice(extra);
+    args.push(file);
+    Dev::start(dir, &args)
+}
+
 struct Cli<'a> {
     dir: &'a Path,
     url: String,
@@ -158,8 +168,7 @@ fn settled(status: &serde_json::Value) -> bool {
 #[test]
 fn a_crash_looping_version_is_rolled_back_by_itself_and_undo_and_pause_act() {
     let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::write(dir.path().join("web.cca"), program("v1", false)).expect("writes");
-    let dev = Dev::start(dir.path(), &["--data-dir", "data", "--insecure", "web.cca"]);
+    let dev = dev_serving(dir.path(), "web.cca", &program("v1", false), &[]);
     let cli = Cli {
         dir: dir.path(),
         url: dev.api_url().0,
@@ -257,18 +266,7 @@ fn a_crash_looping_version_is_rolled_back_by_itself_and_undo_and_pause_act() {
 #[test]
 fn a_busy_service_is_autoscaled_to_its_max_from_its_usage() {
     let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::write(dir.path().join("busy.cca"), BUSY).expect("writes");
-    let dev = Dev::start(
-        dir.path(),
-        &[
-            "--data-dir",
-            "data",
-            "--insecure",
-            "--usage-every",
-            "1s",
-            "busy.cca",
-        ],
-    );
+    let dev = dev_serving(dir.path(), "busy.cca", BUSY, &["--usage-every", "1s"]);
     let cli = Cli {
         dir: dir.path(),
         url: dev.api_url().0,
@@ -328,20 +326,8 @@ fn cpu_quota_us(pid: u64) -> Option<u64> {
 #[test]
 fn a_busy_service_with_vertical_auto_is_resized_in_place() {
     let dir = tempfile::tempdir().expect("temp dir");
-    std::fs::write(dir.path().join("sized.cca"), SIZED).expect("writes");
-    let dev = Dev::start(
-        dir.path(),
-        &[
-            "--data-dir",
-            "data",
-            "--insecure",
-            "--usage-every",
-            "1s",
-            "--vertical-window",
-            "12s",
-            "sized.cca",
-        ],
-    );
+    let flags = ["--usage-every", "1s", "--vertical-window", "12s"];
+    let dev = dev_serving(dir.path(), "sized.cca", SIZED, &flags);
     let cli = Cli {
         dir: dir.path(),
         url: dev.api_url().0,
@@ -427,11 +413,7 @@ fn an_init_probe_holds_the_start_until_the_connection_answers() {
         "connection db {{\n  driver = \"postgres\"\n  host = \"127.0.0.1\"\n  port = {port}\n}}\n\
          service waits {{\n  run = \"exec sleep 1000\"\n  init ready {{\n    probe = db\n    timeout = 5m\n  }}\n}}\n"
     );
-    std::fs::write(dir.path().join("waits.cca"), program).expect("writes");
-    let dev = Dev::start(
-        dir.path(),
-        &["--data-dir", "data", "--insecure", "waits.cca"],
-    );
+    let dev = dev_serving(dir.path(), "waits.cca", &program, &[]);
     let cli = Cli {
         dir: dir.path(),
         url: dev.api_url().0,

@@ -54,14 +54,7 @@ impl Cluster {
                 (format!("web-{n}"), usage)
             })
             .collect();
-        let report = NodeUsage {
-            at: self.now,
-            period_ms: 30_000,
-            node: UsageSummary::default(),
-            instances,
-            requests: BTreeMap::new(),
-        };
-        self.put(&keys::observed_usage("n1"), &report);
+        self.report_usage("n1", instances);
     }
 
     fn autoscaled(&self) -> Autoscaled {

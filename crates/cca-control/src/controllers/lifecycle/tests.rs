@@ -83,6 +83,22 @@ impl Cluster {
         self.put(&key, &placed);
     }
 
+    /// Node `node` reports `instances`' use over a 30 s period ending now.
+    pub(super) fn report_usage(
+        &mut self,
+        node: &str,
+        instances: std::collections::BTreeMap<String, cca_model::usage::UsageSummary>,
+    ) {
+        let report = cca_model::usage::NodeUsage {
+            at: self.now,
+            period_ms: 30_000,
+            node: cca_model::usage::UsageSummary::default(),
+            instances,
+            requests: std::collections::BTreeMap::new(),
+        };
+        self.put(&keys::observed_usage(node), &report);
+    }
+
     pub(super) fn control(&mut self, service: &str, control: &RolloutControl) {
         self.put(&keys::desired_rollout(service), control);
     }

@@ -8,12 +8,11 @@
 use std::collections::BTreeMap;
 
 use cca_model::cluster::{Instance, InstanceState};
-use cca_model::keys;
 use cca_model::spec::{
     Autoscale, Cpu, HorizontalScale, Memory, Percent, Resources, ServiceSpec, VerticalMode,
     VerticalScale,
 };
-use cca_model::usage::{NodeUsage, UsageSummary};
+use cca_model::usage::UsageSummary;
 use cca_model::vertical::{MIN_SAMPLES, Sizes, VERTICAL_WINDOW, VerticalScaled};
 
 use super::tests::Cluster;
@@ -63,14 +62,7 @@ impl Cluster {
         };
         let instances: BTreeMap<String, UsageSummary> =
             (1..=2).map(|n| (format!("api-{n}"), usage)).collect();
-        let report = NodeUsage {
-            at: self.now,
-            period_ms: 30_000,
-            node: UsageSummary::default(),
-            instances,
-            requests: BTreeMap::new(),
-        };
-        self.put(&keys::observed_usage("n1"), &report);
+        self.report_usage("n1", instances);
     }
 
     fn vertical(&self) -> VerticalScaled {
