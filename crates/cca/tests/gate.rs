@@ -387,6 +387,89 @@ const LOAD_REQUESTS: u64 = 4_000;
 /// leases).
 const LOAD_RATE: u64 = 25;
 
+/// Autoscaling on `requests_per_second`: the gate counts the requests it
+/// forwards, the dev node's usage reports carry the counts, and a steady
+/// 30 requests a second against 5 per instance scales the service to its
+/// `max`.
+#[test]
+fn requests_through_the_gate_scale_a_service_on_requests_per_second() {
+    let _alone = ONE_CLUSTER
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let program = r#"
+service rated {
+  run = "exec cca whoami --port $PORT"
+  port http 8080
+  autoscale {
+    min = 1
+    max = 3
+    requests_per_second = 5
+  }
+}
+
+gate rated {
+  host "rated.localhost"
+  service rated port http
+}
+"#;
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("app.cca"), program).expect("writes the program");
+    let dev = Dev::start(
+        dir.path(),
+        &["--data-dir", "data", "--usage-every", "1s", "app.cca"],
+    );
+    let (api, _) = dev.api_url();
+    let shown = dev.read_until(|line, _| line.starts_with("cca dev: gates on "));
+    let (port, _) = gate_ports(&shown);
+    until_served(
+        &[],
+        &format!("rated.localhost:{port}:127.0.0.1"),
+        &format!("http://rated.localhost:{port}/"),
+    );
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let stop = std::sync::Arc::clone(&stop);
+        std::thread::spawn(move || {
+            let mut sent = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) {
+                    let request =
+                        "GET / HTTP/1.1\r\nHost: rated.localhost\r\nConnection: close\r\n\r\n";
+                    let mut answer = Vec::new();
+                    if stream.write_all(request.as_bytes()).is_ok()
+                        && stream.read_to_end(&mut answer).is_ok()
+                    {
+                        sent += 1;
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(33));
+            }
+            sent
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let status = loop {
+        let status = cca_json(dir.path(), &api, &["scale", "why", "rated"]);
+        if status["replicas"] == 3 {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "never scaled to 3: {status:#}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let sent = load.join().expect("the load thread");
+    assert!(sent > 0);
+    let change = &status["autoscaled"]["last_change"];
+    let signal = &change["signals"][0];
+    assert_eq!(signal["metric"], "requests_per_second", "{status:#}");
+    assert_eq!(signal["request"], 5_000, "{status:#}");
+    assert!(
+        signal["used"].as_u64().is_some_and(|used| used > 10_000),
+        "well over 10 requests a second counted: {status:#}"
+    );
+    dev.stop();
+}
+
 #[test]
 fn a_backend_killed_under_load_loses_at_most_the_requests_in_flight_to_it() {
     let _alone = ONE_CLUSTER
@@ -547,8 +630,14 @@ fn answering_instance(resolve: &str, url: &str) -> String {
 
 /// `cca describe instance ID -o json`.
 fn describe_instance(dir: &std::path::Path, api: &str, id: &str) -> serde_json::Value {
+    cca_json(dir, api, &["describe", "instance", id])
+}
+
+/// `cca ARGS -o json` against the dev cluster in `dir`.
+fn cca_json(dir: &std::path::Path, api: &str, args: &[&str]) -> serde_json::Value {
     let output = Command::new(support::CCA)
-        .args(["describe", "instance", id, "-o", "json"])
+        .args(args)
+        .args(["-o", "json"])
         .current_dir(dir)
         .env("CCA_SERVER", api)
         .env("CCA_CONFIG_DIR", dir.join("data/trust"))
