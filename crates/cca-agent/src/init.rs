@@ -5,7 +5,9 @@
 //! namespace, or for a host process on the host's network — and must exit
 //! 0. Its `probe` names a connection whose host and port must then answer
 //! a TCP connect: the service VIP the host names when the API found one
-//! (`ProbeAddress::vip`), else the host resolved on the node. Attempts
+//! (`ProbeAddress::vip`) or, when the VIP came after the assignment, the
+//! one this node's rules have since learned; else the host resolved on
+//! the node. Attempts
 //! repeat every second, each noted for the instance's status, until one
 //! answers or the step's `timeout` (2 minutes unless set) passes.
 //!
@@ -24,6 +26,7 @@ use cca_wire::types::ProbeAddress;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use crate::netplane::NodeNet;
 use crate::supervisor::StartProblem;
 
 /// The pause between two probe attempts.
@@ -56,6 +59,7 @@ pub(crate) async fn run_step(
     main: &InstanceSpec,
     step: &InitStep,
     probes: &BTreeMap<String, ProbeAddress>,
+    node_net: Option<&NodeNet>,
     note: &StartNote,
 ) -> Result<(), StartProblem> {
     let timeout = Duration::from_millis(step.timeout.unwrap_or(INIT_STEP_TIMEOUT).0);
@@ -73,7 +77,24 @@ pub(crate) async fn run_step(
             step.name
         )));
     };
-    probe(&step.name, connection, address, deadline, timeout, note).await
+    // The VIP may be allocated after the assignment was sent: this
+    // node's rules learn it, so look there when the assignment had none.
+    let mut address = address.clone();
+    let service = address
+        .host
+        .strip_suffix(&format!(".{}", cca_model::net::DNS_ZONE))
+        .unwrap_or(&address.host)
+        .to_owned();
+    let vip_of = move || node_net.and_then(|net| net.vip(&service));
+    probe(
+        &step.name,
+        connection,
+        &mut address,
+        &vip_of,
+        (deadline, timeout),
+        note,
+    )
+    .await
 }
 
 /// Runs the step's command as an instance of its own until it exits, or
@@ -136,16 +157,19 @@ async fn run_command(
 async fn probe(
     step: &str,
     connection: &str,
-    address: &ProbeAddress,
-    deadline: Instant,
-    timeout: Duration,
+    address: &mut ProbeAddress,
+    vip_of: &(dyn Fn() -> Option<std::net::Ipv4Addr> + Sync),
+    (deadline, timeout): (Instant, Duration),
     note: &StartNote,
 ) -> Result<(), StartProblem> {
-    let target = match address.vip {
-        Some(vip) => format!("{}:{} (VIP {vip})", address.host, address.port),
-        None => format!("{}:{}", address.host, address.port),
-    };
     loop {
+        if address.vip.is_none() {
+            address.vip = vip_of();
+        }
+        let target = match address.vip {
+            Some(vip) => format!("{}:{} (VIP {vip})", address.host, address.port),
+            None => format!("{}:{}", address.host, address.port),
+        };
         let last = match tokio::time::timeout(PROBE_ATTEMPT, connect(address)).await {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(error)) => error.to_string(),
@@ -200,9 +224,9 @@ mod tests {
                 probe(
                     "wait",
                     "db",
-                    &address(port),
-                    deadline,
-                    Duration::from_secs(10),
+                    &mut address(port),
+                    &|| None,
+                    (deadline, Duration::from_secs(10)),
                     &note,
                 )
                 .await
@@ -223,6 +247,32 @@ mod tests {
             .expect("answers once something listens");
     }
 
+    /// The assignment was sent before the service had a VIP: the probe
+    /// finds it on this node (here: loopback) and dials it.
+    #[tokio::test]
+    async fn a_probe_without_a_vip_finds_the_one_the_node_learned_since() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
+        let port = listener.local_addr().expect("address").port();
+        let mut address = ProbeAddress {
+            host: "db.cca.invalid".into(),
+            port,
+            vip: None,
+        };
+        let learned = || Some(std::net::Ipv4Addr::LOCALHOST);
+        let timeout = Duration::from_secs(5);
+        probe(
+            "wait",
+            "db",
+            &mut address,
+            &learned,
+            (Instant::now() + timeout, timeout),
+            &StartNote::default(),
+        )
+        .await
+        .expect("answers on the learned VIP");
+        assert_eq!(address.vip, Some(std::net::Ipv4Addr::LOCALHOST));
+    }
+
     #[tokio::test]
     async fn a_probe_that_never_answers_gives_up_at_the_deadline_to_be_retried() {
         let spare = std::net::TcpListener::bind("127.0.0.1:0").expect("binds");
@@ -233,9 +283,9 @@ mod tests {
         let outcome = probe(
             "wait",
             "db",
-            &address(port),
-            started + timeout,
-            timeout,
+            &mut address(port),
+            &|| None,
+            (started + timeout, timeout),
             &StartNote::default(),
         )
         .await;

@@ -51,6 +51,8 @@ pub struct NodeNet {
     /// The instances this node's VIP rules send new flows to, as last
     /// synced.
     targets: RwLock<std::collections::HashSet<String>>,
+    /// Each service's VIP, as last synced.
+    vips: RwLock<std::collections::HashMap<String, Ipv4Addr>>,
 }
 
 impl NodeNet {
@@ -80,6 +82,21 @@ impl NodeNet {
             .map(|target| target.instance.clone())
             .collect();
         *self.targets.write().unwrap_or_else(PoisonError::into_inner) = targets;
+        let vips = map
+            .services
+            .iter()
+            .filter_map(|(name, service)| Some((name.clone(), service.vip?)))
+            .collect();
+        *self.vips.write().unwrap_or_else(PoisonError::into_inner) = vips;
+    }
+
+    /// The VIP of `service` this node's rules serve, as last synced.
+    pub fn vip(&self, service: &str) -> Option<Ipv4Addr> {
+        self.vips
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(service)
+            .copied()
     }
 
     /// The node network is up (the plane, once it opened it).

@@ -648,6 +648,7 @@ impl Supervisor {
         let steps = InitSteps {
             steps: init,
             probes: assignment.probes.clone(),
+            node_net: self.node_net.clone(),
             note: note.clone(),
         };
         tracing::debug!(instance = %id, "starting");
@@ -1072,6 +1073,8 @@ struct FileFetch {
 struct InitSteps {
     steps: Vec<cca_model::spec::InitStep>,
     probes: BTreeMap<String, cca_wire::types::ProbeAddress>,
+    /// Where a probe finds a VIP its assignment did not carry.
+    node_net: Option<Arc<NodeNet>>,
     note: StartNote,
 }
 
@@ -1127,7 +1130,8 @@ async fn start_instance(
             .and_then(|status| status.spec.network.clone());
     }
     for step in &init.steps {
-        crate::init::run_step(&runtime, &main, step, &init.probes, &init.note).await?;
+        let node_net = init.node_net.as_deref();
+        crate::init::run_step(&runtime, &main, step, &init.probes, node_net, &init.note).await?;
     }
     runtime
         .start(&id)
