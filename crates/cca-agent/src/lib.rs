@@ -36,6 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cca_model::cluster::InstanceStatus;
+use cca_model::recovery::{Unclaimed, UnclaimedInstance};
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::Runtime;
 use cca_wire::types::{MAX_REPORT_BATCH, RegisterRequest};
@@ -279,7 +280,9 @@ pub async fn run(
     loop {
         let current = Arc::clone(&desired_changes.borrow_and_update());
         let tick = supervisor.tick(&current).await;
-        reporter.report(tick).await;
+        if let Some(known) = reporter.report(tick).await {
+            supervisor.services_known(&known);
+        }
         // A start ending or a quick startup probe due ticks at once: an
         // instance is reported ready as soon as it is.
         let pause = supervisor.next_probe_at().map_or(config.tick, |at| {
@@ -409,7 +412,13 @@ struct Reporter {
     resume_at: Option<tokio::time::Instant>,
     /// The node's held host ports as last recorded by the server.
     held_sent: Option<BTreeSet<u16>>,
+    /// The unclaimed instances as last recorded, and when.
+    unclaimed_sent: Option<(Vec<UnclaimedInstance>, tokio::time::Instant)>,
 }
+
+/// Unclaimed instances are reported again this often while there are any:
+/// the answer says which of their services the store knows by now.
+const UNCLAIMED_REFRESH: Duration = Duration::from_secs(5);
 
 impl Reporter {
     fn new(client: Client, node: String) -> Self {
@@ -422,10 +431,13 @@ impl Reporter {
             retry: Retry::new(),
             resume_at: None,
             held_sent: None,
+            unclaimed_sent: None,
         }
     }
 
-    async fn report(&mut self, tick: supervisor::Tick) {
+    /// Reports a tick; the services of unclaimed instances the server said
+    /// it knows, when it was asked.
+    async fn report(&mut self, tick: supervisor::Tick) -> Option<BTreeSet<String>> {
         if self.refreshed.elapsed() >= REPORT_REFRESH {
             self.sent.clear();
             self.held_sent = None;
@@ -439,7 +451,7 @@ impl Reporter {
             .resume_at
             .is_some_and(|at| tokio::time::Instant::now() < at)
         {
-            return;
+            return None;
         }
         let changed: Vec<InstanceStatus> = tick
             .statuses
@@ -462,6 +474,13 @@ impl Reporter {
         if outcome.is_ok() {
             outcome = self.forget_orphans().await;
         }
+        let mut known = None;
+        if outcome.is_ok() {
+            match self.send_unclaimed(tick.unclaimed).await {
+                Ok(answer) => known = answer,
+                Err(error) => outcome = Err(error),
+            }
+        }
         match outcome {
             Ok(()) => {
                 self.retry.reset();
@@ -472,6 +491,36 @@ impl Reporter {
                 self.resume_at = Some(tokio::time::Instant::now() + wait);
             }
         }
+        known
+    }
+
+    /// Sends the unclaimed instances when they differ from what was last
+    /// recorded, or [`UNCLAIMED_REFRESH`] after that while there are any;
+    /// the services the server knows, when it was asked.
+    async fn send_unclaimed(
+        &mut self,
+        unclaimed: Vec<UnclaimedInstance>,
+    ) -> Result<Option<BTreeSet<String>>, ClientError> {
+        let now = tokio::time::Instant::now();
+        let due = match &self.unclaimed_sent {
+            None => !unclaimed.is_empty(),
+            Some((sent, at)) => {
+                *sent != unclaimed || (!unclaimed.is_empty() && now - *at >= UNCLAIMED_REFRESH)
+            }
+        };
+        if !due {
+            return Ok(None);
+        }
+        let report = Unclaimed {
+            instances: unclaimed.clone(),
+        };
+        let reply = self
+            .client
+            .report_unclaimed(&self.node, &report)
+            .await
+            .inspect_err(|error| tracing::debug!(%error, "reporting unclaimed instances failed"))?;
+        self.unclaimed_sent = Some((unclaimed, now));
+        Ok(Some(reply.known_services))
     }
 
     /// Sends the node's held host ports when they differ from what was

@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cca_wire::types::{AssignmentLine, RegisterReply, RegisterRequest};
+use cca_wire::types::{AssignmentLine, RegisterReply, RegisterRequest, Resume};
 use cca_wire::{Client, ClientError, ClientResult, LineStream};
 use futures_util::StreamExt;
 use futures_util::stream::FuturesUnordered;
@@ -140,10 +140,10 @@ pub(crate) async fn follow_assignments(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut retry = Retry::new();
-    let mut resume_from = 0;
+    let mut resume = Resume::SNAPSHOT;
     loop {
         let stream = tokio::select! {
-            stream = client.assignments(&node, resume_from) => stream,
+            stream = client.assignments(&node, &resume) => stream,
             _ = stop.wait_for(|stop| *stop) => return,
         };
         let mut stream = match stream {
@@ -167,14 +167,14 @@ pub(crate) async fn follow_assignments(
             if changed {
                 retry.reset();
                 let next = save(next, &dir).await;
-                resume_from = next.resume_from();
+                resume = next.resume();
                 desired.send_replace(Arc::new(next));
             }
             match burst {
                 Burst::Continues => {}
                 Burst::Reconnect => break,
                 Burst::Resnapshot => {
-                    resume_from = 0;
+                    resume = Resume::SNAPSHOT;
                     break;
                 }
             }
@@ -216,7 +216,7 @@ async fn apply_burst(
     let mut line = first;
     loop {
         match line {
-            Some(Ok(assignment)) => match next.apply(assignment) {
+            Some(Ok(assignment)) => match next.apply(assignment, cca_model::clock::now_millis()) {
                 Applied::Resnapshot => return (changed, Burst::Resnapshot),
                 Applied::Changed => changed = true,
             },

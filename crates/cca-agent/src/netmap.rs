@@ -17,7 +17,7 @@ use std::time::Duration;
 use cca_model::Revision;
 use cca_model::net::{NetworkChange, NetworkMap, Touched};
 use cca_wire::Client;
-use cca_wire::types::NetworkLine;
+use cca_wire::types::{NetworkLine, Resume, StreamOrigin};
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
@@ -34,6 +34,8 @@ pub const SAVE_EVERY: Duration = Duration::from_secs(5);
 pub struct NetworkView {
     /// 0 until the first snapshot (or the cache) arrived.
     pub revision: Revision,
+    /// The stream epoch of the last snapshot (a resume point counts in it).
+    pub epoch: String,
     pub map: NetworkMap,
 }
 
@@ -51,7 +53,12 @@ impl NetworkView {
     pub(crate) fn apply(&mut self, line: NetworkLine) -> Applied {
         let mut touched = Touched::default();
         match line {
-            NetworkLine::Snapshot { revision, changes } => {
+            NetworkLine::Snapshot {
+                revision,
+                changes,
+                origin,
+            } => {
+                self.epoch = origin.epoch;
                 let mut map = NetworkMap::default();
                 for change in changes {
                     map.apply(change, &mut touched);
@@ -104,6 +111,7 @@ pub fn load_cached(data_dir: &Path) -> Option<NetworkView> {
     view.apply(NetworkLine::Snapshot {
         revision: cached.revision,
         changes: cached.changes,
+        origin: StreamOrigin::default(),
     });
     Some(view)
 }
@@ -133,11 +141,11 @@ pub async fn follow_network(
 ) {
     let mut retry = Retry::new();
     let mut view = NetworkView::clone(&views.borrow());
-    let mut resume_from = 0;
+    let mut resume = Resume::SNAPSHOT;
     let mut saver = Saver::new(data_dir);
     loop {
         let stream = tokio::select! {
-            stream = client.network(&node, resume_from) => stream,
+            stream = client.network(&node, &resume) => stream,
             _ = stop.wait_for(|stop| *stop) => break,
         };
         let mut stream = match stream {
@@ -177,11 +185,14 @@ pub async fn follow_network(
                 }
                 Applied::Unchanged => retry.reset(),
                 Applied::Resnapshot => {
-                    resume_from = 0;
+                    resume = Resume::SNAPSHOT;
                     break;
                 }
             }
-            resume_from = view.revision + 1;
+            resume = Resume {
+                from: view.revision + 1,
+                epoch: view.epoch.clone(),
+            };
         }
         if *stop.borrow() || pause(retry.next_delay(None, fastrand::f64()), &mut stop).await {
             break;
@@ -267,6 +278,7 @@ mod tests {
         let snapshot = NetworkLine::Snapshot {
             revision: 7,
             changes: vec![service("web", 1)],
+            origin: StreamOrigin::default(),
         };
         assert_eq!(view.apply(snapshot.clone()), Applied::Changed);
         assert_eq!(view.revision, 7);
@@ -295,6 +307,7 @@ mod tests {
         view.apply(NetworkLine::Snapshot {
             revision: 12,
             changes: vec![service("web", 1), service("db", 2)],
+            origin: StreamOrigin::default(),
         });
         save(&view, dir.path()).expect("saves");
         assert_eq!(load_cached(dir.path()), Some(view));

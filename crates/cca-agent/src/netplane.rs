@@ -451,7 +451,11 @@ mod tests {
         for route in routes {
             map.apply(NetworkChange::Node(route.clone()), &mut touched);
         }
-        NetworkView { revision: 1, map }
+        NetworkView {
+            revision: 1,
+            map,
+            ..NetworkView::default()
+        }
     }
 
     type TestPlane = Plane<FakeHost, Arc<FakeFilter>>;

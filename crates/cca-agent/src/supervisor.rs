@@ -2,7 +2,9 @@
 //! the runtime runs and acts — start what is missing (init steps first),
 //! restart what crashed with exponential backoff until a threshold marks it
 //! failed, restart what fails its health check, stop what the scheduler
-//! stops, remove orphans nobody claims — then describes every instance as
+//! stops, remove orphans nobody claims (an instance a resync with another
+//! store left unclaimed only once it no longer awaits adoption) — then
+//! describes every instance as
 //! an observed status. Instances started by an earlier agent process are
 //! adopted as they are (same pid), never restarted.
 //!
@@ -33,7 +35,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cca_model::cluster::{ExitInfo, InstanceState, InstanceStatus};
+use cca_model::clock::{now_millis, span_millis};
+use cca_model::cluster::{ExitInfo, InstanceState, InstanceStatus, Millis};
+use cca_model::recovery::UnclaimedInstance;
 use cca_model::spec::{Probe, ServiceSpec, Workload};
 use cca_runtime::{
     ExitReason, InstanceSpec, InstanceState as RtState, InstanceStatus as RtStatus, Limits,
@@ -43,7 +47,7 @@ use cca_wire::types::Assignment;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::desired::Desired;
+use crate::desired::{Desired, UnclaimedRun};
 use crate::files::{self, FileSource};
 use crate::health::{self, HealthTracker, ProbeTarget};
 use crate::host_ports::{self, HeldPorts, ListenerOwner, PortProbe};
@@ -66,6 +70,12 @@ pub struct SupervisorConfig {
     pub stop_grace: Duration,
     /// Lines of output kept with a crash report.
     pub log_tail: usize,
+    /// How long an instance left unclaimed by a resync keeps running once
+    /// the store knows its service, waiting for the scheduler to adopt it.
+    pub claim_grace: Duration,
+    /// How long an unclaimed instance keeps running while the store does
+    /// not know its service (the desired state is yet to be re-applied).
+    pub adopt_window: Duration,
 }
 
 impl Default for SupervisorConfig {
@@ -77,6 +87,8 @@ impl Default for SupervisorConfig {
             stable_after: Duration::from_secs(30),
             stop_grace: Duration::from_secs(10),
             log_tail: 20,
+            claim_grace: Duration::from_secs(30),
+            adopt_window: Duration::from_secs(600),
         }
     }
 }
@@ -169,6 +181,38 @@ pub struct Supervisor {
     held: HeldPorts,
     /// Host ports of the instances the runtime runs, as of this tick.
     own_ports: BTreeMap<u16, String>,
+    /// When the server first said it knows each service of an unclaimed
+    /// instance (see [`Supervisor::services_known`]).
+    known_services: HashMap<String, Millis>,
+}
+
+/// Whether an instance a resync left unclaimed at `since` still waits for
+/// adoption at `now`: while the store does not know its service, for the
+/// adoption window; once it does (since `known`), for the claim grace.
+fn awaits_adoption(
+    config: &SupervisorConfig,
+    since: Millis,
+    known: Option<Millis>,
+    now: Millis,
+) -> bool {
+    match known {
+        None => now.saturating_sub(since) < span_millis(config.adopt_window),
+        Some(known) => now.saturating_sub(known.max(since)) < span_millis(config.claim_grace),
+    }
+}
+
+/// What the scheduler needs to adopt the instance `assignment` placed.
+fn unclaimed_instance(assignment: &Assignment) -> UnclaimedInstance {
+    let instance = &assignment.instance;
+    UnclaimedInstance {
+        id: instance.id.clone(),
+        service: instance.service.clone(),
+        ordinal: instance.ordinal,
+        spec_hash: instance.spec_hash.clone(),
+        cpu: instance.cpu,
+        memory: instance.memory,
+        host_ports: instance.host_ports.clone(),
+    }
 }
 
 /// The longest a stopping instance waits for this node's VIP rules to drop
@@ -205,6 +249,9 @@ pub struct Tick {
     /// Host ports found held by something outside the cluster, all of
     /// them; `None` when the supervisor does not probe host ports.
     pub held_ports: Option<std::collections::BTreeSet<u16>>,
+    /// Running instances a resync left unclaimed that still wait for
+    /// adoption.
+    pub unclaimed: Vec<UnclaimedInstance>,
 }
 
 impl Supervisor {
@@ -232,7 +279,27 @@ impl Supervisor {
             port_probe: None,
             held: HeldPorts::new(Instant::now()),
             own_ports: BTreeMap::new(),
+            known_services: HashMap::new(),
         }
+    }
+
+    /// The server knows `services` (its answer to the unclaimed report):
+    /// their unclaimed instances wait only [`SupervisorConfig::claim_grace`]
+    /// more for adoption.
+    pub fn services_known(&mut self, services: &std::collections::BTreeSet<String>) {
+        let now = now_millis();
+        for service in services {
+            self.known_services.entry(service.clone()).or_insert(now);
+        }
+    }
+
+    /// Whether the unclaimed `run` still waits for adoption at `now`.
+    fn awaits_adoption(&self, run: &UnclaimedRun, now: Millis) -> bool {
+        let known = self
+            .known_services
+            .get(&run.assignment.instance.service)
+            .copied();
+        awaits_adoption(&self.config, run.since, known, now)
     }
 
     /// Probes every host port with `probe` before an instance on the
@@ -312,11 +379,29 @@ impl Supervisor {
             ..Tick::default()
         };
         if desired.known {
+            let wall = now_millis();
+            tick.unclaimed = desired
+                .unclaimed
+                .iter()
+                .filter(|(id, run)| {
+                    self.awaits_adoption(run, wall)
+                        && actual
+                            .get(*id)
+                            .is_some_and(|status| status.state == RtState::Running)
+                })
+                .map(|(_, run)| unclaimed_instance(&run.assignment))
+                .collect();
             // An init step runs as an instance of its own, `{id}.init-{step}`,
             // while its instance's start task waits for it: not an orphan.
             let orphans: Vec<&String> = actual
                 .keys()
                 .filter(|id| !desired.assignments.contains_key(*id))
+                .filter(|id| {
+                    desired
+                        .unclaimed
+                        .get(*id)
+                        .is_none_or(|run| !self.awaits_adoption(run, wall))
+                })
                 .filter(|id| {
                     !id.split_once(".init-")
                         .is_some_and(|(main, _)| self.starting.contains_key(main))

@@ -69,6 +69,7 @@ fn supervisor(fake: &Arc<FakeRuntime>, data: &Path, source: &Arc<Source>) -> Sup
         stable_after: Duration::from_secs(30),
         stop_grace: Duration::from_millis(100),
         log_tail: 5,
+        ..SupervisorConfig::default()
     };
     let runtime: Arc<dyn Runtime> = Arc::clone(fake) as Arc<dyn Runtime>;
     Supervisor::new("n1", "127.0.0.1", runtime, config, BTreeMap::new()).with_files(

@@ -2,7 +2,8 @@
 //! assigned (with ports and environment), restarts crashes with backoff and
 //! gives up after the threshold with the exit code and log tail, stops what
 //! the scheduler stops, adopts instances an earlier agent left running,
-//! removes orphans only once the assignments are known, and refuses what
+//! removes orphans only once the assignments are known, keeps an instance
+//! a resync left unclaimed until adopted or given up, and refuses what
 //! it cannot run with a reason. Through a `RuntimeSet` of two fakes:
 //! image workloads go to the container runtime pinned to the image's
 //! digest, a node without containers or a failed pull fails the instance
@@ -18,7 +19,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cca_agent::desired::Desired;
+use cca_agent::desired::{Desired, UnclaimedRun};
 use cca_agent::host_ports::ListenerOwner;
 use cca_agent::supervisor::{Supervisor, SupervisorConfig, Tick};
 use cca_agent::{Containers, RuntimeSet};
@@ -68,6 +69,7 @@ fn supervisor(fake: &Arc<FakeRuntime>) -> Supervisor {
         stable_after: Duration::from_secs(30),
         stop_grace: Duration::from_millis(100),
         log_tail: 5,
+        ..SupervisorConfig::default()
     };
     let runtime: Arc<dyn Runtime> = Arc::clone(fake) as Arc<dyn Runtime>;
     Supervisor::new("n1", "127.0.0.1", runtime, config, BTreeMap::new())
@@ -259,6 +261,59 @@ async fn orphans_are_removed_only_once_the_assignments_are_known() {
     assert!(fake.status("old-1").is_none());
 }
 
+/// An instance a resync left unclaimed keeps running, reported for
+/// adoption, while the store does not know its service; once the store
+/// knows it, it goes after the claim grace unless placed again, and a
+/// placement of its id adopts it as it runs.
+#[tokio::test]
+async fn an_unclaimed_instance_waits_for_adoption_then_goes_unless_placed() {
+    let fake = Arc::new(FakeRuntime::new());
+    let pid = fake.insert_running(InstanceSpec::new("web-1", "web", "sleep 100"));
+    fake.insert_running(InstanceSpec::new("db-1", "db", "sleep 100"));
+    let config = SupervisorConfig {
+        claim_grace: Duration::ZERO,
+        ..SupervisorConfig::default()
+    };
+    let runtime: Arc<dyn Runtime> = Arc::clone(&fake) as Arc<dyn Runtime>;
+    let mut supervisor = Supervisor::new("n1", "127.0.0.1", runtime, config, BTreeMap::new());
+    let mut resynced = desired(Vec::new());
+    let since = cca_model::clock::now_millis();
+    for (id, service) in [("web-1", "web"), ("db-1", "db")] {
+        let mut left = assignment(id, run("sleep 100"), false);
+        left.instance.service = service.into();
+        let run = UnclaimedRun {
+            assignment: left,
+            since,
+        };
+        resynced.unclaimed.insert(id.into(), run);
+    }
+    let tick = supervisor.tick(&resynced).await;
+    assert!(tick.removed.is_empty(), "{:?}", tick.removed);
+    let offered: Vec<&str> = tick.unclaimed.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(offered, ["db-1", "web-1"]);
+    // The store knows `db` now, not `web`: db-1 goes (no grace here).
+    supervisor.services_known(&["db".to_owned()].into());
+    let tick = supervisor.tick(&resynced).await;
+    assert_eq!(tick.removed, ["db-1"]);
+    assert!(fake.status("db-1").is_none());
+    let offered: Vec<&str> = tick.unclaimed.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(offered, ["web-1"]);
+    // The scheduler adopts web-1: same process, nothing restarted.
+    let mut adopted = desired(vec![assignment("web-1", run("sleep 100"), false)]);
+    adopted.unclaimed.clear();
+    let tick = supervisor.tick(&adopted).await;
+    assert_eq!(tick.statuses[0].pid, Some(pid));
+    assert!(tick.unclaimed.is_empty());
+    assert!(
+        !fake
+            .calls()
+            .iter()
+            .any(|call| matches!(call, Call::Create(_) | Call::Start(_))),
+        "{:?}",
+        fake.calls()
+    );
+}
+
 fn supervisor_over(runtime: RuntimeSet) -> Supervisor {
     let config = SupervisorConfig {
         restart_threshold: 3,
@@ -267,6 +322,7 @@ fn supervisor_over(runtime: RuntimeSet) -> Supervisor {
         stable_after: Duration::from_secs(30),
         stop_grace: Duration::from_millis(100),
         log_tail: 5,
+        ..SupervisorConfig::default()
     };
     Supervisor::new(
         "n1",

@@ -136,6 +136,9 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     // outside the cluster or freed again; its failed instance's report
     // waits on it.
     ("/v1/agent/nodes/{node}/held-ports", Lane::Reports),
+    // Every node's, after a resync with another store: what it runs that
+    // the store does not place, while it waits for adoption.
+    ("/v1/agent/nodes/{node}/unclaimed", Lane::Reports),
     // Every node's usage summary, once a period (30 s).
     ("/v1/agent/nodes/{node}/usage", Lane::Reports),
     ("/v1/agent/nodes/{node}/gate-activity", Lane::Reports),

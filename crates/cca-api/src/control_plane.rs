@@ -96,6 +96,7 @@ impl ControlPlane {
         store: Arc<dyn Store>,
         config: ControlPlaneConfig,
     ) -> Result<Self, StoreError> {
+        crate::identity::ensure_store_identity(&store).await?;
         let cache = Arc::new(Cache::start(Arc::clone(&store)).await?);
         let metrics = Arc::new(Metrics::new());
         let render = Arc::clone(&metrics);

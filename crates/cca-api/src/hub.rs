@@ -31,7 +31,7 @@ use tokio::sync::{OnceCell, broadcast, mpsc, watch};
 
 use crate::error::ApiResult;
 use crate::state::ApiState;
-use crate::types::{Assignment, AssignmentLine, ProbeAddress};
+use crate::types::{Assignment, AssignmentLine, ProbeAddress, Resume, StreamOrigin};
 
 /// Lines kept for resuming streams. A node reconnecting after a short
 /// break resumes from here; a longer break costs it one snapshot.
@@ -58,6 +58,50 @@ pub(crate) enum Subscription<L> {
     Compacted { compact_revision: Revision },
 }
 
+/// How a stream starts, from the resume point its client names.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// From a snapshot: a first connection, or a resume point from another
+    /// epoch (another server, an index rebuilt since, another store).
+    Snapshot,
+    /// The history no longer reaches back to the resume point.
+    Compacted,
+    /// Replay the history from the resume point.
+    Replay,
+}
+
+/// Decides [`Start`]. A resume point counts only in the epoch that handed
+/// it out: only that index saw every revision since, and a revision number
+/// of another store, or of this store before it was rewound, would replay
+/// the wrong lines or none.
+pub(crate) fn start_of(resume: &Resume, epoch: &str, history_from: Revision) -> Start {
+    if resume.from <= 0 || resume.epoch != epoch {
+        Start::Snapshot
+    } else if resume.from < history_from {
+        Start::Compacted
+    } else {
+        Start::Replay
+    }
+}
+
+/// A new epoch: 16 random hex digits.
+pub(crate) fn new_epoch() -> String {
+    format!("{:016x}", fastrand::u64(..))
+}
+
+/// The origin a snapshot of `epoch` names, with the store's identity in
+/// `view`.
+pub(crate) fn origin(view: &View, epoch: &str) -> StreamOrigin {
+    StreamOrigin {
+        store: view
+            .store_identity
+            .as_ref()
+            .map(|identity| identity.value.id.clone())
+            .unwrap_or_default(),
+        epoch: epoch.to_owned(),
+    }
+}
+
 /// The hub; lives in the [`ApiState`], started by the first stream.
 #[derive(Debug, Default)]
 pub(crate) struct AssignmentHub {
@@ -67,6 +111,9 @@ pub(crate) struct AssignmentHub {
 
 #[derive(Debug, Default)]
 struct HubState {
+    /// Changes with every rebuild: resume points of another epoch get a
+    /// snapshot.
+    epoch: String,
     /// Every event up to this revision is applied.
     revision: Revision,
     /// Every line of a revision ≥ this is in `history`.
@@ -85,17 +132,18 @@ struct Subscriber {
 }
 
 impl AssignmentHub {
-    /// Subscribes `node`'s stream: a snapshot first when `from` is 0,
-    /// else the lines since `from`.
+    /// Subscribes `node`'s stream: a snapshot first (see [`start_of`]),
+    /// else the lines since the resume point.
     pub(crate) async fn subscribe(
         self: &Arc<Self>,
         api: &ApiState,
         node: &str,
-        from: Revision,
+        resume: &Resume,
     ) -> ApiResult<Subscription<Line>> {
         self.started.get_or_init(|| async { self.start(api) }).await;
         let mut state = self.lock();
-        let first = if from == 0 {
+        let start = start_of(resume, &state.epoch, state.history_from);
+        let first = if start == Start::Snapshot {
             let view = api.cache().view();
             let assignments = state
                 .placed
@@ -107,8 +155,9 @@ impl AssignmentHub {
             vec![Arc::new(AssignmentLine::Snapshot {
                 revision: state.revision,
                 assignments,
+                origin: origin(&view, &state.epoch),
             })]
-        } else if from < state.history_from {
+        } else if start == Start::Compacted {
             return Ok(Subscription::Compacted {
                 compact_revision: state.history_from - 1,
             });
@@ -116,7 +165,7 @@ impl AssignmentHub {
             state
                 .history
                 .iter()
-                .filter(|(to, line)| to == node && revision_of(line) >= from)
+                .filter(|(to, line)| to == node && revision_of(line) >= resume.from)
                 .map(|(_, line)| Arc::clone(line))
                 .collect()
         };
@@ -125,7 +174,10 @@ impl AssignmentHub {
             .subscribers
             .entry(node.to_owned())
             .or_default()
-            .push(Subscriber { from, sender });
+            .push(Subscriber {
+                from: resume.from,
+                sender,
+            });
         Ok(Subscription::Live { first, live })
     }
 
@@ -150,6 +202,7 @@ impl AssignmentHub {
         state.subscribers.clear();
         state.placed.clear();
         state.history.clear();
+        state.epoch = new_epoch();
         for (id, instance) in view.instances.iter() {
             state
                 .placed

@@ -16,6 +16,7 @@ mod authz;
 pub mod control_plane;
 pub mod error;
 mod hub;
+pub mod identity;
 mod metrics;
 mod netfeed;
 pub mod oidc;

@@ -22,9 +22,9 @@ use cca_model::Revision;
 use cca_model::net::{AddressRanges, NetworkMap};
 use tokio::sync::{OnceCell, broadcast, mpsc, watch};
 
-use crate::hub::Subscription;
+use crate::hub::{Start, Subscription, new_epoch, origin, start_of};
 use crate::state::ApiState;
-use crate::types::NetworkLine;
+use crate::types::{NetworkLine, Resume};
 
 /// Revisions kept for resuming streams.
 const HISTORY: usize = 4096;
@@ -55,6 +55,8 @@ impl Default for NetworkFeed {
 
 #[derive(Debug, Default)]
 struct FeedState {
+    /// Changes with every rebuild (see [`start_of`]).
+    epoch: String,
     projection: NetworkProjection,
     /// Every change up to this revision is projected.
     revision: Revision,
@@ -78,22 +80,24 @@ impl NetworkFeed {
         let _ = self.ranges.set(ranges);
     }
 
-    /// Subscribes a stream: a snapshot first when `from` is 0, else the
-    /// lines since `from`.
+    /// Subscribes a stream: a snapshot first (see [`start_of`]), else the
+    /// lines since the resume point.
     pub(crate) async fn subscribe(
         self: &Arc<Self>,
         api: &ApiState,
-        from: Revision,
+        resume: &Resume,
     ) -> Subscription<Bytes> {
         self.start_once(api).await;
         let mut state = self.lock();
-        let first = if from == 0 {
+        let start = start_of(resume, &state.epoch, state.history_from);
+        let first = if start == Start::Snapshot {
             let snapshot = NetworkLine::Snapshot {
                 revision: state.revision,
                 changes: state.projection.snapshot(),
+                origin: origin(&api.cache().view(), &state.epoch),
             };
             vec![encode(&snapshot)]
-        } else if from < state.history_from {
+        } else if start == Start::Compacted {
             return Subscription::Compacted {
                 compact_revision: state.history_from - 1,
             };
@@ -101,12 +105,15 @@ impl NetworkFeed {
             state
                 .history
                 .iter()
-                .filter(|(revision, _)| *revision >= from)
+                .filter(|(revision, _)| *revision >= resume.from)
                 .map(|(_, line)| line.clone())
                 .collect()
         };
         let (sender, live) = mpsc::channel(SUBSCRIBER_BUFFER);
-        state.subscribers.push(Subscriber { from, sender });
+        state.subscribers.push(Subscriber {
+            from: resume.from,
+            sender,
+        });
         Subscription::Live { first, live }
     }
 
@@ -140,6 +147,7 @@ impl NetworkFeed {
         let view = api.cache().view();
         let mut state = self.lock();
         state.subscribers.clear();
+        state.epoch = new_epoch();
         state.history.clear();
         state.projection = NetworkProjection::from_view(&view);
         if let Some(ranges) = self.ranges.get() {

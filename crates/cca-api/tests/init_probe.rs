@@ -73,7 +73,10 @@ async fn an_assignment_carries_where_its_init_probes_dial() {
             serde_json::to_vec(&instance).expect("encodes"),
         ));
     h.store.txn(txn).await.expect("written");
-    let mut stream = client.assignments("n1", 0).await.expect("stream");
+    let mut stream = client
+        .assignments("n1", &cca_wire::types::Resume::SNAPSHOT)
+        .await
+        .expect("stream");
     let line = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
         .await
         .expect("a line in time")

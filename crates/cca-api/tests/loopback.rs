@@ -12,7 +12,7 @@ use std::time::Duration;
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
 use cca_model::{Key, keys};
 use cca_store::{Op, Txn};
-use cca_wire::types::{AssignmentLine, WatchLine};
+use cca_wire::types::{AssignmentLine, Resume, WatchLine};
 use support::{harness, program};
 
 const WAIT: Duration = Duration::from_secs(10);
@@ -195,13 +195,31 @@ async fn agent_registers_heartbeats_follows_assignments_and_reports() {
         .expect("heartbeat");
 
     place(h.store.as_ref(), &placed("web-1", "n1")).await;
-    let mut stream = client.assignments("n1", 0).await.expect("stream");
+    let mut stream = client
+        .assignments("n1", &Resume::SNAPSHOT)
+        .await
+        .expect("stream");
     let AssignmentLine::Snapshot {
         assignments,
         revision,
+        origin,
     } = next(&mut stream).await
     else {
         panic!("the stream starts with a snapshot");
+    };
+    let identity = h
+        .store
+        .get(&keys::store_identity())
+        .await
+        .expect("reads")
+        .expect("the control plane made the store's identity");
+    let identity: cca_model::recovery::StoreIdentity =
+        serde_json::from_slice(&identity.value).expect("decodes");
+    assert_eq!(origin.store, identity.id, "the snapshot names the store");
+    assert!(!origin.epoch.is_empty());
+    let resume = |from: i64| Resume {
+        from,
+        epoch: origin.epoch.clone(),
     };
     assert_eq!(assignments.len(), 1);
     assert_eq!(assignments[0].instance.id, "web-1");
@@ -224,12 +242,24 @@ async fn agent_registers_heartbeats_follows_assignments_and_reports() {
 
     // Resuming from the snapshot's revision replays the same changes.
     let mut resumed = client
-        .assignments("n1", revision + 1)
+        .assignments("n1", &resume(revision + 1))
         .await
         .expect("stream");
     let line = next(&mut resumed).await;
     assert!(
         matches!(&line, AssignmentLine::Put { assignment, .. } if assignment.instance.id == "web-3"),
+        "{line:?}"
+    );
+    // The same revision in another epoch (another server, another store)
+    // means nothing here: a snapshot.
+    let foreign = Resume {
+        from: revision + 1,
+        epoch: "another".into(),
+    };
+    let mut elsewhere = client.assignments("n1", &foreign).await.expect("stream");
+    let line = next(&mut elsewhere).await;
+    assert!(
+        matches!(&line, AssignmentLine::Snapshot { origin: o, .. } if *o == origin),
         "{line:?}"
     );
 
@@ -247,7 +277,10 @@ async fn agent_registers_heartbeats_follows_assignments_and_reports() {
         "{first:?}"
     );
     drop(stream);
-    let mut resumed = client.assignments("n1", both).await.expect("stream");
+    let mut resumed = client
+        .assignments("n1", &resume(both))
+        .await
+        .expect("stream");
     let mut ids = Vec::new();
     for _ in 0..2 {
         match next(&mut resumed).await {
@@ -547,13 +580,21 @@ async fn nodes_follow_the_network_map_from_a_snapshot_and_resume() {
     let written = put_fact(h.store.as_ref(), keys::derived_vip("web"), &vip(1)).await;
     // The feed may start before the last write reached the cache: wait for
     // a snapshot that holds it.
-    let (revision, changes) = loop {
-        let mut stream = client.network("n1", 0).await.expect("stream");
-        let NetworkLine::Snapshot { revision, changes } = next(&mut stream).await else {
+    let (revision, changes, origin) = loop {
+        let mut stream = client
+            .network("n1", &Resume::SNAPSHOT)
+            .await
+            .expect("stream");
+        let NetworkLine::Snapshot {
+            revision,
+            changes,
+            origin,
+        } = next(&mut stream).await
+        else {
             panic!("the stream starts with a snapshot");
         };
         if revision >= written {
-            break (revision, changes);
+            break (revision, changes, origin);
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
@@ -571,7 +612,11 @@ async fn nodes_follow_the_network_map_from_a_snapshot_and_resume() {
         Some(Ipv4Addr::new(10, 43, 0, 1))
     );
 
-    let mut stream = client.network("n1", revision + 1).await.expect("stream");
+    let resume = Resume {
+        from: revision + 1,
+        epoch: origin.epoch.clone(),
+    };
+    let mut stream = client.network("n1", &resume).await.expect("stream");
     put_fact(h.store.as_ref(), keys::derived_vip("web"), &vip(2)).await;
     let line = next(&mut stream).await;
     let NetworkLine::Changes { changes, .. } = line else {
@@ -581,10 +626,19 @@ async fn nodes_follow_the_network_map_from_a_snapshot_and_resume() {
         matches!(&changes[..], [NetworkChange::Service(net)] if net.vip == Some(Ipv4Addr::new(10, 43, 0, 2))),
         "{changes:?}"
     );
-    let mut resumed = client.network("n1", revision + 1).await.expect("stream");
+    let mut resumed = client.network("n1", &resume).await.expect("stream");
     assert!(matches!(
         next(&mut resumed).await,
         NetworkLine::Changes { .. }
+    ));
+    let foreign = Resume {
+        from: revision + 1,
+        epoch: String::new(),
+    };
+    let mut elsewhere = client.network("n1", &foreign).await.expect("stream");
+    assert!(matches!(
+        next(&mut elsewhere).await,
+        NetworkLine::Snapshot { .. }
     ));
 }
 
@@ -773,4 +827,83 @@ async fn nodes_sum_what_is_placed_on_them_and_top_pairs_it_with_the_reports() {
     assert_eq!(rows, [("web-1", Some(80)), ("web-2", None)]);
     let instance = client.instance("web-1").await.expect("instance");
     assert_eq!(instance.usage.map(|u| u.summary), Some(busy));
+}
+
+/// A node's unclaimed instances replace its report, a repeat writes
+/// nothing, the answer names the services the store knows, a bad name is
+/// refused without a write, and none deletes the fact.
+#[tokio::test]
+async fn unclaimed_reports_replace_the_nodes_set_and_name_the_known_services() {
+    use cca_model::recovery::{Unclaimed, UnclaimedInstance};
+    let h = harness().await;
+    let (plain, _stop) = h.serve().await;
+    let client = cca_wire::Client::new(plain.base_url());
+    client
+        .register(&support::node_request("n1"))
+        .await
+        .expect("registers");
+    put_fact(
+        h.store.as_ref(),
+        keys::desired_service("web"),
+        &cca_model::spec::ServiceSpec::new(
+            "web",
+            cca_model::spec::Workload::Process {
+                run: "sleep 100".into(),
+            },
+        ),
+    )
+    .await;
+    let instance = |id: &str, service: &str| UnclaimedInstance {
+        id: id.into(),
+        service: service.into(),
+        ordinal: None,
+        spec_hash: "h1".into(),
+        cpu: cca_model::spec::Cpu(100),
+        memory: cca_model::spec::Memory(1 << 20),
+        host_ports: BTreeMap::from([("http".to_owned(), 20_001)]),
+    };
+    let report = Unclaimed {
+        instances: vec![instance("web-1", "web"), instance("db-1", "db")],
+    };
+    let stored = || async {
+        let kv = h
+            .store
+            .get(&keys::observed_unclaimed("n1"))
+            .await
+            .expect("reads")?;
+        Some(serde_json::from_slice::<Unclaimed>(&kv.value).expect("decodes"))
+    };
+    // The cache may not hold the service yet: ask until it does.
+    let reply = loop {
+        let reply = client
+            .report_unclaimed("n1", &report)
+            .await
+            .expect("reports");
+        if !reply.known_services.is_empty() {
+            break reply;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(reply.known_services, ["web".to_owned()].into());
+    assert_eq!(stored().await, Some(report.clone()));
+    let again = client
+        .report_unclaimed("n1", &report)
+        .await
+        .expect("reports");
+    assert_eq!(again.revision, None, "a repeat writes nothing");
+    let before = h.keys().await;
+    let bad = Unclaimed {
+        instances: vec![instance("web/1", "web")],
+    };
+    let refused = client
+        .report_unclaimed("n1", &bad)
+        .await
+        .expect_err("a bad id");
+    assert_eq!(refused.status(), Some(422), "{refused}");
+    assert_eq!(h.keys().await, before, "a refused report writes nothing");
+    client
+        .report_unclaimed("n1", &Unclaimed::default())
+        .await
+        .expect("reports");
+    assert_eq!(stored().await, None, "none deletes the fact");
 }

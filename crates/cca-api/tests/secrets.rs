@@ -272,7 +272,10 @@ async fn the_files_endpoint_answers_the_instance_node_only() {
     assert_eq!(error.status(), Some(404));
 
     // The assignment stream names the explicit grant.
-    let mut stream = client.assignments("n1", 0).await.expect("stream");
+    let mut stream = client
+        .assignments("n1", &cca_wire::types::Resume::SNAPSHOT)
+        .await
+        .expect("stream");
     let line = tokio::time::timeout(Duration::from_secs(5), stream.next())
         .await
         .expect("a line")
@@ -322,7 +325,10 @@ async fn assignments_name_grants_committed_with_or_before_their_placement() {
     }));
     let client = cca_wire::Client::new(&format!("http://{address}"));
 
-    let mut stream = client.assignments("n1", 0).await.expect("stream");
+    let mut stream = client
+        .assignments("n1", &cca_wire::types::Resume::SNAPSHOT)
+        .await
+        .expect("stream");
     let mut next = async || {
         tokio::time::timeout(Duration::from_secs(10), stream.next())
             .await

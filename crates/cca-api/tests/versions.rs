@@ -81,7 +81,10 @@ async fn next(stream: &mut cca_wire::LineStream<AssignmentLine>) -> AssignmentLi
 
 /// The snapshot of `n1`'s assignments, by instance id.
 async fn snapshot(client: &Client) -> BTreeMap<String, Assignment> {
-    let mut stream = client.assignments("n1", 0).await.expect("stream");
+    let mut stream = client
+        .assignments("n1", &cca_wire::types::Resume::SNAPSHOT)
+        .await
+        .expect("stream");
     let AssignmentLine::Snapshot { assignments, .. } = next(&mut stream).await else {
         panic!("the stream starts with a snapshot");
     };
@@ -146,7 +149,10 @@ async fn during_a_rolling_update_each_instance_is_sent_its_own_version() {
 
     // A later line about the old instance (its record changed) still
     // carries its own version.
-    let mut stream = client.assignments("n1", 0).await.expect("stream");
+    let mut stream = client
+        .assignments("n1", &cca_wire::types::Resume::SNAPSHOT)
+        .await
+        .expect("stream");
     next(&mut stream).await;
     let mut moved = old.clone();
     moved.failures = vec![5];

@@ -17,6 +17,7 @@ use cca_model::cluster::{
     ServiceMeta, StagedWrite, Unplaced,
 };
 use cca_model::net::{NodeSubnet, ServiceVip};
+use cca_model::recovery::{StoreIdentity, Unclaimed};
 use cca_model::rollout::{Rollout, RolloutControl};
 use cca_model::scale::{GateActivity, ScaleState};
 use cca_model::spec::{
@@ -131,6 +132,10 @@ pub struct View {
     pub held_ports: Table<HeldPorts>,
     /// Each node's last usage report, by node.
     pub usage: Table<NodeUsage>,
+    /// Instances each node runs that the store does not place, by node.
+    pub unclaimed: Table<Unclaimed>,
+    /// The store's identity (`None` until the first server made it).
+    pub store_identity: Option<Versioned<StoreIdentity>>,
     pub desired_generation: Option<Versioned<DesiredGeneration>>,
     /// Staged applies' chunks, by apply, then chunk: invisible until
     /// `applying` names their apply.
@@ -418,6 +423,12 @@ impl View {
                 put(&mut self.held_ports, node, bytes, rev, Value::HeldPorts)?
             }
             Key::Usage { node } => put(&mut self.usage, node, bytes, rev, Value::Usage)?,
+            Key::Unclaimed { node } => {
+                put(&mut self.unclaimed, node, bytes, rev, Value::Unclaimed)?
+            }
+            Key::StoreIdentity {} => {
+                put_single(&mut self.store_identity, bytes, rev, Value::StoreIdentity)?
+            }
             Key::DesiredGeneration {} => put_single(
                 &mut self.desired_generation,
                 bytes,
@@ -522,6 +533,10 @@ impl View {
             }
             Key::HeldPorts { node } => remove(&mut self.held_ports, node, rev, Value::HeldPorts),
             Key::Usage { node } => remove(&mut self.usage, node, rev, Value::Usage),
+            Key::Unclaimed { node } => remove(&mut self.unclaimed, node, rev, Value::Unclaimed),
+            Key::StoreIdentity {} => {
+                remove_single(&mut self.store_identity, rev, Value::StoreIdentity)
+            }
             Key::DesiredGeneration {} => {
                 remove_single(&mut self.desired_generation, rev, Value::DesiredGeneration)
             }
@@ -731,6 +746,8 @@ impl View {
             Key::GateActivity { node } => at(&self.gate_activity, node),
             Key::HeldPorts { node } => at(&self.held_ports, node),
             Key::Usage { node } => at(&self.usage, node),
+            Key::Unclaimed { node } => at(&self.unclaimed, node),
+            Key::StoreIdentity {} => self.store_identity.as_ref().map(|v| v.mod_revision),
             Key::DesiredGeneration {} => self.desired_generation.as_ref().map(|v| v.mod_revision),
             Key::ApplyChunk { apply, chunk } => at2(&self.staged, apply, chunk),
             Key::ApplyCommit {} => self.applying.as_ref().map(|held| held.mod_revision),

@@ -22,6 +22,7 @@ use crate::cluster::{
 };
 use crate::net::{NodeSubnet, ServiceVip};
 use crate::ownership::Owner;
+use crate::recovery::{StoreIdentity, Unclaimed};
 use crate::rollout::{Rollout, RolloutControl};
 use crate::scale::{GateActivity, ScaleState};
 use crate::spec::{
@@ -238,6 +239,10 @@ fact_kinds! {
     /// Host ports something outside the cluster holds on a node.
     HeldPorts { node } = "observed/held-ports/{}",
         HeldPorts, Owner::Agent, applied: false;
+    /// Instances a node runs that the store does not place there, offered
+    /// for adoption after the node resynced with another store.
+    Unclaimed { node } = "observed/unclaimed/{}",
+        Unclaimed, Owner::Agent, applied: false;
     /// What a node and its running instances used over the last period.
     Usage { node } = "observed/usage/{}",
         NodeUsage, Owner::Agent, applied: false;
@@ -269,6 +274,10 @@ fact_kinds! {
     /// The leader lease; its mod revision is the fencing token.
     Leader {} = "meta/leader",
         LeaderRecord, Owner::Server, applied: false;
+    /// The store's identity: made with it, kept by backups, replaced by a
+    /// restore.
+    StoreIdentity {} = "meta/store",
+        StoreIdentity, Owner::Server, applied: false;
     /// Bumped by every write of program-managed facts: an apply too large
     /// for one transaction guards its commit on this one key.
     DesiredGeneration {} = "meta/desired-generation",

@@ -399,6 +399,17 @@ pub fn leader() -> String {
     Key::Leader {}.to_string()
 }
 
+pub fn store_identity() -> String {
+    Key::StoreIdentity {}.to_string()
+}
+
+pub fn observed_unclaimed(node: &str) -> String {
+    Key::Unclaimed {
+        node: node.to_owned(),
+    }
+    .to_string()
+}
+
 /// The smallest key greater than every key starting with `prefix`, or
 /// `None` when no such key exists (empty prefix, or all bytes 0xff). Used to
 /// turn a prefix into a half-open key range.

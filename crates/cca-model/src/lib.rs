@@ -12,6 +12,7 @@ pub mod facts;
 pub mod keys;
 pub mod net;
 pub mod ownership;
+pub mod recovery;
 pub mod rollout;
 pub mod scale;
 pub mod spec;

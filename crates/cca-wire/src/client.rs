@@ -456,10 +456,12 @@ impl Client {
     pub async fn assignments(
         &self,
         node: &str,
-        from: Revision,
+        resume: &Resume,
     ) -> ClientResult<LineStream<AssignmentLine>> {
         let path = format!("/v1/agent/nodes/{}/assignments", segment(node));
-        let request = self.request(Method::GET, &path).query(&[("from", from)]);
+        let request = self
+            .request(Method::GET, &path)
+            .query(&resume_query(resume));
         self.stream(request).await
     }
 
@@ -469,10 +471,12 @@ impl Client {
     pub async fn network(
         &self,
         node: &str,
-        from: Revision,
+        resume: &Resume,
     ) -> ClientResult<LineStream<NetworkLine>> {
         let path = format!("/v1/agent/nodes/{}/network", segment(node));
-        let request = self.request(Method::GET, &path).query(&[("from", from)]);
+        let request = self
+            .request(Method::GET, &path)
+            .query(&resume_query(resume));
         self.stream(request).await
     }
 
@@ -508,6 +512,18 @@ impl Client {
     ) -> ClientResult<HeldPortsReply> {
         let path = format!("/v1/agent/nodes/{}/held-ports", segment(node));
         self.json(self.request(Method::PUT, &path).json(held)).await
+    }
+
+    /// Reports the instances `node` runs that the store does not place
+    /// there, replacing the last report (none: clears it).
+    pub async fn report_unclaimed(
+        &self,
+        node: &str,
+        report: &cca_model::recovery::Unclaimed,
+    ) -> ClientResult<UnclaimedReply> {
+        let path = format!("/v1/agent/nodes/{}/unclaimed", segment(node));
+        self.json(self.request(Method::PUT, &path).json(report))
+            .await
     }
 
     /// Every node's last reported usage (`cca top nodes`).
@@ -940,6 +956,15 @@ fn text_line(line: &[u8]) -> String {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     String::from_utf8_lossy(line).into_owned()
+}
+
+/// The query of a stream request: `from` and, when resuming, `epoch`.
+fn resume_query(resume: &Resume) -> Vec<(&'static str, String)> {
+    let mut query = vec![("from", resume.from.to_string())];
+    if resume.from > 0 {
+        query.push(("epoch", resume.epoch.clone()));
+    }
+    query
 }
 
 #[cfg(test)]

@@ -490,6 +490,9 @@ pub enum AssignmentLine {
     Snapshot {
         revision: Revision,
         assignments: Vec<Assignment>,
+        /// Which store and which stream history the revisions belong to.
+        #[serde(default)]
+        origin: StreamOrigin,
     },
     /// An instance was placed on the node or its placement changed.
     Put {
@@ -502,6 +505,38 @@ pub enum AssignmentLine {
     Compacted { compact_revision: Revision },
 }
 
+/// Where a stream's revisions come from, named by its snapshot. A client
+/// resumes only with the `epoch` it was given (the server answers a
+/// snapshot to any other), and a `store` other than the one it followed
+/// means its cached state belongs to another store: it resyncs from scratch.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamOrigin {
+    /// The store's identity (`meta/store`); empty from a server that had
+    /// none.
+    #[serde(default)]
+    pub store: String,
+    /// The server's index that numbered the lines: a resume point is only
+    /// good with the same index, which watched every revision in between.
+    #[serde(default)]
+    pub epoch: String,
+}
+
+/// Where a stream that ended picks up: the revision to replay from and the
+/// epoch of the snapshot it was counted from. [`Resume::SNAPSHOT`] asks for a
+/// snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resume {
+    pub from: Revision,
+    pub epoch: String,
+}
+
+impl Resume {
+    pub const SNAPSHOT: Resume = Resume {
+        from: 0,
+        epoch: String::new(),
+    };
+}
+
 /// One line of the network stream every node follows
 /// (`GET /v1/agent/nodes/{node}/network`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -511,6 +546,9 @@ pub enum NetworkLine {
     Snapshot {
         revision: Revision,
         changes: Vec<NetworkChange>,
+        /// Which store and which stream history the revisions belong to.
+        #[serde(default)]
+        origin: StreamOrigin,
     },
     /// What one revision changed.
     Changes {
@@ -557,6 +595,16 @@ pub struct RefusedReport {
 pub struct HeldPortsReply {
     /// The revision that recorded it; `None` when it changed nothing.
     pub revision: Option<Revision>,
+}
+
+/// Answer of `PUT /v1/agent/nodes/{node}/unclaimed`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnclaimedReply {
+    /// The revision that recorded it; `None` when it changed nothing.
+    pub revision: Option<Revision>,
+    /// The reported instances' services that the store knows.
+    #[serde(default)]
+    pub known_services: std::collections::BTreeSet<String>,
 }
 
 /// Answer of an observed-state report or delete.

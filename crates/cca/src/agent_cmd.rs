@@ -70,6 +70,15 @@ pub(crate) struct AgentArgs {
     /// First restart delay after a crash; doubles per crash, up to 30 s.
     #[arg(long, default_value = "1s", value_name = "DURATION", value_parser = crate::flags::duration)]
     restart_backoff: Duration,
+    /// After a resync with another store (a new, restored or rewound one),
+    /// how long an instance the store does not place here keeps running
+    /// once the store knows its service, for the scheduler to adopt it.
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::flags::duration)]
+    claim_grace: Duration,
+    /// …and how long while the store does not know its service (the
+    /// desired state is yet to be applied again).
+    #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = crate::flags::duration)]
+    adopt_window: Duration,
     /// A registry (`HOST:PORT`, as written in image references) reached
     /// over plain HTTP instead of HTTPS; may repeat. Others: HTTPS only.
     #[arg(long = "insecure-registry", value_name = "HOST:PORT")]
@@ -159,6 +168,8 @@ impl AgentArgs {
             listen: None,
             restart_threshold: 5,
             restart_backoff: Duration::from_secs(1),
+            claim_grace: Duration::from_secs(30),
+            adopt_window: Duration::from_secs(600),
             insecure_registries: Vec::new(),
             registry_config: None,
             oci_runtime: None,
@@ -376,6 +387,8 @@ pub(crate) fn agent_config(args: &AgentArgs, data_dir: &Path) -> Result<AgentCon
         supervisor: SupervisorConfig {
             restart_threshold: args.restart_threshold.max(1),
             backoff_base: args.restart_backoff,
+            claim_grace: args.claim_grace,
+            adopt_window: args.adopt_window,
             ..SupervisorConfig::default()
         },
         tick: Duration::from_millis(500),

@@ -312,6 +312,7 @@ pub(crate) fn desired(assignments: Vec<Assignment>) -> Desired {
             .into_iter()
             .map(|a| (a.instance.id.clone(), a))
             .collect(),
+        ..Desired::default()
     }
 }
 

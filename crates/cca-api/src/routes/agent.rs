@@ -11,6 +11,7 @@ use axum::response::Response;
 use cca_control::View;
 use cca_model::cluster::{Heartbeat, HeldPorts, Instance, InstanceState, InstanceStatus, NodeInfo};
 use cca_model::keys;
+use cca_model::recovery::Unclaimed;
 use cca_model::usage::NodeUsage;
 use cca_store::{Compare, CompareOp, Op, Revision, StoreError, Txn, TxnOutcome};
 use serde::Deserialize;
@@ -22,7 +23,7 @@ use crate::state::{ApiState, encode, now_millis};
 use crate::types::{
     AssignmentLine, HeartbeatReply, HeartbeatRequest, HeldPortsReply, MAX_REPORT_BATCH,
     NetworkLine, RefusedReport, RegisterReply, RegisterRequest, ReportBatch, ReportBatchReply,
-    WriteReply,
+    Resume, UnclaimedReply, WriteReply,
 };
 use crate::validate::check_name;
 
@@ -143,6 +144,19 @@ pub(crate) struct AssignmentQuery {
     /// from `from` on, without a snapshot). Absent or 0: snapshot first.
     #[serde(default)]
     from: Revision,
+    /// The epoch of the snapshot `from` was counted from: a resume point
+    /// of another epoch gets a snapshot (see `hub::start_of`).
+    #[serde(default)]
+    epoch: String,
+}
+
+impl AssignmentQuery {
+    fn resume(self) -> Resume {
+        Resume {
+            from: self.from.max(0),
+            epoch: self.epoch,
+        }
+    }
 }
 
 /// Streams the instances placed on `node`: a snapshot (unless resuming),
@@ -158,7 +172,7 @@ pub(crate) async fn assignments(
     let permit = state.stream_permit()?;
     let subscription = state
         .assignment_hub()
-        .subscribe(&state, &node, query.from.max(0))
+        .subscribe(&state, &node, &query.resume())
         .await?;
     Ok(ndjson(&state, permit, move |lines| async move {
         relay(lines, subscription, |compact_revision| {
@@ -181,7 +195,7 @@ pub(crate) async fn network(
     let permit = state.stream_permit()?;
     let subscription = state
         .network_feed()
-        .subscribe(&state, query.from.max(0))
+        .subscribe(&state, &query.resume())
         .await;
     Ok(ndjson(&state, permit, move |lines| async move {
         relay(lines, subscription, |compact_revision| {
@@ -594,32 +608,91 @@ pub(crate) async fn held_ports(
     }
     known_node(&state, &node).await?;
     let key = keys::observed_held_ports(&node);
-    let current = state.store().get(&key).await?;
+    let revision =
+        replace_node_fact(&state, &key, &held, held.ports.is_empty(), "held ports").await?;
+    Ok(Json(HeldPortsReply { revision }))
+}
+
+/// The most instances one unclaimed report may carry.
+const MAX_UNCLAIMED: usize = 10_000;
+
+/// `PUT /v1/agent/nodes/{node}/unclaimed`: the instances the node runs
+/// that this store does not place there (it resynced with a new, restored
+/// or rewound store), replacing what was there
+/// (`observed/unclaimed/{node}`; none deletes it). The scheduler adopts
+/// the ones that match what it would place. The reply names the reported
+/// services the store knows: the agent stops an instance a grace period
+/// after its service is known unless it was adopted.
+pub(crate) async fn unclaimed(
+    State(state): State<ApiState>,
+    Path(node): Path<String>,
+    JsonBody(report): JsonBody<Unclaimed>,
+) -> ApiResult<Json<UnclaimedReply>> {
+    check_name("node", &node)?;
+    if report.instances.len() > MAX_UNCLAIMED {
+        return Err(ApiError::invalid(format!(
+            "an unclaimed report carries at most {MAX_UNCLAIMED} instances, this one {}",
+            report.instances.len()
+        )));
+    }
+    for instance in &report.instances {
+        check_name("instance", &instance.id)?;
+        check_name("service", &instance.service)?;
+    }
+    known_node(&state, &node).await?;
+    let key = keys::observed_unclaimed(&node);
+    let empty = report.instances.is_empty();
+    let revision = replace_node_fact(&state, &key, &report, empty, "unclaimed instances").await?;
+    let view = state.cache().view();
+    let known_services = report
+        .instances
+        .iter()
+        .filter(|instance| view.services.contains_key(&instance.service))
+        .map(|instance| instance.service.clone())
+        .collect();
+    Ok(Json(UnclaimedReply {
+        revision,
+        known_services,
+    }))
+}
+
+/// Replaces the node-reported fact at `key` with `value` (`empty`: deletes
+/// it), guarded on what was read; the revision that recorded it, or `None`
+/// when it changed nothing. `what` names it in a conflict.
+async fn replace_node_fact<T>(
+    state: &ApiState,
+    key: &str,
+    value: &T,
+    empty: bool,
+    what: &str,
+) -> ApiResult<Option<Revision>>
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + PartialEq,
+{
+    let current = state.store().get(key).await?;
     let stored = current
         .as_ref()
-        .and_then(|kv| serde_json::from_slice::<HeldPorts>(&kv.value).ok());
+        .and_then(|kv| serde_json::from_slice::<T>(&kv.value).ok());
     let unchanged = match &stored {
-        Some(stored) => *stored == held,
-        None => held.ports.is_empty() && current.is_none(),
+        Some(stored) => stored == value,
+        None => empty && current.is_none(),
     };
     if unchanged {
-        return Ok(Json(HeldPortsReply { revision: None }));
+        return Ok(None);
     }
     let compare = match &current {
-        Some(kv) => Compare::mod_revision(&key, CompareOp::Equal, kv.mod_revision),
-        None => Compare::absent(&key),
+        Some(kv) => Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision),
+        None => Compare::absent(key),
     };
-    let op = if held.ports.is_empty() {
-        Op::delete(&key)
+    let op = if empty {
+        Op::delete(key)
     } else {
-        Op::put(&key, encode(&held))
+        Op::put(key, encode(value))
     };
     match state.store().txn(Txn::new().when(compare).then(op)).await? {
-        TxnOutcome::Committed { revision } => Ok(Json(HeldPortsReply {
-            revision: Some(revision),
-        })),
+        TxnOutcome::Committed { revision } => Ok(Some(revision)),
         TxnOutcome::CompareFailed { .. } => Err(ApiError::conflict(format!(
-            "the held ports of node `{node}` changed while reporting; report again"
+            "the {what} recorded at `{key}` changed while reporting; report again"
         ))),
     }
 }

@@ -147,6 +147,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         ("/v1/agent/nodes/{node}/network", get(agent::network)),
         ("/v1/agent/nodes/{node}/reports", post(agent::report_batch)),
         ("/v1/agent/nodes/{node}/held-ports", put(agent::held_ports)),
+        ("/v1/agent/nodes/{node}/unclaimed", put(agent::unclaimed)),
         ("/v1/agent/nodes/{node}/usage", put(agent::usage)),
         (
             "/v1/agent/nodes/{node}/instances/{id}",

@@ -63,6 +63,9 @@ async fn harness_over(
             .await
             .expect("store opens"),
     ));
+    cca_api::identity::ensure_store_identity(&store)
+        .await
+        .expect("the store gets its identity");
     let cache = Arc::new(
         Cache::start(Arc::clone(&store))
             .await
@@ -101,13 +104,19 @@ impl Harness {
     }
 
     /// Every key in the store, to prove a failed request wrote nothing.
+    /// Every key in the store but its identity, which every store has.
     pub(crate) async fn keys(&self) -> Vec<String> {
         let page = self
             .store
             .range(RangeRequest::prefix(""))
             .await
             .expect("range");
-        page.kvs.into_iter().map(|kv| kv.key).collect()
+        let identity = cca_model::keys::store_identity();
+        page.kvs
+            .into_iter()
+            .map(|kv| kv.key)
+            .filter(|key| *key != identity)
+            .collect()
     }
 
     pub(crate) async fn revision(&self) -> i64 {

@@ -325,6 +325,19 @@ impl<'v> Cluster<'v> {
             .filter(|port| slot.port_free(*port))
             .take(port_count)
             .collect();
+        self.reserve_ports(id, service, amount, &ports);
+        ports
+    }
+
+    /// Reserves `amount` and exactly `ports` for an instance of `service`
+    /// on node `id` (one it adopts, which holds them already).
+    pub(crate) fn reserve_ports(
+        &mut self,
+        id: u32,
+        service: &'v str,
+        amount: Amount,
+        ports: &[u16],
+    ) {
         self.add(id, service, amount, ports.iter().copied());
         *self
             .staying
@@ -333,7 +346,6 @@ impl<'v> Cluster<'v> {
             .entry(id)
             .or_default() += 1;
         self.refresh(id);
-        ports
     }
 
     /// Changes `instance`'s reservation to `amount` when its node has

@@ -13,8 +13,11 @@
 //!    A service asleep (`scale_to_zero`, `derived/scale`) has zero
 //!    replicas instead ([`service::sleep`]): its instances stop, and
 //!    `replicas` of its current spec come back when it wakes.
-//! 3. Creates are placed service by service ([`scoring`], [`feasibility`],
-//!    the incremental [`index`]); what cannot be placed becomes an
+//! 3. Creates are placed service by service: an instance a node already
+//!    runs without a placement (after a resync with another store) is
+//!    adopted where it runs when it matches ([`adopt`]), the rest go where
+//!    [`scoring`], [`feasibility`] and the incremental [`index`] say; what
+//!    cannot be placed becomes an
 //!    unplaced-demand fact naming the reason, the constraint and the
 //!    nearest node.
 //! 4. A quiet pass rebalances ([`rebalance`]); any pass that pushes a node
@@ -23,6 +26,7 @@
 //! Only differences from the view are written, so a converged cluster
 //! yields an empty plan.
 
+mod adopt;
 mod cluster;
 mod feasibility;
 mod ids;
@@ -129,6 +133,7 @@ impl Controller for SchedulerController {
             Kind::RolloutControl,
             Kind::Autoscale,
             Kind::Vertical,
+            Kind::Unclaimed,
         ]
     }
 

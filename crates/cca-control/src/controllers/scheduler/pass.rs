@@ -8,9 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use cca_model::cluster::{Instance, Millis, Unplaced};
 use cca_model::keys;
+use cca_model::recovery::UnclaimedInstance;
 use cca_model::spec::{Cpu, Memory, Resources, ServiceSpec};
 
 use super::SchedulerConfig;
+use super::adopt::Claims;
 use super::cluster::{Amount, Cluster};
 use super::feasibility::diagnose;
 use super::ids::IdMinter;
@@ -68,6 +70,7 @@ pub(crate) struct Pass<'v> {
     pub(crate) events: Vec<EventDraft>,
     requeue_at: Option<Millis>,
     minter: IdMinter,
+    claims: Claims<'v>,
     /// Instance records put or deleted so far.
     pub(crate) instance_writes: usize,
 }
@@ -90,6 +93,7 @@ impl<'v> Pass<'v> {
             events: Vec::new(),
             requeue_at: None,
             minter: IdMinter::new(view.revision, config.max_creates),
+            claims: Claims::of(view),
             instance_writes: 0,
         }
     }
@@ -176,6 +180,13 @@ impl<'v> Pass<'v> {
         create: Create,
     ) -> Placement {
         let service = placer.service;
+        if let Some((node, adopted)) =
+            self.claims
+                .take(self.view, &self.cluster, placer, spec_hash, create.ordinal)
+        {
+            self.adopt(placer, spec_hash, node, adopted, create);
+            return Placement::Placed;
+        }
         if create.ordinal.is_none() && self.minter.exhausted() {
             // The cycle's ids are used up (65,536 placements): the rest
             // is not unplaceable, it goes in the next pass.
@@ -229,6 +240,47 @@ impl<'v> Pass<'v> {
         self.write(Write::put_json(key, &instance));
         self.instance_writes += 1;
         Placement::Placed
+    }
+
+    /// Places `adopted` where it runs, with its id and host ports.
+    fn adopt(
+        &mut self,
+        placer: &mut Placer<'v>,
+        spec_hash: &str,
+        node: u32,
+        adopted: &UnclaimedInstance,
+        create: Create,
+    ) {
+        let service = placer.service;
+        let amount = placer.demand.amount;
+        let ports: Vec<u16> = adopted.host_ports.values().copied().collect();
+        self.cluster.reserve_ports(node, service, amount, &ports);
+        placer.placed(&self.cluster, node);
+        let instance = Instance {
+            id: adopted.id.clone(),
+            service: service.to_owned(),
+            node: self.cluster.node(node).info.name.clone(),
+            ordinal: adopted.ordinal,
+            spec_hash: spec_hash.to_owned(),
+            cpu: Cpu(amount.cpu),
+            memory: Memory(amount.memory),
+            host_ports: adopted.host_ports.clone(),
+            created_at: self.now(),
+            stopping: false,
+            replaces: create.replaces,
+            failures: create.failures,
+            resized: placer.resized.clone(),
+        };
+        self.events.push(EventDraft::info(
+            format!("instance/{}", instance.id),
+            format!(
+                "adopted: it already runs on node {} at this version",
+                instance.node
+            ),
+        ));
+        let key = keys::derived_instance(service, &instance.id);
+        self.write(Write::put_json(key, &instance));
+        self.instance_writes += 1;
     }
 
     /// Writes, keeps or deletes the service's unplaced-demand fact so it

@@ -183,7 +183,8 @@ impl<'s> Placer<'s> {
         }
     }
 
-    fn fits(&self, cluster: &Cluster<'_>, id: u32, request: Request) -> bool {
+    /// Whether node `id` can take an instance now.
+    pub(crate) fn fits(&self, cluster: &Cluster<'_>, id: u32, request: Request) -> bool {
         let slot = cluster.node(id);
         request.avoid != Some(id)
             && self.is_eligible(id)

@@ -14,6 +14,7 @@ use cca_model::cluster::{
 };
 use cca_model::keys;
 use cca_model::ownership::{Owner, check_write};
+use cca_model::recovery::{Unclaimed, UnclaimedInstance};
 use cca_model::spec::{Cpu, DisruptionBudget, Memory, ServiceSpec};
 use proptest::prelude::*;
 
@@ -1348,4 +1349,83 @@ fn a_sleep_fact_without_scale_to_zero_changes_nothing() {
         .put(&keys::derived_scale("web"), &scale_state(true))
         .build();
     assert_eq!(puts(&schedule(&view, NOW)).len(), 2);
+}
+
+/// `instance` as the node reports it unclaimed, running `spec`.
+fn unclaimed_of(id: &str, spec: &ServiceSpec, port: u16) -> UnclaimedInstance {
+    UnclaimedInstance {
+        id: id.into(),
+        service: spec.name.clone(),
+        ordinal: None,
+        spec_hash: spec_hash(spec),
+        cpu: spec.resources.cpu.unwrap_or(Cpu(0)),
+        memory: spec.resources.memory.unwrap_or(Memory(0)),
+        host_ports: BTreeMap::from([("http".to_owned(), port)]),
+    }
+}
+
+/// After a resync with another store, instances a node still runs are
+/// placed where they run, with their ids and ports, when they match the
+/// version the scheduler would place; the rest of the replicas are new.
+#[test]
+fn unclaimed_instances_of_the_current_version_are_adopted_where_they_run() {
+    let first = *SchedulerConfig::default().host_ports.start();
+    let web = service("web", 3);
+    let mut old = service("web", 3);
+    old.env.insert("VERSION".into(), "older".into());
+    let reported = Unclaimed {
+        instances: vec![
+            unclaimed_of("web-old1", &web, first + 7),
+            unclaimed_of("web-old2", &old, first + 8),
+        ],
+    };
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .node("n2", 4000, 4096)
+        .service(web)
+        .put(&keys::observed_unclaimed("n2"), &reported)
+        .build();
+    let plan = schedule(&view, NOW);
+    let placed = puts(&plan);
+    assert_eq!(placed.len(), 3, "{placed:?}");
+    let adopted: Vec<&Instance> = placed.iter().filter(|i| i.id == "web-old1").collect();
+    assert_eq!(adopted.len(), 1, "the matching one is adopted: {placed:?}");
+    assert_eq!(adopted[0].node, "n2");
+    assert_eq!(adopted[0].host_ports["http"], first + 7);
+    assert!(
+        placed.iter().all(|i| i.id != "web-old2"),
+        "another version is not adopted: {placed:?}"
+    );
+    assert!(
+        plan.events
+            .iter()
+            .any(|event| event.message.contains("adopted")),
+        "{:?}",
+        plan.events
+    );
+    // Adopted once: the next pass over the result changes nothing.
+    let view = agents(ViewBuilder::from(view).apply(&plan), NOW).build();
+    assert!(puts(&schedule(&view, NOW)).is_empty());
+}
+
+/// An unclaimed instance on a node that cannot take it (draining) is not
+/// adopted: the replica goes elsewhere.
+#[test]
+fn unclaimed_instances_on_a_node_that_cannot_take_them_are_not_adopted() {
+    let first = *SchedulerConfig::default().host_ports.start();
+    let web = service("web", 1);
+    let reported = Unclaimed {
+        instances: vec![unclaimed_of("web-old1", &web, first)],
+    };
+    let view = ViewBuilder::new()
+        .node("n1", 4000, 4096)
+        .node("n2", 4000, 4096)
+        .draining("n2")
+        .service(web)
+        .put(&keys::observed_unclaimed("n2"), &reported)
+        .build();
+    let placed = puts(&schedule(&view, NOW));
+    assert_eq!(placed.len(), 1);
+    assert_eq!(placed[0].node, "n1");
+    assert_ne!(placed[0].id, "web-old1");
 }
