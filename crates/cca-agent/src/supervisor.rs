@@ -283,11 +283,14 @@ impl Supervisor {
         }
     }
 
-    /// The server knows `services` (its answer to the unclaimed report):
-    /// their unclaimed instances wait only [`SupervisorConfig::claim_grace`]
-    /// more for adoption.
+    /// The server knows `services` of those of the unclaimed instances
+    /// (its answer to their report, which replaces the last one): their
+    /// instances wait only [`SupervisorConfig::claim_grace`] more for
+    /// adoption, counted from the first answer that named the service.
     pub fn services_known(&mut self, services: &std::collections::BTreeSet<String>) {
         let now = now_millis();
+        self.known_services
+            .retain(|service, _| services.contains(service));
         for service in services {
             self.known_services.entry(service.clone()).or_insert(now);
         }

@@ -70,6 +70,18 @@ pub(crate) enum Start {
     Replay,
 }
 
+impl Start {
+    /// The first revision a stream started this way takes live lines of:
+    /// after a snapshot every line (the resume point, from another
+    /// history, says nothing), else the resume point's.
+    pub(crate) fn live_from(&self, resume: &Resume) -> Revision {
+        match self {
+            Start::Snapshot => 0,
+            Start::Compacted | Start::Replay => resume.from,
+        }
+    }
+}
+
 /// Decides [`Start`]. A resume point counts only in the epoch that handed
 /// it out: only that index saw every revision since, and a revision number
 /// of another store, or of this store before it was rewound, would replay
@@ -175,7 +187,7 @@ impl AssignmentHub {
             .entry(node.to_owned())
             .or_default()
             .push(Subscriber {
-                from: resume.from,
+                from: start.live_from(resume),
                 sender,
             });
         Ok(Subscription::Live { first, live })

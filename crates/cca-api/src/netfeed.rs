@@ -111,7 +111,7 @@ impl NetworkFeed {
         };
         let (sender, live) = mpsc::channel(SUBSCRIBER_BUFFER);
         state.subscribers.push(Subscriber {
-            from: resume.from,
+            from: start.live_from(resume),
             sender,
         });
         Subscription::Live { first, live }

@@ -429,6 +429,15 @@ pub(crate) fn status(view: &View) -> ClusterStatus {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
         disruption: view.disruption.as_ref().map(|held| (*held.value).clone()),
+        store: view
+            .store_identity
+            .as_ref()
+            .map(|held| (*held.value).clone()),
+        unclaimed: view
+            .unclaimed
+            .values()
+            .map(|reported| reported.value.instances.len())
+            .sum(),
     }
 }
 

@@ -253,7 +253,7 @@ async fn agent_registers_heartbeats_follows_assignments_and_reports() {
     // The same revision in another epoch (another server, another store)
     // means nothing here: a snapshot.
     let foreign = Resume {
-        from: revision + 1,
+        from: 1_000_000,
         epoch: "another".into(),
     };
     let mut elsewhere = client.assignments("n1", &foreign).await.expect("stream");
@@ -275,6 +275,13 @@ async fn agent_registers_heartbeats_follows_assignments_and_reports() {
     assert!(
         matches!(&first, AssignmentLine::Put { revision, .. } if *revision == both),
         "{first:?}"
+    );
+    // The stream that started with a snapshot for a foreign resume point
+    // gets every later line, whatever revision that point named.
+    let later = next(&mut elsewhere).await;
+    assert!(
+        matches!(&later, AssignmentLine::Put { revision, .. } if *revision == both),
+        "{later:?}"
     );
     drop(stream);
     let mut resumed = client

@@ -316,6 +316,10 @@ pub struct NodeDetail {
     /// The node's last usage report (the whole node); `None` before one.
     #[serde(default)]
     pub usage: Option<ReportedUsage>,
+    /// Instances the node runs that the store does not place there (it
+    /// resynced with another store), awaiting adoption.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unclaimed: Vec<cca_model::recovery::UnclaimedInstance>,
 }
 
 /// `status`: the cluster at a glance.
@@ -332,6 +336,13 @@ pub struct ClusterStatus {
     /// Whether lost-node replacement is paused (absent: it never was).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disruption: Option<Disruption>,
+    /// The store's identity (absent from a server that made none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<cca_model::recovery::StoreIdentity>,
+    /// Instances nodes run that the store does not place (after a resync
+    /// with another store), awaiting adoption.
+    #[serde(default)]
+    pub unclaimed: usize,
 }
 
 /// Reply of `POST /v1/cluster/resume-replacement`: the pause that ends.

@@ -229,6 +229,11 @@ pub(crate) async fn node(
         heartbeat: view.heartbeats.get(&name).map(|h| (*h.value).clone()),
         instances: read::instances(&view, &filter),
         drain_held_by: read::drain_held_by(&view, &name),
+        unclaimed: view
+            .unclaimed
+            .get(&name)
+            .map(|reported| reported.value.instances.clone())
+            .unwrap_or_default(),
         usage: read::node_usage(&view, &name),
     }))
 }

@@ -449,6 +449,16 @@ fn node(detail: &NodeDetail) {
             ),
         );
     }
+    if !detail.unclaimed.is_empty() {
+        let ids: Vec<&str> = detail.unclaimed.iter().map(|i| i.id.as_str()).collect();
+        field(
+            "Unclaimed",
+            &format!(
+                "{} (running here, not placed by this store; awaiting adoption)",
+                ids.join(", ")
+            ),
+        );
+    }
     output::line("");
     output::line("Instances:");
     if detail.instances.is_empty() {
@@ -500,7 +510,24 @@ fn print_status(status: &ClusterStatus) {
         .map(|(s, n)| format!("{n} {s}"))
         .collect();
     field("Instances", &or_dash(Some(states.join(", "))));
+    if status.unclaimed > 0 {
+        field(
+            "Unclaimed",
+            &format!(
+                "{} instance(s) run on nodes without a placement in this store, awaiting adoption",
+                status.unclaimed
+            ),
+        );
+    }
     field("Revision", &status.revision.to_string());
+    if let Some(store) = &status.store {
+        let restored = store
+            .restored_from
+            .as_ref()
+            .map(|from| format!(" (restored from {from})"))
+            .unwrap_or_default();
+        field("Store", &format!("{}{restored}", store.id));
+    }
     if !status.unplaced.is_empty() {
         output::line("");
         output::line("Unplaced demand:");

@@ -5,6 +5,7 @@
 
 #![allow(dead_code, reason = "each test file uses a different part")]
 
+pub(crate) mod cluster;
 pub(crate) mod dev;
 
 use std::ffi::OsStr;
