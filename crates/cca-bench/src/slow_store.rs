@@ -209,6 +209,11 @@ mod tests {
             Ok(1)
         }
 
+        async fn snapshot(&self, _page: usize) -> Result<cca_store::Snapshot> {
+            self.other();
+            Err(StoreError::Closed)
+        }
+
         fn max_txn_ops(&self) -> usize {
             128
         }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::{
-    KeyValue, LeaseId, RangePage, RangeRequest, Result, Revision, Store, Txn, TxnOutcome,
+    KeyValue, LeaseId, RangePage, RangeRequest, Result, Revision, Snapshot, Store, Txn, TxnOutcome,
     WatchStream,
 };
 
@@ -41,6 +41,7 @@ pub enum Call<'a> {
         revision: Revision,
     },
     CurrentRevision,
+    Snapshot,
 }
 
 impl Call<'_> {
@@ -143,6 +144,11 @@ impl<H: Hook> Store for Decorated<H> {
     async fn current_revision(&self) -> Result<Revision> {
         self.hook.before(Call::CurrentRevision).await?;
         self.inner.current_revision().await
+    }
+
+    async fn snapshot(&self, page: usize) -> Result<Snapshot> {
+        self.hook.before(Call::Snapshot).await?;
+        self.inner.snapshot(page).await
     }
 
     fn max_txn_ops(&self) -> usize {

@@ -3,7 +3,10 @@
 //! leases (etcd's model), and two backends — [`embedded`] (the default: an
 //! in-memory map made durable in one file) and [`etcd`] (for HA). Only this
 //! crate knows how facts are persisted; only its `etcd` module knows etcd.
+//! [`backup`] writes a store to one sealed file and restores it into any
+//! backend.
 
+pub mod backup;
 pub mod decorate;
 pub mod embedded;
 pub mod error;
@@ -55,6 +58,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// The store's current revision.
     async fn current_revision(&self) -> Result<Revision>;
+
+    /// Every key of the store at one revision, in key order, in pages of at
+    /// most `page` keys, while writes go on (a backup). The pages come
+    /// through the returned [`Snapshot`]; an error ends them.
+    async fn snapshot(&self, page: usize) -> Result<Snapshot>;
 
     /// Most ops (and most compares) one transaction may carry; callers that
     /// can split their work split it into transactions of this size.

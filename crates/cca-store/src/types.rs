@@ -303,3 +303,17 @@ pub enum WatchMessage {
     /// watch again from the range's revision + 1.
     Compacted { compact_revision: Revision },
 }
+
+/// A consistent read of the whole store ([`crate::Store::snapshot`]).
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Every key in `pages` is as of this revision.
+    pub revision: Revision,
+    /// How many keys the pages hold in all.
+    pub count: u64,
+    /// The keys in key order, a page at a time; an `Err` is the last item.
+    pub pages: tokio::sync::mpsc::Receiver<crate::Result<Vec<KeyValue>>>,
+}
+
+/// Pages a snapshot's reader buffers ahead of its consumer.
+pub const SNAPSHOT_PAGES_AHEAD: usize = 4;

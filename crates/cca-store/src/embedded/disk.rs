@@ -40,7 +40,9 @@ const PAGE_CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// The open data file.
 #[derive(Debug)]
 pub(super) struct DataFile {
-    db: Database,
+    /// Shared with snapshot readers: a redb read transaction sees one
+    /// committed state while the writer goes on.
+    db: Arc<Database>,
     path: PathBuf,
 }
 
@@ -57,7 +59,7 @@ impl DataFile {
             create(&path)?;
         }
         let file = Self {
-            db: open_database(&path)?,
+            db: Arc::new(open_database(&path)?),
             path,
         };
         let state = file.load()?;
@@ -66,6 +68,14 @@ impl DataFile {
 
     pub(super) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// A reader of consistent snapshots of this file.
+    pub(super) fn snapshots(&self) -> SnapshotReader {
+        SnapshotReader {
+            db: Arc::clone(&self.db),
+            path: self.path.clone(),
+        }
     }
 
     /// Makes a batch durable: one redb transaction, one fsync.
@@ -335,4 +345,160 @@ fn describe_open_error(err: redb::DatabaseError) -> String {
         }
         other => format!("cannot open it as a store: {other}"),
     }
+}
+
+/// Reads the whole key space as one redb read transaction sees it: the
+/// last committed batch, its revision with it, whatever the writer does
+/// meanwhile.
+#[derive(Clone, Debug)]
+pub(super) struct SnapshotReader {
+    db: Arc<Database>,
+    path: PathBuf,
+}
+
+impl SnapshotReader {
+    /// Sends the keys in pages of `page` into `pages` (blocking: run it on
+    /// a thread of its own); the revision and key count are sent first
+    /// through `started`.
+    pub(super) fn read(
+        &self,
+        page: usize,
+        started: tokio::sync::oneshot::Sender<Result<(i64, u64)>>,
+        pages: &tokio::sync::mpsc::Sender<Result<Vec<crate::KeyValue>>>,
+    ) {
+        let fail = |err: redb::Error| StoreError::DataFile {
+            path: self.path.clone(),
+            problem: format!("snapshot read failed: {err}"),
+        };
+        let opened = (|| -> std::result::Result<_, redb::Error> {
+            let txn = self.db.begin_read()?;
+            let meta = txn.open_table(META)?;
+            let revision = meta.get(META_REVISION)?.map(|value| value.value().to_vec());
+            let kvs = txn.open_table(KVS)?;
+            let count = redb::ReadableTableMetadata::len(&kvs)?;
+            Ok((revision, count, kvs))
+        })();
+        let (revision, count, kvs) = match opened {
+            Ok(opened) => opened,
+            Err(err) => {
+                let _ = started.send(Err(fail(err)));
+                return;
+            }
+        };
+        let revision = revision
+            .ok_or_else(|| "the revision is missing".to_owned())
+            .and_then(|bytes| {
+                codec::decode_i64(META_REVISION, &bytes).map_err(|DecodeError(problem)| problem)
+            });
+        match revision {
+            Ok(revision) => {
+                if started.send(Ok((revision, count))).is_err() {
+                    return;
+                }
+            }
+            Err(problem) => {
+                let _ = started.send(Err(StoreError::DataFile {
+                    path: self.path.clone(),
+                    problem,
+                }));
+                return;
+            }
+        }
+        let rows = match kvs.iter() {
+            Ok(rows) => rows,
+            Err(err) => {
+                let _ = pages.blocking_send(Err(fail(err.into())));
+                return;
+            }
+        };
+        let mut batch = Vec::with_capacity(page);
+        for row in rows {
+            let decoded = row
+                .map_err(|err| fail(err.into()))
+                .and_then(|(key, value)| {
+                    let key = key.value().to_owned();
+                    codec::decode_kv(&key, value.value()).map_err(|DecodeError(problem)| {
+                        StoreError::DataFile {
+                            path: self.path.clone(),
+                            problem: format!("key `{key}`: {problem}"),
+                        }
+                    })
+                });
+            match decoded {
+                Ok(kv) => batch.push(kv),
+                Err(error) => {
+                    let _ = pages.blocking_send(Err(error));
+                    return;
+                }
+            }
+            if batch.len() >= page
+                && pages
+                    .blocking_send(Ok(std::mem::replace(&mut batch, Vec::with_capacity(page))))
+                    .is_err()
+            {
+                return;
+            }
+        }
+        if !batch.is_empty() {
+            let _ = pages.blocking_send(Ok(batch));
+        }
+    }
+}
+
+/// Writes a new store file in `dir` holding exactly `kvs` at `revision`,
+/// with no history before it (compacted at `revision`) and no leases: a
+/// restore. Refuses a directory that already holds a store. One redb
+/// transaction, made under a temporary name and renamed into place.
+pub(super) fn seed(dir: &Path, revision: i64, kvs: &[crate::KeyValue]) -> Result<()> {
+    fs::create_dir_all(dir).map_err(|err| StoreError::DataFile {
+        path: dir.to_owned(),
+        problem: format!("cannot create the data directory: {err}"),
+    })?;
+    let path = dir.join(FILE_NAME);
+    if path.exists() {
+        return Err(StoreError::DataFile {
+            path,
+            problem: "a store is already here; restore into an empty directory".into(),
+        });
+    }
+    if let Some(bound) = kvs.iter().find(|kv| kv.lease.is_some()) {
+        return Err(StoreError::InvalidRequest(format!(
+            "key `{}` is bound to a lease, which a restored store does not have",
+            bound.key
+        )));
+    }
+    let temporary = path.with_extension("redb.tmp");
+    let fail = |problem: String| StoreError::DataFile {
+        path: path.clone(),
+        problem: format!("cannot write the restored store: {problem}"),
+    };
+    let _ = fs::remove_file(&temporary);
+    let db = Database::create(&temporary).map_err(|err| fail(err.to_string()))?;
+    let write = || -> std::result::Result<(), redb::Error> {
+        let txn = db.begin_write()?;
+        {
+            let mut meta = txn.open_table(META)?;
+            meta.insert(META_FORMAT, FORMAT)?;
+            meta.insert(META_REVISION, codec::encode_i64(revision).as_slice())?;
+            meta.insert(META_COMPACT, codec::encode_i64(revision).as_slice())?;
+            meta.insert(META_NEXT_LEASE, codec::encode_i64(1).as_slice())?;
+            let mut table = txn.open_table(KVS)?;
+            let mut record = Vec::new();
+            for kv in kvs {
+                record.clear();
+                codec::encode_kv(kv, &mut record);
+                table.insert(kv.key.as_str(), record.as_slice())?;
+            }
+            txn.open_table(LOG)?;
+            txn.open_table(LEASES)?;
+        }
+        txn.commit()?;
+        Ok(())
+    };
+    write().map_err(|err| fail(err.to_string()))?;
+    drop(db);
+    fs::rename(&temporary, &path).map_err(|err| fail(err.to_string()))?;
+    fs::File::open(dir)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|err| fail(err.to_string()))
 }

@@ -15,6 +15,7 @@ mod state;
 mod watchers;
 mod writer;
 
+use crate::{SNAPSHOT_PAGES_AHEAD, Snapshot};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self as std_mpsc, Sender};
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -113,6 +114,7 @@ pub struct EmbeddedStore {
     requests: Sender<Queued>,
     writer: Option<std::thread::JoinHandle<()>>,
     path: PathBuf,
+    snapshots: disk::SnapshotReader,
 }
 
 impl EmbeddedStore {
@@ -129,6 +131,7 @@ impl EmbeddedStore {
                 problem: format!("opening failed: {err}"),
             })??;
         let path = file.path().to_owned();
+        let snapshots = file.snapshots();
         let leases = LeaseClock::new(Instant::now());
         let now = Instant::now();
         for (id, lease) in &state.leases {
@@ -156,7 +159,15 @@ impl EmbeddedStore {
             requests,
             writer: Some(writer),
             path,
+            snapshots,
         })
+    }
+
+    /// Makes a new store in `dir` holding exactly `kvs` (none bound to a
+    /// lease) at `revision`, its history compacted there: a restore. Refuses
+    /// a directory that already holds a store. Blocking: one file write.
+    pub fn seed(dir: &Path, revision: Revision, kvs: &[KeyValue]) -> Result<()> {
+        disk::seed(dir, revision, kvs)
     }
 
     /// The data file's path.
@@ -231,6 +242,21 @@ impl Store for EmbeddedStore {
     async fn grant_lease(&self, ttl: Duration) -> Result<LeaseId> {
         let ttl = lease_ttl_secs(ttl)?;
         self.request(|reply| Request::Grant(ttl, reply)).await
+    }
+
+    async fn snapshot(&self, page: usize) -> Result<Snapshot> {
+        self.shared.check()?;
+        let (started, first) = tokio::sync::oneshot::channel();
+        let (sender, pages) = tokio::sync::mpsc::channel(SNAPSHOT_PAGES_AHEAD);
+        let reader = self.snapshots.clone();
+        let page = page.max(1);
+        tokio::task::spawn_blocking(move || reader.read(page, started, &sender));
+        let (revision, count) = first.await.map_err(|_| StoreError::Closed)??;
+        Ok(Snapshot {
+            revision,
+            count,
+            pages,
+        })
     }
 
     async fn keep_alive(&self, lease: LeaseId) -> Result<Duration> {

@@ -39,7 +39,10 @@ use std::time::Duration;
 use etcd_client::GetOptions;
 
 use crate::error::{Result, StoreError};
-use crate::types::{KeyValue, LeaseId, RangePage, RangeRequest, Revision, Txn, TxnOutcome};
+use crate::types::{
+    KeyValue, LeaseId, RangePage, RangeRequest, Revision, SNAPSHOT_PAGES_AHEAD, Snapshot, Txn,
+    TxnOutcome,
+};
 use crate::{Store, WatchStream, lease_ttl_secs, validate};
 use client::{Members, Resend};
 use errors::classify;
@@ -209,29 +212,76 @@ impl EtcdStore {
         end: Option<Vec<u8>>,
         limit: usize,
     ) -> Result<RangeRead> {
-        let mut options = GetOptions::new().with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
-        if let Some(end) = end {
-            options = options.with_range(end);
-        }
         let _slot = self.kv_slot().await?;
-        let response = self
-            .members
-            .call(what, Resend::Always, |member, _| {
-                let mut kv = member.kv.clone();
-                let (start, options) = (start.clone(), options.clone());
-                async move { kv.get(start, Some(options)).await.map_err(classify) }
-            })
-            .await?;
-        let kvs = response
-            .kvs()
-            .iter()
-            .map(|kv| self.ns.key_value(kv))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(RangeRead {
-            kvs,
-            revision: header_revision(response.header())?,
-            more: response.more(),
+        read_at(&self.members, &self.ns, what, (start, end), limit, None).await
+    }
+}
+
+/// Reads keys `[start, end)` (just `start` without an end), at most `limit`
+/// of them (0: all), in key order, as of revision `at` (`None`: now).
+async fn read_at(
+    members: &Members,
+    ns: &Namespace,
+    what: &str,
+    (start, end): (Vec<u8>, Option<Vec<u8>>),
+    limit: usize,
+    at: Option<Revision>,
+) -> Result<RangeRead> {
+    let mut options = GetOptions::new().with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+    if let Some(end) = end {
+        options = options.with_range(end);
+    }
+    if let Some(at) = at {
+        options = options.with_revision(at);
+    }
+    let response = members
+        .call(what, Resend::Always, |member, _| {
+            let mut kv = member.kv.clone();
+            let (start, options) = (start.clone(), options.clone());
+            async move { kv.get(start, Some(options)).await.map_err(classify) }
         })
+        .await?;
+    let kvs = response
+        .kvs()
+        .iter()
+        .map(|kv| ns.key_value(kv))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(RangeRead {
+        kvs,
+        revision: header_revision(response.header())?,
+        more: response.more(),
+        count: response.count(),
+    })
+}
+
+/// Sends every key of the namespace as of `revision` into `pages`, a page
+/// of `page` keys at a time, one read in flight.
+async fn snapshot_pages(
+    members: Arc<Members>,
+    ns: Namespace,
+    revision: Revision,
+    page: usize,
+    pages: tokio::sync::mpsc::Sender<Result<Vec<KeyValue>>>,
+) {
+    let (mut start, end) = ns.prefix_range("");
+    loop {
+        let range = (start.clone(), Some(end.clone()));
+        let read = read_at(&members, &ns, "snapshot", range, page, Some(revision)).await;
+        let read = match read {
+            Ok(read) => read,
+            Err(error) => {
+                let _ = pages.send(Err(error)).await;
+                return;
+            }
+        };
+        let next = read.kvs.last().map(|last| ns.key_after(&last.key));
+        if pages.send(Ok(read.kvs)).await.is_err() {
+            return;
+        }
+        match (read.more, next) {
+            (true, Some(next)) => start = next,
+            _ => return,
+        }
     }
 }
 
@@ -250,6 +300,8 @@ struct RangeRead {
     kvs: Vec<KeyValue>,
     revision: Revision,
     more: bool,
+    /// Keys in the whole range, not only this page.
+    count: i64,
 }
 
 fn header_revision(header: Option<&etcd_client::ResponseHeader>) -> Result<Revision> {
@@ -319,6 +371,38 @@ impl Store for EtcdStore {
 
     async fn current_revision(&self) -> Result<Revision> {
         self.current_revision_read().await
+    }
+
+    async fn snapshot(&self, page: usize) -> Result<Snapshot> {
+        // The first read fixes the revision and counts the keys; every page
+        // after it reads at that revision (a compaction past it meanwhile
+        // fails the snapshot, which is then taken again).
+        let (start, end) = self.ns.prefix_range("");
+        let first = {
+            let _slot = self.kv_slot().await?;
+            read_at(
+                &self.members,
+                &self.ns,
+                "snapshot",
+                (start, Some(end)),
+                1,
+                None,
+            )
+            .await?
+        };
+        let (sender, pages) = tokio::sync::mpsc::channel(SNAPSHOT_PAGES_AHEAD);
+        tokio::spawn(snapshot_pages(
+            Arc::clone(&self.members),
+            self.ns.clone(),
+            first.revision,
+            page.max(1),
+            sender,
+        ));
+        Ok(Snapshot {
+            revision: first.revision,
+            count: u64::try_from(first.count).unwrap_or(0),
+            pages,
+        })
     }
 
     fn max_txn_ops(&self) -> usize {

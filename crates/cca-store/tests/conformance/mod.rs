@@ -39,6 +39,7 @@ macro_rules! conformance_tests {
             lease_expiry_deletes_keys_with_events,
             keep_alive_holds_and_revoke_deletes,
             unknown_leases_are_reported,
+            a_snapshot_reads_one_revision_while_writes_go_on,
         );
     };
     (@cases $factory:path; $($case:ident,)*) => {
@@ -541,4 +542,36 @@ pub async fn unknown_leases_are_reported(store: Arc<dyn Store>) {
         "{put:?}"
     );
     assert_eq!(store.get("k").await.expect("get"), None);
+}
+
+/// A snapshot is every key at one revision, in key order and in pages, and
+/// writes made while it is read do not show in it.
+pub async fn a_snapshot_reads_one_revision_while_writes_go_on(store: Arc<dyn Store>) {
+    for i in 0..250 {
+        put(&store, &format!("snap/{i:04}"), "before").await;
+    }
+    let mut snapshot = store.snapshot(100).await.expect("snapshot");
+    let at = snapshot.revision;
+    assert_eq!(snapshot.count, 250);
+    put(&store, "snap/0000", "after").await;
+    put(&store, "snap/9999", "after").await;
+    let mut keys = Vec::new();
+    let mut pages = 0;
+    while let Some(page) = snapshot.pages.recv().await {
+        let page = page.expect("a page");
+        assert!(page.len() <= 100);
+        pages += 1;
+        for kv in page {
+            assert_eq!(kv.value, b"before", "{} as of {at}", kv.key);
+            assert!(kv.mod_revision <= at);
+            keys.push(kv.key);
+        }
+    }
+    assert_eq!(pages, 3);
+    assert_eq!(keys.len(), 250);
+    assert!(
+        keys.windows(2).all(|pair| pair[0] < pair[1]),
+        "in key order"
+    );
+    assert!(store.current_revision().await.expect("revision") > at);
 }

@@ -44,7 +44,10 @@ impl Drop for Cluster {
 
 impl Cluster {
     /// The last lines of every agent's log, for a failing test's output.
-    #[allow(clippy::print_stderr, reason = "a failed test shows what the agents said")]
+    #[allow(
+        clippy::print_stderr,
+        reason = "a failed test shows what the agents said"
+    )]
     fn print_agent_logs(&self) {
         for node in self.agents.keys() {
             let log = std::fs::read_to_string(self.dir.path().join(format!("{node}.log")))
