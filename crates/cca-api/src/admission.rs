@@ -179,6 +179,8 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     ("/v1/roles/{name}", Lane::User),
     ("/v1/logout", Lane::User),
     ("/v1/services", Lane::Bulk),
+    // A whole-store read, now and then.
+    ("/v1/backup", Lane::Bulk),
     ("/v1/instances", Lane::Bulk),
     ("/v1/nodes", Lane::Bulk),
     ("/v1/top/nodes", Lane::Bulk),

@@ -91,7 +91,10 @@ pub(crate) fn requirement(method: &Method, route: &str) -> Option<Requirement> {
         "/v1/secrets" => need(Read, Secret, Whole),
         "/v1/secrets/{name}" if delete => need(Delete, Secret, Named),
         "/v1/secrets/{name}" => need(Write, Secret, Named),
-        "/v1/secret-key/rotate" | "/v1/cluster/resume-replacement" => need(Write, Cluster, Whole),
+        // A backup holds every fact, sealed secrets and users included.
+        "/v1/secret-key/rotate" | "/v1/cluster/resume-replacement" | "/v1/backup" => {
+            need(Write, Cluster, Whole)
+        }
         "/v1/status" | "/metrics" => need(Read, Cluster, Whole),
         "/v1/events" => need(Read, Event, Whole),
         "/v1/audit" => need(Read, Audit, Whole),

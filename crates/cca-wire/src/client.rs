@@ -514,6 +514,13 @@ impl Client {
         self.json(self.request(Method::PUT, &path).json(held)).await
     }
 
+    /// The store as a backup payload (`cca backup`), read a chunk at a
+    /// time from [`ByteStream::next_chunk`].
+    pub async fn backup(&self) -> ClientResult<ByteStream> {
+        let response = self.send(self.request(Method::GET, "/v1/backup")).await?;
+        Ok(ByteStream { response })
+    }
+
     /// Reports the instances `node` runs that the store does not place
     /// there, replacing the last report (none: clears it).
     pub async fn report_unclaimed(
@@ -956,6 +963,27 @@ fn text_line(line: &[u8]) -> String {
     let line = line.strip_suffix(b"\n").unwrap_or(line);
     let line = line.strip_suffix(b"\r").unwrap_or(line);
     String::from_utf8_lossy(line).into_owned()
+}
+
+/// A response body read a chunk at a time.
+#[derive(Debug)]
+pub struct ByteStream {
+    response: Response,
+}
+
+impl ByteStream {
+    /// The next chunk; `None` once the body ended.
+    pub async fn next_chunk(&mut self) -> ClientResult<Option<Vec<u8>>> {
+        let url = self.response.url().to_string();
+        self.response
+            .chunk()
+            .await
+            .map(|chunk| chunk.map(|bytes| bytes.to_vec()))
+            .map_err(|error| ClientError::Unreachable {
+                url,
+                reason: format!("the response broke off: {error}"),
+            })
+    }
 }
 
 /// The query of a stream request: `from` and, when resuming, `epoch`.

@@ -164,3 +164,89 @@ async fn a_rewound_store_and_a_rebuilt_one_are_resynced_adopting_what_runs() {
     let status = client.status().await.expect("status");
     assert_eq!(status.unclaimed, 0, "nothing left unclaimed");
 }
+
+/// `cca` with `args` against the cluster, expected to fail: its stderr.
+fn cca_fails(cluster: &Cluster, args: &[&str]) -> String {
+    let output = std::process::Command::new(support::CCA)
+        .args(args)
+        .env("CCA_SERVER", &cluster.url)
+        .output()
+        .expect("cca runs");
+    assert!(!output.status.success(), "cca {args:?} should fail");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// A backup of a running cluster, its store destroyed and restored from
+/// it: the agent resyncs with the restored store (a new identity naming
+/// the old one) and keeps the instances it places running (same pids);
+/// the one started after the backup stops. A corrupt copy and a wrong key
+/// are refused with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_restored_from_a_backup_keeps_its_instances_running() {
+    let mut cluster = Cluster::new();
+    cluster.start_server();
+    cluster.start_agent_with("n1", "127.0.0.2", &["--claim-grace", "2s"]);
+    let file = cluster.dir.path().join("web.cca");
+    std::fs::write(&file, PROGRAM).expect("writes the program");
+    cluster.cca(&["apply", file.to_str().expect("utf-8 path")]);
+    let two = running_web(&cluster, 2).await;
+    let old_store = cluster.client().status().await.expect("status").store;
+    let old_store = old_store.expect("the store has an identity").id;
+
+    let backup = cluster.dir.path().join("cluster.ccab");
+    let key = cluster.dir.path().join("backup.key");
+    let (backup, key) = (
+        backup.to_str().expect("utf-8"),
+        key.to_str().expect("utf-8"),
+    );
+    let said = cluster.cca(&["backup", backup, "--key-file", key, "--create-key"]);
+    assert!(
+        said.contains("backed up") && said.contains(&old_store),
+        "{said}"
+    );
+    let proven = cluster.cca(&["restore", backup, "--key-file", key, "--check"]);
+    assert!(proven.contains("proven"), "{proven}");
+    cluster.cca(&["scale", "web", "3"]);
+    let three = running_web(&cluster, 3).await;
+    let third = three
+        .iter()
+        .find(|(id, _)| !two.contains_key(*id))
+        .map(|(id, at)| (id.clone(), at.clone()))
+        .expect("a third instance");
+
+    // Refusals: a wrong key, a corrupt copy.
+    let other_key = cluster.dir.path().join("other.key");
+    std::fs::write(&other_key, "ab".repeat(32)).expect("writes another key");
+    let other_key = other_key.to_str().expect("utf-8");
+    let wrong = cca_fails(
+        &cluster,
+        &["restore", backup, "--key-file", other_key, "--check"],
+    );
+    assert!(wrong.contains("the key does not open"), "{wrong}");
+    let mut bytes = std::fs::read(backup).expect("reads the backup");
+    let at = bytes.len() - 10;
+    bytes[at] ^= 0xff;
+    let corrupt = cluster.dir.path().join("corrupt.ccab");
+    std::fs::write(&corrupt, bytes).expect("writes");
+    let corrupt = corrupt.to_str().expect("utf-8");
+    let refused = cca_fails(
+        &cluster,
+        &["restore", corrupt, "--key-file", key, "--check"],
+    );
+    assert!(refused.contains("corrupt or truncated"), "{refused}");
+
+    cluster.stop_server();
+    std::fs::remove_dir_all(cluster.store_dir()).expect("destroys the store");
+    let target = format!("embedded:{}", cluster.store_dir().display());
+    let restored = cluster.cca(&["restore", backup, "--key-file", key, "--store", &target]);
+    assert!(
+        restored.contains(&format!("restored from {old_store}")),
+        "{restored}"
+    );
+    cluster.start_server();
+    only_these_run(&cluster, &two, &third).await;
+    let status = cluster.client().status().await.expect("status");
+    let store = status.store.expect("the restored store has an identity");
+    assert_ne!(store.id, old_store);
+    assert_eq!(store.restored_from.as_deref(), Some(old_store.as_str()));
+}

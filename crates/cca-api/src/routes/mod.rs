@@ -3,6 +3,7 @@
 //! body limit, admission by lane, request metrics).
 
 mod agent;
+mod backup;
 mod enrol;
 mod events;
 mod gates;
@@ -138,6 +139,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         ("/v1/events", get(events::list)),
         ("/v1/audit", get(events::audit)),
         ("/v1/watch", get(watch::watch)),
+        ("/v1/backup", get(backup::backup)),
         ("/v1/agent/register", post(agent::register)),
         ("/v1/agent/nodes/{node}/heartbeat", post(agent::heartbeat)),
         (

@@ -78,6 +78,8 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Exec(_)
         | ClusterCommand::Secret(_)
         | ClusterCommand::Rollout(_)
+        | ClusterCommand::Backup(_)
+        | ClusterCommand::Restore(_)
         | ClusterCommand::Completions(_) => Ok(()),
     }
 }

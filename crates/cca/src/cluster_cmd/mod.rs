@@ -10,6 +10,7 @@
 //! Exit codes: 0 success, 1 any error (the server's message is printed),
 //! 2 usage errors (from clap); `exec` exits with the remote command's code.
 
+mod backup;
 mod cert;
 pub(crate) mod commands;
 mod describe;
@@ -113,6 +114,12 @@ pub(crate) enum ClusterCommand {
     /// End a pause of lost-node replacement: the nodes that went missing
     /// at once are really gone, replace what ran there.
     ResumeReplacement(ServerArgs),
+    /// Back the cluster up into one sealed file: the store (a consistent
+    /// snapshot, taken while it runs), the cluster CA and the secret key.
+    Backup(backup::BackupArgs),
+    /// Restore a backup into a new embedded data directory or an empty
+    /// etcd, with a new store identity; `--check` only proves it.
+    Restore(backup::RestoreArgs),
     /// Print the event log.
     Events(EventsArgs),
     /// List the audit log: who changed what, and who was refused.
@@ -479,6 +486,8 @@ async fn dispatch(command: ClusterCommand) -> Result<ExitCode> {
         ClusterCommand::Exec(args) => io::exec(&args).await,
         ClusterCommand::Secret(args) => secret::run(args).await.map(|()| ExitCode::SUCCESS),
         ClusterCommand::Rollout(args) => rollout::run(args).await.map(|()| ExitCode::SUCCESS),
+        ClusterCommand::Backup(args) => backup::backup(args).await.map(|()| ExitCode::SUCCESS),
+        ClusterCommand::Restore(args) => backup::restore(args).await.map(|()| ExitCode::SUCCESS),
         other => commands::execute(other).await.map(|()| ExitCode::SUCCESS),
     }
 }
