@@ -272,3 +272,29 @@ async fn a_watch_resuming_into_compacted_history_reports_the_compaction() {
     );
     assert!(watch.next().await.is_none(), "a compacted watch ends");
 }
+
+/// An etcd replaced by an empty one under a watch (wiped, or restored from
+/// an old snapshot): the watch does not wait for revisions of a history
+/// that is gone, it reports a compaction so its consumer reads everything
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_an_etcd_that_went_back_in_time_reports_a_compaction() {
+    let mut server = EtcdServer::start();
+    let store = connect(&server).await;
+    let mut watch = store.watch("w/", 0).await.expect("watch");
+    let mut last = 0;
+    for i in 0..20 {
+        last = put(&store, &format!("w/{i}"), "a").await;
+    }
+    while next_change(&mut watch).await.0 < last {}
+    server.wipe_and_restart();
+    let message = tokio::time::timeout(Duration::from_secs(30), watch.next())
+        .await
+        .expect("the watch ends in time");
+    match message {
+        Some(Ok(WatchMessage::Compacted { compact_revision })) => {
+            assert!(compact_revision < last, "{compact_revision} vs {last}");
+        }
+        other => panic!("expected a compaction, got {other:?}"),
+    }
+}

@@ -42,11 +42,11 @@ pub(super) async fn start(
         next: from,
         sender,
     };
-    match watcher.open().await? {
+    match watcher.open(false).await? {
         Opened::Watching(etcd_stream) => {
             tokio::spawn(watcher.run(*etcd_stream));
         }
-        Opened::Compacted(compact_revision) => {
+        Opened::Compacted(compact_revision) | Opened::Behind(compact_revision) => {
             watcher.end_compacted(compact_revision).await;
         }
     }
@@ -59,6 +59,11 @@ enum Opened {
     Watching(Box<EtcdWatchStream>),
     /// The history from the revision asked for is gone.
     Compacted(Revision),
+    /// Resuming, etcd is at this revision, behind the last one the watch
+    /// delivered (it was wiped, replaced or restored): it would wait for
+    /// revisions of a history it no longer has and hand out another
+    /// history's under the same numbers.
+    Behind(Revision),
 }
 
 /// What to do after one etcd response.
@@ -165,12 +170,23 @@ impl Watcher {
         loop {
             let opened = tokio::select! {
                 () = self.sender.closed() => return None,
-                opened = self.open() => opened,
+                opened = self.open(true) => opened,
             };
             match opened {
                 Ok(Opened::Watching(stream)) => return Some(*stream),
                 Ok(Opened::Compacted(compact_revision)) => {
                     self.end_compacted(compact_revision).await;
+                    return None;
+                }
+                Ok(Opened::Behind(current)) => {
+                    // Told as a compaction: the consumer reads everything
+                    // again, which is what it must do.
+                    tracing::warn!(
+                        store_revision = current,
+                        delivered = self.next - 1,
+                        "etcd is behind what this watch delivered (wiped, replaced or restored); ending it as compacted"
+                    );
+                    self.end_compacted(current).await;
                     return None;
                 }
                 Err(err) if err.is_transient() => {
@@ -184,9 +200,11 @@ impl Watcher {
         }
     }
 
-    /// Creates the etcd watch, with the usual retries.
-    async fn open(&self) -> Result<Opened> {
+    /// Creates the etcd watch, with the usual retries; `resuming`, it
+    /// checks that etcd has not gone back behind the watch.
+    async fn open(&self, resuming: bool) -> Result<Opened> {
         let start = (self.next - 1).max(1);
+        let delivered = self.next - 1;
         let options = WatchOptions::new()
             .with_range(self.range_end.clone())
             .with_start_revision(start)
@@ -203,6 +221,10 @@ impl Watcher {
                             Ok(Opened::Compacted(created.compact_revision()))
                         }
                         Some(created) if created.created() && !created.canceled() => {
+                            let current = created.header().map_or(delivered, |h| h.revision());
+                            if resuming && current < delivered {
+                                return Ok(Opened::Behind(current));
+                            }
                             Ok(Opened::Watching(Box::new(stream)))
                         }
                         Some(refused) => Err(Failure::NotApplied(format!(

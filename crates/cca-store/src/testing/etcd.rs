@@ -76,6 +76,17 @@ impl EtcdServer {
             .unwrap_or_else(|problem| panic!("{problem}"));
     }
 
+    /// Replaces the server by an empty one on the same ports: its data is
+    /// gone (a store lost and rebuilt, or restored from an old snapshot).
+    pub fn wipe_and_restart(&mut self) {
+        self.member.kill();
+        let _ = std::fs::remove_dir_all(&self.member.data_dir);
+        self.member.spawn();
+        self.member
+            .wait_healthy()
+            .unwrap_or_else(|problem| panic!("{problem}"));
+    }
+
     /// Freezes the server (SIGSTOP): connections stay open, nothing answers.
     pub fn pause(&self) {
         self.member.signal("STOP");
