@@ -69,6 +69,22 @@ impl Metrics {
         metrics
     }
 
+    /// Makes every per-controller series of `controllers` exist from now
+    /// on, at zero: a dashboard or an operator's grep finds
+    /// `reconciliation_errors_total` before the first error, not only after.
+    pub fn know_controllers(&self, controllers: &[&str]) {
+        for name in controllers {
+            let label = ControllerLabel {
+                controller: (*name).to_owned(),
+            };
+            self.cycles.get_or_create(&label);
+            self.cycle_seconds.get_or_create(&label);
+            self.errors.get_or_create(&label);
+            self.conflicts.get_or_create(&label);
+            self.writes.get_or_create(&label);
+        }
+    }
+
     fn register_all(&self) {
         let mut registry = self.lock();
         registry.register(
@@ -176,6 +192,23 @@ mod tests {
             "reconciliation_errors_total{controller=\"scheduler\"} 1",
             "reconciliation_cycle_duration_seconds_count{controller=\"scheduler\"} 1",
             "store_transaction_duration_seconds_bucket",
+        ] {
+            assert!(text.contains(name), "missing {name} in\n{text}");
+        }
+    }
+
+    /// The series an operator greps for exist at zero before anything
+    /// happened.
+    #[test]
+    fn known_controllers_have_their_series_at_zero_from_the_start() {
+        let metrics = Metrics::new();
+        metrics.know_controllers(&["scheduler", "node"]);
+        let text = metrics.render();
+        for name in [
+            "reconciliation_errors_total{controller=\"scheduler\"} 0",
+            "reconciliation_errors_total{controller=\"node\"} 0",
+            "reconciliation_cycle_total{controller=\"node\"} 0",
+            "reconciliation_cycle_duration_seconds_count{controller=\"node\"} 0",
         ] {
             assert!(text.contains(name), "missing {name} in\n{text}");
         }

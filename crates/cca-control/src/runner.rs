@@ -71,6 +71,8 @@ impl Runner {
         metrics: Arc<Metrics>,
         config: RunnerConfig,
     ) -> Self {
+        let names: Vec<&str> = controllers.iter().map(|c| c.name()).collect();
+        metrics.know_controllers(&names);
         Self {
             store,
             cache,
