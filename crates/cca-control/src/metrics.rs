@@ -77,11 +77,11 @@ impl Metrics {
             let label = ControllerLabel {
                 controller: (*name).to_owned(),
             };
-            self.cycles.get_or_create(&label);
-            self.cycle_seconds.get_or_create(&label);
-            self.errors.get_or_create(&label);
-            self.conflicts.get_or_create(&label);
-            self.writes.get_or_create(&label);
+            drop(self.cycles.get_or_create(&label));
+            drop(self.cycle_seconds.get_or_create(&label));
+            drop(self.errors.get_or_create(&label));
+            drop(self.conflicts.get_or_create(&label));
+            drop(self.writes.get_or_create(&label));
         }
     }
 
