@@ -25,8 +25,12 @@ pub(crate) struct InstanceFilter {
     pub(crate) node: Option<String>,
     /// Tags every instance's service must carry.
     pub(crate) tags: Vec<(String, String)>,
-    /// Include stopped and failed instances.
+    /// Include stopped instances and reports without a placement.
     pub(crate) all: bool,
+    /// Only running instances.
+    pub(crate) running: bool,
+    /// Add one `pending` row per instance of unplaced demand.
+    pub(crate) pending: bool,
 }
 
 /// One row per service carrying every tag in `tags`.
@@ -255,9 +259,11 @@ fn state_of(view: &View, id: &str) -> Option<InstanceState> {
     view.statuses.get(id).map(|status| status.state)
 }
 
-/// Instances placed or reported, filtered. Reports whose placement is
-/// gone (what an unreachable or partitioned agent still runs or ran) count
-/// as ended: listed with `all` only, like stopped and failed instances.
+/// Instances placed or reported, filtered, then the pending rows: placed
+/// rows come first so that a client taking the first row gets an instance.
+/// Reports whose placement is gone (what an unreachable or partitioned
+/// agent still runs or ran) count as ended: listed with `all` only, like
+/// stopped instances.
 pub(crate) fn instances(view: &View, filter: &InstanceFilter) -> Vec<InstanceSummary> {
     let placed = view.instances.keys();
     let orphans = view
@@ -270,17 +276,55 @@ pub(crate) fn instances(view: &View, filter: &InstanceFilter) -> Vec<InstanceSum
         .filter(|row| keep(view, row, filter))
         .collect();
     rows.sort_by(|a, b| (&a.service, &a.id).cmp(&(&b.service, &b.id)));
+    if filter.pending && !filter.running && filter.node.is_none() {
+        rows.extend(pending_rows(view, filter));
+    }
     rows
 }
 
+/// By default a placed instance shows in every state but stopped (failed
+/// ones included: they are what an operator looks for); `all` adds
+/// stopped ones and reports without a placement, `running` keeps only
+/// running ones.
 fn keep(view: &View, row: &InstanceSummary, filter: &InstanceFilter) -> bool {
-    let ended = !row.placed
-        || row.state == InstanceState::Stopped.as_str()
-        || row.state == InstanceState::Failed.as_str();
-    (filter.all || !ended)
+    let shown = if filter.running {
+        row.placed && row.state == InstanceState::Running.as_str()
+    } else {
+        filter.all || (row.placed && row.state != InstanceState::Stopped.as_str())
+    };
+    shown
         && filter.service.as_ref().is_none_or(|s| *s == row.service)
         && filter.node.as_ref().is_none_or(|n| *n == row.node)
         && has_tags(view, &row.service, &filter.tags)
+}
+
+/// One `pending` row per instance the scheduler could not place (on no
+/// node yet), numbered within its service.
+fn pending_rows<'v>(
+    view: &'v View,
+    filter: &'v InstanceFilter,
+) -> impl Iterator<Item = InstanceSummary> + 'v {
+    view.unplaced
+        .iter()
+        .filter(|(service, _)| {
+            filter.service.as_ref().is_none_or(|s| s == *service)
+                && has_tags(view, service, &filter.tags)
+        })
+        .flat_map(|(service, unplaced)| {
+            (1..=unplaced.value.count).map(move |n| InstanceSummary {
+                id: format!("({service} pending {n})"),
+                service: service.clone(),
+                node: "-".into(),
+                state: "pending".into(),
+                healthy: None,
+                restarts: 0,
+                address: None,
+                ordinal: None,
+                stopping: false,
+                placed: false,
+                created_at: Some(unplaced.value.since),
+            })
+        })
 }
 
 /// The row of one instance, from its placement and its latest report.

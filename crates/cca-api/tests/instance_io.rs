@@ -539,14 +539,31 @@ async fn report(h: &Harness, id: &str, state: cca_model::cluster::InstanceState)
         .expect("reported");
 }
 
+/// By default every placed instance but a stopped one is listed (failed
+/// ones too); `running` keeps the running ones; `all` adds stopped ones
+/// and reports without a placement; `pending` adds a row per instance of
+/// unplaced demand.
 #[tokio::test]
-async fn stopped_and_failed_instances_are_listed_with_all() {
-    use cca_model::cluster::InstanceState;
+async fn failed_instances_are_listed_by_default_and_pending_demand_on_request() {
+    use cca_model::cluster::{InstanceState, Unplaced, UnplacedReason};
     let h = harness().await;
     cluster(&h).await;
     report(&h, "web-1", InstanceState::Running).await;
     report(&h, "web-2", InstanceState::Failed).await;
     report(&h, "web-old", InstanceState::Stopped).await;
+    let unplaced = Unplaced {
+        service: "web".into(),
+        count: 2,
+        reason: UnplacedReason::InsufficientCapacity,
+        constraint: "cpu".into(),
+        nearest_node: None,
+        since: 5,
+    };
+    let value = serde_json::to_vec(&unplaced).expect("encodes");
+    h.store
+        .txn(Txn::new().then(Op::put(keys::derived_unplaced("web"), value)))
+        .await
+        .expect("written");
     let ids = |rows: serde_json::Value| -> Vec<String> {
         rows.as_array()
             .expect("rows")
@@ -554,8 +571,31 @@ async fn stopped_and_failed_instances_are_listed_with_all() {
             .map(|row| format!("{}={}", row["id"], row["state"]).replace('"', ""))
             .collect()
     };
-    let (_, live) = h.call("GET", "/v1/instances?service=web", None).await;
-    assert_eq!(ids(live), ["web-1=running"]);
+    let (_, listed) = h.call("GET", "/v1/instances?service=web", None).await;
+    assert_eq!(ids(listed), ["web-1=running", "web-2=failed"]);
+    let (_, running) = h
+        .call("GET", "/v1/instances?service=web&running=true", None)
+        .await;
+    assert_eq!(ids(running), ["web-1=running"]);
+    let (_, pending) = h
+        .call("GET", "/v1/instances?service=web&pending=true", None)
+        .await;
+    assert_eq!(
+        ids(pending),
+        [
+            "web-1=running",
+            "web-2=failed",
+            "(web pending 1)=pending",
+            "(web pending 2)=pending",
+        ]
+    );
+    let (_, on_node) = h
+        .call("GET", "/v1/instances?node=n1&pending=true", None)
+        .await;
+    assert!(
+        !ids(on_node).iter().any(|row| row.contains("pending")),
+        "pending demand is on no node"
+    );
     let (_, all) = h
         .call("GET", "/v1/instances?service=web&all=true", None)
         .await;

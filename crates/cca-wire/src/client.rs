@@ -97,7 +97,12 @@ pub struct InstanceQuery {
     /// `k=v` filters, all of which must hold.
     #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "comma_joined")]
     pub tags: Vec<String>,
+    /// Stopped instances and reports without a placement too.
     pub all: bool,
+    /// Only running instances.
+    pub running: bool,
+    /// One `pending` row per instance of unplaced demand too.
+    pub pending: bool,
 }
 
 /// Filters of [`Client::events`].

@@ -333,9 +333,11 @@ fn a_busy_service_with_vertical_auto_is_resized_in_place() {
         url: dev.api_url().0,
     };
     let instance = |cli: &Cli<'_>| {
-        let rows = cli.json(&["get", "instances", "-o", "json"]);
-        let id = rows[0]["id"].as_str().unwrap_or_default().to_owned();
-        cli.json(&["describe", "instance", &id, "-o", "json"])
+        let rows = cli.json(&["get", "instances", "--running", "-o", "json"]);
+        match rows[0]["id"].as_str() {
+            Some(id) => cli.json(&["describe", "instance", id, "-o", "json"]),
+            None => serde_json::Value::Null,
+        }
     };
     let deadline = Instant::now() + Duration::from_secs(90);
     let (first_pid, described) = loop {
@@ -421,7 +423,7 @@ fn an_init_probe_holds_the_start_until_the_connection_answers() {
     let deadline = Instant::now() + Duration::from_secs(60);
     let id = loop {
         let rows = cli.json(&["get", "instances", "-o", "json"]);
-        if let Some(id) = rows[0]["id"].as_str() {
+        if let Some(id) = rows[0]["id"].as_str().filter(|_| rows[0]["placed"] == true) {
             let described = cli.ok(&["describe", "instance", id]);
             if described.contains("waiting for connection `db` (127.0.0.1:") {
                 assert!(described.contains("starting"), "{described}");

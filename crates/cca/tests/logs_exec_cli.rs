@@ -102,7 +102,7 @@ fn placed_instance(server: &Server) -> String {
     loop {
         let output = server.cca(&["get", "instances", "--service", "hello", "-o", "json"]);
         let rows: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap_or_default();
-        if let Some(id) = rows[0]["id"].as_str() {
+        if let Some(id) = rows[0]["id"].as_str().filter(|_| rows[0]["placed"] == true) {
             return id.to_owned();
         }
         assert!(Instant::now() < deadline, "no instance placed: {rows}");

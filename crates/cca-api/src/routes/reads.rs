@@ -56,6 +56,10 @@ pub(crate) struct InstanceQuery {
     tag: Option<String>,
     #[serde(default)]
     all: bool,
+    #[serde(default)]
+    running: bool,
+    #[serde(default)]
+    pending: bool,
 }
 
 fn tags(raw: Option<&str>) -> ApiResult<Vec<(String, String)>> {
@@ -173,6 +177,8 @@ pub(crate) async fn instances(
         service: query.service,
         node: query.node,
         all: query.all,
+        running: query.running,
+        pending: query.pending,
     };
     let view = fresh_view(&state).await?;
     let mut instances = read::instances(&view, &filter);

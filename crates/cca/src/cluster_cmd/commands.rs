@@ -327,6 +327,8 @@ async fn get(args: &GetArgs) -> Result<()> {
                 node: args.node.clone(),
                 tags: args.tags.clone(),
                 all: args.all,
+                running: args.running,
+                pending: !args.running,
             };
             let rows = client.instances(&query).await?;
             if !output::structured(format, &rows)? {

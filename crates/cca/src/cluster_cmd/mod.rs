@@ -208,9 +208,12 @@ pub(crate) struct GetArgs {
     /// Only instances of this service.
     #[arg(long)]
     pub(crate) service: Option<String>,
-    /// Include stopped and failed instances.
-    #[arg(long)]
+    /// Also stopped instances and reports whose placement is gone.
+    #[arg(long, conflicts_with = "running")]
     pub(crate) all: bool,
+    /// Only running instances (no failed, starting or pending rows).
+    #[arg(long)]
+    pub(crate) running: bool,
 }
 
 /// What `top` shows.
