@@ -10,9 +10,9 @@ use cca_model::spec::{Cpu, Memory, ServiceSpec, Workload, spec_hash};
 use cca_model::usage::{NodeUsage, UsageSummary};
 
 use crate::types::{
-    ClusterStatus, InstanceSummary, InstanceTop, NodeCounts, NodeSummary, NodeTop, ReportedUsage,
-    RolloutProgress, RolloutStatus, ScaleStatus, ServiceHistory, ServiceSummary, VersionSummary,
-    VerticalStatus,
+    ClusterStatus, InstanceSummary, InstanceTop, NodeCounts, NodeInstanceCounts, NodeSummary,
+    NodeTop, ReportedUsage, RolloutProgress, RolloutStatus, ScaleStatus, ServiceHistory,
+    ServiceSummary, VersionSummary, VerticalStatus,
 };
 
 /// Instances a rollout status names as waiting, at most.
@@ -457,11 +457,13 @@ pub(crate) fn status(view: &View) -> ClusterStatus {
         all: true,
         ..InstanceFilter::default()
     };
+    let rows = instances(view, &all);
     let mut by_state = BTreeMap::new();
-    for row in instances(view, &all) {
-        *by_state.entry(row.state).or_insert(0) += 1;
+    for row in &rows {
+        *by_state.entry(row.state.clone()).or_insert(0) += 1;
     }
     ClusterStatus {
+        per_node: per_node(view, &rows),
         revision: view.revision,
         nodes: counts,
         services: view.services.len(),
@@ -483,6 +485,37 @@ pub(crate) fn status(view: &View) -> ClusterStatus {
             .map(|reported| reported.value.instances.len())
             .sum(),
     }
+}
+
+/// Every registered node (and any node an instance row names) with its
+/// placed instances counted by state, and what it runs unclaimed.
+fn per_node(view: &View, rows: &[InstanceSummary]) -> Vec<NodeInstanceCounts> {
+    let mut counts: BTreeMap<&str, NodeInstanceCounts> = view
+        .nodes
+        .keys()
+        .map(|name| (name.as_str(), NodeInstanceCounts::default()))
+        .collect();
+    for row in rows.iter().filter(|row| row.placed) {
+        let node = counts.entry(row.node.as_str()).or_default();
+        match row.state.as_str() {
+            "running" => node.running += 1,
+            "failed" => node.failed += 1,
+            "stopped" => {}
+            _ => node.other += 1,
+        }
+    }
+    counts
+        .into_iter()
+        .map(|(name, counted)| NodeInstanceCounts {
+            node: name.to_owned(),
+            status: node_condition(view, name).to_owned(),
+            unclaimed: view
+                .unclaimed
+                .get(name)
+                .map_or(0, |reported| reported.value.instances.len()),
+            ..counted
+        })
+        .collect()
 }
 
 /// Parses `k=v` tag filters.

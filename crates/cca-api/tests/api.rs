@@ -456,6 +456,42 @@ async fn events_are_listed_filtered_and_pruned() {
     assert_eq!(none, json!([]));
 }
 
+/// `follow` sends the listed events, then each new one about the subject
+/// asked for, as it is logged.
+#[tokio::test]
+async fn followed_events_stream_the_new_ones_about_their_subject() {
+    let h = harness().await;
+    h.call(
+        "POST",
+        "/v1/apply",
+        Some(to_json(&program(&[("web", 1), ("api", 1)]))),
+    )
+    .await;
+    let (client, _stop) = h.serve().await;
+    let query = cca_wire::client::EventQuery {
+        subject: Some("service/web".into()),
+        ..Default::default()
+    };
+    let mut stream = client.follow_events(&query).await.expect("follows");
+    for (service, replicas) in [("api", 3), ("web", 2)] {
+        let (status, body) = h
+            .call(
+                "POST",
+                &format!("/v1/services/{service}/scale"),
+                Some(json!({"replicas": replicas})),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+    }
+    let next = tokio::time::timeout(std::time::Duration::from_secs(10), stream.next())
+        .await
+        .expect("an event in time")
+        .expect("the stream goes on")
+        .expect("a record");
+    assert_eq!(next.event.subject, "service/web");
+    assert!(next.event.message.contains("to 2"), "{:?}", next.event);
+}
+
 #[tokio::test]
 async fn metrics_count_requests_and_include_the_plugged_in_renderer() {
     let h = harness().await;

@@ -542,9 +542,9 @@ async fn report(h: &Harness, id: &str, state: cca_model::cluster::InstanceState)
 /// By default every placed instance but a stopped one is listed (failed
 /// ones too); `running` keeps the running ones; `all` adds stopped ones
 /// and reports without a placement; `pending` adds a row per instance of
-/// unplaced demand.
+/// unplaced demand. The status counts each node's instances by state.
 #[tokio::test]
-async fn failed_instances_are_listed_by_default_and_pending_demand_on_request() {
+async fn failed_instances_are_listed_by_default_pending_demand_on_request_and_counted_per_node() {
     use cca_model::cluster::{InstanceState, Unplaced, UnplacedReason};
     let h = harness().await;
     cluster(&h).await;
@@ -602,6 +602,15 @@ async fn failed_instances_are_listed_by_default_and_pending_demand_on_request() 
     assert_eq!(
         ids(all),
         ["web-1=running", "web-2=failed", "web-old=stopped"]
+    );
+    // The status counts them per node (api-1 is placed, not reported yet).
+    let (_, status) = h.call("GET", "/v1/status", None).await;
+    assert_eq!(
+        status["per_node"],
+        json!([
+            {"node": "n1", "status": "ready", "running": 1, "failed": 1, "other": 0, "unclaimed": 0},
+            {"node": "n2", "status": "ready", "running": 0, "failed": 0, "other": 1, "unclaimed": 0},
+        ])
     );
     // The logs of an instance whose placement is gone are still asked of
     // the node it last reported from.

@@ -84,12 +84,13 @@ pub async fn acquire(
     now: impl Fn() -> Millis,
 ) -> Leadership {
     let mut backoff = Backoff::new();
+    let mut seen_leader = None;
     loop {
         match try_acquire(store, config, now()).await {
             Ok(Some(leadership)) => return leadership,
             Ok(None) => {
                 backoff.reset();
-                wait_for_vacancy(store.as_ref(), config.ttl).await;
+                wait_for_vacancy(store.as_ref(), config, &mut seen_leader).await;
             }
             Err(error) => {
                 tracing::warn!(%error, "leader campaign failed; retrying");
@@ -167,12 +168,27 @@ async fn keep_alive(
 }
 
 /// Waits until `meta/leader` is deleted, or at most one TTL (then the
-/// caller simply campaigns again).
-async fn wait_for_vacancy(store: &dyn Store, ttl: Duration) {
+/// caller simply campaigns again). Logs who leads when it differs from
+/// `seen_leader`, the leader this standby last logged.
+async fn wait_for_vacancy(
+    store: &dyn Store,
+    config: &LeaderConfig,
+    seen_leader: &mut Option<String>,
+) {
+    let Ok(Some(current)) = store.get(&keys::leader()).await else {
+        return;
+    };
+    let leader = serde_json::from_slice::<LeaderRecord>(&current.value)
+        .ok()
+        .map(|record| record.server);
+    if let Some(name) = leader
+        .as_deref()
+        .filter(|name| seen_leader.as_deref() != Some(*name))
+    {
+        tracing::info!(server = %config.server_id, leader = %name, "standing by: another server leads");
+        *seen_leader = leader;
+    }
     let watched = async {
-        let Ok(Some(current)) = store.get(&keys::leader()).await else {
-            return;
-        };
         let Ok(mut stream) = store.watch(&keys::leader(), current.mod_revision + 1).await else {
             return;
         };
@@ -187,7 +203,7 @@ async fn wait_for_vacancy(store: &dyn Store, ttl: Duration) {
             }
         }
     };
-    let _ = tokio::time::timeout(ttl, watched).await;
+    let _ = tokio::time::timeout(config.ttl, watched).await;
 }
 
 /// Jittered exponential backoff: 10 ms doubling to 2 s, each wait drawn

@@ -376,6 +376,17 @@ impl Client {
             .await
     }
 
+    /// The events `query` lists, then each new one as it is logged, until
+    /// the server ends the stream (it shuts down, or the store's history
+    /// was compacted under it: list again).
+    pub async fn follow_events(&self, query: &EventQuery) -> ClientResult<LineStream<EventRecord>> {
+        let request = self
+            .request(Method::GET, "/v1/events")
+            .query(query)
+            .query(&[("follow", "true")]);
+        self.stream(request).await
+    }
+
     /// Changes under `prefix` from revision `from` (0: from now).
     pub async fn watch(&self, prefix: &str, from: Revision) -> ClientResult<LineStream<WatchLine>> {
         let request = self

@@ -343,6 +343,24 @@ pub struct ClusterStatus {
     /// with another store), awaiting adoption.
     #[serde(default)]
     pub unclaimed: usize,
+    /// Every node with what it runs, by name.
+    #[serde(default)]
+    pub per_node: Vec<NodeInstanceCounts>,
+}
+
+/// What one node runs, for `cca status`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInstanceCounts {
+    pub node: String,
+    /// `ready` or `unreachable`.
+    pub status: String,
+    pub running: usize,
+    pub failed: usize,
+    /// Placed instances neither running, failed nor stopped: assigned,
+    /// starting, stopping.
+    pub other: usize,
+    /// Instances it runs that the store does not place.
+    pub unclaimed: usize,
 }
 
 /// Reply of `POST /v1/cluster/resume-replacement`: the pause that ends.

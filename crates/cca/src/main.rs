@@ -33,8 +33,18 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 #[derive(Debug, Parser)]
 #[command(name = "cca", version, about, propagate_version = true)]
 struct Cli {
+    /// How logs on stderr read: `text` for people, `json` for one object a
+    /// line (a log shipper's input). Also from `CCA_LOG_FORMAT`.
+    #[arg(long, global = true, value_enum, env = "CCA_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -69,8 +79,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    init_tracing();
     let cli = Cli::parse();
+    init_tracing(cli.log_format);
     let outcome = match cli.command {
         Command::Store(args) => store_cmd::run(args),
         Command::Fmt(args) => dsl_cmd::fmt(&args),
@@ -100,15 +110,20 @@ fn report(error: &anyhow::Error) {
     eprintln!("error: {error:#}");
 }
 
-/// Logs go to stderr, filtered by `RUST_LOG` (default: warnings, and a
-/// gate's access log), one JSON object a line with `CCA_LOG_FORMAT=json`.
-fn init_tracing() {
+/// What is logged when `RUST_LOG` is unset: warnings, a gate's access
+/// log, and who leads the control plane (an operator reads leader changes
+/// at the default level).
+const DEFAULT_LOG_FILTER: &str = "warn,cca_gate::access=info,cca_control::leader=info";
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default
+/// [`DEFAULT_LOG_FILTER`]), one JSON object a line with `--log-format json`.
+fn init_tracing(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,cca_gate::access=info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    if std::env::var("CCA_LOG_FORMAT").is_ok_and(|format| format == "json") {
+    if format == LogFormat::Json {
         logs.json().init();
     } else {
         logs.init();

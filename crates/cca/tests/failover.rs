@@ -31,7 +31,24 @@ fn start_server(etcd: &EtcdServer, id: &str, key: &std::path::Path) -> Server {
         "0s",
         "--secret-key-file",
         &key,
+        "--log-format",
+        "json",
     ])
+}
+
+/// The JSON log line of `server` whose message is `message`, once logged.
+async fn logged(server: &Server, message: &str) -> serde_json::Value {
+    let mut found = None;
+    wait_for(message, Duration::from_secs(10), async || {
+        let log = server.log.lock().expect("log lock").clone();
+        found = log
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find(|line| line["fields"]["message"] == message);
+        found.is_some()
+    })
+    .await;
+    found.unwrap_or_default()
 }
 
 /// 1 when the server leads, 0 when it stands by (from its `/metrics`).
@@ -80,6 +97,21 @@ async fn the_standby_server_takes_over_within_the_lease_ttl() {
         "exactly one server leads"
     );
 
+    // Who leads shows in the logs at the default level, as JSON lines.
+    let led = logged(&leader, "became leader").await;
+    let leader_id = led["fields"]["server"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(leader_id.starts_with("server-"), "{led}");
+    let stood_by = logged(&standby, "standing by: another server leads").await;
+    assert_eq!(
+        stood_by["fields"]["leader"],
+        leader_id.as_str(),
+        "{stood_by}"
+    );
+    assert_eq!(stood_by["level"], "INFO", "{stood_by}");
+
     let mut leader = leader;
     leader.child.kill().expect("kill -9 the leader");
     let _ = leader.child.wait();
@@ -90,6 +122,12 @@ async fn the_standby_server_takes_over_within_the_lease_ttl() {
     assert!(
         took <= LEADER_TTL + Duration::from_millis(1500),
         "takeover took {took:?} with a {LEADER_TTL:?} TTL"
+    );
+    let took_over = logged(&standby, "became leader").await;
+    assert_ne!(
+        took_over["fields"]["server"],
+        leader_id.as_str(),
+        "{took_over}"
     );
 
     // The new leader runs the controllers: an applied service gets placed

@@ -1,13 +1,14 @@
-//! The event and audit logs: `GET /v1/events`, `GET /v1/audit`, and the
-//! retention task that deletes entries of either older than its retention
+//! The event and audit logs: `GET /v1/events` (with `follow`, then the
+//! new events as they are logged), `GET /v1/audit`, and the retention task that deletes entries of either older than its retention
 //! period or beyond its maximum count. Keys sort by time
 //! (`events/{at:013}-{seq:010}-{origin:08x}`, `audit/…` alike), so "the
 //! oldest" is "the first keys".
 
 use axum::Json;
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use cca_model::cluster::{AuditOutcome, AuditRecord, Event, Millis};
-use cca_store::{KeyValue, Op, RangeRequest, Store, Txn};
+use cca_store::{KeyValue, Op, RangeRequest, Revision, Store, Txn, WatchEvent, WatchMessage};
 use serde::Deserialize;
 
 use crate::error::{ApiResult, QueryArgs};
@@ -29,6 +30,10 @@ pub(crate) struct EventQuery {
     subject: Option<String>,
     /// At most this many, the newest (default 100).
     limit: Option<usize>,
+    /// Then keep the response open and send each new event as it is
+    /// logged (NDJSON, one record a line, the listed ones first).
+    #[serde(default)]
+    follow: bool,
 }
 
 /// `GET /v1/events`: for a tenant's user, only events about their
@@ -37,16 +42,73 @@ pub(crate) async fn list(
     State(state): State<ApiState>,
     caller: Option<axum::Extension<crate::auth::Caller>>,
     QueryArgs(query): QueryArgs<EventQuery>,
-) -> ApiResult<Json<Vec<EventRecord>>> {
+) -> ApiResult<Response> {
     let limit = query.limit.unwrap_or(DEFAULT_LIMIT);
-    let mut records = read_events(&state, query.since, query.subject.as_deref(), limit).await?;
+    let (mut records, revision) =
+        read_events(&state, query.since, query.subject.as_deref(), limit).await?;
     let lens = crate::authz::Lens::of(
         &state,
         caller.as_deref(),
         cca_model::access::Resource::Event,
     );
+    keep_visible(&state, lens.as_ref(), &mut records);
+    if !query.follow {
+        return Ok(Json(records).into_response());
+    }
+    let permit = state.stream_permit()?;
+    // Opened before answering, so that a failure is an error status; from
+    // the listing's revision on, so that no event falls between the two.
+    let mut stream = state
+        .store()
+        .watch(cca_model::Kind::Event.prefix(), revision + 1)
+        .await?;
+    let subject = query.subject;
+    let producer_state = state.clone();
+    Ok(super::watch::ndjson(&state, permit, |lines| async move {
+        for record in &records {
+            if !lines.send(record).await {
+                return;
+            }
+        }
+        // A compaction or a store error ends the stream: the client lists
+        // again (what it missed is in the log).
+        while let Some(Ok(WatchMessage::Events { events, .. })) =
+            lines.next_message(&mut stream).await
+        {
+            let mut new: Vec<EventRecord> = events
+                .iter()
+                .filter_map(|event| match event {
+                    WatchEvent::Put(kv) => decode(kv),
+                    WatchEvent::Delete { .. } => None,
+                })
+                .filter(|record| about(record, subject.as_deref()))
+                .collect();
+            keep_visible(&producer_state, lens.as_ref(), &mut new);
+            for record in &new {
+                if !lines.send(record).await {
+                    return;
+                }
+            }
+        }
+    }))
+}
+
+fn about(record: &EventRecord, subject: Option<&str>) -> bool {
+    subject.is_none_or(|s| record.event.subject.starts_with(s))
+}
+
+/// Keeps the records `lens` lets its user read (a tenant's user: those
+/// about their tenant's services and instances).
+fn keep_visible(
+    state: &ApiState,
+    lens: Option<&crate::authz::Lens>,
+    records: &mut Vec<EventRecord>,
+) {
+    if lens.is_none() {
+        return;
+    }
     let view = state.cache().view();
-    crate::authz::filter_by_service(lens.as_ref(), &view, &mut records, |record| {
+    crate::authz::filter_by_service(lens, &view, records, |record| {
         let subject = &record.event.subject;
         if let Some(service) = subject.strip_prefix("service/") {
             Some(service.to_owned())
@@ -59,7 +121,6 @@ pub(crate) async fn list(
             None
         }
     });
-    Ok(Json(records))
 }
 
 /// The newest `limit` events about `subject`, oldest first.
@@ -68,15 +129,17 @@ pub(crate) async fn recent_about(
     subject: &str,
     limit: usize,
 ) -> ApiResult<Vec<EventRecord>> {
-    read_events(state, None, Some(subject), limit).await
+    Ok(read_events(state, None, Some(subject), limit).await?.0)
 }
 
+/// The newest `limit` events (at or after `since`, about `subject`),
+/// oldest first, and the revision they were read at.
 async fn read_events(
     state: &ApiState,
     since: Option<Millis>,
     subject: Option<&str>,
     limit: usize,
-) -> ApiResult<Vec<EventRecord>> {
+) -> ApiResult<(Vec<EventRecord>, Revision)> {
     let mut request = RangeRequest::prefix(cca_model::Kind::Event.prefix());
     if let Some(since) = since {
         request = request.after(cca_model::keys::events_from(since));
@@ -86,11 +149,11 @@ async fn read_events(
         .kvs
         .iter()
         .filter_map(decode)
-        .filter(|record| subject.is_none_or(|s| record.event.subject.starts_with(s)))
+        .filter(|record| about(record, subject))
         .collect();
     let skip = records.len().saturating_sub(limit);
     records.drain(..skip);
-    Ok(records)
+    Ok((records, page.revision))
 }
 
 fn decode(kv: &KeyValue) -> Option<EventRecord> {

@@ -583,6 +583,9 @@ async fn events(args: &EventsArgs) -> Result<()> {
         subject: args.subject.clone(),
         limit: Some(args.limit),
     };
+    if args.follow {
+        return follow_events(&client(&args.addr)?, &query, args.out.output).await;
+    }
     let records = client(&args.addr)?.events(&query).await?;
     if !output::structured(args.out.output, &records)? {
         event_table(&records);
@@ -590,18 +593,53 @@ async fn events(args: &EventsArgs) -> Result<()> {
     Ok(())
 }
 
+/// `cca events --follow`: one line per event as they come, its time in
+/// full (an age goes stale on a terminal), until the server ends the
+/// stream.
+async fn follow_events(client: &Client, query: &EventQuery, format: Format) -> Result<()> {
+    let mut stream = client.follow_events(query).await?;
+    if format == Format::Table {
+        output::line(&event_line("TIME", "LEVEL", "SOURCE", "SUBJECT", "MESSAGE"));
+    }
+    while let Some(record) = stream.next().await {
+        let record = record?;
+        if format != Format::Table {
+            output::json_line(&record)?;
+            continue;
+        }
+        let event = &record.event;
+        output::line(&event_line(
+            &output::rfc3339(event.at),
+            event_level(event.level),
+            &event.source,
+            &event.subject,
+            &event.message,
+        ));
+    }
+    bail!(
+        "the server ended the event stream (it stopped, or its history was compacted); run `cca events --follow` again"
+    )
+}
+
+fn event_line(time: &str, level: &str, source: &str, subject: &str, message: &str) -> String {
+    format!("{time:<24}   {level:<5}   {source:<10}   {subject:<24}   {message}")
+}
+
+fn event_level(level: cca_model::cluster::EventLevel) -> &'static str {
+    match level {
+        cca_model::cluster::EventLevel::Info => "info",
+        cca_model::cluster::EventLevel::Warning => "warning",
+    }
+}
+
 pub(super) fn event_table(records: &[EventRecord]) {
     let now = now_millis();
     let rows = records
         .iter()
         .map(|r| {
-            let level = serde_json::to_value(r.event.level)
-                .ok()
-                .and_then(|v| v.as_str().map(str::to_owned))
-                .unwrap_or_default();
             vec![
                 age(Some(r.event.at), now),
-                level,
+                event_level(r.event.level).to_owned(),
                 r.event.source.clone(),
                 r.event.subject.clone(),
                 r.event.message.clone(),

@@ -11,7 +11,8 @@ use cca_model::cluster::Disruption;
 use cca_model::spec::{Cpu, Memory, PortSpec, Protocol, Workload};
 use cca_wire::Client;
 use cca_wire::types::{
-    ClusterStatus, GateDetail, InstanceDetail, NodeDetail, ReportedUsage, ServiceDetail,
+    ClusterStatus, GateDetail, InstanceDetail, NodeDetail, NodeInstanceCounts, ReportedUsage,
+    ServiceDetail,
 };
 
 use super::commands::{event_table, instance_table, node_state, top_instance_table};
@@ -528,6 +529,7 @@ fn print_status(status: &ClusterStatus) {
             .unwrap_or_default();
         field("Store", &format!("{}{restored}", store.id));
     }
+    print_per_node(&status.per_node);
     if !status.unplaced.is_empty() {
         output::line("");
         output::line("Unplaced demand:");
@@ -560,6 +562,55 @@ fn print_status(status: &ClusterStatus) {
             output::line(&format!("  {key}: {reason}"));
         }
     }
+}
+
+/// Nodes `cca status` lists one by one; beyond them, healthy nodes are
+/// only counted (the JSON output has them all).
+const NODES_LISTED: usize = 20;
+
+/// The per-node table, nodes that need a look first: unreachable, with
+/// failed or unclaimed instances.
+fn print_per_node(per_node: &[NodeInstanceCounts]) {
+    if per_node.is_empty() {
+        return;
+    }
+    let mut nodes: Vec<&NodeInstanceCounts> = per_node.iter().collect();
+    nodes.sort_by_key(|node| !needs_a_look(node));
+    let rows = nodes
+        .iter()
+        .take(NODES_LISTED)
+        .map(|node| {
+            vec![
+                node.node.clone(),
+                node.status.clone(),
+                node.running.to_string(),
+                node.failed.to_string(),
+                node.other.to_string(),
+                node.unclaimed.to_string(),
+            ]
+        })
+        .collect();
+    output::line("");
+    output::table(
+        &["node", "status", "running", "failed", "other", "unclaimed"],
+        rows,
+    );
+    let hidden = nodes.len().saturating_sub(NODES_LISTED);
+    if hidden > 0 {
+        let troubled = nodes
+            .iter()
+            .skip(NODES_LISTED)
+            .filter(|n| needs_a_look(n))
+            .count();
+        output::line(&format!(
+            "… and {hidden} more node(s), {troubled} of them unreachable or with failed or \
+             unclaimed instances (`cca status -o json` lists all)"
+        ));
+    }
+}
+
+fn needs_a_look(node: &NodeInstanceCounts) -> bool {
+    node.status != "ready" || node.failed > 0 || node.unclaimed > 0
 }
 
 #[cfg(test)]

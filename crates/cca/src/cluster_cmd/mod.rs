@@ -367,7 +367,7 @@ pub(crate) struct AuditArgs {
     pub(crate) limit: usize,
 }
 
-/// `cca events [--subject S] [--since 10m] [--limit N]`
+/// `cca events [--subject S] [--since 10m] [--limit N] [--follow]`
 #[derive(Debug, Args)]
 pub(crate) struct EventsArgs {
     #[command(flatten)]
@@ -383,6 +383,10 @@ pub(crate) struct EventsArgs {
     /// At most this many, the newest.
     #[arg(long, default_value_t = 100)]
     pub(crate) limit: usize,
+    /// Then print each new event as it is logged, until Ctrl-C (`-o json`:
+    /// one object a line).
+    #[arg(short, long)]
+    pub(crate) follow: bool,
 }
 
 /// `cca watch [PREFIX] [--from REV]`

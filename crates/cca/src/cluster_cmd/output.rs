@@ -97,7 +97,7 @@ fn times_as_rfc3339(value: &mut serde_json::Value) {
 }
 
 /// Epoch milliseconds as RFC 3339 in UTC (before 1970 clamps to the epoch).
-fn rfc3339(millis: Millis) -> String {
+pub(crate) fn rfc3339(millis: Millis) -> String {
     let since = std::time::Duration::from_millis(u64::try_from(millis).unwrap_or(0));
     humantime::format_rfc3339_millis(UNIX_EPOCH + since).to_string()
 }

@@ -27,6 +27,8 @@ pub(crate) struct Server {
     /// The config directory commands run with (its CA and local admin);
     /// `None`: [`NO_TRUST`].
     pub(crate) config: Option<std::path::PathBuf>,
+    /// What the server logged on stderr after it said where it listens.
+    pub(crate) log: std::sync::Arc<std::sync::Mutex<String>>,
     _dir: Option<tempfile::TempDir>,
 }
 
@@ -94,10 +96,12 @@ impl Server {
             .spawn()
             .expect("cca server starts");
         let stderr = child.stderr.take().expect("stderr piped");
-        let url = listen_url(BufReader::new(stderr));
+        let log = std::sync::Arc::default();
+        let url = listen_url(BufReader::new(stderr), std::sync::Arc::clone(&log));
         Server {
             child,
             url,
+            log,
             config: None,
             _dir: None,
         }
@@ -141,8 +145,13 @@ pub(crate) fn text(output: &Output) -> String {
 }
 
 /// Reads the server's stderr until it says where it listens, then keeps
-/// draining it in the background so the server never blocks on a full pipe.
-fn listen_url(mut stderr: BufReader<ChildStderr>) -> String {
+/// draining it in the background into `log` (everything it logged, the
+/// lines before the address included) so the server never blocks on a
+/// full pipe.
+fn listen_url(
+    mut stderr: BufReader<ChildStderr>,
+    log: std::sync::Arc<std::sync::Mutex<String>>,
+) -> String {
     let mut line = String::new();
     loop {
         line.clear();
@@ -150,9 +159,19 @@ fn listen_url(mut stderr: BufReader<ChildStderr>) -> String {
         assert!(read > 0, "cca server exited before listening");
         if let Some(url) = line.trim().strip_prefix("cca server listening on ") {
             let url = url.to_owned();
-            std::thread::spawn(move || std::io::copy(&mut stderr, &mut std::io::sink()));
+            std::thread::spawn(move || drain_into(stderr, &log));
             return url;
         }
+        log.lock().expect("log lock").push_str(&line);
+    }
+}
+
+/// Appends the lines of `from` to `log` until it ends.
+fn drain_into(mut from: BufReader<ChildStderr>, log: &std::sync::Mutex<String>) {
+    let mut line = String::new();
+    while from.read_line(&mut line).is_ok_and(|read| read > 0) {
+        log.lock().expect("log lock").push_str(&line);
+        line.clear();
     }
 }
 
