@@ -192,7 +192,7 @@ impl Desired {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -235,7 +235,8 @@ mod tests {
         }
     }
 
-    fn assignment(id: &str) -> Assignment {
+    /// An assignment of an instance `id` of `web` on `n1`.
+    pub(crate) fn assignment(id: &str) -> Assignment {
         let instance = cca_model::cluster::Instance {
             id: id.into(),
             service: "web".into(),

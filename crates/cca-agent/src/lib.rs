@@ -15,6 +15,7 @@ pub mod gate_tls;
 pub mod health;
 pub mod host_ports;
 mod init;
+pub mod inspect;
 mod link;
 pub mod listeners;
 pub mod netmap;
@@ -147,12 +148,23 @@ pub async fn run(
     let gate_requests = gate
         .as_ref()
         .map(|gate| Arc::clone(&gate.gate) as Arc<dyn usage::RequestCounts>);
+    let (desired, mut desired_changes) = watch::channel(Arc::new(cached));
+    let (connected, connected_now) = watch::channel(false);
+    let board = Arc::new(std::sync::Mutex::new(inspect::Board::default()));
     let (agent_url, server, revoked) = if config.link.without_agent_api {
         (None, None, None)
     } else {
+        let inspector = inspect::Inspector {
+            node: config.node.clone(),
+            runtime: Arc::clone(&runtime),
+            desired: desired_changes.clone(),
+            connected: connected_now,
+            board: Arc::clone(&board),
+        };
         let served = serve_agent_api(
             &config,
             Arc::clone(&runtime),
+            inspector,
             gate.as_ref().map(|gate| Arc::clone(&gate.gate)),
             shutdown.clone(),
         )
@@ -168,8 +180,6 @@ pub async fn run(
         Some(client) => client.clone(),
         None => connect(&config.server)?,
     };
-    let (desired, mut desired_changes) = watch::channel(Arc::new(cached));
-    let (connected, _) = watch::channel(false);
     let liveness_client = match (&config.link.liveness_client, &config.liveness_server) {
         (Some(liveness), _) => liveness.clone(),
         (None, Some(server)) => connect(server)?,
@@ -274,7 +284,7 @@ pub async fn run(
     if let Some(probe) = &config.port_probe {
         supervisor = supervisor.with_port_probe(Arc::clone(probe));
     }
-    let mut reporter = Reporter::new(client, config.node.clone());
+    let mut reporter = Reporter::new(client, config.node.clone(), board);
     let mut stop = shutdown;
     let started = supervisor.started();
     loop {
@@ -324,6 +334,7 @@ struct AgentApi {
 async fn serve_agent_api(
     config: &AgentConfig,
     runtime: Arc<dyn Runtime>,
+    inspector: inspect::Inspector,
     gate: Option<Arc<cca_gate::Gate>>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<AgentApi, AgentError> {
@@ -335,7 +346,7 @@ async fn serve_agent_api(
         .await
         .map_err(listen_failed)?;
     let port = listener.local_addr().map_err(listen_failed)?.port();
-    let router = serve::router(runtime, gate);
+    let router = serve::router(runtime, inspector, gate);
     let stopped = async move {
         let _ = shutdown.wait_for(|stop| *stop).await;
     };
@@ -414,6 +425,8 @@ struct Reporter {
     held_sent: Option<BTreeSet<u16>>,
     /// The unclaimed instances as last recorded, and when.
     unclaimed_sent: Option<(Vec<UnclaimedInstance>, tokio::time::Instant)>,
+    /// Where ticks and report outcomes are posted for inspection.
+    board: Arc<std::sync::Mutex<inspect::Board>>,
 }
 
 /// Unclaimed instances are reported again this often while there are any:
@@ -421,8 +434,9 @@ struct Reporter {
 const UNCLAIMED_REFRESH: Duration = Duration::from_secs(5);
 
 impl Reporter {
-    fn new(client: Client, node: String) -> Self {
+    fn new(client: Client, node: String, board: Arc<std::sync::Mutex<inspect::Board>>) -> Self {
         Self {
+            board,
             client,
             node,
             sent: HashMap::new(),
@@ -438,6 +452,7 @@ impl Reporter {
     /// Reports a tick; the services of unclaimed instances the server said
     /// it knows, when it was asked.
     async fn report(&mut self, tick: supervisor::Tick) -> Option<BTreeSet<String>> {
+        self.post(|board| board.ticked(&tick.statuses));
         if self.refreshed.elapsed() >= REPORT_REFRESH {
             self.sent.clear();
             self.held_sent = None;
@@ -487,6 +502,8 @@ impl Reporter {
                 self.resume_at = None;
             }
             Err(error) => {
+                let at = cca_model::clock::now_millis();
+                self.post(|board| board.failed(error.to_string(), at));
                 let wait = self.retry.next_delay(error.retry_after(), fastrand::f64());
                 self.resume_at = Some(tokio::time::Instant::now() + wait);
             }
@@ -564,7 +581,18 @@ impl Reporter {
         for status in batch {
             self.sent.insert(status.id.clone(), status.clone());
         }
+        self.post(|board| board.sent(batch.len(), sent_at));
         Ok(())
+    }
+
+    /// Posts on the inspection board (a poisoned board is still written:
+    /// it only holds what was last posted).
+    fn post(&self, write: impl FnOnce(&mut inspect::Board)) {
+        let mut board = match self.board.lock() {
+            Ok(board) => board,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        write(&mut board);
     }
 
     /// Forgets the orphans' records; one the server refuses for good (no

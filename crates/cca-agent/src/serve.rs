@@ -3,7 +3,8 @@
 //! output lines as text; `POST /v1/instances/{id}/exec` runs a command in
 //! the instance's context; on a gate node, `GET /v1/gates/{gate}` answers
 //! the gate's targets and their backends' health here (`cca describe
-//! gate`). Errors are JSON `{"error": "..."}`.
+//! gate`); `GET /v1/inspect` answers the agent's own view (`cca
+//! node-inspect`, [`crate::inspect`]). Errors are JSON `{"error": "..."}`.
 //!
 //! Exec runs commands on the node, so on a node with a certificate the API
 //! is served over HTTPS ([`server_tls`]) to the API server alone: the
@@ -31,6 +32,7 @@ use serde::Deserialize;
 
 use crate::AgentError;
 use crate::enrol::NodeTrust;
+use crate::inspect::Inspector;
 
 /// Longest exec timeout accepted.
 const MAX_EXEC_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -42,9 +44,13 @@ struct LogQuery {
     follow: bool,
 }
 
-/// The agent API's routes over a runtime, and the node's gate if it is
-/// a gate node.
-pub fn router(runtime: Arc<dyn Runtime>, gate: Option<Arc<cca_gate::Gate>>) -> axum::Router {
+/// The agent API's routes over a runtime, the agent's view for
+/// inspection, and the node's gate if it is a gate node.
+pub fn router(
+    runtime: Arc<dyn Runtime>,
+    inspector: Inspector,
+    gate: Option<Arc<cca_gate::Gate>>,
+) -> axum::Router {
     let instances = axum::Router::new()
         .route("/v1/instances/{id}/logs", get(logs))
         .route("/v1/instances/{id}/exec", post(exec))
@@ -52,7 +58,20 @@ pub fn router(runtime: Arc<dyn Runtime>, gate: Option<Arc<cca_gate::Gate>>) -> a
     let gates = axum::Router::new()
         .route("/v1/gates/{gate}", get(gate_health))
         .with_state(gate);
-    instances.merge(gates)
+    let inspection = axum::Router::new()
+        .route("/v1/inspect", get(inspect))
+        .with_state(inspector);
+    instances.merge(gates).merge(inspection)
+}
+
+async fn inspect(State(inspector): State<Inspector>) -> Response {
+    match inspector.inspect().await {
+        Ok(inspection) => Json(inspection).into_response(),
+        Err(err) => error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the node's runtime could not list its instances: {err}"),
+        ),
+    }
 }
 
 async fn gate_health(

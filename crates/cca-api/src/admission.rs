@@ -158,6 +158,7 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     ("/v1/instances/{id}", Lane::User),
     ("/v1/instances/{id}/exec", Lane::User),
     ("/v1/nodes/{name}", Lane::User),
+    ("/v1/nodes/{name}/inspect", Lane::User),
     ("/v1/gates/{name}", Lane::User),
     ("/v1/nodes/{name}/drain", Lane::User),
     ("/v1/nodes/{name}/disable", Lane::User),

@@ -83,7 +83,7 @@ pub(crate) fn requirement(method: &Method, route: &str) -> Option<Requirement> {
         // Filtered by the services the caller may read.
         "/v1/top/workloads" => need(Read, Service, Whole),
         "/v1/nodes" => need(Read, Node, Whole),
-        "/v1/nodes/{name}" => need(Read, Node, Named),
+        "/v1/nodes/{name}" | "/v1/nodes/{name}/inspect" => need(Read, Node, Named),
         "/v1/nodes/{name}/drain" | "/v1/nodes/{name}/disable" | "/v1/nodes/{name}/enable" => {
             need(Write, Node, Named)
         }

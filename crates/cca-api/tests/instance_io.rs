@@ -109,7 +109,8 @@ async fn fake_exec(Path(id): Path<String>, Json(command): Json<ExecCommand>) -> 
 async fn fake_agent() -> String {
     let app = axum::Router::new()
         .route("/v1/instances/{id}/logs", get(fake_logs))
-        .route("/v1/instances/{id}/exec", post(fake_exec));
+        .route("/v1/instances/{id}/exec", post(fake_exec))
+        .route("/v1/inspect", get(fake_inspect));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("binds");
@@ -118,6 +119,23 @@ async fn fake_agent() -> String {
         let _ = axum::serve(listener, app).await;
     });
     format!("http://{address}")
+}
+
+/// The agent of n1 caches web-1 (as placed), web-2 with another spec, and
+/// web-9, which the store does not place; it lacks nothing else.
+async fn fake_inspect() -> Json<serde_json::Value> {
+    let desired = |id: &str, hash: &str| json!({"id": id, "service": "web", "spec_hash": hash});
+    Json(json!({
+        "node": "n1",
+        "at": 1,
+        "connected": true,
+        "cache": {"revision": 1, "known": true, "origin": {"store": "s", "epoch": "e"}},
+        "desired": [desired("web-1", "h"), desired("web-2", "h-old"), desired("web-9", "h")],
+        "runtime": [],
+        "unclaimed": [],
+        "drift": [{"id": "web-1", "problem": "assigned here, exited in the runtime"}],
+        "reports": {"statuses_sent": 3, "last_tick": []},
+    }))
 }
 
 /// A URL where nothing listens (a port bound, then released).
@@ -619,4 +637,36 @@ async fn failed_instances_are_listed_by_default_pending_demand_on_request_and_co
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body, json!("web-old three\n"));
+}
+
+/// The agent's own view comes back with where its cache and the store
+/// differ; a node without an agent URL is 502, an unknown one 404.
+#[tokio::test]
+async fn a_node_inspection_relays_the_agent_and_adds_the_store_drift() {
+    let h = harness().await;
+    cluster(&h).await;
+    let (status, inspection) = h.call("GET", "/v1/nodes/n1/inspect", None).await;
+    assert_eq!(status, StatusCode::OK, "{inspection}");
+    assert_eq!(inspection["agent"]["drift"][0]["id"], "web-1");
+    assert_eq!(inspection["agent"]["reports"]["statuses_sent"], 3);
+    let revision = inspection["store_revision"].as_i64().expect("a revision");
+    assert!(revision > 1, "{inspection}");
+    let behind = format!("(its cache is at revision 1, the store at {revision})");
+    assert_eq!(
+        inspection["store_drift"],
+        json!([
+            {"id": "web-2", "problem": format!("the store places spec h, the agent's cache holds h-old {behind}")},
+            {"id": "web-9", "problem": format!("in the agent's cache, not placed here by the store {behind}")},
+        ])
+    );
+    let (status, body) = h.call("GET", "/v1/nodes/n2/inspect", None).await;
+    assert_eq!(status, StatusCode::BAD_GATEWAY, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("without an agent URL")),
+        "{body}"
+    );
+    let (status, _) = h.call("GET", "/v1/nodes/n7/inspect", None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
 }

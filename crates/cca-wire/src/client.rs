@@ -327,6 +327,13 @@ impl Client {
         self.json(self.request(Method::GET, &path)).await
     }
 
+    /// The node's agent's own view, and where its cache and the store
+    /// differ (`cca node-inspect`).
+    pub async fn inspect_node(&self, name: &str) -> ClientResult<crate::types::NodeInspection> {
+        let path = format!("/v1/nodes/{}/inspect", segment(name));
+        self.json(self.request(Method::GET, &path)).await
+    }
+
     /// A gate and each gate node's view of its backends.
     pub async fn gate(&self, name: &str) -> ClientResult<crate::types::GateDetail> {
         let path = format!("/v1/gates/{}", segment(name));

@@ -1079,3 +1079,102 @@ pub struct ReportedUsage {
     #[serde(flatten)]
     pub summary: cca_model::usage::UsageSummary,
 }
+
+/// `GET /v1/nodes/{node}/inspect` (`cca node-inspect NODE`): what the
+/// node's agent says of itself, and where its cache and the store differ.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeInspection {
+    pub agent: AgentInspection,
+    /// The store's revision when the API server answered.
+    pub store_revision: Revision,
+    /// Instances the store places on the node that the agent's cache does
+    /// not hold, and cached ones the store does not place there.
+    pub store_drift: Vec<Drift>,
+}
+
+/// An agent's `GET /v1/inspect`: its desired-state cache, what its runtime
+/// runs, the drift between the two, and how its reports fare.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AgentInspection {
+    pub node: String,
+    /// When the agent answered.
+    pub at: Millis,
+    /// Whether its registration and heartbeats get through now.
+    pub connected: bool,
+    pub cache: CacheInspection,
+    /// The assignments it holds, by id.
+    pub desired: Vec<DesiredInstance>,
+    /// What its runtime has, by id (init steps included).
+    pub runtime: Vec<RuntimeInstance>,
+    /// Instances of a store it no longer follows, kept for adoption.
+    pub unclaimed: Vec<UnclaimedRunView>,
+    /// Where the runtime differs from the cache, and what the agent does
+    /// about it.
+    pub drift: Vec<Drift>,
+    pub reports: ReportLog,
+}
+
+/// The agent's desired-state cache: where its assignment stream stands.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CacheInspection {
+    /// The revision of the last assignment line applied.
+    pub revision: Revision,
+    /// Whether it holds a full snapshot (only then are orphans removed).
+    pub known: bool,
+    /// The store and stream epoch it follows.
+    pub origin: StreamOrigin,
+}
+
+/// One assignment of the cache.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DesiredInstance {
+    pub id: String,
+    pub service: String,
+    pub spec_hash: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub host_ports: BTreeMap<String, u16>,
+}
+
+/// One instance as the node's runtime has it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeInstance {
+    pub id: String,
+    /// `created`, `running` or `exited`.
+    pub state: String,
+    pub pid: Option<u32>,
+    pub started_at: Option<Millis>,
+    /// How its last run ended, when it exited.
+    pub exit: Option<String>,
+    /// Found running by this agent, started by an earlier one.
+    pub adopted: bool,
+}
+
+/// An unclaimed instance the agent keeps while it awaits adoption.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnclaimedRunView {
+    pub id: String,
+    pub service: String,
+    /// When the resync found it unclaimed.
+    pub since: Millis,
+}
+
+/// One difference between two views of a node, and what comes of it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Drift {
+    pub id: String,
+    pub problem: String,
+}
+
+/// How the agent's reports to the API server fare.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReportLog {
+    /// When a report last got through.
+    pub last_sent_at: Option<Millis>,
+    /// The last failure, and when, if any came after the last success.
+    pub last_error: Option<String>,
+    pub last_error_at: Option<Millis>,
+    /// Instance statuses it sent since it started.
+    pub statuses_sent: u64,
+    /// The statuses of its last tick, as it reports them.
+    pub last_tick: Vec<InstanceStatus>,
+}

@@ -269,7 +269,7 @@ impl AgentTarget {
     }
 }
 
-fn bad_gateway(message: String) -> ApiError {
+pub(crate) fn bad_gateway(message: String) -> ApiError {
     ApiError::new(StatusCode::BAD_GATEWAY, message)
 }
 

@@ -7,6 +7,7 @@ mod backup;
 mod enrol;
 mod events;
 mod gates;
+mod inspect;
 mod instance_io;
 mod ops;
 mod reads;
@@ -102,6 +103,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
         ("/v1/top/workloads", get(reads::top_workloads)),
         ("/v1/nodes", get(reads::nodes)),
         ("/v1/nodes/{name}", get(reads::node)),
+        ("/v1/nodes/{name}/inspect", get(inspect::inspect)),
         ("/v1/nodes/{name}/drain", post(ops::drain)),
         ("/v1/nodes/{name}/disable", post(ops::disable)),
         ("/v1/nodes/{name}/enable", post(ops::enable)),

@@ -26,6 +26,7 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Diff(args) => apply(&args, true).await,
         ClusterCommand::Get(args) => get(&args).await,
         ClusterCommand::Top(args) => top(&args).await,
+        ClusterCommand::NodeInspect(args) => super::inspect::run(&args).await,
         ClusterCommand::Describe(args) => describe::describe(&client(&args.addr)?, &args).await,
         ClusterCommand::History(args) => history(&args).await,
         ClusterCommand::Status(args) => {

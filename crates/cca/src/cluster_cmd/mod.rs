@@ -14,6 +14,7 @@ mod backup;
 mod cert;
 pub(crate) mod commands;
 mod describe;
+mod inspect;
 mod io;
 mod login;
 pub(crate) mod output;
@@ -95,6 +96,9 @@ pub(crate) enum ClusterCommand {
     History(HistoryArgs),
     /// Summarise the cluster: nodes, instances by state, unplaced demand.
     Status(ReadArgs),
+    /// Show a node's agent's own view: its cached assignments, what its
+    /// runtime runs, the drift between them and from the store, its reports.
+    NodeInspect(inspect::NodeInspectArgs),
     /// Show what nodes or workloads use of CPU and memory (their agents'
     /// last 30 s) against what they have or requested.
     Top(TopArgs),
