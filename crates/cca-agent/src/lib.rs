@@ -22,6 +22,7 @@ pub mod netmap;
 pub mod netplane;
 pub mod network;
 pub mod node;
+pub mod preflight;
 mod restart;
 mod retry;
 pub mod revocations;

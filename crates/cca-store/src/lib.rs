@@ -78,6 +78,22 @@ pub enum StoreUrl {
     Etcd(Vec<String>),
 }
 
+/// The URL it was parsed from (`embedded:DIR`, `etcd://host:port,…`).
+impl std::fmt::Display for StoreUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreUrl::Embedded(dir) => write!(f, "embedded:{}", dir.display()),
+            StoreUrl::Etcd(endpoints) => {
+                let hosts: Vec<&str> = endpoints
+                    .iter()
+                    .map(|endpoint| endpoint.trim_start_matches("http://"))
+                    .collect();
+                write!(f, "etcd://{}", hosts.join(","))
+            }
+        }
+    }
+}
+
 impl std::str::FromStr for StoreUrl {
     type Err = StoreError;
 
@@ -162,6 +178,10 @@ mod tests {
                 "http://b:2379".into()
             ]))
         );
+        for url in ["embedded:/var/lib/cca", "etcd://a:2379,b:2379"] {
+            let parsed: StoreUrl = url.parse().expect("parses");
+            assert_eq!(parsed.to_string(), url, "shown as written");
+        }
         let err = "redis://x".parse::<StoreUrl>().expect_err("unknown scheme");
         assert!(err.to_string().contains("expected `embedded:DIR`"), "{err}");
         assert!("etcd://".parse::<StoreUrl>().is_err());

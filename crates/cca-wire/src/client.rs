@@ -105,6 +105,18 @@ pub struct InstanceQuery {
     pub pending: bool,
 }
 
+/// The server's clock against this host's, from one request
+/// ([`Client::identity_and_clock`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerClock {
+    /// The server's `Date` header (whole seconds); `None` when it sent
+    /// none that parses.
+    pub date: Option<std::time::SystemTime>,
+    /// This host's clock when the request went and the answer came.
+    pub sent: std::time::SystemTime,
+    pub received: std::time::SystemTime,
+}
+
 /// Filters of [`Client::events`].
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct EventQuery {
@@ -366,6 +378,35 @@ impl Client {
     /// Who the server takes this client for.
     pub async fn identity(&self) -> ClientResult<CallerIdentity> {
         self.json(self.request(Method::GET, "/v1/identity")).await
+    }
+
+    /// Who the server takes this client for, and the server's clock as
+    /// its `Date` header gives it (whole seconds), with when the request
+    /// went and the answer came by this host's clock: a pre-flight's
+    /// clock-skew check.
+    pub async fn identity_and_clock(&self) -> ClientResult<(CallerIdentity, ServerClock)> {
+        let sent = cca_model::clock::system_now();
+        let response = self.send(self.request(Method::GET, "/v1/identity")).await?;
+        let received = cca_model::clock::system_now();
+        let date = response
+            .headers()
+            .get(reqwest::header::DATE)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| httpdate::parse_http_date(value).ok());
+        let bytes = response
+            .bytes()
+            .await
+            .map_err(|error| self.unreachable(&error))?;
+        let identity = serde_json::from_slice(&bytes)
+            .map_err(|error| ClientError::Decode(error.to_string()))?;
+        Ok((
+            identity,
+            ServerClock {
+                date,
+                sent,
+                received,
+            },
+        ))
     }
 
     pub async fn status(&self) -> ClientResult<ClusterStatus> {

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result, bail};
 use cca_agent::enrol::{self, NodeTrust};
 use cca_agent::node::{self, ClusterNetwork, NodeOptions, NodeParts};
+use cca_agent::preflight::{self, Check, Verdict};
 use cca_agent::{AgentConfig, SupervisorConfig};
 use cca_model::spec::{Cpu, Memory};
 use cca_trust::config_dir::NodeCredentials;
@@ -476,6 +477,144 @@ fn report_join(args: &JoinArgs, node: &str, files: &cca_trust::config_dir::Clien
         args.data_dir.display(),
         args.address
     );
+}
+
+/// `cca readiness agent …`: what starting `cca agent` with these flags
+/// needs, checked without starting it: the flags, the data directory and
+/// its disk, the node's certificate, the server and the clock against
+/// it, the ports it would listen on, the container runtime.
+pub(crate) async fn readiness(args: &AgentArgs) -> Vec<Check> {
+    let mut checks = vec![
+        preflight::data_dir("data directory", &args.data_dir),
+        preflight::disk_space("disk", &args.data_dir),
+    ];
+    let config = match agent_config(args, &args.data_dir) {
+        Ok(config) => config,
+        Err(error) => {
+            checks.push(Check::new("flags", Verdict::Fail, format!("{error:#}")));
+            return checks;
+        }
+    };
+    let (certificate, client) = node_credentials(args, &config.node);
+    checks.push(certificate);
+    if let Some(client) = client {
+        checks.extend(server_checks(&client, &args.server, &config.node).await);
+    }
+    if let Some(listen) = args.listen.filter(|listen| listen.port() != 0) {
+        checks.push(preflight::tcp_port_free("agent API port", listen));
+    }
+    for (listen, role) in args
+        .gate_listen
+        .iter()
+        .zip(["gate HTTP port", "gate HTTPS port"])
+    {
+        if listen.port() != 0 {
+            checks.push(preflight::tcp_port_free(role, *listen));
+        }
+    }
+    if !args.no_cluster_network && rustix::process::geteuid().is_root() {
+        let tunnels = SocketAddr::from((Ipv4Addr::UNSPECIFIED, args.vxlan_port));
+        checks.push(overlay_port(tunnels));
+    }
+    checks.push(preflight::container_runtime(args.oci_runtime.as_deref()));
+    checks
+}
+
+/// The node's certificate, and a client of the server to check it with
+/// (`None` when the server cannot be called yet: HTTPS before a join).
+fn node_credentials(args: &AgentArgs, node: &str) -> (Check, Option<cca_wire::Client>) {
+    const NAME: &str = "node certificate";
+    let credentials = NodeCredentials::in_data_dir(&args.data_dir);
+    let https = args.server.starts_with("https://");
+    if !credentials.exist() {
+        return match (https, &args.join) {
+            (false, _) => (
+                Check::new(
+                    NAME,
+                    Verdict::Pass,
+                    "none needed: the server speaks plain HTTP",
+                ),
+                Some(cca_wire::Client::new(&args.server)),
+            ),
+            (true, Some(_)) => (
+                Check::new(
+                    NAME,
+                    Verdict::Pass,
+                    "none yet: the node joins with its --join token at start (the token \
+                     proves the server's CA, so the server is checked then)",
+                ),
+                None,
+            ),
+            (true, None) => (
+                Check::new(
+                    NAME,
+                    Verdict::Fail,
+                    format!(
+                        "{} speaks HTTPS and {} holds no certificate: start the agent with \
+                         --join TOKEN (`cca token create`)",
+                        args.server,
+                        args.data_dir.join("tls").display()
+                    ),
+                ),
+                None,
+            ),
+        };
+    }
+    let now = cca_model::clock::system_now();
+    let files = match credentials.load(node, now) {
+        Ok(files) => files,
+        Err(error) => return (Check::new(NAME, Verdict::Fail, error.to_string()), None),
+    };
+    let check = preflight::certificate(NAME, "the node's certificate", &files.certificate, now);
+    let client = enrol::client_tls(&files)
+        .ok()
+        .and_then(|(tls, _)| cca_wire::Client::with_tls(&args.server, &tls).ok());
+    (check, client)
+}
+
+/// The server answers, takes this node for itself, and agrees on the time.
+async fn server_checks(client: &cca_wire::Client, server: &str, node: &str) -> Vec<Check> {
+    match client.identity_and_clock().await {
+        Ok((identity, clock)) => {
+            let (who, verdict) = match identity.identity {
+                None => ("nobody (plain HTTP)".to_owned(), Verdict::Pass),
+                Some(who) if who.kind == "node" && who.name == node => {
+                    (format!("node {node}"), Verdict::Pass)
+                }
+                Some(who) => (
+                    format!("{} {}, not node {node}", who.kind, who.name),
+                    Verdict::Fail,
+                ),
+            };
+            vec![
+                Check::new(
+                    "server",
+                    verdict,
+                    format!("{server} answers and takes this host for {who}"),
+                ),
+                preflight::clock_skew(&clock),
+            ]
+        }
+        Err(error) => vec![Check::new(
+            "server",
+            Verdict::Fail,
+            format!("{server} does not answer: {error}"),
+        )],
+    }
+}
+
+/// The overlay's UDP port: free, or held by this node's own VXLAN device
+/// (an agent ran here before and left its tunnel up, as it does).
+fn overlay_port(address: SocketAddr) -> Check {
+    let check = preflight::udp_port_free("overlay port", address);
+    if check.verdict == Verdict::Fail && std::path::Path::new("/sys/class/net/cca-vxlan").exists() {
+        return Check::new(
+            "overlay port",
+            Verdict::Pass,
+            format!("UDP {address} is held by this node's own tunnel device (cca-vxlan)"),
+        );
+    }
+    check
 }
 
 #[cfg(test)]

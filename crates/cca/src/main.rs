@@ -11,6 +11,7 @@ mod dsl_cmd;
 mod flags;
 mod image_cmd;
 mod init_cmd;
+mod readiness_cmd;
 mod secret_keys;
 mod server_cmd;
 mod store_cmd;
@@ -61,6 +62,9 @@ enum Command {
     Init(init_cmd::InitArgs),
     /// Run the control plane: the API server on the fact store.
     Server(server_cmd::ServerArgs),
+    /// Pre-flight a server or a node with the flags it would start with:
+    /// store, certificates, secret key, runtime, ports, disk, clock.
+    Readiness(readiness_cmd::ReadinessArgs),
     /// Run the node agent: register this node and run the instances placed on it.
     Agent(agent_cmd::AgentArgs),
     /// Enrol this node with a join token (without starting the agent).
@@ -89,6 +93,7 @@ fn main() -> ExitCode {
         Command::Init(args) => init_cmd::run(args),
         Command::Server(args) => server_cmd::run(args),
         Command::Agent(args) => agent_cmd::run(args),
+        Command::Readiness(args) => readiness_cmd::run(args),
         Command::Join(args) => agent_cmd::join(args),
         Command::Image(args) => image_cmd::run(args),
         Command::Dev(args) => dev_cmd::run(args),

@@ -99,6 +99,46 @@ impl SecretKeyArgs {
         Ok(keys)
     }
 
+    /// `cca readiness server`: whether the primary key would load, without
+    /// creating one (a missing file beside an embedded store is created at
+    /// start) and without calling a key command (it runs at start).
+    pub(crate) fn readiness(&self, store: &StoreUrl) -> cca_agent::preflight::Check {
+        use cca_agent::preflight::{Check, Verdict};
+        const NAME: &str = "secret key";
+        if let Some(id) = &self.secret_key_id {
+            return Check::new(
+                NAME,
+                Verdict::Pass,
+                format!("KMS key {id} through --secret-key-command (called at start)"),
+            );
+        }
+        let path = match self.key_file_path(store) {
+            Ok(path) => path,
+            Err(error) => return Check::new(NAME, Verdict::Fail, format!("{error:#}")),
+        };
+        if !path.exists() {
+            return match store {
+                StoreUrl::Embedded(_) => Check::new(
+                    NAME,
+                    Verdict::Pass,
+                    format!("{} will be created at start", path.display()),
+                ),
+                StoreUrl::Etcd(_) => Check::new(
+                    NAME,
+                    Verdict::Fail,
+                    format!(
+                        "{} does not exist: every server of an etcd cluster needs the same key file",
+                        path.display()
+                    ),
+                ),
+            };
+        }
+        match LocalKey::load(&path) {
+            Ok(_) => Check::new(NAME, Verdict::Pass, format!("{} loads", path.display())),
+            Err(error) => Check::new(NAME, Verdict::Fail, format!("{}: {error}", path.display())),
+        }
+    }
+
     /// Where the key file is: the flag, else beside an embedded store.
     fn key_file_path(&self, store: &StoreUrl) -> Result<PathBuf> {
         if let Some(path) = &self.secret_key_file {

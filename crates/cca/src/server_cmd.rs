@@ -17,6 +17,8 @@ use cca_model::net::Ipv4Net;
 use cca_store::{Store, StoreUrl};
 use clap::Args;
 
+use cca_agent::preflight::{self, Check, Verdict};
+
 use crate::flags;
 
 /// `cca server [--store URL] [--listen ADDR [--insecure]]`
@@ -584,6 +586,127 @@ pub(crate) async fn shutdown_signal() {
         () = terminate => {}
     }
     tracing::info!("shutting down");
+}
+
+/// `cca readiness server …`: what starting `cca server` with these flags
+/// needs, checked without starting it: the certificates, the secret key,
+/// the store (reachable; an embedded one not held by a running server),
+/// its disk, and the ports it would listen on.
+pub(crate) async fn readiness(args: &ServerArgs) -> Vec<Check> {
+    let now = cca_model::clock::system_now();
+    let mut checks = trust_readiness(args, now);
+    checks.push(args.secret_keys.readiness(&args.store));
+    if let StoreUrl::Embedded(dir) = &args.store {
+        checks.push(preflight::data_dir("store directory", dir));
+        checks.push(preflight::disk_space("disk", dir));
+    }
+    checks.push(store_readiness(args).await);
+    checks.push(preflight::tcp_port_free("API port", args.listen));
+    if let Some(liveness) = args.liveness_listen {
+        checks.push(preflight::tcp_port_free("liveness port", liveness));
+    }
+    checks.push(preflight::udp_port_free("DNS port", args.dns_listen));
+    checks
+}
+
+/// The cluster CA and the server's certificate, or what serving without
+/// them means.
+fn trust_readiness(args: &ServerArgs, now: std::time::SystemTime) -> Vec<Check> {
+    let config = cca_trust::config_dir::ConfigDir::new(&args.config_dir);
+    if !config.has_ca() {
+        let listen = match check_listen(args.listen, true) {
+            Ok(()) if args.listen.ip().to_canonical().is_loopback() || args.insecure => Check::new(
+                "certificates",
+                Verdict::Warn,
+                format!(
+                    "no cluster CA in {}: the API serves plain HTTP without authentication \
+                         (`cca init` makes one)",
+                    args.config_dir.display()
+                ),
+            ),
+            _ => Check::new(
+                "certificates",
+                Verdict::Fail,
+                format!(
+                    "no cluster CA in {} and --listen {} is not loopback: the server refuses \
+                     to serve plain HTTP there (run `cca init`, or pass --insecure)",
+                    args.config_dir.display(),
+                    args.listen
+                ),
+            ),
+        };
+        return vec![listen];
+    }
+    let files = match config.load_server(now) {
+        Ok(files) => files,
+        Err(error) => return vec![Check::new("certificates", Verdict::Fail, error.to_string())],
+    };
+    let mut checks = vec![preflight::certificate(
+        "server certificate",
+        "the server's certificate",
+        &files.certificate,
+        now,
+    )];
+    match cca_trust::pki::CertInfo::parse(files.ca.cert_pem()) {
+        Ok(ca) => checks.push(preflight::certificate(
+            "cluster CA",
+            "the cluster CA",
+            &ca,
+            now,
+        )),
+        Err(error) => checks.push(Check::new("cluster CA", Verdict::Fail, error.to_string())),
+    }
+    checks
+}
+
+/// How long the store has to answer.
+const STORE_READINESS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The store answers (etcd), or opens (an embedded one that exists: it
+/// fails while a running server holds it); a missing embedded store is
+/// not created.
+async fn store_readiness(args: &ServerArgs) -> Check {
+    const NAME: &str = "store";
+    if let StoreUrl::Embedded(dir) = &args.store
+        && !dir.join(cca_store::embedded::FILE_NAME).exists()
+    {
+        return Check::new(
+            NAME,
+            Verdict::Pass,
+            format!("a new embedded store will be created in {}", dir.display()),
+        );
+    }
+    let probed = tokio::time::timeout(STORE_READINESS_TIMEOUT, async {
+        let store = args.etcd_tls.open(&args.store).await?;
+        let identity = store.get(&cca_model::keys::store_identity()).await?;
+        let revision = store.current_revision().await?;
+        anyhow::Ok((identity, revision))
+    })
+    .await;
+    match probed {
+        Ok(Ok((identity, revision))) => {
+            let id = identity
+                .and_then(|kv| {
+                    serde_json::from_slice::<cca_model::recovery::StoreIdentity>(&kv.value).ok()
+                })
+                .map_or_else(|| "no identity yet".to_owned(), |identity| identity.id);
+            Check::new(
+                NAME,
+                Verdict::Pass,
+                format!("{} answers at revision {revision} ({id})", args.store),
+            )
+        }
+        Ok(Err(error)) => Check::new(NAME, Verdict::Fail, format!("{}: {error:#}", args.store)),
+        Err(_) => Check::new(
+            NAME,
+            Verdict::Fail,
+            format!(
+                "{} did not answer within {} s",
+                args.store,
+                STORE_READINESS_TIMEOUT.as_secs()
+            ),
+        ),
+    }
 }
 
 #[cfg(test)]

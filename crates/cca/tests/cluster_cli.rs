@@ -336,3 +336,94 @@ fn listening_beyond_loopback_needs_insecure() {
     let status = server.ok(&["status"]);
     assert!(!status.is_empty());
 }
+
+/// `cca readiness` run with the flags a server or an agent would start
+/// with: a store a running server holds and its port fail (exit 1); a node
+/// pointed at that server passes, with the server and the clock checked;
+/// a node without a certificate for an HTTPS server fails.
+#[test]
+fn readiness_checks_a_server_and_a_node_with_their_own_flags() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = format!("embedded:{}", dir.path().join("store").display());
+    let server = Server::start_with(["--store", &store, "--listen", "127.0.0.1:0"]);
+    let port = server.url.rsplit(':').next().expect("a port").to_owned();
+    let readiness = |args: &[&str]| {
+        let output = Command::new(CCA)
+            .args(["readiness", "-o", "json"])
+            .args(args)
+            .env_remove("CCA_SERVER")
+            .env_remove("CCA_STORE")
+            .output()
+            .expect("cca readiness runs");
+        let checks: serde_json::Value =
+            serde_json::from_slice(&output.stdout).expect("JSON checks");
+        let verdict = |name: &str| {
+            checks
+                .as_array()
+                .and_then(|checks| checks.iter().find(|check| check["name"] == name))
+                .map(|check| (check["verdict"].clone(), check["detail"].clone()))
+                .unwrap_or_default()
+        };
+        (
+            output.status.code(),
+            verdict("store"),
+            verdict("API port"),
+            verdict("server"),
+            verdict("clock"),
+            verdict("node certificate"),
+        )
+    };
+    let none = dir.path().join("no-config");
+    let listen = format!("127.0.0.1:{port}");
+    let (code, store_check, port_check, ..) = readiness(&[
+        "server",
+        "--store",
+        &store,
+        "--listen",
+        &listen,
+        "--config-dir",
+        none.to_str().expect("utf-8"),
+    ]);
+    assert_eq!(code, Some(1));
+    assert_eq!(store_check.0, "fail", "{store_check:?}");
+    assert!(
+        store_check
+            .1
+            .as_str()
+            .is_some_and(|d| d.contains("already open in another process")),
+        "{store_check:?}"
+    );
+    assert_eq!(port_check.0, "fail", "{port_check:?}");
+
+    let agent_dir = dir.path().join("agent");
+    let (code, _, _, server_check, clock, certificate) = readiness(&[
+        "agent",
+        "--server",
+        &server.url,
+        "--data-dir",
+        agent_dir.to_str().expect("utf-8"),
+        "--no-cluster-network",
+    ]);
+    assert_eq!(code, Some(0), "{server_check:?} {clock:?} {certificate:?}");
+    assert_eq!(server_check.0, "pass", "{server_check:?}");
+    assert_eq!(clock.0, "pass", "{clock:?}");
+    assert!(!agent_dir.exists(), "a pre-flight creates nothing");
+
+    let (code, _, _, _, _, certificate) = readiness(&[
+        "agent",
+        "--server",
+        "https://127.0.0.1:9",
+        "--data-dir",
+        agent_dir.to_str().expect("utf-8"),
+        "--no-cluster-network",
+    ]);
+    assert_eq!(code, Some(1));
+    assert_eq!(certificate.0, "fail", "{certificate:?}");
+    assert!(
+        certificate
+            .1
+            .as_str()
+            .is_some_and(|d| d.contains("--join TOKEN")),
+        "{certificate:?}"
+    );
+}
