@@ -11,6 +11,7 @@ mod dsl_cmd;
 mod flags;
 mod image_cmd;
 mod init_cmd;
+mod install_cmd;
 mod readiness_cmd;
 mod secret_keys;
 mod server_cmd;
@@ -62,6 +63,9 @@ enum Command {
     Init(init_cmd::InitArgs),
     /// Run the control plane: the API server on the fact store.
     Server(server_cmd::ServerArgs),
+    /// Write the systemd unit of `cca server` or `cca agent` with the
+    /// flags after `--`, checked as the service would check them.
+    Install(install_cmd::InstallArgs),
     /// Pre-flight a server or a node with the flags it would start with:
     /// store, certificates, secret key, runtime, ports, disk, clock.
     Readiness(readiness_cmd::ReadinessArgs),
@@ -94,6 +98,9 @@ fn main() -> ExitCode {
         Command::Server(args) => server_cmd::run(args),
         Command::Agent(args) => agent_cmd::run(args),
         Command::Readiness(args) => readiness_cmd::run(args),
+        Command::Install(args) => {
+            install_cmd::run(args, |line| Cli::try_parse_from(line).map(drop))
+        }
         Command::Join(args) => agent_cmd::join(args),
         Command::Image(args) => image_cmd::run(args),
         Command::Dev(args) => dev_cmd::run(args),

@@ -427,3 +427,100 @@ fn readiness_checks_a_server_and_a_node_with_their_own_flags() {
         "{certificate:?}"
     );
 }
+
+/// `cca install` writes units that `systemd-analyze verify` accepts, with
+/// the flags checked as the service would check them: a bad flag and a
+/// join token are refused and nothing is written, a different unit is
+/// replaced only with --force.
+#[test]
+fn install_writes_units_systemd_accepts() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let units = dir.path().to_str().expect("utf-8").to_owned();
+    let install = |role: &str, extra: &[&str], flags: &[&str]| {
+        Command::new(CCA)
+            .args(["install", role, "--unit-dir", &units])
+            .args(extra)
+            .arg("--")
+            .args(flags)
+            .output()
+            .expect("cca install runs")
+    };
+    let server = install(
+        "server",
+        &[],
+        &[
+            "--store",
+            "etcd://10.0.0.5:2379",
+            "--listen",
+            "0.0.0.0:9770",
+            "--secret-key-file",
+            "/etc/ccattler/secret key",
+        ],
+    );
+    assert!(server.status.success(), "{}", support::text(&server));
+    let agent = install(
+        "agent",
+        &[],
+        &[
+            "--server",
+            "https://10.0.0.5:9770",
+            "--data-dir",
+            "/var/lib/cca",
+            "--label",
+            "disk=ssd",
+        ],
+    );
+    assert!(agent.status.success(), "{}", support::text(&agent));
+    for unit in ["cca-server.service", "cca-agent.service"] {
+        let path = dir.path().join(unit);
+        let verified = Command::new("systemd-analyze")
+            .arg("verify")
+            .arg(&path)
+            .output()
+            .expect("systemd-analyze runs");
+        let said = support::text(&verified);
+        assert!(verified.status.success(), "{unit}: {said}");
+        assert!(
+            !said.contains(unit),
+            "systemd-analyze warns about {unit}: {said}"
+        );
+    }
+    let agent_unit = std::fs::read_to_string(dir.path().join("cca-agent.service")).expect("unit");
+    assert!(agent_unit.contains("KillMode=process"), "{agent_unit}");
+    let server_unit = std::fs::read_to_string(dir.path().join("cca-server.service")).expect("unit");
+    assert!(
+        server_unit.contains("--secret-key-file \"/etc/ccattler/secret key\""),
+        "{server_unit}"
+    );
+
+    let bogus = install("agent", &[], &["--bogus"]);
+    assert_eq!(bogus.status.code(), Some(1));
+    assert!(
+        support::text(&bogus).contains("would not start"),
+        "{}",
+        support::text(&bogus)
+    );
+    let token = install("agent", &[], &["--join", "secret"]);
+    assert!(
+        support::text(&token).contains("CCA_JOIN_TOKEN"),
+        "{}",
+        support::text(&token)
+    );
+    let other = install("agent", &[], &["--server", "https://10.0.0.6:9770"]);
+    assert!(
+        support::text(&other).contains("--force"),
+        "{}",
+        support::text(&other)
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("cca-agent.service")).expect("unit"),
+        agent_unit,
+        "refused installs change nothing"
+    );
+    let forced = install(
+        "agent",
+        &["--force"],
+        &["--server", "https://10.0.0.6:9770"],
+    );
+    assert!(forced.status.success(), "{}", support::text(&forced));
+}

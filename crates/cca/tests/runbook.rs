@@ -10,7 +10,8 @@
 //! (two of four agents killed at once: replacement pauses until `cca
 //! resume-replacement`, and the returning agents stop what they ran); the
 //! control plane down (workloads keep serving, the cluster converges when
-//! it returns); and `cca events --follow` having seen it all. Store loss
+//! it returns); a rolling restart of every agent, as an upgrade does it
+//! (no workload restarts); and `cca events --follow` having seen it all. Store loss
 //! with and without a backup and a store gone back in time are walked by
 //! `store_recovery.rs`, leader failover by `failover.rs`. Every process
 //! this test starts is killed when it ends, pass or fail.
@@ -77,6 +78,7 @@ async fn the_runbook_works_as_written_on_a_cluster_of_processes() {
     a_frozen_node_s_duplicates_stop_when_it_thaws(&mut cluster).await;
     a_mass_node_failure_pauses_replacement_until_resumed(&mut cluster).await;
     workloads_outlive_the_control_plane(&mut cluster).await;
+    a_rolling_restart_restarts_no_workload(&mut cluster).await;
 
     // The event stream saw the partition, the pause and its end.
     let seen = std::fs::read_to_string(&followed).unwrap_or_default();
@@ -179,7 +181,15 @@ async fn eventually_no_drift(cluster: &Cluster, node: &str) -> String {
         &format!("node {node} without drift"),
         Duration::from_secs(30),
         async || {
-            let inspected = cluster.cca(&["node-inspect", node]);
+            // Fails while a restarted agent has not registered its new
+            // address yet.
+            let output = Command::new(CCA)
+                .args(["node-inspect", node])
+                .env("CCA_SERVER", &cluster.url)
+                .output()
+                .ok()
+                .filter(|output| output.status.success())?;
+            let inspected = String::from_utf8_lossy(&output.stdout).into_owned();
             let clean = inspected.contains("cache and its runtime: none")
                 && inspected.contains("store and the agent's cache: none");
             clean.then_some(inspected)
@@ -390,4 +400,33 @@ async fn workloads_outlive_the_control_plane(cluster: &mut Cluster) {
         before.keys().map(String::as_str).collect::<Vec<_>>(),
         "the same instances, none replaced"
     );
+}
+
+/// Each agent stopped (SIGTERM, as `systemctl restart` with the unit's
+/// `KillMode=process`) and started again in turn, as an upgrade does:
+/// every instance keeps its process.
+async fn a_rolling_restart_restarts_no_workload(cluster: &mut Cluster) {
+    let client = cluster.client();
+    let mut before = BTreeMap::new();
+    for instance in instances(&client, "web").await {
+        before.insert(
+            instance.id.clone(),
+            pid_and_url(&client, &instance.id).await.0,
+        );
+    }
+    for (node, address) in NODES {
+        if let Some(agent) = cluster.agents.remove(node) {
+            agent.terminate();
+        }
+        cluster.start_agent(node, address);
+        eventually_no_drift(cluster, node).await;
+    }
+    let mut after = BTreeMap::new();
+    for instance in all_running(&client, 4).await.unwrap_or_default() {
+        after.insert(
+            instance.id.clone(),
+            pid_and_url(&client, &instance.id).await.0,
+        );
+    }
+    assert_eq!(after, before, "every instance kept its process");
 }
