@@ -257,12 +257,33 @@ async fn containers(
     let images = ImageStore::open(images_dir(&options.data_dir)).map_err(|e| e.to_string())?;
     let mut config = OciConfig::new(oci_dir(&options.data_dir), images.clone());
     config.binary.clone_from(&options.oci_runtime);
+    config.cgroup_parent = format!("cca-oci-{}", agent_tag(&options.data_dir));
     let oci = OciRuntime::new(config).await.map_err(|e| e.to_string())?;
     Ok(Containers::new(Arc::new(oci), images, registries))
 }
 
+/// Eight hex digits naming this agent among the agents of one host,
+/// from its data directory: the parent of its instances' cgroups
+/// (`cca-{tag}`, `cca-oci-{tag}`). Instance ids are unique within a
+/// cluster only, so two agents on one host (two clusters, `cca dev`
+/// beside an agent, a test's nodes) would otherwise share an instance's
+/// cgroups — and removing one's instance kills every process in them.
+/// FNV-1a of the absolute path: the same across restarts, for adoption.
+pub fn agent_tag(data_dir: &Path) -> String {
+    let path = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_owned());
+    let hash = path
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(*byte)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    format!("{:08x}", hash >> 32)
+}
+
 async fn process_runtime(options: &NodeOptions) -> Result<Arc<dyn Runtime>, NodeError> {
     let mut config = ProcessConfig::new(process_dir(&options.data_dir));
+    config.cgroup_parent = format!("cca-{}", agent_tag(&options.data_dir));
     if let Some(first) = options.path_first.as_deref().and_then(Path::to_str) {
         let path = match config.base_env.get("PATH") {
             Some(path) if !path.is_empty() => format!("{first}:{path}"),
@@ -282,6 +303,14 @@ async fn process_runtime(options: &NodeOptions) -> Result<Arc<dyn Runtime>, Node
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn agents_with_other_data_directories_get_other_cgroup_tags() {
+        let one = agent_tag(Path::new("/var/lib/cca"));
+        assert_eq!(one.len(), 8);
+        assert_eq!(one, agent_tag(Path::new("/var/lib/cca")), "stable");
+        assert_ne!(one, agent_tag(Path::new("/var/lib/cca-2")));
+    }
 
     #[test]
     fn the_data_dir_layout_is_one_place() {

@@ -316,14 +316,11 @@ impl Cluster {
     /// re-creates every instance from what it knows. False when there is
     /// no node `name`.
     pub async fn restart_agent(&mut self, name: &str, reboot: bool) -> bool {
-        let server = self.client.base_url().to_owned();
-        let Some(index) = self.nodes.iter().position(|node| node.name == name) else {
+        if !self.stop_agent(name).await {
             return false;
-        };
-        let node = &mut self.nodes[index];
-        node.stop.send_replace(true);
-        join_agent(node).await;
-        if reboot {
+        }
+        if reboot && let Some(index) = self.nodes.iter().position(|node| node.name == name) {
+            let node = &mut self.nodes[index];
             node.runtime.kill_node();
             let sim = SimConfig {
                 seed: self.config.sim.seed.wrapping_add(index as u64),
@@ -331,6 +328,31 @@ impl Cluster {
             };
             node.runtime = Arc::new(SimRuntime::new(sim));
         }
+        self.start_agent(name)
+    }
+
+    /// Stops a node's agent as SIGSTOP or a crash would leave it: no
+    /// heartbeat, report or stream from it, its instances running on. The
+    /// agent is joined before this returns. False when there is no node
+    /// `name`.
+    pub async fn stop_agent(&mut self, name: &str) -> bool {
+        let Some(node) = self.nodes.iter_mut().find(|node| node.name == name) else {
+            return false;
+        };
+        node.stop.send_replace(true);
+        join_agent(node).await;
+        true
+    }
+
+    /// Starts a node's agent again with its data directory (its cached
+    /// assignments) and its runtime as they are. False when there is no
+    /// node `name`.
+    pub fn start_agent(&mut self, name: &str) -> bool {
+        let server = self.client.base_url().to_owned();
+        let Some(index) = self.nodes.iter().position(|node| node.name == name) else {
+            return false;
+        };
+        let node = &mut self.nodes[index];
         let mut config = agent_config(&self.config, index, name, &server, self._agent_dirs.path());
         config.link = node.link.clone();
         let (stop, stopping) = watch::channel(false);

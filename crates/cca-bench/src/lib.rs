@@ -17,6 +17,7 @@
 //! proxy against nginx in front of the same backends, each in a process
 //! of its own.
 
+mod chaos;
 mod cluster;
 mod error;
 pub mod gate;
@@ -32,6 +33,7 @@ mod trust;
 mod verify;
 pub mod workload;
 
+pub use chaos::ChaosFigures;
 pub use cluster::{Cluster, ClusterConfig};
 pub use error::BenchError;
 pub use lifecycle::LifecycleFigures;

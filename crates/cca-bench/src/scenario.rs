@@ -77,6 +77,11 @@ pub enum Scenario {
     /// Deploy autoscaled services on target, step their load up and back
     /// down: time to reach each new count (see the `lifecycle` module).
     Autoscale,
+    /// Deploy, then rounds of churn each with a random fault (an agent
+    /// killed, an agent frozen past its lease, the controllers
+    /// restarted): each round's convergence, and the most duplicates
+    /// ever running (see the `chaos` module). Not part of `all`.
+    Chaos,
 }
 
 impl Scenario {
@@ -116,12 +121,13 @@ impl Scenario {
             Scenario::Network => "network",
             Scenario::Rollout => "rollout",
             Scenario::Autoscale => "autoscale",
+            Scenario::Chaos => "chaos",
         }
     }
 
     /// Scenarios run only by name: they need what `all` does not ask
-    /// for (root, for `network`).
-    pub const BY_NAME_ONLY: &'static [Scenario] = &[Scenario::Network];
+    /// for (root, for `network`; minutes of faults, for `chaos`).
+    pub const BY_NAME_ONLY: &'static [Scenario] = &[Scenario::Network, Scenario::Chaos];
 
     /// The scenario called `name`.
     pub fn named(name: &str) -> Option<Self> {
@@ -233,6 +239,8 @@ pub struct BenchConfig {
     pub surge_percent: u32,
     /// `rollout`: per mille of the bad version's instances that crash (100).
     pub bad_per_mille: u32,
+    /// `chaos`: rounds of churn and one fault each (12).
+    pub chaos_rounds: u32,
 }
 
 impl BenchConfig {
@@ -269,6 +277,7 @@ impl BenchConfig {
             scale_down_window: None,
             surge_percent: 25,
             bad_per_mille: 100,
+            chaos_rounds: 12,
         }
     }
 
@@ -441,6 +450,10 @@ pub struct Report {
     /// `rollout` and `autoscale`: their figures.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lifecycle: Option<crate::lifecycle::LifecycleFigures>,
+    /// `chaos`: its figures (the latencies above are then per round, from
+    /// the fault's end to convergence).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chaos: Option<crate::chaos::ChaosFigures>,
 }
 
 fn is_zero(count: &u32) -> bool {
@@ -464,6 +477,10 @@ pub(crate) struct Outcome {
     pub(crate) instances: usize,
     pub(crate) network: Option<crate::network::NetworkFigures>,
     pub(crate) lifecycle: Option<crate::lifecycle::LifecycleFigures>,
+    pub(crate) chaos: Option<crate::chaos::ChaosFigures>,
+    /// Nodes whose agents the scenario stopped for a while: their lease
+    /// expiries are explained.
+    pub(crate) faulted_nodes: HashSet<String>,
     pub(crate) detection_seconds: Option<f64>,
     pub(crate) total_seconds: Option<f64>,
     pub(crate) violations: Vec<String>,
@@ -518,7 +535,12 @@ pub async fn run_scenario(
                 .await
                 .map(|mut outcome| {
                     let faults = Faults {
-                        killed: cluster.dead().clone(),
+                        killed: cluster
+                            .dead()
+                            .iter()
+                            .chain(&outcome.faulted_nodes)
+                            .cloned()
+                            .collect(),
                         suspended: std::mem::take(&mut outcome.suspended),
                     };
                     outcome.leases = tracker.lease_counts(ready, &faults);
@@ -583,6 +605,7 @@ async fn drive(
         Scenario::OverloadMassKill => {
             overload_mass_kill(cluster, tracker, &workload, config, progress).await
         }
+        Scenario::Chaos => crate::chaos::chaos(cluster, &workload, config, progress).await,
     }
 }
 
@@ -1315,6 +1338,7 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         certificates_seconds: None,
         network: outcome.network,
         lifecycle: outcome.lifecycle,
+        chaos: outcome.chaos,
     }
 }
 

@@ -96,3 +96,25 @@ async fn node_failure_replaces_only_after_the_leases_expire() {
         "{report:#?}"
     );
 }
+
+/// Rounds of churn with an agent killed, an agent frozen past its lease
+/// or the controllers restarted: every round converges to exactly the
+/// replicas asked (as the runtimes say), and no lease expires but the
+/// frozen agents'. A freeze outlasting the lost grace leaves duplicates
+/// running until the thaw: they are counted, and gone by convergence.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_rounds_converge_to_exactly_the_replicas_asked() {
+    let mut config = small_cluster();
+    config.chaos_rounds = 6;
+    config.seed = 3;
+    let report = run_scenario(Scenario::Chaos, &config, &Quiet)
+        .await
+        .unwrap_or_else(|error| panic!("chaos: {error}"));
+    assert!(report.violations.is_empty(), "{report:#?}");
+    assert_eq!(report.false_lease_expiries, 0, "{report:#?}");
+    assert!(report.passed(), "{report:#?}");
+    let figures = report.chaos.as_ref().expect("chaos figures");
+    assert_eq!(figures.rounds, 6);
+    assert_eq!(figures.faults.values().sum::<u32>(), 6, "{figures:?}");
+    assert!(report.p50 <= report.p99 && report.p99 <= report.max);
+}

@@ -133,6 +133,10 @@ pub(crate) struct BenchmarkArgs {
     #[arg(long, default_value_t = 100, value_name = "PER_MILLE",
           value_parser = clap::value_parser!(u32).range(1..=1000))]
     bad_per_mille: u32,
+    /// `chaos`: rounds of churn, each with one random fault.
+    #[arg(long, default_value_t = 12, value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    chaos_rounds: u32,
     /// Longest wait for one convergence.
     #[arg(long, default_value = "10m", value_name = "DURATION", value_parser = flags::duration)]
     timeout: Duration,
@@ -200,6 +204,7 @@ fn bench_config(args: &BenchmarkArgs) -> Result<BenchConfig> {
     config.scale_down_window = args.scale_down_window;
     config.surge_percent = args.surge_percent;
     config.bad_per_mille = args.bad_per_mille;
+    config.chaos_rounds = args.chaos_rounds;
     if let Some(kill) = args.kill {
         config.killed_nodes = kill;
     }
@@ -277,6 +282,12 @@ fn print_table(reports: &[Report]) {
     if !lifecycle.is_empty() {
         print_lifecycle_table(&lifecycle);
     }
+    let (chaos, others): (Vec<&Report>, Vec<&Report>) = others
+        .into_iter()
+        .partition(|report| report.chaos.is_some());
+    if !chaos.is_empty() {
+        print_chaos_table(&chaos);
+    }
     if others.is_empty() {
         return;
     }
@@ -339,6 +350,51 @@ fn print_lifecycle_table(reports: &[&Report]) {
             "scale down s",
             "window s",
             "store txn/s",
+        ],
+        rows,
+    );
+}
+
+/// The `chaos` scenario's figures: per-round convergence in seconds.
+fn print_chaos_table(reports: &[&Report]) {
+    let rows = reports
+        .iter()
+        .filter_map(|report| report.chaos.as_ref().map(|figures| (report, figures)))
+        .map(|(report, figures)| {
+            let faults: Vec<String> = figures
+                .faults
+                .iter()
+                .map(|(fault, count)| format!("{count} {fault}"))
+                .collect();
+            vec![
+                report.nodes.to_string(),
+                report.instances.to_string(),
+                figures.rounds.to_string(),
+                faults.join(", "),
+                format!("{:.2}", report.p50),
+                format!("{:.2}", report.p95),
+                format!("{:.2}", report.p99),
+                figures.max_duplicates.to_string(),
+                format!(
+                    "{} ({})",
+                    report.lease_expiries, report.false_lease_expiries
+                ),
+                if report.passed() { "yes" } else { "NO" }.to_owned(),
+            ]
+        })
+        .collect();
+    output::table(
+        &[
+            "nodes",
+            "instances",
+            "rounds",
+            "faults",
+            "p50 s",
+            "p95 s",
+            "p99 s",
+            "max duplicates",
+            "leases expired (false)",
+            "passed",
         ],
         rows,
     );

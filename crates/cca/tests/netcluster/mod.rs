@@ -812,7 +812,7 @@ fn remove_remains(
             }
         }
     }
-    left.extend(remove_cgroups(&ids));
+    left.extend(remove_cgroups(data_dirs, &ids));
     left
 }
 
@@ -994,16 +994,22 @@ fn unmount_under(dir: &Path) -> Vec<String> {
     left
 }
 
-/// Removes the cgroups the runtimes made for `ids` (`cca/{id}` for
-/// processes, `cca-oci/{id}` for containers) in every v1 hierarchy, when a
-/// killed agent or runtime left them; what could not be removed.
-fn remove_cgroups(ids: &BTreeSet<String>) -> Vec<String> {
+/// Removes the cgroups the agents with `data_dirs` made for `ids`
+/// (`cca-{tag}/{id}` for processes, `cca-oci-{tag}/{id}` for containers,
+/// `cca_agent::node::agent_tag`) in every v1 hierarchy, when a killed
+/// agent or runtime left them; what could not be removed.
+fn remove_cgroups(data_dirs: &[PathBuf], ids: &BTreeSet<String>) -> Vec<String> {
     let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else {
         return Vec::new();
     };
+    let parents: Vec<String> = data_dirs
+        .iter()
+        .map(|data| cca_agent::node::agent_tag(data))
+        .flat_map(|tag| [format!("cca-{tag}"), format!("cca-oci-{tag}")])
+        .collect();
     let mut left = Vec::new();
     for hierarchy in hierarchies.flatten() {
-        for parent in ["cca", "cca-oci"] {
+        for parent in &parents {
             for id in ids {
                 let dir = hierarchy.path().join(parent).join(id);
                 if dir.is_dir() && std::fs::remove_dir(&dir).is_err() {
