@@ -55,6 +55,15 @@ impl GateListen {
 }
 
 impl NodeInfo {
+    /// Where the API reaches the node's agent, without a trailing slash;
+    /// `None` when it registered none.
+    pub fn agent_base_url(&self) -> Option<&str> {
+        self.agent_url
+            .as_deref()
+            .map(|url| url.trim_end_matches('/'))
+            .filter(|url| !url.is_empty())
+    }
+
     /// The value of a placement label: `arch` and `zone` are labels too.
     pub fn label(&self, name: &str) -> Option<&str> {
         match name {

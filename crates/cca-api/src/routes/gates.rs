@@ -228,7 +228,7 @@ pub(crate) async fn describe(
             let gate = name.clone();
             let node = node.clone();
             let listen = info.gate.clone();
-            let url = info.agent_url.clone();
+            let url = info.agent_base_url().map(str::to_owned);
             async move {
                 let (targets, error) =
                     match ask_gate_node(&state, &node, url.as_deref(), &gate).await {
@@ -254,10 +254,7 @@ async fn ask_gate_node(
     url: Option<&str>,
     gate: &str,
 ) -> Result<Vec<cca_model::net::GateTargetHealth>, String> {
-    let url = url
-        .map(|url| url.trim_end_matches('/'))
-        .filter(|url| !url.is_empty())
-        .ok_or("the node registered without an agent URL")?;
+    let url = url.ok_or("the node registered without an agent URL")?;
     let http = crate::routes::instance_io::agent_http(state, node, url)
         .map_err(|error| error.to_string())?;
     let response = http

@@ -31,17 +31,12 @@ pub(crate) async fn inspect(
         .nodes
         .get(&node)
         .ok_or_else(|| ApiError::not_found(format!("node `{node}` not found")))?;
-    let url = info
-        .agent_url
-        .as_deref()
-        .map(|url| url.trim_end_matches('/'))
-        .filter(|url| !url.is_empty())
-        .ok_or_else(|| {
-            bad_gateway(format!(
-                "node `{node}` registered without an agent URL, so its agent cannot be \
+    let url = info.agent_base_url().ok_or_else(|| {
+        bad_gateway(format!(
+            "node `{node}` registered without an agent URL, so its agent cannot be \
                  inspected; restart its agent with an address the API server can reach"
-            ))
-        })?;
+        ))
+    })?;
     let agent = ask_agent(&state, &node, url).await?;
     Ok(Json(NodeInspection {
         store_revision: view.revision,

@@ -168,18 +168,13 @@ impl AgentTarget {
                  cannot be reached; check `cca get nodes`"
             ))
         })?;
-        let url = info
-            .agent_url
-            .as_deref()
-            .map(|url| url.trim_end_matches('/'))
-            .filter(|url| !url.is_empty())
-            .ok_or_else(|| {
-                bad_gateway(format!(
-                    "node `{node}` (of instance `{id}`) registered without an agent URL, so \
+        let url = info.agent_base_url().ok_or_else(|| {
+            bad_gateway(format!(
+                "node `{node}` (of instance `{id}`) registered without an agent URL, so \
                      its agent serves no logs or exec; restart its agent with an address the \
                      API server can reach"
-                ))
-            })?;
+            ))
+        })?;
         let http = agent_http(state, &node, url)?;
         Ok(Self {
             instance: id.to_owned(),
