@@ -1221,10 +1221,15 @@ async fn start_instance(
         let node_net = init.node_net.as_deref();
         crate::init::run_step(&runtime, &main, step, &init.probes, node_net, &init.note).await?;
     }
-    runtime
-        .start(&id)
-        .await
-        .map_err(|err| StartProblem::Failed(err.to_string()))
+    match runtime.start(&id).await {
+        // Running already: a start an earlier agent began (it died or was
+        // restarted meanwhile) finished in between. Adopted, not failed.
+        Err(cca_runtime::Error::InvalidState {
+            state: cca_runtime::InstanceState::Running,
+            ..
+        }) => Ok(()),
+        outcome => outcome.map_err(|err| StartProblem::Failed(err.to_string())),
+    }
 }
 
 /// The host port of each service port, in declaration order.
