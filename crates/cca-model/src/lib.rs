@@ -9,6 +9,7 @@ pub mod clock;
 pub mod cluster;
 pub mod exposition;
 pub mod facts;
+pub mod hex;
 pub mod keys;
 pub mod net;
 pub mod ownership;

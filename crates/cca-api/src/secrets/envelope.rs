@@ -15,8 +15,7 @@ use cca_model::cluster::Millis;
 
 use super::local::LocalKey;
 use super::{
-    ALGORITHM, KEY_LEN, ProviderError, SealedSecret, SecretError, SecretKeyError, SecretValue, hex,
-    unhex,
+    ALGORITHM, KEY_LEN, ProviderError, SealedSecret, SecretError, SecretKeyError, SecretValue,
 };
 
 /// Records sealed by older servers: the value directly under a key file.
@@ -166,11 +165,13 @@ impl SecretKey {
     /// depends on it.
     pub fn check(&self) -> Result<(), SecretError> {
         let name = "cca-start-up-check";
-        let probe = SecretValue::new(hex(DataKey::random()
-            .ok_or_else(|| SecretError::Seal {
-                name: name.to_owned(),
-            })?
-            .bytes()));
+        let probe = SecretValue::new(cca_model::hex::encode(
+            DataKey::random()
+                .ok_or_else(|| SecretError::Seal {
+                    name: name.to_owned(),
+                })?
+                .bytes(),
+        ));
         let sealed = self.seal(name, &probe, 0)?;
         if self.open(name, &sealed)? == probe {
             Ok(())
@@ -199,7 +200,7 @@ impl SecretKey {
             format: FORMAT_ENVELOPE,
             algorithm: ALGORITHM.to_owned(),
             key_id: self.primary.key_id().to_owned(),
-            wrapped_key: hex(&wrapped_key),
+            wrapped_key: cca_model::hex::encode(&wrapped_key),
             nonce,
             ciphertext,
             set_at,
@@ -249,7 +250,7 @@ impl SecretKey {
         let rewrapped = self.wrap_under_primary(name, &data_key)?;
         Ok(Rewrap::Rewrapped(SealedSecret {
             key_id: self.primary.key_id().to_owned(),
-            wrapped_key: hex(&rewrapped),
+            wrapped_key: cca_model::hex::encode(&rewrapped),
             ..sealed.clone()
         }))
     }
@@ -281,7 +282,7 @@ impl SecretKey {
         if let Some(legacy) = kek.legacy().filter(|_| sealed.format == FORMAT_DIRECT) {
             return open_with(legacy.aead(), name, sealed).map(|value| (value, None));
         }
-        let wrapped = unhex(&sealed.wrapped_key)
+        let wrapped = cca_model::hex::decode(&sealed.wrapped_key)
             .filter(|bytes| !bytes.is_empty())
             .ok_or_else(|| corrupt(name, "the wrapped data key is not hex"))?;
         let data_key = kek
@@ -339,7 +340,10 @@ fn seal_with(key: &LessSafeKey, name: &str, value: &SecretValue) -> Option<(Stri
         &mut in_out,
     )
     .ok()?;
-    Some((hex(&nonce), hex(&in_out)))
+    Some((
+        cca_model::hex::encode(&nonce),
+        cca_model::hex::encode(&in_out),
+    ))
 }
 
 fn open_with(
@@ -347,11 +351,11 @@ fn open_with(
     name: &str,
     sealed: &SealedSecret,
 ) -> Result<SecretValue, SecretError> {
-    let nonce: [u8; NONCE_LEN] = unhex(&sealed.nonce)
+    let nonce: [u8; NONCE_LEN] = cca_model::hex::decode(&sealed.nonce)
         .and_then(|bytes| bytes.try_into().ok())
         .ok_or_else(|| corrupt(name, "the nonce is not 12 hex bytes"))?;
-    let mut in_out =
-        unhex(&sealed.ciphertext).ok_or_else(|| corrupt(name, "the ciphertext is not hex"))?;
+    let mut in_out = cca_model::hex::decode(&sealed.ciphertext)
+        .ok_or_else(|| corrupt(name, "the ciphertext is not hex"))?;
     let plain = key
         .open_in_place(
             Nonce::assume_unique_for_key(nonce),
@@ -387,7 +391,7 @@ mod tests {
         assert_eq!(sealed.format, 2);
         assert_eq!(sealed.key_id, key.id());
         assert_eq!(sealed.set_at, 5);
-        assert!(!sealed.ciphertext.contains(&hex(b"p@ss")));
+        assert!(!sealed.ciphertext.contains(&cca_model::hex::encode(b"p@ss")));
         assert_eq!(key.open("db", &sealed), Ok(value.clone()));
         // A fresh data key and nonce each time.
         let again = key.seal("db", &value, 5).expect("seal");
@@ -566,7 +570,10 @@ mod tests {
         ];
         for text in shown {
             assert!(!text.contains("topsecretvalue"), "{text}");
-            assert!(!text.contains(&hex(&[0xab; KEY_LEN])), "{text}");
+            assert!(
+                !text.contains(&cca_model::hex::encode(&[0xab; KEY_LEN])),
+                "{text}"
+            );
             assert!(!text.contains("171, 171"), "{text}");
         }
     }

@@ -14,7 +14,7 @@ use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKe
 use aws_lc_rs::digest;
 
 use super::envelope::{DataKey, KeyProvider};
-use super::{KEY_LEN, ProviderError, SecretKeyError, hex};
+use super::{KEY_LEN, ProviderError, SecretKeyError};
 
 /// What a wrap's associated data starts with; the key's id follows.
 const WRAP_PURPOSE: &[u8] = b"cca secret data key wrap v1\0";
@@ -45,7 +45,10 @@ impl LocalKey {
         let mut context = digest::Context::new(&digest::SHA256);
         context.update(b"cca secret key id\0");
         context.update(bytes);
-        let id = format!("sha256:{}", hex(&context.finish().as_ref()[..8]));
+        let id = format!(
+            "sha256:{}",
+            cca_model::hex::encode(&context.finish().as_ref()[..8])
+        );
         Some(Self { key, id })
     }
 

@@ -93,7 +93,7 @@ impl BackupKey {
                 "cannot be read ({error}); make one with `cca backup --create-key`"
             ))
         })?;
-        let bytes = decode_hex(text.trim())
+        let bytes = cca_model::hex::decode(text.trim())
             .filter(|bytes| bytes.len() == 32)
             .ok_or_else(|| fail("does not hold a key: 64 hex digits are expected".into()))?;
         Self::from_bytes(&bytes).ok_or_else(|| fail("is not a usable AES-256 key".into()))
@@ -119,7 +119,7 @@ impl BackupKey {
                     "cannot be created ({error}); an existing key is never replaced"
                 ))
             })?;
-        file.write_all(format!("{}\n", encode_hex(&bytes)).as_bytes())
+        file.write_all(format!("{}\n", cca_model::hex::encode(&bytes)).as_bytes())
             .and_then(|()| file.sync_all())
             .map_err(|error| fail(error.to_string()))?;
         Self::from_bytes(&bytes).ok_or_else(|| fail("is not a usable AES-256 key".into()))
@@ -180,7 +180,7 @@ impl<W: Write + Seek> BackupWriter<W> {
         })?;
         header.format = FILE_FORMAT;
         header.cipher = CIPHER.into();
-        header.nonce_prefix = encode_hex(&nonce_prefix);
+        header.nonce_prefix = cca_model::hex::encode(&nonce_prefix);
         header.sha256 = "0".repeat(64);
         out.write_all(MAGIC).map_err(&io)?;
         let header_at = out.stream_position().map_err(&io)?;
@@ -223,7 +223,7 @@ impl<W: Write + Seek> BackupWriter<W> {
     pub fn finish(mut self) -> Result<(BackupHeader, W), BackupError> {
         self.seal(true)?;
         let io = io_error(&self.path);
-        self.header.sha256 = encode_hex(self.digest.clone().finish().as_ref());
+        self.header.sha256 = cca_model::hex::encode(self.digest.clone().finish().as_ref());
         let end = self.out.stream_position().map_err(&io)?;
         self.out
             .seek(SeekFrom::Start(self.header_at))
@@ -331,7 +331,7 @@ impl BackupReader {
         }
         let sealed = rest[newline + 1..].to_vec();
         let digest = aws_lc_rs::digest::digest(&SHA256, &sealed);
-        if encode_hex(digest.as_ref()) != header.sha256 {
+        if cca_model::hex::encode(digest.as_ref()) != header.sha256 {
             return Err(BackupError::Checksum {
                 path: path.to_owned(),
             });
@@ -345,7 +345,7 @@ impl BackupReader {
 
     /// Opens the sealed payload with `key` and parses it.
     pub fn open_payload(self, key: &BackupKey) -> Result<Payload, BackupError> {
-        let prefix: [u8; 8] = decode_hex(&self.header.nonce_prefix)
+        let prefix: [u8; 8] = cca_model::hex::decode(&self.header.nonce_prefix)
             .and_then(|bytes| bytes.try_into().ok())
             .ok_or_else(|| BackupError::Header {
                 path: self.path.clone(),
@@ -409,20 +409,6 @@ impl BackupReader {
             index += 1;
         }
     }
-}
-
-fn encode_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn decode_hex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
-        .collect()
 }
 
 #[cfg(test)]
