@@ -65,7 +65,7 @@ async fn the_runbook_works_as_written_on_a_cluster_of_processes() {
     let client = cluster.client();
     let followed = cluster.dir.path().join("events.ndjson");
     let _follower = follow_events(&cluster, &followed);
-    apply(&cluster, "web.cca", PROGRAM);
+    cluster.apply("web.cca", PROGRAM);
     eventually(
         "4 web instances running",
         Duration::from_secs(60),
@@ -129,12 +129,6 @@ fn follow_events(cluster: &Cluster, file: &std::path::Path) -> Proc {
         .spawn()
         .expect("cca events --follow starts");
     Proc(child)
-}
-
-fn apply(cluster: &Cluster, name: &str, program: &str) {
-    let file = cluster.dir.path().join(name);
-    std::fs::write(&file, program).expect("writes the program");
-    cluster.cca(&["apply", file.to_str().expect("utf-8 path")]);
 }
 
 /// The runbook's post-incident commands on a cluster that converged:
@@ -209,7 +203,7 @@ fn failed_or_pending(cluster: &Cluster) -> usize {
 
 /// Demand nothing can place shows as a pending row and in the status.
 async fn pending_demand_is_counted_by_grep(cluster: &Cluster) {
-    apply(cluster, "huge.cca", UNPLACEABLE);
+    cluster.apply("huge.cca", UNPLACEABLE);
     eventually("a pending row", Duration::from_secs(20), async || {
         (failed_or_pending(cluster) == 1).then_some(())
     })

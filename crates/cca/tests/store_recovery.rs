@@ -186,9 +186,7 @@ async fn a_cluster_restored_from_a_backup_keeps_its_instances_running() {
     let mut cluster = Cluster::new();
     cluster.start_server();
     cluster.start_agent_with("n1", "127.0.0.2", &["--claim-grace", "2s"]);
-    let file = cluster.dir.path().join("web.cca");
-    std::fs::write(&file, PROGRAM).expect("writes the program");
-    cluster.cca(&["apply", file.to_str().expect("utf-8 path")]);
+    cluster.apply("web.cca", PROGRAM);
     let two = running_web(&cluster, 2).await;
     let old_store = cluster.client().status().await.expect("status").store;
     let old_store = old_store.expect("the store has an identity").id;

@@ -163,6 +163,13 @@ impl Cluster {
         self.agents.insert(node.to_owned(), Proc(child));
     }
 
+    /// Writes `program` as `name` in the cluster's dir and applies it.
+    pub(crate) fn apply(&self, name: &str, program: &str) {
+        let file = self.dir.path().join(name);
+        std::fs::write(&file, program).expect("writes the program");
+        self.cca(&["apply", file.to_str().expect("utf-8 path")]);
+    }
+
     pub(crate) fn client(&self) -> Client {
         Client::new(&self.url)
     }
