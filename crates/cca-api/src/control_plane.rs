@@ -158,6 +158,11 @@ impl ControlPlane {
         &self.cache
     }
 
+    /// The controllers' metrics (what `/metrics` renders for them).
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     /// Serves the API on `listener` until `shutdown` resolves (see
     /// [`crate::serve`]); the controllers keep running until
     /// [`stop`](Self::stop).

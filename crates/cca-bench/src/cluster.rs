@@ -428,6 +428,11 @@ impl Cluster {
         Ok(())
     }
 
+    /// Times the control plane lost leadership it had not given up.
+    pub fn leadership_losses(&self) -> u64 {
+        self.plane.metrics().leadership_lost.get()
+    }
+
     /// Stops the runner; it resigns leadership on the way out.
     pub async fn stop_controllers(&mut self) {
         self.plane.stop_controllers().await;
@@ -659,7 +664,6 @@ fn plane_workers() -> usize {
 /// The production control plane with the cluster's timings.
 fn control_plane_config(config: &ClusterConfig) -> ControlPlaneConfig {
     let mut plane = ControlPlaneConfig::new("bench");
-    plane.runner.leader.ttl = Duration::from_secs(15);
     plane.scheduler.startup_grace = config.startup_grace;
     plane.scheduler.lost_grace = config.lost_grace;
     plane.disruption.resume_after = config.resume_replacement_after;

@@ -428,6 +428,12 @@ pub struct Report {
     /// Agents that registered again during the measured part (their lease
     /// was gone, or they restarted).
     pub re_registrations: u64,
+    /// Times the control plane lost leadership it had not given up (its
+    /// leader lease lapsed), over the whole run.
+    pub leadership_losses: u64,
+    /// Those the harness did not cause (it freezes the control plane past
+    /// the leader lease in `overload-freeze` only); any fails the run.
+    pub false_leadership_losses: u64,
     /// Whether the run had production security on (`--tls`).
     pub tls: bool,
     /// Whether agents sent registrations and heartbeats over their API
@@ -464,7 +470,10 @@ impl Report {
     /// Whether the run did everything it should have: no violation, full
     /// convergence, and no lease expired that the harness did not cause.
     pub fn passed(&self) -> bool {
-        self.violations.is_empty() && self.success_rate >= 1.0 && self.false_lease_expiries == 0
+        self.violations.is_empty()
+            && self.success_rate >= 1.0
+            && self.false_lease_expiries == 0
+            && self.false_leadership_losses == 0
     }
 }
 
@@ -490,6 +499,9 @@ pub(crate) struct Outcome {
     pub(crate) suspended: Vec<Range<Instant>>,
     /// Counted over the measured part once the scenario is done.
     pub(crate) leases: LeaseCounts,
+    /// Leadership lost over the run, and whether the harness caused it.
+    pub(crate) leadership_losses: u64,
+    pub(crate) leadership_losses_explained: bool,
     /// CPU seconds the process spent in the measured span, where the
     /// scenario measures it (deploys and scale-ups).
     pub(crate) cpu_seconds: Option<f64>,
@@ -534,6 +546,8 @@ pub async fn run_scenario(
             drive(scenario, &mut cluster, &tracker, &store, config, progress)
                 .await
                 .map(|mut outcome| {
+                    outcome.leadership_losses = cluster.leadership_losses();
+                    outcome.leadership_losses_explained = !outcome.suspended.is_empty();
                     let faults = Faults {
                         killed: cluster
                             .dead()
@@ -1332,6 +1346,12 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         lease_expiries: outcome.leases.expiries,
         false_lease_expiries: outcome.leases.false_expiries,
         re_registrations: outcome.leases.re_registrations,
+        leadership_losses: outcome.leadership_losses,
+        false_leadership_losses: if outcome.leadership_losses_explained {
+            0
+        } else {
+            outcome.leadership_losses
+        },
         tls: config.tls,
         liveness_over_api: config.liveness_over_api,
         connection_per_node: config.connection_per_node || config.tls,

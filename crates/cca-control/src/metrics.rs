@@ -36,6 +36,9 @@ pub struct Metrics {
     pub placements: Counter,
     pub unplaced_services: Gauge,
     pub leader: Gauge,
+    /// Times leadership ended without this server giving it up: its lease
+    /// was not renewed in time, or another server's record replaced it.
+    pub leadership_lost: Counter,
     /// 1 while lost-node replacement is paused (too many nodes missing).
     pub replacement_paused: Gauge,
     /// Nodes whose heartbeat lease is gone.
@@ -61,6 +64,7 @@ impl Metrics {
             placements: Counter::default(),
             unplaced_services: Gauge::default(),
             leader: Gauge::default(),
+            leadership_lost: Counter::default(),
             replacement_paused: Gauge::default(),
             nodes_unreachable: Gauge::default(),
             store_txn_seconds: latency_histogram(),
@@ -126,6 +130,11 @@ impl Metrics {
             "leader",
             "1 while this server runs the controllers",
             self.leader.clone(),
+        );
+        registry.register(
+            "leadership_lost",
+            "Times this server lost leadership it had not given up (its lease lapsed or was taken)",
+            self.leadership_lost.clone(),
         );
         registry.register(
             "node_replacement_paused",
@@ -228,6 +237,7 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("# TYPE leader gauge\n"), "{text}");
+        assert!(text.contains("\nleadership_lost_total 0\n"), "{text}");
         assert!(!text.contains("# EOF"), "{text}");
     }
 }

@@ -98,6 +98,7 @@ impl Runner {
                 leadership.resign(self.store.as_ref()).await;
                 return;
             }
+            self.metrics.leadership_lost.inc();
             tracing::warn!("no longer leader; campaigning again");
         }
     }

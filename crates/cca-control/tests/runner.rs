@@ -155,6 +155,54 @@ async fn a_plan_is_committed_once_and_a_converged_view_costs_no_write() {
     );
 }
 
+/// Leadership that lapses under a running leader (its lease gone) is
+/// counted, unlike a resignation, and the server campaigns again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lapsed_leadership_is_counted_and_campaigned_for_again() {
+    let (store, _dir) = embedded().await;
+    let controller = Arc::new(WriteOnce {
+        name: "endpoint",
+        key: keys::derived_endpoint("lapse", "a"),
+    });
+    let server = start(
+        Arc::clone(&store),
+        "server-a",
+        controller,
+        Duration::from_secs(2),
+    )
+    .await;
+    eventually("leadership", Duration::from_secs(5), async || {
+        metric(&server.metrics, "leader ") == 1.0
+    })
+    .await;
+    assert_eq!(metric(&server.metrics, "leadership_lost_total "), 0.0);
+    let record = store
+        .get(&cca_model::keys::leader())
+        .await
+        .expect("get")
+        .expect("a leader");
+    let lease = record.lease.expect("the leader record is leased");
+    store.revoke_lease(lease).await.expect("revoke");
+
+    eventually(
+        "the loss to be counted",
+        Duration::from_secs(10),
+        async || metric(&server.metrics, "leadership_lost_total ") == 1.0,
+    )
+    .await;
+    eventually("leadership again", Duration::from_secs(10), async || {
+        metric(&server.metrics, "leader ") == 1.0
+    })
+    .await;
+    let _ = server.stop.send(true);
+    server.task.await.expect("runner stops");
+    assert_eq!(
+        metric(&server.metrics, "leadership_lost_total "),
+        1.0,
+        "resigning on the way out is not a loss"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_outside_the_controllers_domain_is_refused() {
     let (store, _dir) = embedded().await;

@@ -298,3 +298,56 @@ async fn a_watch_on_an_etcd_that_went_back_in_time_reports_a_compaction() {
         other => panic!("expected a compaction, got {other:?}"),
     }
 }
+
+/// Renewals share a few long-lived keep-alive streams: many leases renewed
+/// at once each get their own TTL back, an unknown lease is told apart
+/// from the others on its stream, and renewals go on after etcd restarts
+/// under the streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_leases_renew_at_once_over_shared_streams_and_after_a_restart() {
+    let mut server = EtcdServer::start();
+    let store = Arc::new(connect(&server).await);
+    let mut leases = Vec::new();
+    for _ in 0..200 {
+        leases.push(
+            store
+                .grant_lease(Duration::from_secs(30))
+                .await
+                .expect("grant"),
+        );
+    }
+    let revoked = leases[7];
+    store.revoke_lease(revoked).await.expect("revoke");
+
+    let renew_all = |leases: Vec<i64>| {
+        let store = Arc::clone(&store);
+        async move {
+            let mut renewals = tokio::task::JoinSet::new();
+            for lease in leases {
+                let store = Arc::clone(&store);
+                renewals.spawn(async move { (lease, store.keep_alive(lease).await) });
+            }
+            renewals.join_all().await
+        }
+    };
+    for (lease, renewed) in renew_all(leases.clone()).await {
+        if lease == revoked {
+            assert!(
+                matches!(renewed, Err(StoreError::LeaseNotFound(id)) if id == revoked),
+                "{renewed:?}"
+            );
+        } else {
+            let ttl = renewed.unwrap_or_else(|err| panic!("lease {lease}: {err}"));
+            assert!(
+                ttl > Duration::from_secs(25) && ttl <= Duration::from_secs(30),
+                "lease {lease}: {ttl:?}"
+            );
+        }
+    }
+
+    server.restart();
+    let alive: Vec<i64> = leases.into_iter().filter(|&l| l != revoked).collect();
+    for (lease, renewed) in renew_all(alive).await {
+        renewed.unwrap_or_else(|err| panic!("lease {lease} after the restart: {err}"));
+    }
+}

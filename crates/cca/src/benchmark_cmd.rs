@@ -259,8 +259,11 @@ fn outcome(reports: &[Report]) -> ExitCode {
             output::line(&format!("{}: violation: {violation}", report.scenario));
         }
         output::line(&format!(
-            "{}: FAILED (success rate {:.4}, {} false lease expiries)",
-            report.scenario, report.success_rate, report.false_lease_expiries
+            "{}: FAILED (success rate {:.4}, {} false lease expiries, {} leadership losses)",
+            report.scenario,
+            report.success_rate,
+            report.false_lease_expiries,
+            report.false_leadership_losses
         ));
     }
     if failed.is_empty() {

@@ -60,7 +60,7 @@ pub(crate) struct ServerArgs {
     server_id: Option<String>,
     /// Leadership lapses this long after the leader stops renewing it;
     /// a standby server takes over then.
-    #[arg(long, default_value = "15s", value_name = "DURATION", value_parser = flags::duration)]
+    #[arg(long, default_value = "8s", value_name = "DURATION", value_parser = flags::duration)]
     leader_ttl: Duration,
     /// A node whose agent stops heartbeating is unreachable after this long.
     #[arg(long, default_value = "6s", value_name = "DURATION", value_parser = flags::duration)]
@@ -747,5 +747,19 @@ mod tests {
             assert!(error.contains("pass --insecure"), "{error}");
             check_listen(address, true).unwrap_or_else(|e| panic!("{address}: {e}"));
         }
+    }
+
+    #[test]
+    fn the_leader_lease_flag_defaults_to_the_control_planes_default() {
+        #[derive(clap::Parser)]
+        struct Server {
+            #[command(flatten)]
+            args: ServerArgs,
+        }
+        let server = <Server as clap::Parser>::try_parse_from(["cca-server"]).expect("defaults");
+        assert_eq!(
+            server.args.leader_ttl,
+            cca_control::leader::LeaderConfig::DEFAULT_TTL
+        );
     }
 }

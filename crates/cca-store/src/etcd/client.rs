@@ -1,5 +1,6 @@
 //! Connections to the etcd members and the retry discipline every request
-//! goes through. Two gRPC connections per member, one for leases and one
+//! goes through. Two gRPC connections per member, one for leases (their
+//! keep-alives on long-lived streams, see [`super::renewals`]) and one
 //! for everything else; requests go to the current
 //! member and move to the next one when it cannot be reached, so a dead
 //! member costs one failed attempt, not a random share of all requests.
@@ -32,6 +33,8 @@ pub(super) struct Member {
     pub(super) kv: KvClient,
     pub(super) watch: WatchClient,
     pub(super) lease: LeaseClient,
+    /// Keep-alives, on long-lived streams over the lease connection.
+    pub(super) renewals: super::renewals::Renewals,
 }
 
 impl std::fmt::Debug for Member {
@@ -113,6 +116,7 @@ impl Members {
                     .watch_client()
                     .max_decoding_message_size(config.max_response_bytes),
                 lease: leases.lease_client(),
+                renewals: super::renewals::Renewals::new(leases.lease_client()),
             }));
         }
         Ok(Self {

@@ -6,8 +6,6 @@
 
 use std::time::Duration;
 
-use etcd_client::LeaseClient;
-
 use super::EtcdStore;
 use super::client::Resend;
 use super::errors::{Failure, classify, message, server_said};
@@ -37,9 +35,8 @@ impl EtcdStore {
     pub(super) async fn renew(&self, lease: LeaseId) -> Result<Duration> {
         let ttl = self
             .members
-            .call("lease keep-alive", Resend::Always, |member, _| {
-                let mut client = member.lease.clone();
-                async move { keep_alive_once(&mut client, lease).await }
+            .call("lease keep-alive", Resend::Always, |member, _| async move {
+                member.renewals.renew(lease).await
             })
             .await?;
         Ok(Duration::from_secs(u64::try_from(ttl).unwrap_or(0)))
@@ -88,25 +85,5 @@ impl EtcdStore {
         leases.first().copied().ok_or_else(|| {
             StoreError::Backend("etcd reported an unknown lease for a txn that names none".into())
         })
-    }
-}
-
-/// One keep-alive round trip; the TTL etcd granted.
-async fn keep_alive_once(client: &mut LeaseClient, lease: LeaseId) -> Result<i64, Failure> {
-    // `keep_alive` reads the first answer itself, fails if the lease is
-    // unknown, and keeps the TTL to itself; a second round trip tells it.
-    let (mut keeper, mut answers) = client.keep_alive(lease).await.map_err(|err| match err {
-        etcd_client::Error::LeaseKeepAliveError(_) => {
-            Failure::Final(StoreError::LeaseNotFound(lease))
-        }
-        other => classify(other),
-    })?;
-    keeper.keep_alive().await.map_err(classify)?;
-    match answers.message().await.map_err(classify)? {
-        Some(answer) if answer.ttl() > 0 => Ok(answer.ttl()),
-        Some(_) => Err(Failure::Final(StoreError::LeaseNotFound(lease))),
-        None => Err(Failure::MaybeApplied(
-            "etcd closed the keep-alive stream without answering".into(),
-        )),
     }
 }

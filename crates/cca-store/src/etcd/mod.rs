@@ -30,6 +30,7 @@ mod compaction;
 mod errors;
 mod keys;
 mod lease;
+mod renewals;
 mod txn;
 mod watch;
 
