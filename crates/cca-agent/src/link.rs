@@ -36,6 +36,7 @@ pub(crate) async fn keep_registered(
 ) {
     let mut retry = Retry::new();
     loop {
+        let sent = Instant::now();
         let registration = tokio::select! {
             registration = client.register(&request) => registration,
             _ = stop.wait_for(|stop| *stop) => return,
@@ -55,7 +56,12 @@ pub(crate) async fn keep_registered(
         retry.reset();
         let _ = connected.send(true);
         tracing::info!(node = %request.name, lease = reply.lease_id, "registered");
-        if !keep_alive(&client, &request.name, &reply, &connected, &mut stop).await {
+        let lease = Lease {
+            node: &request.name,
+            reply: &reply,
+            granted_after: sent,
+        };
+        if !keep_alive(&client, &lease, &connected, &mut stop).await {
             return;
         }
     }
@@ -63,6 +69,16 @@ pub(crate) async fn keep_registered(
 
 /// Heartbeats sent but not yet answered, at most.
 const HEARTBEATS_IN_FLIGHT: usize = 3;
+
+/// A registered node's lease.
+struct Lease<'a> {
+    node: &'a str,
+    reply: &'a RegisterReply,
+    /// When the registration was sent: the lease's TTL runs from some
+    /// moment after this, so heartbeats counted from here are never late,
+    /// however long the registration's answer took to come back.
+    granted_after: Instant,
+}
 
 /// Heartbeats the lease of `reply` until it is gone (true: register
 /// again) or `stop` (false). Heartbeats go out on their own schedule, not
@@ -73,14 +89,16 @@ const HEARTBEATS_IN_FLIGHT: usize = 3;
 /// overlap; whichever arrives renews the lease.
 async fn keep_alive(
     client: &Client,
-    node: &str,
-    reply: &RegisterReply,
+    lease: &Lease<'_>,
     connected: &watch::Sender<bool>,
     stop: &mut watch::Receiver<bool>,
 ) -> bool {
+    let Lease { node, reply, .. } = *lease;
     let ttl = Duration::from_secs(reply.ttl_secs.max(1));
     let mut retry = Retry::between(HEARTBEAT_RETRY_FIRST, ttl / 3);
-    let mut next = Instant::now() + heartbeat_period(ttl, fastrand::f64());
+    // Possibly already past (a slow registration): the first heartbeat
+    // then goes at once.
+    let mut next = lease.granted_after + heartbeat_period(ttl, fastrand::f64());
     let mut in_flight = FuturesUnordered::new();
     loop {
         tokio::select! {
@@ -264,6 +282,100 @@ mod tests {
         assert_eq!(heartbeat_period(ttl, 0.5), Duration::from_millis(4500));
         assert_eq!(heartbeat_period(ttl, 1.0), Duration::from_secs(5));
         assert_eq!(heartbeat_period(ttl, 7.0), Duration::from_secs(5));
+    }
+
+    /// An API whose registration answers `register_delay` late, with a
+    /// `ttl_secs` lease; sends the time of each heartbeat's arrival,
+    /// counted from the registration's arrival.
+    async fn slow_registrar(
+        register_delay: Duration,
+        ttl_secs: u64,
+    ) -> (String, tokio::sync::mpsc::UnboundedReceiver<Duration>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("address"));
+        let (heartbeats, heard) = tokio::sync::mpsc::unbounded_channel();
+        let registered_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let heartbeats = heartbeats.clone();
+                let registered_at = Arc::clone(&registered_at);
+                tokio::spawn(async move {
+                    let mut buffer = vec![0u8; 8192];
+                    loop {
+                        let Ok(read) = socket.read(&mut buffer).await else {
+                            return;
+                        };
+                        if read == 0 {
+                            return;
+                        }
+                        let head = String::from_utf8_lossy(&buffer[..read]).into_owned();
+                        let body = if head.starts_with("POST /v1/agent/register") {
+                            *registered_at.lock().expect("lock") = Some(Instant::now());
+                            tokio::time::sleep(register_delay).await;
+                            format!(
+                                r#"{{"node":"n1","lease_id":7,"ttl_secs":{ttl_secs},"revision":1}}"#
+                            )
+                        } else {
+                            let since = registered_at.lock().expect("lock").map(|at| at.elapsed());
+                            if let Some(since) = since {
+                                let _ = heartbeats.send(since);
+                            }
+                            format!(r#"{{"ttl_secs":{ttl_secs}}}"#)
+                        };
+                        let response = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if socket.write_all(response.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, heard)
+    }
+
+    /// A registration answered later than a heartbeat period: the first
+    /// heartbeat goes as soon as the answer is in, not a period after it
+    /// (by when a lease granted as the registration arrived may be gone).
+    #[tokio::test]
+    async fn heartbeats_count_from_when_the_registration_was_sent() {
+        let (url, mut heard) = slow_registrar(Duration::from_millis(1500), 3).await;
+        let request = RegisterRequest {
+            name: "n1".into(),
+            cpu: cca_model::spec::Cpu(1000),
+            memory: cca_model::spec::Memory(1 << 30),
+            arch: "x86_64".into(),
+            zone: None,
+            labels: Default::default(),
+            addresses: Vec::new(),
+            agent_url: None,
+            gate: Default::default(),
+        };
+        let (connected, _) = watch::channel(false);
+        let (stop, stopped) = watch::channel(false);
+        let agent = tokio::spawn(keep_registered(
+            Client::new(&url),
+            request,
+            connected,
+            stopped,
+        ));
+        let first = tokio::time::timeout(Duration::from_secs(10), heard.recv())
+            .await
+            .expect("a heartbeat within 10 s")
+            .expect("a heartbeat");
+        stop.send_replace(true);
+        let _ = agent.await;
+        // The period is 0.8–1.0 s: counted from the answer, the first
+        // heartbeat would come 2.3 s or more after the registration.
+        assert!(
+            first < Duration::from_millis(2000),
+            "first heartbeat {first:?} after the registration"
+        );
     }
 
     #[test]

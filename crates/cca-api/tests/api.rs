@@ -456,6 +456,51 @@ async fn events_are_listed_filtered_and_pruned() {
     assert_eq!(none, json!([]));
 }
 
+/// A store that refuses transactions of more than two operations, as etcd
+/// refuses more than its `--max-txn-ops`.
+#[derive(Debug)]
+struct TwoOpsAtMost;
+
+#[async_trait::async_trait]
+impl cca_store::decorate::Hook for TwoOpsAtMost {
+    async fn before(&self, call: cca_store::decorate::Call<'_>) -> cca_store::Result<()> {
+        match call {
+            cca_store::decorate::Call::Txn { txn } if txn.ops.len() > 2 => Err(
+                cca_store::StoreError::InvalidRequest(format!("{} ops", txn.ops.len())),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    fn max_txn_ops(&self, _inner: usize) -> usize {
+        2
+    }
+}
+
+#[tokio::test]
+async fn retention_deletes_in_transactions_the_store_takes() {
+    let h = harness().await;
+    h.call("POST", "/v1/apply", Some(to_json(&program(&[("web", 1)]))))
+        .await;
+    for replicas in 2..=6 {
+        h.call(
+            "POST",
+            "/v1/services/web/scale",
+            Some(json!({"replicas": replicas})),
+        )
+        .await;
+    }
+    let (_, all) = h.call("GET", "/v1/events", None).await;
+    assert_eq!(all.as_array().map(Vec::len), Some(6));
+    let limited = cca_store::decorate::Decorated::wrap(Arc::clone(&h.store), TwoOpsAtMost);
+    let deleted = cca_api::prune_events_now(&limited, i64::MAX / 2, 100)
+        .await
+        .expect("prunes in transactions of two");
+    assert_eq!(deleted, 6);
+    let (_, none) = h.call("GET", "/v1/events", None).await;
+    assert_eq!(none, json!([]));
+}
+
 /// `follow` sends the listed events, then each new one about the subject
 /// asked for, as it is logged.
 #[tokio::test]

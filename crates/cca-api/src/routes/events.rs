@@ -17,7 +17,8 @@ use crate::types::{AuditEntry, EventRecord};
 
 /// Events returned when the query does not say.
 const DEFAULT_LIMIT: usize = 100;
-/// Deletes per retention transaction (keeps each one small).
+/// Deletes per retention transaction (keeps each one small), or fewer
+/// where the store takes fewer (etcd: 128).
 const DELETE_BATCH: usize = 1_000;
 
 /// Query of `GET /v1/events`.
@@ -310,7 +311,7 @@ pub(crate) async fn prune(
         .filter(|(index, kv)| *index < excess || kv.key < cutoff_key)
         .map(|(_, kv)| kv.key.as_str())
         .collect();
-    for batch in doomed.chunks(DELETE_BATCH) {
+    for batch in doomed.chunks(DELETE_BATCH.min(store.max_txn_ops()).max(1)) {
         let txn = Txn {
             compares: Vec::new(),
             ops: batch.iter().map(|key| Op::delete(*key)).collect(),
