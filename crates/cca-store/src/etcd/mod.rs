@@ -9,8 +9,9 @@
 //!
 //! Submodules: `client` (members, failover, retries), `errors` (what each
 //! etcd failure means for the caller), `keys` (the namespace), `txn`
-//! (transactions in etcd's terms), `watch` (resumable watches), `lease`
-//! and `compaction`.
+//! (transactions in etcd's terms), `watch` (resumable watches), `lease`,
+//! `renewals` (keep-alives on reused streams), `pacing` (transactions in
+//! flight paced to what etcd applies) and `compaction`.
 //!
 //! etcd behaviour worth knowing (measured on etcd 3.4):
 //! - A transaction that changes nothing (no ops, deletes of absent keys, a
@@ -30,6 +31,7 @@ mod compaction;
 mod errors;
 mod keys;
 mod lease;
+mod pacing;
 mod renewals;
 mod txn;
 mod watch;
@@ -179,6 +181,8 @@ pub struct EtcdStore {
     ns: Namespace,
     max_txn_ops: usize,
     kv_slots: tokio::sync::Semaphore,
+    /// Transactions in flight, paced to what etcd applies.
+    writes: pacing::WriteWindow,
 }
 
 impl EtcdStore {
@@ -190,6 +194,7 @@ impl EtcdStore {
             ns: Namespace::new(config.namespace),
             max_txn_ops: config.max_txn_ops.max(1),
             kv_slots: tokio::sync::Semaphore::new(MAX_KV_IN_FLIGHT),
+            writes: pacing::WriteWindow::new(MAX_KV_IN_FLIGHT),
         };
         store.current_revision_read().await?;
         Ok(store)

@@ -23,6 +23,7 @@ impl EtcdStore {
     /// Sends a transaction once — resent only when it surely was not
     /// applied — and reads etcd's answer.
     pub(super) async fn apply(&self, request: EtcdRequest) -> Result<TxnOutcome> {
+        let paced = self.writes.enter().await;
         let slot = self.kv_slot().await?;
         let answer = self
             .members
@@ -39,8 +40,11 @@ impl EtcdStore {
                 }
             })
             .await;
-        // Free the slot first: looking up a missing lease reads again.
+        // Free the slots first: looking up a missing lease reads again.
+        // Every ending tells the window something: an answer its latency,
+        // a timeout that etcd is behind.
         drop(slot);
+        paced.answered();
         match answer? {
             Some(response) => request.outcome(&self.ns, &response),
             None => Err(StoreError::LeaseNotFound(
