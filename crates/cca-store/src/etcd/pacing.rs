@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 /// Transaction latency the window aims under: short next to a lease's
 /// renewal period, long next to a healthy etcd's commit (a few ms).
-pub(super) const TARGET: Duration = Duration::from_millis(250);
+const TARGET: Duration = Duration::from_millis(250);
 /// The window's bounds and start.
 const MIN_WINDOW: f64 = 1.0;
 const START_WINDOW: f64 = 16.0;
