@@ -14,6 +14,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cca_model::LeaseId;
+use cca_model::node_lease::heartbeat_period;
 use cca_wire::types::{AssignmentLine, RegisterReply, RegisterRequest, Resume};
 use cca_wire::{Client, ClientError, ClientResult, LineStream};
 use futures_util::StreamExt;
@@ -86,31 +88,42 @@ struct Lease<'a> {
 /// plane), waiting for each answer before the next period added the
 /// answer's delay to every gap between renewals, and a 6 s lease ran out
 /// behind answers that each took 3 s. Up to [`HEARTBEATS_IN_FLIGHT`] may
-/// overlap; whichever arrives renews the lease.
+/// overlap; whichever arrives renews the lease. An answer may move the
+/// node to another lease (the fleet's size changed its TTL): heartbeats
+/// renew that one from then on, and answers about the old one, sent
+/// before the move, no longer count.
 async fn keep_alive(
     client: &Client,
     lease: &Lease<'_>,
     connected: &watch::Sender<bool>,
     stop: &mut watch::Receiver<bool>,
 ) -> bool {
-    let Lease { node, reply, .. } = *lease;
-    let ttl = Duration::from_secs(reply.ttl_secs.max(1));
-    let mut retry = Retry::between(HEARTBEAT_RETRY_FIRST, ttl / 3);
+    let node = lease.node;
+    let mut held = Held::new(lease.reply.lease_id, lease.reply.ttl_secs);
+    let mut retry = Retry::between(HEARTBEAT_RETRY_FIRST, held.retry_cap());
     // Possibly already past (a slow registration): the first heartbeat
     // then goes at once.
-    let mut next = lease.granted_after + heartbeat_period(ttl, fastrand::f64());
+    let mut next = lease.granted_after + held.period();
     let mut in_flight = FuturesUnordered::new();
     loop {
         tokio::select! {
             _ = stop.wait_for(|stop| *stop) => return false,
             () = tokio::time::sleep_until(next), if in_flight.len() < HEARTBEATS_IN_FLIGHT => {
-                in_flight.push(client.heartbeat(node, reply.lease_id));
-                next = Instant::now() + heartbeat_period(ttl, fastrand::f64());
+                let id = held.id;
+                in_flight.push(async move { (id, client.heartbeat(node, id).await) });
+                next = Instant::now() + held.period();
             }
-            Some(answer) = in_flight.next() => match answer {
-                Ok(_) => {
+            Some((sent_for, answer)) = in_flight.next() => match answer {
+                _ if sent_for != held.id => {}
+                Ok(reply) => {
                     let _ = connected.send(true);
                     retry.reset();
+                    if let Some(moved) = reply.lease_id.filter(|moved| *moved != held.id) {
+                        held = Held::new(moved, reply.ttl_secs);
+                        retry = Retry::between(HEARTBEAT_RETRY_FIRST, held.retry_cap());
+                        next = Instant::now() + held.period();
+                        tracing::info!(node, lease = moved, ttl_secs = reply.ttl_secs, "the node's heartbeat moved to another lease");
+                    }
                 }
                 Err(error) if lease_gone(&error) => {
                     tracing::warn!(%error, "the node's lease is gone; registering again");
@@ -127,17 +140,33 @@ async fn keep_alive(
     }
 }
 
+/// The lease a node renews now.
+struct Held {
+    id: LeaseId,
+    ttl: Duration,
+}
+
+impl Held {
+    fn new(id: LeaseId, ttl_secs: u64) -> Self {
+        Self {
+            id,
+            ttl: Duration::from_secs(ttl_secs.max(1)),
+        }
+    }
+
+    fn period(&self) -> Duration {
+        heartbeat_period(self.ttl, fastrand::f64())
+    }
+
+    /// A failed heartbeat is retried within a third of the TTL at most.
+    fn retry_cap(&self) -> Duration {
+        self.ttl / 3
+    }
+}
+
 /// The API no longer knows the lease (409) or the node (404).
 fn lease_gone(error: &ClientError) -> bool {
     matches!(error.status(), Some(409 | 404))
-}
-
-/// The wait before the next heartbeat: a third of the lease's TTL, times
-/// 0.8 + 0.2 × `draw` (uniform in [0, 1)). Two missed heartbeats still
-/// leave the lease alive; drawing each period afresh spreads the renewals
-/// of nodes that registered in the same instant over a fifth of a period.
-fn heartbeat_period(ttl: Duration, draw: f64) -> Duration {
-    (ttl / 3).mul_f64(0.8 + 0.2 * draw.clamp(0.0, 1.0))
 }
 
 /// Sleeps `wait`; true when `stop` came first.
@@ -275,58 +304,31 @@ async fn save(next: Desired, dir: &std::path::Path) -> Desired {
 mod tests {
     use super::*;
 
-    #[test]
-    fn heartbeats_come_every_0_8_to_1_0_of_a_third_of_the_ttl() {
-        let ttl = Duration::from_secs(15);
-        assert_eq!(heartbeat_period(ttl, 0.0), Duration::from_secs(4));
-        assert_eq!(heartbeat_period(ttl, 0.5), Duration::from_millis(4500));
-        assert_eq!(heartbeat_period(ttl, 1.0), Duration::from_secs(5));
-        assert_eq!(heartbeat_period(ttl, 7.0), Duration::from_secs(5));
-    }
+    /// What the fake API answers a request (its head and body as read):
+    /// after how long, with which status and JSON body.
+    type Answer = (Duration, u16, String);
 
-    /// An API whose registration answers `register_delay` late, with a
-    /// `ttl_secs` lease; sends the time of each heartbeat's arrival,
-    /// counted from the registration's arrival.
-    async fn slow_registrar(
-        register_delay: Duration,
-        ttl_secs: u64,
-    ) -> (String, tokio::sync::mpsc::UnboundedReceiver<Duration>) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    /// An HTTP/1.1 API on loopback answering every request with `answer`.
+    async fn fake_api(answer: impl Fn(&str) -> Answer + Send + Sync + 'static) -> String {
+        use tokio::io::AsyncWriteExt;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("address"));
-        let (heartbeats, heard) = tokio::sync::mpsc::unbounded_channel();
-        let registered_at = Arc::new(std::sync::Mutex::new(None::<Instant>));
+        let answer = Arc::new(answer);
         tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
-                let heartbeats = heartbeats.clone();
-                let registered_at = Arc::clone(&registered_at);
+                let answer = Arc::clone(&answer);
                 tokio::spawn(async move {
-                    let mut buffer = vec![0u8; 8192];
+                    let mut pending = Vec::new();
                     loop {
-                        let Ok(read) = socket.read(&mut buffer).await else {
+                        let Some(request) = read_request(&mut socket, &mut pending).await else {
                             return;
                         };
-                        if read == 0 {
-                            return;
-                        }
-                        let head = String::from_utf8_lossy(&buffer[..read]).into_owned();
-                        let body = if head.starts_with("POST /v1/agent/register") {
-                            *registered_at.lock().expect("lock") = Some(Instant::now());
-                            tokio::time::sleep(register_delay).await;
-                            format!(
-                                r#"{{"node":"n1","lease_id":7,"ttl_secs":{ttl_secs},"revision":1}}"#
-                            )
-                        } else {
-                            let since = registered_at.lock().expect("lock").map(|at| at.elapsed());
-                            if let Some(since) = since {
-                                let _ = heartbeats.send(since);
-                            }
-                            format!(r#"{{"ttl_secs":{ttl_secs}}}"#)
-                        };
+                        let (delay, status, body) = answer(&request);
+                        tokio::time::sleep(delay).await;
                         let response = format!(
-                            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
                             body.len()
                         );
                         if socket.write_all(response.as_bytes()).await.is_err() {
@@ -336,16 +338,45 @@ mod tests {
                 });
             }
         });
-        (url, heard)
+        url
     }
 
-    /// A registration answered later than a heartbeat period: the first
-    /// heartbeat goes as soon as the answer is in, not a period after it
-    /// (by when a lease granted as the registration arrived may be gone).
-    #[tokio::test]
-    async fn heartbeats_count_from_when_the_registration_was_sent() {
-        let (url, mut heard) = slow_registrar(Duration::from_millis(1500), 3).await;
-        let request = RegisterRequest {
+    /// One whole request (head and `content-length` body) off `socket`;
+    /// `None` once it closes.
+    async fn read_request(
+        socket: &mut tokio::net::TcpStream,
+        pending: &mut Vec<u8>,
+    ) -> Option<String> {
+        use tokio::io::AsyncReadExt;
+        let mut buffer = [0u8; 8192];
+        loop {
+            if let Some(end) = pending.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&pending[..end]).to_ascii_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|line| line.strip_prefix("content-length:"))
+                    .and_then(|value| value.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                let total = end + 4 + length;
+                if pending.len() >= total {
+                    let request = String::from_utf8_lossy(&pending[..total]).into_owned();
+                    pending.drain(..total);
+                    return Some(request);
+                }
+            }
+            match socket.read(&mut buffer).await {
+                Ok(0) | Err(_) => return None,
+                Ok(read) => pending.extend_from_slice(&buffer[..read]),
+            }
+        }
+    }
+
+    fn registration(lease: LeaseId, ttl_secs: u64) -> String {
+        format!(r#"{{"node":"n1","lease_id":{lease},"ttl_secs":{ttl_secs},"revision":1}}"#)
+    }
+
+    fn register_request() -> RegisterRequest {
+        RegisterRequest {
             name: "n1".into(),
             cpu: cca_model::spec::Cpu(1000),
             memory: cca_model::spec::Memory(1 << 30),
@@ -355,7 +386,40 @@ mod tests {
             addresses: Vec::new(),
             agent_url: None,
             gate: Default::default(),
-        };
+        }
+    }
+
+    /// An API whose registration answers `register_delay` late, with a
+    /// `ttl_secs` lease; sends the time of each heartbeat's arrival,
+    /// counted from the registration's arrival.
+    async fn slow_registrar(
+        register_delay: Duration,
+        ttl_secs: u64,
+    ) -> (String, tokio::sync::mpsc::UnboundedReceiver<Duration>) {
+        let (heartbeats, heard) = tokio::sync::mpsc::unbounded_channel();
+        let registered_at = std::sync::Mutex::new(None::<Instant>);
+        let url = fake_api(move |request| {
+            if request.starts_with("POST /v1/agent/register") {
+                *registered_at.lock().expect("lock") = Some(Instant::now());
+                return (register_delay, 200, registration(7, ttl_secs));
+            }
+            let since = registered_at.lock().expect("lock").map(|at| at.elapsed());
+            if let Some(since) = since {
+                let _ = heartbeats.send(since);
+            }
+            (Duration::ZERO, 200, format!(r#"{{"ttl_secs":{ttl_secs}}}"#))
+        })
+        .await;
+        (url, heard)
+    }
+
+    /// A registration answered later than a heartbeat period: the first
+    /// heartbeat goes as soon as the answer is in, not a period after it
+    /// (by when a lease granted as the registration arrived may be gone).
+    #[tokio::test]
+    async fn heartbeats_count_from_when_the_registration_was_sent() {
+        let (url, mut heard) = slow_registrar(Duration::from_millis(1500), 3).await;
+        let request = register_request();
         let (connected, _) = watch::channel(false);
         let (stop, stopped) = watch::channel(false);
         let agent = tokio::spawn(keep_registered(
@@ -376,6 +440,64 @@ mod tests {
             first < Duration::from_millis(2000),
             "first heartbeat {first:?} after the registration"
         );
+    }
+
+    /// The API moves the node to a longer lease in its answer to a slow
+    /// heartbeat, while another heartbeat of the old lease is on its way
+    /// (then refused: the old lease is revoked). The agent renews the new
+    /// lease from then on and does not register again.
+    #[tokio::test]
+    async fn a_heartbeat_answer_moves_the_node_to_another_lease() {
+        let (heard, mut heartbeats) = tokio::sync::mpsc::unbounded_channel();
+        let moved = std::sync::atomic::AtomicBool::new(false);
+        let url = fake_api(move |request| {
+            if request.starts_with("POST /v1/agent/register") {
+                let _ = heard.send("register".to_owned());
+                return (Duration::ZERO, 200, registration(7, 3));
+            }
+            let old = request.contains(r#""lease_id":7"#);
+            let _ = heard.send(if old { "7" } else { "8" }.to_owned());
+            if !old {
+                return (Duration::ZERO, 200, r#"{"ttl_secs":6}"#.to_owned());
+            }
+            if moved.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                // Answered after the move's answer: the lease is revoked.
+                return (
+                    Duration::from_millis(1500),
+                    409,
+                    r#"{"error":"gone"}"#.to_owned(),
+                );
+            }
+            // Slow enough that a second heartbeat goes out meanwhile.
+            (
+                Duration::from_millis(1200),
+                200,
+                r#"{"ttl_secs":6,"lease_id":8}"#.to_owned(),
+            )
+        })
+        .await;
+        let (connected, _) = watch::channel(false);
+        let (stop, stopped) = watch::channel(false);
+        let agent = tokio::spawn(keep_registered(
+            Client::new(&url),
+            register_request(),
+            connected,
+            stopped,
+        ));
+        let mut seen = Vec::new();
+        while seen.iter().filter(|heard| *heard == "8").count() < 2 {
+            let heard = tokio::time::timeout(Duration::from_secs(15), heartbeats.recv())
+                .await
+                .expect("heartbeats of the new lease within 15 s")
+                .expect("the fake API runs");
+            seen.push(heard);
+        }
+        stop.send_replace(true);
+        let _ = agent.await;
+        // Two heartbeats of lease 7 out before the move was answered (the
+        // second refused afterwards), then only lease 8, and a single
+        // registration: the refusal of the revoked lease did not count.
+        assert_eq!(seen, ["register", "7", "7", "8", "8"], "{seen:?}");
     }
 
     #[test]

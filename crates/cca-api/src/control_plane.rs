@@ -103,7 +103,7 @@ impl ControlPlane {
         // Leases missed within one TTL of the agents' leases count
         // together: the window is that TTL by definition.
         let node = NodeConfig {
-            lease_ttl: config.api.node_lease_ttl,
+            leases: config.api.node_leases,
             disruption: config.disruption,
         };
         let mut state = ApiState::new(

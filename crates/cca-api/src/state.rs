@@ -34,8 +34,8 @@ pub struct ApiConfig {
     pub lanes: LaneSettings,
     /// Open watch, log and assignment streams at once.
     pub max_streams: usize,
-    /// TTL of an agent's heartbeat lease.
-    pub node_lease_ttl: Duration,
+    /// How long agents' heartbeat leases last, as the fleet grows.
+    pub node_leases: cca_model::node_lease::NodeLeases,
     /// Events older than this are deleted.
     pub event_retention: Duration,
     /// At most this many events are kept (the oldest go first).
@@ -56,7 +56,7 @@ impl Default for ApiConfig {
             max_body_bytes: 8 * 1024 * 1024,
             lanes: LaneSettings::default(),
             max_streams: 1024,
-            node_lease_ttl: Duration::from_secs(6),
+            node_leases: cca_model::node_lease::NodeLeases::default(),
             event_retention: Duration::from_secs(3600),
             max_events: 10_000,
             retention_interval: Duration::from_secs(30),

@@ -187,7 +187,7 @@ async fn agent_registers_heartbeats_follows_assignments_and_reports() {
         .expect("registers");
     assert_eq!(
         registered.ttl_secs,
-        cca_api::ApiConfig::default().node_lease_ttl.as_secs()
+        cca_api::ApiConfig::default().node_leases.shortest.as_secs()
     );
     client
         .heartbeat("n1", registered.lease_id)
@@ -913,4 +913,77 @@ async fn unclaimed_reports_replace_the_nodes_set_and_name_the_known_services() {
         .await
         .expect("reports");
     assert_eq!(stored().await, None, "none deletes the fact");
+}
+
+/// Waits until the API's cache sees `count` live node leases.
+async fn leases_seen(h: &support::Harness, count: usize) {
+    tokio::time::timeout(WAIT, async {
+        while h.state.cache().view().heartbeats.len() != count {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the cache sees the leases");
+}
+
+/// With a budget of one heartbeat a second, a second node makes the
+/// first one's lease too short: its next heartbeat moves it to a lease of
+/// the fleet's TTL, without the key ever being deleted (the node stays
+/// ready); the old lease is revoked. A fleet shrunk by less than half
+/// leaves the longer lease alone.
+#[tokio::test]
+async fn a_heartbeat_moves_a_node_to_a_lease_that_fits_the_grown_fleet() {
+    let config = cca_api::ApiConfig {
+        node_leases: cca_model::node_lease::NodeLeases {
+            shortest: Duration::from_secs(2),
+            heartbeats_per_s: std::num::NonZeroU32::MIN,
+        },
+        ..cca_api::ApiConfig::default()
+    };
+    let h = support::harness_with(config).await;
+    let (client, _stop) = h.serve().await;
+    // One node alone sends a heartbeat every 1.5 s of a 5 s lease
+    // (2 s, 3 s, 4.5 s: the first step at or past 10/3 s).
+    let n1 = client
+        .register(&support::node_request("n1"))
+        .await
+        .expect("registers");
+    assert_eq!(n1.ttl_secs, 5);
+    leases_seen(&h, 1).await;
+    let n2 = client
+        .register(&support::node_request("n2"))
+        .await
+        .expect("registers");
+    assert_eq!(n2.ttl_secs, 7, "two nodes: 6.75 s up");
+    leases_seen(&h, 2).await;
+
+    let key = keys::observed_heartbeat("n1");
+    let before = h.store.get(&key).await.expect("reads").expect("held");
+    let moved = client.heartbeat("n1", n1.lease_id).await.expect("renews");
+    let to = moved.lease_id.expect("moved to another lease");
+    assert_ne!(to, n1.lease_id);
+    assert_eq!(moved.ttl_secs, 7);
+    let after = h.store.get(&key).await.expect("reads").expect("still held");
+    assert_eq!(after.lease, Some(to));
+    assert_eq!(
+        after.create_revision, before.create_revision,
+        "never deleted"
+    );
+    let record: cca_model::cluster::Heartbeat =
+        serde_json::from_slice(&after.value).expect("decodes");
+    assert_eq!((record.lease, record.lease_ttl_secs), (to, 7));
+
+    let old = client
+        .heartbeat("n1", n1.lease_id)
+        .await
+        .expect_err("the old lease is revoked");
+    assert_eq!(old.status(), Some(409));
+    let again = client.heartbeat("n1", to).await.expect("renews");
+    assert_eq!((again.lease_id, again.ttl_secs), (None, 7));
+
+    // n2 leaves: one node would fit 5 s leases, but two would need 7 s.
+    h.store.revoke_lease(n2.lease_id).await.expect("revokes");
+    leases_seen(&h, 1).await;
+    let kept = client.heartbeat("n1", to).await.expect("renews");
+    assert_eq!((kept.lease_id, kept.ttl_secs), (None, 7));
 }

@@ -183,7 +183,7 @@ async fn inject(
         }
         Fault::AgentFreeze => {
             cluster.stop_agent(node).await;
-            let until = Instant::now() + config.node_ttl * 2;
+            let until = Instant::now() + config.node_lease_ttl() * 2;
             while Instant::now() < until {
                 *duplicates =
                     (*duplicates).max(excess(&cluster.running_instances().await, ceiling));

@@ -37,6 +37,7 @@ use cca_api::auth::Authentication;
 use cca_api::{
     ApiConfig, ApiListener, ControlPlane, ControlPlaneConfig, Lane, ServerTls, TlsListener,
 };
+use cca_model::node_lease::NodeLeases;
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::sim::{SimConfig, SimRuntime};
 use cca_store::Store;
@@ -64,9 +65,10 @@ pub struct ClusterConfig {
     pub node_memory: Memory,
     /// Every node's runtime behaviour; node `i` draws with seed `seed + i`.
     pub sim: SimConfig,
-    /// TTL of an agent's heartbeat lease (production default 15 s).
-    pub node_ttl: Duration,
-    /// Unreachable this long → instances replaced (production default 30 s).
+    /// The agents' heartbeat leases (production default: 6 s while the
+    /// fleet's heartbeats fit 1,500 a second, longer past that).
+    pub node_leases: NodeLeases,
+    /// Unreachable this long → instances replaced (production default 2 s).
     pub lost_grace: Duration,
     /// No placement this long after becoming leader (production default 10 s).
     pub startup_grace: Duration,
@@ -701,7 +703,7 @@ fn api_config(config: &ClusterConfig) -> ApiConfig {
     ApiConfig {
         max_streams: defaults.max_streams.max(config.nodes + 64),
         lanes,
-        node_lease_ttl: config.node_ttl,
+        node_leases: config.node_leases,
         authentication,
         ..defaults
     }

@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cca_model::node_lease::NodeLeases;
 use cca_model::spec::{Cpu, Memory};
 use cca_runtime::sim::{SimConfig, StartLatency};
 use cca_store::{Revision, Store};
@@ -186,7 +187,8 @@ pub struct BenchConfig {
     pub nodes: usize,
     pub instances: usize,
     pub store: StoreTarget,
-    pub node_ttl: Duration,
+    /// The agents' leases: the shortest TTL, the fleet's heartbeat budget.
+    pub node_leases: NodeLeases,
     pub lost_grace: Duration,
     pub startup_grace: Duration,
     pub start_latency: StartLatency,
@@ -244,13 +246,18 @@ pub struct BenchConfig {
 }
 
 impl BenchConfig {
+    /// The TTL every agent's lease has once all the nodes registered.
+    pub fn node_lease_ttl(&self) -> Duration {
+        self.node_leases.ttl_for(self.nodes)
+    }
+
     /// Production timings, 10% of the nodes killed, 1.5× scale-up.
     pub fn new(nodes: usize, instances: usize, store: StoreTarget) -> Self {
         Self {
             nodes,
             instances,
             store,
-            node_ttl: Duration::from_secs(6),
+            node_leases: NodeLeases::default(),
             lost_grace: Duration::from_secs(2),
             startup_grace: Duration::ZERO,
             start_latency: StartLatency::Uniform {
@@ -428,6 +435,10 @@ pub struct Report {
     /// Agents that registered again during the measured part (their lease
     /// was gone, or they restarted).
     pub re_registrations: u64,
+    /// Nodes the API moved to a lease of the fleet's TTL during the
+    /// measured part (the fleet outgrew their lease's heartbeat budget:
+    /// docs/operations.md "Node leases"); not a fault.
+    pub lease_moves: u64,
     /// Times the control plane lost leadership it had not given up (its
     /// leader lease lapsed), over the whole run.
     pub leadership_losses: u64,
@@ -867,7 +878,7 @@ async fn overload_freeze(
     progress: &dyn Progress,
 ) -> Result<Outcome, BenchError> {
     let before = tracker.placements();
-    let frozen_for = config.node_ttl * 2;
+    let frozen_for = config.node_lease_ttl() * 2;
     progress.phase(
         &format!(
             "freezing the control plane for {:.1} s",
@@ -1265,7 +1276,7 @@ fn cluster_config(config: &BenchConfig, scenario: Scenario) -> ClusterConfig {
             loads: Some(Arc::new(cca_runtime::sim::SimLoads::default())),
             ..SimConfig::default()
         },
-        node_ttl: config.node_ttl,
+        node_leases: config.node_leases,
         lost_grace: config.lost_grace,
         startup_grace: config.startup_grace,
         agent_tick: Duration::from_millis(500),
@@ -1346,6 +1357,7 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         lease_expiries: outcome.leases.expiries,
         false_lease_expiries: outcome.leases.false_expiries,
         re_registrations: outcome.leases.re_registrations,
+        lease_moves: outcome.leases.moves,
         leadership_losses: outcome.leadership_losses,
         false_leadership_losses: if outcome.leadership_losses_explained {
             0

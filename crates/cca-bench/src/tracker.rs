@@ -20,7 +20,7 @@ use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use cca_model::cluster::{Instance, InstanceState, InstanceStatus};
+use cca_model::cluster::{Heartbeat, Instance, InstanceState, InstanceStatus, Millis};
 use cca_model::{Key, Kind};
 use cca_store::{KeyValue, RangeRequest, Revision, Store, WatchEvent, WatchMessage};
 use tokio::task::JoinHandle;
@@ -58,6 +58,9 @@ enum LeaseChange {
     /// The heartbeat key was put again for a node that had one before in
     /// this run: its agent registered again.
     Reregistered,
+    /// The heartbeat key was put again with the same start: the API moved
+    /// the node to a lease of the fleet's TTL (`cca_model::node_lease`).
+    Moved,
 }
 
 /// One entry of the lease log.
@@ -75,6 +78,7 @@ pub(crate) struct LeaseCounts {
     /// Expiries the harness did not cause (see [`Faults`]).
     pub(crate) false_expiries: u64,
     pub(crate) re_registrations: u64,
+    pub(crate) moves: u64,
 }
 
 /// What the harness did to nodes' liveness on purpose: an expiry it
@@ -107,10 +111,10 @@ struct Seen {
     per_node: HashMap<String, Progress>,
     /// When each node's heartbeat key went away (lease expiry).
     expired: HashMap<String, Expiry>,
-    /// Mod revision of the last put of each node's heartbeat key seen in
-    /// this run, kept after the key goes: a later put is a registration
-    /// again.
-    registered: HashMap<String, Revision>,
+    /// The last put of each node's heartbeat key seen in this run, kept
+    /// after the key goes: a later put is a registration again, or a move
+    /// to another lease.
+    registered: HashMap<String, Registered>,
     /// Every expiry and re-registration, in the order seen.
     lease_log: Vec<LeaseEvent>,
     /// Placed, not stopping, per service (wherever they are).
@@ -311,8 +315,28 @@ struct Listed {
     placements: Vec<KeyValue>,
     statuses: Vec<KeyValue>,
     nodes: HashSet<String>,
-    /// Each listed heartbeat key's node and mod revision.
-    heartbeats: HashMap<String, Revision>,
+    /// Each listed heartbeat key's node and put.
+    heartbeats: HashMap<String, Registered>,
+}
+
+/// A put of a node's heartbeat key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Registered {
+    revision: Revision,
+    /// When its registration started (a move to another lease keeps it);
+    /// `None` when the value does not decode.
+    started_at: Option<Millis>,
+}
+
+impl Registered {
+    fn of(kv: &KeyValue) -> Self {
+        Registered {
+            revision: kv.mod_revision,
+            started_at: serde_json::from_slice::<Heartbeat>(&kv.value)
+                .ok()
+                .map(|heartbeat| heartbeat.started_at),
+        }
+    }
 }
 
 impl Listed {
@@ -324,7 +348,8 @@ impl Listed {
                 self.nodes.insert(node);
             }
             Some(Key::Heartbeat { node }) => {
-                self.heartbeats.insert(node, kv.mod_revision);
+                let put = Registered::of(&kv);
+                self.heartbeats.insert(node, put);
             }
             _ => {}
         }
@@ -370,7 +395,11 @@ impl Seen {
             }
         }
         for (node, put) in &listed.heartbeats {
-            if self.registered.get(node).is_none_or(|seen| seen < put) {
+            if self
+                .registered
+                .get(node)
+                .is_none_or(|seen| seen.revision < put.revision)
+            {
                 self.heartbeat_put(node, *put, now);
             }
         }
@@ -412,16 +441,23 @@ impl Seen {
         }
     }
 
-    /// A node's heartbeat key was put (by a registration) at `revision`.
-    fn heartbeat_put(&mut self, node: &str, revision: Revision, now: Instant) {
-        self.expired.remove(node);
-        if self.registered.insert(node.to_owned(), revision).is_some() {
-            self.lease_log.push(LeaseEvent {
-                node: node.to_owned(),
-                at: now,
-                change: LeaseChange::Reregistered,
-            });
-        }
+    /// A node's heartbeat key was put: by a registration, or by a move
+    /// to another lease (the same start, and the key was not gone).
+    fn heartbeat_put(&mut self, node: &str, put: Registered, now: Instant) {
+        let gone = self.expired.remove(node).is_some();
+        let Some(before) = self.registered.insert(node.to_owned(), put) else {
+            return;
+        };
+        let moved = !gone && put.started_at.is_some() && before.started_at == put.started_at;
+        self.lease_log.push(LeaseEvent {
+            node: node.to_owned(),
+            at: now,
+            change: if moved {
+                LeaseChange::Moved
+            } else {
+                LeaseChange::Reregistered
+            },
+        });
     }
 
     /// A node's heartbeat key went away at `revision`: its lease expired.
@@ -444,6 +480,7 @@ impl Seen {
                     counts.false_expiries += u64::from(!faults.explain(event));
                 }
                 LeaseChange::Reregistered => counts.re_registrations += 1,
+                LeaseChange::Moved => counts.moves += 1,
             }
         }
         counts
@@ -501,7 +538,9 @@ impl Seen {
             WatchEvent::Put(kv) => match Key::parse(&kv.key) {
                 Some(Key::Instance { id, .. }) => self.placed(&id, &kv.value, kv.create_revision),
                 Some(Key::InstanceStatus { id }) => self.reported(&id, &kv.value, now),
-                Some(Key::Heartbeat { node }) => self.heartbeat_put(&node, kv.mod_revision, now),
+                Some(Key::Heartbeat { node }) => {
+                    self.heartbeat_put(&node, Registered::of(&kv), now);
+                }
                 _ => {}
             },
             WatchEvent::Delete { key, revision } => match Key::parse(&key) {
@@ -724,10 +763,15 @@ mod tests {
         assert_eq!(seen.revision, 6);
     }
 
+    /// A registration at `revision` (which it starts at, in this test).
     fn heartbeat(node: &str, revision: Revision) -> WatchEvent {
+        heartbeat_started(node, revision, revision)
+    }
+
+    fn heartbeat_started(node: &str, revision: Revision, started_at: Millis) -> WatchEvent {
         WatchEvent::Put(KeyValue {
             key: cca_model::keys::observed_heartbeat(node),
-            value: br#"{"lease_ttl_secs":3,"started_at":0}"#.to_vec(),
+            value: format!(r#"{{"lease_ttl_secs":3,"started_at":{started_at}}}"#).into_bytes(),
             create_revision: revision,
             mod_revision: revision,
             version: 1,
@@ -768,6 +812,9 @@ mod tests {
         seen.apply(heartbeat("n1", 9), at(13));
         seen.apply(expiry("n2", 10), at(14));
         seen.apply(heartbeat("n3", 11), at(15));
+        // n1 moved to another lease: its start is kept, not counted as a
+        // registration.
+        seen.apply(heartbeat_started("n1", 12, 9), at(16));
         let killed = Faults {
             killed: HashSet::from(["n2".to_owned()]),
             ..Faults::default()
@@ -776,6 +823,7 @@ mod tests {
             expiries: 3,
             false_expiries: 2,
             re_registrations: 3,
+            moves: 1,
         };
         assert_eq!(seen.lease_counts(at(10), &killed), counts);
         assert_eq!(
@@ -784,6 +832,7 @@ mod tests {
                 expiries: 4,
                 false_expiries: 3,
                 re_registrations: 4,
+                moves: 1,
             }
         );
         // A span the harness suspended every lease explains n1's first
@@ -831,6 +880,7 @@ mod tests {
                 expiries: 1,
                 false_expiries: 1,
                 re_registrations: 2,
+                moves: 0,
             }
         );
         assert_eq!(seen.expired["n1"].revision, 30);

@@ -21,7 +21,7 @@ impl Progress for Quiet {
 
 fn small_cluster() -> BenchConfig {
     let mut config = BenchConfig::new(20, 200, StoreTarget::Embedded(None));
-    config.node_ttl = Duration::from_secs(2);
+    config.node_leases.shortest = Duration::from_secs(2);
     config.lost_grace = Duration::from_secs(1);
     config.killed_nodes = 2;
     config.timeout = Duration::from_secs(30);

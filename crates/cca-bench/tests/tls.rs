@@ -26,7 +26,7 @@ async fn a_deploy_with_tls_converges_and_reports_its_certificates() {
     // Heartbeats to the liveness listener, then over the API connection.
     for liveness_over_api in [false, true] {
         let mut config = BenchConfig::new(4, 20, StoreTarget::Embedded(None));
-        config.node_ttl = Duration::from_secs(2);
+        config.node_leases.shortest = Duration::from_secs(2);
         config.timeout = Duration::from_secs(30);
         config.probe_window = Duration::from_millis(200);
         config.tls = true;
@@ -57,7 +57,7 @@ async fn a_plain_deploy_with_a_connection_per_node_converges_and_reports_its_cpu
     // With a liveness listener of their own, every agent's second client
     // is opened there too (where `/v1/identity` is not found).
     let mut config = BenchConfig::new(4, 20, StoreTarget::Embedded(None));
-    config.node_ttl = Duration::from_secs(2);
+    config.node_leases.shortest = Duration::from_secs(2);
     config.timeout = Duration::from_secs(30);
     config.probe_window = Duration::from_millis(200);
     config.connection_per_node = true;
@@ -96,7 +96,10 @@ async fn a_tls_cluster_admits_only_certificates_and_nodes_only_as_themselves() {
         node_cpu: Cpu(4000),
         node_memory: Memory(4 << 30),
         sim: SimConfig::default(),
-        node_ttl: Duration::from_secs(5),
+        node_leases: cca_model::node_lease::NodeLeases {
+            shortest: Duration::from_secs(5),
+            ..Default::default()
+        },
         lost_grace: Duration::from_secs(30),
         startup_grace: Duration::ZERO,
         agent_tick: Duration::from_millis(100),

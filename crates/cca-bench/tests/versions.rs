@@ -93,7 +93,10 @@ async fn a_node_rebooted_during_a_rolling_update_restarts_old_instances_as_old()
             start_latency: StartLatency::Fixed(Duration::from_secs(3)),
             ..SimConfig::default()
         },
-        node_ttl: Duration::from_secs(5),
+        node_leases: cca_model::node_lease::NodeLeases {
+            shortest: Duration::from_secs(5),
+            ..Default::default()
+        },
         lost_grace: Duration::from_secs(30),
         startup_grace: Duration::ZERO,
         agent_tick: Duration::from_millis(100),

@@ -12,6 +12,7 @@ pub mod facts;
 pub mod hex;
 pub mod keys;
 pub mod net;
+pub mod node_lease;
 pub mod ownership;
 pub mod recovery;
 pub mod rollout;

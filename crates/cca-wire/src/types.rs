@@ -477,7 +477,13 @@ pub struct HeartbeatRequest {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct HeartbeatReply {
+    /// The TTL of the lease to renew from now on.
     pub ttl_secs: u64,
+    /// Set when the node's heartbeat moved to another lease (the fleet
+    /// grew or shrank, see `cca_model::node_lease`): renew this one from
+    /// now on, every period of `ttl_secs`; the old one is revoked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<LeaseId>,
 }
 
 /// An instance placed on the agent's node with the spec it runs.

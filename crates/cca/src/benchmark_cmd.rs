@@ -80,9 +80,13 @@ pub(crate) struct BenchmarkArgs {
     /// identity).
     #[arg(long)]
     connection_per_node: bool,
-    /// The agents' heartbeat lease TTL.
+    /// The agents' shortest heartbeat lease TTL (`cca server --node-ttl`).
     #[arg(long, default_value = "6s", value_name = "DURATION", value_parser = flags::duration)]
     node_ttl: Duration,
+    /// The fleet's heartbeat budget (`cca server --heartbeats-per-second`):
+    /// past it, leases last longer.
+    #[arg(long, default_value = "1500", value_name = "N")]
+    heartbeats_per_second: std::num::NonZeroU32,
     /// How long a node stays unreachable before its instances are replaced.
     #[arg(long, default_value = "2s", value_name = "DURATION", value_parser = flags::duration)]
     lost_grace: Duration,
@@ -186,7 +190,10 @@ fn bench_config(args: &BenchmarkArgs) -> Result<BenchConfig> {
         bail!("--nodes and --instances must be at least 1");
     }
     let mut config = BenchConfig::new(args.nodes, args.instances, store_target(&args.store)?);
-    config.node_ttl = args.node_ttl;
+    config.node_leases = cca_model::node_lease::NodeLeases {
+        shortest: args.node_ttl,
+        heartbeats_per_s: args.heartbeats_per_second,
+    };
     config.lost_grace = args.lost_grace;
     config.startup_grace = args.startup_grace;
     config.start_latency = args.start_latency;
@@ -541,6 +548,16 @@ mod tests {
         assert!(
             error.contains("overload-freeze") && error.contains("overload, all"),
             "{error}"
+        );
+    }
+
+    #[test]
+    fn the_benchmark_runs_the_production_node_leases_by_default() {
+        let args = Cli::try_parse_from(["cca"]).expect("no flag").args;
+        let config = bench_config(&args).expect("a config");
+        assert_eq!(
+            config.node_leases,
+            cca_model::node_lease::NodeLeases::default()
         );
     }
 

@@ -62,9 +62,15 @@ pub(crate) struct ServerArgs {
     /// a standby server takes over then.
     #[arg(long, default_value = "8s", value_name = "DURATION", value_parser = flags::duration)]
     leader_ttl: Duration,
-    /// A node whose agent stops heartbeating is unreachable after this long.
+    /// A node whose agent stops heartbeating is unreachable after this
+    /// long, while the fleet's heartbeats fit --heartbeats-per-second.
     #[arg(long, default_value = "6s", value_name = "DURATION", value_parser = flags::duration)]
     node_ttl: Duration,
+    /// The heartbeats a second the whole fleet may send: past what
+    /// --node-ttl leases would send, leases last longer, in steps of 1.5×
+    /// (docs/operations.md "Node leases").
+    #[arg(long, default_value = "1500", value_name = "N")]
+    heartbeats_per_second: std::num::NonZeroU32,
     /// Nothing is placed for this long after becoming leader, so agents of
     /// a (re)starting cluster can report in first.
     #[arg(long, default_value = "10s", value_name = "DURATION", value_parser = flags::duration)]
@@ -368,7 +374,10 @@ fn liveness_listener(
 fn api_config(args: &ServerArgs, tls: bool) -> ApiConfig {
     let mut config = ApiConfig {
         event_retention: args.event_retention,
-        node_lease_ttl: args.node_ttl,
+        node_leases: cca_model::node_lease::NodeLeases {
+            shortest: args.node_ttl,
+            heartbeats_per_s: args.heartbeats_per_second,
+        },
         authentication: if tls {
             cca_api::auth::Authentication::Certificates
         } else {
@@ -761,5 +770,24 @@ mod tests {
             server.args.leader_ttl,
             cca_control::leader::LeaderConfig::DEFAULT_TTL
         );
+    }
+
+    #[test]
+    fn the_node_lease_flags_default_to_the_apis_defaults() {
+        #[derive(clap::Parser)]
+        struct Server {
+            #[command(flatten)]
+            args: ServerArgs,
+        }
+        let server = <Server as clap::Parser>::try_parse_from(["cca-server"]).expect("defaults");
+        let defaults = cca_model::node_lease::NodeLeases::default();
+        assert_eq!(server.args.node_ttl, defaults.shortest);
+        assert_eq!(server.args.heartbeats_per_second, defaults.heartbeats_per_s);
+        let refused = <Server as clap::Parser>::try_parse_from([
+            "cca-server",
+            "--heartbeats-per-second",
+            "0",
+        ]);
+        assert!(refused.is_err(), "a budget of 0 is refused");
     }
 }

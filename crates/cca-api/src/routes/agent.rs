@@ -1,9 +1,13 @@
 //! Endpoints for node agents: register (node info plus a leased
-//! heartbeat key), heartbeat (lease keep-alive), the node-scoped stream of
+//! heartbeat key, its lease's TTL set by the fleet's size), heartbeat
+//! (lease keep-alive, and a move to another lease when the fleet's size
+//! changed what it should last), the node-scoped stream of
 //! assignments, observed-state reports, and the host ports something
 //! outside the cluster holds on the node. An agent may only report on
 //! instances placed on its own node — except to say one stopped or failed,
 //! which it must be able to do after the placement moved away.
+
+use std::time::Duration;
 
 use axum::Json;
 use axum::extract::{Path, State};
@@ -13,7 +17,7 @@ use cca_model::cluster::{Heartbeat, HeldPorts, Instance, InstanceState, Instance
 use cca_model::keys;
 use cca_model::recovery::Unclaimed;
 use cca_model::usage::NodeUsage;
-use cca_store::{Compare, CompareOp, Op, Revision, StoreError, Txn, TxnOutcome};
+use cca_store::{Compare, CompareOp, LeaseId, Op, Revision, StoreError, Txn, TxnOutcome};
 use serde::Deserialize;
 
 use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
@@ -50,7 +54,10 @@ pub(crate) async fn register(
         .get(&keys::observed_heartbeat(&name))
         .await?
         .and_then(|kv| kv.lease);
-    let ttl = state.config().node_lease_ttl;
+    let ttl = state
+        .config()
+        .node_leases
+        .ttl_for(fleet_with(&state, &name));
     let lease_id = state.store().grant_lease(ttl).await?;
     let info = node_info(request, registered_at);
     let heartbeat = Heartbeat {
@@ -98,7 +105,10 @@ fn node_info(request: RegisterRequest, registered_at: i64) -> NodeInfo {
 /// or not this node's) is 409: the agent must register again. Whether the
 /// lease is the node's is read from the cache, which is current but for
 /// a registration made a moment ago: only then does it cost a store read,
-/// so a renewal is no read and no commit.
+/// so a renewal is no read and no commit. A lease whose TTL no longer fits
+/// the fleet (`NodeLeases::move_to`) is replaced by one that does, and the
+/// answer names it: rare (a few times per node as a fleet grows by
+/// thousands), it costs a read, a grant, a commit and a revocation.
 pub(crate) async fn heartbeat(
     State(state): State<ApiState>,
     Path(node): Path<String>,
@@ -121,12 +131,87 @@ pub(crate) async fn heartbeat(
             return Err(re_register(&node, request.lease_id));
         }
     }
-    match state.store().keep_alive(request.lease_id).await {
-        Ok(ttl) => Ok(Json(HeartbeatReply {
-            ttl_secs: ttl.as_secs(),
-        })),
-        Err(StoreError::LeaseNotFound(_)) => Err(re_register(&node, request.lease_id)),
-        Err(error) => Err(error.into()),
+    let ttl = match state.store().keep_alive(request.lease_id).await {
+        Ok(ttl) => ttl,
+        Err(StoreError::LeaseNotFound(_)) => return Err(re_register(&node, request.lease_id)),
+        Err(error) => return Err(error.into()),
+    };
+    let fleet = state.cache().view().heartbeats.len();
+    if let Some(fitting) = state.config().node_leases.move_to(ttl, fleet)
+        && let Some(moved) = move_lease(&state, &node, request.lease_id, fitting).await?
+    {
+        return Ok(Json(HeartbeatReply {
+            ttl_secs: fitting.as_secs(),
+            lease_id: Some(moved),
+        }));
+    }
+    Ok(Json(HeartbeatReply {
+        ttl_secs: ttl.as_secs(),
+        lease_id: None,
+    }))
+}
+
+/// The nodes with a live lease, `node` among them: the fleet whose size
+/// sets the TTL of a lease granted to `node` now.
+fn fleet_with(state: &ApiState, node: &str) -> usize {
+    let view = state.cache().view();
+    view.heartbeats.len() + usize::from(!view.heartbeats.contains_key(node))
+}
+
+/// Moves `node`'s heartbeat key from lease `from` to a new lease of `ttl`
+/// (the fleet's size changed what its leases should last), then revokes
+/// `from`; the new lease, or `None` when the key changed meanwhile (a
+/// registration: the move is dropped, the next heartbeat decides again).
+/// The key is rewritten, never deleted, so the node stays ready.
+async fn move_lease(
+    state: &ApiState,
+    node: &str,
+    from: LeaseId,
+    ttl: Duration,
+) -> ApiResult<Option<LeaseId>> {
+    let key = keys::observed_heartbeat(node);
+    let Some(held) = state
+        .store()
+        .get(&key)
+        .await?
+        .filter(|kv| kv.lease == Some(from))
+    else {
+        return Ok(None);
+    };
+    let started_at = serde_json::from_slice::<Heartbeat>(&held.value)
+        .map_or_else(|_| now_millis(), |heartbeat| heartbeat.started_at);
+    let lease = state.store().grant_lease(ttl).await?;
+    let heartbeat = Heartbeat {
+        lease_ttl_secs: ttl.as_secs(),
+        started_at,
+        lease,
+    };
+    let txn = Txn::new()
+        .when(Compare::mod_revision(
+            &key,
+            CompareOp::Equal,
+            held.mod_revision,
+        ))
+        .then(Op::put_with_lease(&key, encode(&heartbeat), lease));
+    // Whichever lease does not hold the key afterwards would only linger
+    // until it expired. After an error, the outcome is unknown: neither
+    // is revoked (an unused new lease expires on its own).
+    match state.store().txn(txn).await? {
+        TxnOutcome::Committed { .. } => {
+            let _ = state.store().revoke_lease(from).await;
+            tracing::info!(
+                node,
+                from,
+                to = lease,
+                ttl_secs = ttl.as_secs(),
+                "moved a node's heartbeat to a lease of the fleet's TTL"
+            );
+            Ok(Some(lease))
+        }
+        TxnOutcome::CompareFailed { .. } => {
+            let _ = state.store().revoke_lease(lease).await;
+            Ok(None)
+        }
     }
 }
 
@@ -748,7 +833,13 @@ pub(crate) async fn usage(
     }
 }
 
+/// Whether `node` is registered: the cache says so for every node but one
+/// registered a moment ago, so only then is the store read (a report
+/// batch then costs no read; what it writes is guarded by its compares).
 async fn known_node(state: &ApiState, node: &str) -> ApiResult<()> {
+    if state.cache().view().nodes.contains_key(node) {
+        return Ok(());
+    }
     match state.store().get(&keys::observed_node(node)).await? {
         Some(_) => Ok(()),
         None => Err(ApiError::not_found(format!(

@@ -26,6 +26,7 @@ use std::time::Duration;
 
 use cca_model::clock::span_millis;
 use cca_model::cluster::{Disruption, Millis, NodeCondition, NodeStatus, ResumeCause};
+use cca_model::node_lease::NodeLeases;
 use cca_model::{Kind, keys};
 
 use crate::controller::{Context, Controller, EventDraft, Plan, Write};
@@ -69,20 +70,12 @@ impl DisruptionConfig {
 }
 
 /// The node controller's settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NodeConfig {
-    /// The agents' lease TTL: leases missed within one TTL count together.
-    pub lease_ttl: Duration,
+    /// The agents' leases: leases missed within one TTL (the fleet's, as
+    /// its size sets it) count together.
+    pub leases: NodeLeases,
     pub disruption: DisruptionConfig,
-}
-
-impl Default for NodeConfig {
-    fn default() -> Self {
-        Self {
-            lease_ttl: Duration::from_secs(6),
-            disruption: DisruptionConfig::default(),
-        }
-    }
 }
 
 /// Writes `derived/node/{node}` and `derived/disruption`; see the module
@@ -202,7 +195,7 @@ impl NodeController {
         plan: &mut Plan,
     ) {
         // Every node missing since the window that started the pause.
-        let from = pause.since - span_millis(self.config.lease_ttl);
+        let from = pause.since - span_millis(self.window(observed));
         let (missing, nodes) = (missing_since(observed, from), at_risk(observed, from));
         match self.resume_cause(view, context, pause, &missing, nodes) {
             Ok(cause) => {
@@ -233,8 +226,9 @@ impl NodeController {
     ) -> bool {
         // Nodes lost before the last pause ended were judged then.
         let resumed_at = resumed.map_or(Millis::MIN, |resumed| resumed.since);
-        let window = span_millis(self.config.lease_ttl);
-        let from = (context.now - window).max(resumed_at + 1);
+        let window = self.window(observed);
+        let window_ms = span_millis(window);
+        let from = (context.now - window_ms).max(resumed_at + 1);
         let missing = count(missing_since(observed, from).len());
         let nodes = at_risk(observed, from);
         if !self.config.disruption.suspicious(missing, nodes) {
@@ -247,7 +241,7 @@ impl NodeController {
             nodes,
             resumed_by: None,
         };
-        plan.events.push(self.pause_event(&pause));
+        plan.events.push(self.pause_event(&pause, window));
         plan.writes
             .insert(0, Write::put_json(keys::derived_disruption(), &pause));
         if let Some(after) = self.config.disruption.resume_after {
@@ -291,7 +285,13 @@ impl NodeController {
         }
     }
 
-    fn pause_event(&self, pause: &Disruption) -> EventDraft {
+    /// How close together lost leases count as lost together: the TTL a
+    /// fleet of the observed nodes' size gets.
+    fn window(&self, observed: &[Observed<'_>]) -> Duration {
+        self.config.leases.ttl_for(observed.len())
+    }
+
+    fn pause_event(&self, pause: &Disruption, window: Duration) -> EventDraft {
         let mut ends = String::from(
             "it resumes when their heartbeats return or on `cca nodes resume-replacement`",
         );
@@ -309,7 +309,7 @@ impl NodeController {
                  nodes; they are marked unreachable but nothing of theirs is replaced; {ends}",
                 pause.missing,
                 pause.nodes,
-                self.config.lease_ttl.as_secs()
+                window.as_secs()
             ),
         )
     }
