@@ -15,6 +15,7 @@ pub mod auth;
 mod authz;
 pub mod control_plane;
 pub mod error;
+mod fleet;
 mod hub;
 pub mod identity;
 mod metrics;

@@ -85,6 +85,7 @@ struct Inner {
     requests: RequestMetrics,
     admission: Admission,
     stream_permits: Arc<Semaphore>,
+    fleet: crate::fleet::Fleet,
     shutdown: watch::Sender<bool>,
     event_ids: EventIds,
     assignments: Arc<AssignmentHub>,
@@ -126,6 +127,7 @@ impl ApiState {
             audit_writer: std::sync::Mutex::new(Some(audit_writer)),
             admission: Admission::new(&config.lanes),
             stream_permits: Arc::new(Semaphore::new(config.max_streams)),
+            fleet: crate::fleet::Fleet::default(),
             store,
             cache,
             config,
@@ -309,6 +311,11 @@ impl ApiState {
     /// The store, shared (for tasks that outlive a request).
     pub(crate) fn shared_store(&self) -> Arc<dyn Store> {
         Arc::clone(&self.inner.store)
+    }
+
+    /// Registrations under way and room for lease moves.
+    pub(crate) fn fleet(&self) -> &crate::fleet::Fleet {
+        &self.inner.fleet
     }
 
     pub fn cache(&self) -> &Cache {

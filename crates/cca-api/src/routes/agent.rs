@@ -42,6 +42,9 @@ pub(crate) async fn register(
     check_name("node", &request.name)?;
     let caller = peer.and_then(|axum::Extension(axum::extract::ConnectInfo(peer))| peer.identity);
     crate::auth::check_node(&state, caller.as_ref(), &request.name)?;
+    // Counted from here: a registration waiting on the store is a node
+    // joining, which the TTLs granted meanwhile should allow for.
+    let _registering = state.fleet().registering();
     let name = request.name.clone();
     let node_key = keys::observed_node(&name);
     let previous = state.store().get(&node_key).await?;
@@ -54,10 +57,8 @@ pub(crate) async fn register(
         .get(&keys::observed_heartbeat(&name))
         .await?
         .and_then(|kv| kv.lease);
-    let ttl = state
-        .config()
-        .node_leases
-        .ttl_for(fleet_with(&state, &name));
+    let fleet = state.fleet().joined_by(&state.cache().view(), &name);
+    let ttl = state.config().node_leases.ttl_for(fleet);
     let lease_id = state.store().grant_lease(ttl).await?;
     let info = node_info(request, registered_at);
     let heartbeat = Heartbeat {
@@ -108,7 +109,9 @@ fn node_info(request: RegisterRequest, registered_at: i64) -> NodeInfo {
 /// so a renewal is no read and no commit. A lease whose TTL no longer fits
 /// the fleet (`NodeLeases::move_to`) is replaced by one that does, and the
 /// answer names it: rare (a few times per node as a fleet grows by
-/// thousands), it costs a read, a grant, a commit and a revocation.
+/// thousands), it costs a read, a grant, a commit and a revocation, so
+/// only a few are served at once (`Fleet::room_to_move`); a heartbeat
+/// that finds no room is a plain renewal, and the next one tries again.
 pub(crate) async fn heartbeat(
     State(state): State<ApiState>,
     Path(node): Path<String>,
@@ -138,6 +141,7 @@ pub(crate) async fn heartbeat(
     };
     let fleet = state.cache().view().heartbeats.len();
     if let Some(fitting) = state.config().node_leases.move_to(ttl, fleet)
+        && let Some(_room) = state.fleet().room_to_move()
         && let Some(moved) = move_lease(&state, &node, request.lease_id, fitting).await?
     {
         return Ok(Json(HeartbeatReply {
@@ -149,13 +153,6 @@ pub(crate) async fn heartbeat(
         ttl_secs: ttl.as_secs(),
         lease_id: None,
     }))
-}
-
-/// The nodes with a live lease, `node` among them: the fleet whose size
-/// sets the TTL of a lease granted to `node` now.
-fn fleet_with(state: &ApiState, node: &str) -> usize {
-    let view = state.cache().view();
-    view.heartbeats.len() + usize::from(!view.heartbeats.contains_key(node))
 }
 
 /// Moves `node`'s heartbeat key from lease `from` to a new lease of `ttl`
