@@ -987,3 +987,74 @@ async fn a_heartbeat_moves_a_node_to_a_lease_that_fits_the_grown_fleet() {
     let kept = client.heartbeat("n1", to).await.expect("renews");
     assert_eq!((kept.lease_id, kept.ttl_secs), (None, 7));
 }
+
+/// Fails every lease grant while `failing` is set.
+#[derive(Debug)]
+struct GrantsFail {
+    failing: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl cca_store::decorate::Hook for GrantsFail {
+    async fn before(&self, call: cca_store::decorate::Call<'_>) -> cca_store::Result<()> {
+        let failing = self.failing.load(std::sync::atomic::Ordering::SeqCst);
+        match call {
+            cca_store::decorate::Call::GrantLease { .. } if failing => Err(
+                cca_store::StoreError::Backend("grants refused by the test".into()),
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A move that fails (here: the new lease cannot be granted) leaves the
+/// renewal standing: the heartbeat is answered, on the old lease, and the
+/// next heartbeat moves the node once the store grants again.
+#[tokio::test]
+async fn a_failed_lease_move_still_renews_the_lease() {
+    let config = cca_api::ApiConfig {
+        node_leases: cca_model::node_lease::NodeLeases {
+            shortest: Duration::from_secs(2),
+            heartbeats_per_s: std::num::NonZeroU32::MIN,
+        },
+        ..cca_api::ApiConfig::default()
+    };
+    let failing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hook = GrantsFail {
+        failing: std::sync::Arc::clone(&failing),
+    };
+    let h = support::harness_wrapping(config, move |store| {
+        std::sync::Arc::new(cca_store::decorate::Decorated::wrap(store, hook))
+    })
+    .await;
+    let (client, _stop) = h.serve().await;
+    let n1 = client
+        .register(&support::node_request("n1"))
+        .await
+        .expect("registers");
+    leases_seen(&h, 1).await;
+    client
+        .register(&support::node_request("n2"))
+        .await
+        .expect("registers");
+    leases_seen(&h, 2).await;
+
+    failing.store(true, std::sync::atomic::Ordering::SeqCst);
+    let renewed = client
+        .heartbeat("n1", n1.lease_id)
+        .await
+        .expect("renewed though the move failed");
+    assert_eq!((renewed.lease_id, renewed.ttl_secs), (None, 5));
+    let held = h
+        .store
+        .get(&keys::observed_heartbeat("n1"))
+        .await
+        .expect("reads")
+        .expect("held");
+    assert_eq!(held.lease, Some(n1.lease_id), "still on the old lease");
+
+    failing.store(false, std::sync::atomic::Ordering::SeqCst);
+    let moved = client.heartbeat("n1", n1.lease_id).await.expect("renews");
+    assert_eq!(moved.ttl_secs, 7);
+    assert!(moved.lease_id.is_some_and(|to| to != n1.lease_id));
+}

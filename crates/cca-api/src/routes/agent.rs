@@ -142,7 +142,13 @@ pub(crate) async fn heartbeat(
     let fleet = state.cache().view().heartbeats.len();
     if let Some(fitting) = state.config().node_leases.move_to(ttl, fleet)
         && let Some(_room) = state.fleet().room_to_move()
-        && let Some(moved) = move_lease(&state, &node, request.lease_id, fitting).await?
+        && let Some(moved) = move_lease(&state, &node, request.lease_id, fitting)
+            .await
+            .unwrap_or_else(|error| {
+                // The renewal stands: a failed move must not fail it.
+                tracing::warn!(node, %error, "moving a node's heartbeat to another lease failed; the next heartbeat tries again");
+                None
+            })
     {
         return Ok(Json(HeartbeatReply {
             ttl_secs: fitting.as_secs(),
