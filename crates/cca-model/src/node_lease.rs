@@ -46,17 +46,21 @@ impl NodeLeases {
     /// The TTL a lease granted to one node of `fleet` gets: the shortest
     /// step, from [`Self::shortest`] up by [`STEP`], whose heartbeats
     /// keep the fleet's within the budget; in whole seconds up, as stores
-    /// grant leases, and [`LONGEST`] at most.
+    /// grant leases. Steps stop at [`LONGEST`]; a shortest TTL the
+    /// operator set longer than that is kept as it is.
     pub fn ttl_for(&self, fleet: usize) -> Duration {
         let needed = seconds_needed(fleet, self.heartbeats_per_s);
-        let mut ttl = self.shortest.as_secs_f64();
+        let shortest = self.shortest.as_secs_f64();
+        let mut ttl = shortest;
         if ttl < needed {
+            let longest = LONGEST.as_secs_f64();
             ttl = ttl.max(1.0);
-            while ttl < needed && ttl < LONGEST.as_secs_f64() {
+            while ttl < needed && ttl < longest {
                 ttl *= STEP;
             }
+            ttl = ttl.min(longest.max(shortest));
         }
-        Duration::from_secs((ttl.ceil() as u64).max(1)).min(LONGEST)
+        Duration::from_secs((ttl.ceil() as u64).max(1))
     }
 
     /// The TTL a live lease of `held` should move to, the fleet now being
@@ -143,6 +147,13 @@ mod tests {
         let leases = leases(6, 1);
         assert_eq!(leases.ttl_for(1_000_000), LONGEST);
         assert_eq!(leases.ttl_for(usize::MAX), LONGEST);
+    }
+
+    #[test]
+    fn a_shortest_ttl_set_longer_than_the_longest_is_kept() {
+        let leases = leases(3_600, 1);
+        assert_eq!(leases.ttl_for(1), Duration::from_secs(3_600));
+        assert_eq!(leases.ttl_for(1_000_000), Duration::from_secs(3_600));
     }
 
     #[test]
