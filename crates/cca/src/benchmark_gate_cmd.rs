@@ -235,9 +235,26 @@ fn print_report(report: &GateReport) {
         rows,
     );
     for compared in &report.compared {
+        let paired = &compared.paired;
         output::line(&format!(
-            "{}: the gate's median req/s is {:.2}x nginx's, its median p99 {:.2}x nginx's",
-            compared.protocol, compared.rps_ratio, compared.p99_ratio
+            "{}: the gate's median req/s is {:.2}x nginx's, its median p99 {:.2}x nginx's; \
+             round by round ({} rounds) req/s {:.2}/{:.2}/{:.2}x (at least nginx's in {}), \
+             p99 {:.2}/{:.2}/{:.2}x (at most nginx's in {}); CPU a request: gate {:.1} µs, \
+             nginx {:.1} µs",
+            compared.protocol,
+            compared.rps_ratio,
+            compared.p99_ratio,
+            paired.rounds,
+            paired.rps.min,
+            paired.rps.median,
+            paired.rps.max,
+            paired.rps_at_least_nginx,
+            paired.p99.min,
+            paired.p99.median,
+            paired.p99.max,
+            paired.p99_at_most_nginx,
+            paired.gate_cpu_us_per_request,
+            paired.nginx_cpu_us_per_request,
         ));
     }
 }

@@ -130,9 +130,29 @@ fn a_tiny_gate_benchmark_reports_every_figure_and_only_2xx() {
     }
     let compared = report["compared"].as_array().expect("comparisons");
     assert_eq!(compared.len(), 2, "{report}");
-    assert!(
-        compared
-            .iter()
-            .all(|c| c["rps_ratio"].as_f64().is_some_and(|r| r > 0.0))
-    );
+    for c in compared {
+        assert!(c["rps_ratio"].as_f64().is_some_and(|r| r > 0.0), "{c}");
+        let paired = &c["paired"];
+        let rounds = paired["rounds"].as_u64().expect("paired rounds");
+        assert_eq!(rounds, 1, "one round, each run counted: {c}");
+        assert!(
+            paired["rps"]["median"].as_f64().is_some_and(|r| r > 0.0),
+            "{c}"
+        );
+        assert!(
+            paired["rps_at_least_nginx"]
+                .as_u64()
+                .is_some_and(|n| n <= rounds),
+            "{c}"
+        );
+        // 300 requests take less CPU than /proc counts (10 ms ticks).
+        for proxy in ["gate_cpu_us_per_request", "nginx_cpu_us_per_request"] {
+            assert!(
+                paired[proxy]
+                    .as_f64()
+                    .is_some_and(|us| us.is_finite() && us >= 0.0),
+                "{c}"
+            );
+        }
+    }
 }

@@ -77,7 +77,7 @@ pub struct GateBenchConfig {
 
 impl GateBenchConfig {
     /// The defaults of `cca benchmark gate`: 2 backends, a worker per
-    /// core, 64 connections, 10 s measured after 2 s of warm-up, 3
+    /// core, 64 connections, 10 s measured after 2 s of warm-up, 7
     /// rounds, HTTP/1.1 and HTTP/2, 10,000 idle connections.
     pub fn new(cca: PathBuf) -> Self {
         Self {
@@ -89,7 +89,7 @@ impl GateBenchConfig {
                 measured: Duration::from_secs(10),
                 warm_up: Duration::from_secs(2),
             },
-            rounds: 5,
+            rounds: 7,
             http2: true,
             idle_connections: 10_000,
         }
@@ -245,15 +245,76 @@ pub struct IdleFigures {
     pub pss_per_connection: Option<f64>,
 }
 
-/// The gate against nginx under one protocol (medians over the rounds).
+/// The gate against nginx under one protocol.
 #[derive(Clone, Debug, Serialize)]
 pub struct Comparison {
     pub protocol: String,
-    /// The gate's requests per second over nginx's (≥ 1: the gate is at
-    /// least as fast).
+    /// The gate's median requests per second over nginx's (≥ 1: the gate
+    /// is at least as fast).
     pub rps_ratio: f64,
-    /// The gate's p99 over nginx's (≤ 1: the gate's tail is no longer).
+    /// The gate's median p99 over nginx's (≤ 1: the gate's tail is no
+    /// longer).
     pub p99_ratio: f64,
+    /// The same figures round by round: each round's gate run over the
+    /// same round's nginx run, which ran within seconds of it. Drift of a
+    /// shared machine (its ceiling moves by a quarter from one minute to
+    /// the next) moves both runs of a round alike, so these spread less
+    /// than the runs themselves and say more than a ratio of medians.
+    pub paired: PairedRatios,
+}
+
+/// Per-round ratios of the gate's figures over nginx's (rounds where both
+/// runs count, see [`counted`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct PairedRatios {
+    pub rounds: usize,
+    /// Gate req/s over nginx req/s.
+    pub rps: Spread,
+    /// Gate p99 over nginx p99.
+    pub p99: Spread,
+    /// Rounds where the gate answered at least as many requests a second.
+    pub rps_at_least_nginx: usize,
+    /// Rounds where the gate's p99 was no longer than nginx's.
+    pub p99_at_most_nginx: usize,
+    /// CPU each proxy spent a request, in microseconds (its cores over
+    /// its req/s, median over the rounds): what a proxy costs, apart from
+    /// how much of the machine it got.
+    pub gate_cpu_us_per_request: f64,
+    pub nginx_cpu_us_per_request: f64,
+}
+
+impl Comparison {
+    /// The gate's runs against nginx's under one protocol.
+    pub fn of(protocol: &str, gate: &LoadFigures, nginx: &LoadFigures) -> Self {
+        Self {
+            protocol: protocol.into(),
+            rps_ratio: gate.rps.median / nginx.rps.median.max(f64::MIN_POSITIVE),
+            p99_ratio: gate.p99_ms.median / nginx.p99_ms.median.max(f64::MIN_POSITIVE),
+            paired: PairedRatios::of(&counted(&gate.runs), &counted(&nginx.runs)),
+        }
+    }
+}
+
+impl PairedRatios {
+    fn of(gate: &[&LoadRun], nginx: &[&LoadRun]) -> Self {
+        let pairs: Vec<(&LoadRun, &LoadRun)> = gate
+            .iter()
+            .filter_map(|g| Some((*g, *nginx.iter().find(|n| n.round == g.round)?)))
+            .filter(|(g, n)| g.rps > 0.0 && n.rps > 0.0 && g.p99_ms > 0.0 && n.p99_ms > 0.0)
+            .collect();
+        let cpu_us = |runs: &mut dyn Iterator<Item = &LoadRun>| {
+            Spread::of(runs.map(|run| run.cpu.proxy / run.rps * 1e6).collect()).median
+        };
+        Self {
+            rounds: pairs.len(),
+            rps: Spread::of(pairs.iter().map(|(g, n)| g.rps / n.rps).collect()),
+            p99: Spread::of(pairs.iter().map(|(g, n)| g.p99_ms / n.p99_ms).collect()),
+            rps_at_least_nginx: pairs.iter().filter(|(g, n)| g.rps >= n.rps).count(),
+            p99_at_most_nginx: pairs.iter().filter(|(g, n)| g.p99_ms <= n.p99_ms).count(),
+            gate_cpu_us_per_request: cpu_us(&mut pairs.iter().map(|(g, _)| *g)),
+            nginx_cpu_us_per_request: cpu_us(&mut pairs.iter().map(|(_, n)| *n)),
+        }
+    }
 }
 
 impl GateReport {
@@ -427,12 +488,11 @@ pub async fn run_gate_bench(
                 load.iter()
                     .find(|f| f.protocol == protocol.name() && f.target == target.name())
             };
-            let (gate, nginx) = (find(Target::Gate)?, find(Target::Nginx)?);
-            Some(Comparison {
-                protocol: protocol.name().into(),
-                rps_ratio: gate.rps.median / nginx.rps.median.max(f64::MIN_POSITIVE),
-                p99_ratio: gate.p99_ms.median / nginx.p99_ms.median.max(f64::MIN_POSITIVE),
-            })
+            Some(Comparison::of(
+                protocol.name(),
+                find(Target::Gate)?,
+                find(Target::Nginx)?,
+            ))
         })
         .collect();
     drop(parties);
@@ -875,6 +935,51 @@ mod tests {
         assert!(!unmeasured.disturbed(), "no machine figure: nothing said");
         let all_noisy = vec![noisy.clone(), run(3, 20_000.0, 0.7)];
         assert_eq!(counted(&all_noisy).len(), 2, "nothing quiet: all count");
+    }
+
+    fn figures(runs: Vec<LoadRun>) -> LoadFigures {
+        LoadFigures {
+            protocol: "http/1.1".into(),
+            target: "t".into(),
+            rps: Spread::of(counted(&runs).iter().map(|run| run.rps).collect()),
+            p99_ms: Spread::of(counted(&runs).iter().map(|run| run.p99_ms).collect()),
+            counted: counted(&runs).len(),
+            runs,
+        }
+    }
+
+    #[test]
+    fn paired_ratios_compare_runs_of_the_same_round_and_skip_disturbed_ones() {
+        // The machine slows down from round to round and nginx alone had a
+        // quiet round: the medians put the gate behind, every round it
+        // shares with nginx puts it ahead.
+        let gate = figures(vec![
+            run(0, 44_000.0, 0.0),
+            run(1, 33_000.0, 0.0),
+            run(2, 99_000.0, 0.9),
+            run(3, 22_000.0, 0.0),
+        ]);
+        let nginx = figures(vec![
+            run(0, 40_000.0, 0.0),
+            run(1, 30_000.0, 0.0),
+            run(2, 90_000.0, 0.0),
+            run(3, 20_000.0, 0.0),
+        ]);
+        let compared = Comparison::of("http/1.1", &gate, &nginx);
+        assert!(compared.rps_ratio < 1.0, "{compared:?}");
+        let paired = &compared.paired;
+        assert_eq!(paired.rounds, 3, "the disturbed round 2 is no pair");
+        assert!((paired.rps.min - 1.1).abs() < 1e-9, "{paired:?}");
+        assert!((paired.rps.max - 1.1).abs() < 1e-9, "{paired:?}");
+        assert_eq!(paired.rps_at_least_nginx, 3);
+        assert_eq!(paired.p99_at_most_nginx, 3, "equal tails count");
+        assert!((paired.gate_cpu_us_per_request - 0.9 / 33_000.0 * 1e6).abs() < 1e-6);
+        assert!((paired.nginx_cpu_us_per_request - 0.9 / 30_000.0 * 1e6).abs() < 1e-6);
+        let unpaired = figures(vec![run(7, 1.0, 0.0)]);
+        assert_eq!(
+            Comparison::of("http/1.1", &unpaired, &nginx).paired,
+            PairedRatios::default()
+        );
     }
 
     #[test]
