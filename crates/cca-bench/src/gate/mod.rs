@@ -133,6 +133,21 @@ pub struct LoadFigures {
     pub runs: Vec<LoadRun>,
 }
 
+impl LoadFigures {
+    /// A target's figures over its runs that count (see [`counted`]).
+    pub fn of(protocol: &str, target: &str, runs: Vec<LoadRun>) -> Self {
+        let chosen = counted(&runs);
+        Self {
+            protocol: protocol.into(),
+            target: target.into(),
+            rps: Spread::of(chosen.iter().map(|run| run.rps).collect()),
+            p99_ms: Spread::of(chosen.iter().map(|run| run.p99_ms).collect()),
+            counted: chosen.len(),
+            runs,
+        }
+    }
+}
+
 /// The runs a target's figures are made of: the undisturbed ones, or all
 /// of them when every one was disturbed (the figures then say so by
 /// their spread, and the report by its note).
@@ -470,15 +485,7 @@ pub async fn run_gate_bench(
                 .filter(|(p, t, _)| *p == protocol && *t == target)
                 .map(|(_, _, run)| run.clone())
                 .collect();
-            let chosen = counted(&mine);
-            LoadFigures {
-                protocol: protocol.name().into(),
-                target: target.name().into(),
-                rps: Spread::of(chosen.iter().map(|run| run.rps).collect()),
-                p99_ms: Spread::of(chosen.iter().map(|run| run.p99_ms).collect()),
-                counted: chosen.len(),
-                runs: mine,
-            }
+            LoadFigures::of(protocol.name(), target.name(), mine)
         })
         .collect();
     let compared = protocols
@@ -938,14 +945,7 @@ mod tests {
     }
 
     fn figures(runs: Vec<LoadRun>) -> LoadFigures {
-        LoadFigures {
-            protocol: "http/1.1".into(),
-            target: "t".into(),
-            rps: Spread::of(counted(&runs).iter().map(|run| run.rps).collect()),
-            p99_ms: Spread::of(counted(&runs).iter().map(|run| run.p99_ms).collect()),
-            counted: counted(&runs).len(),
-            runs,
-        }
+        LoadFigures::of("http/1.1", "t", runs)
     }
 
     #[test]
