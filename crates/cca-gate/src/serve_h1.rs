@@ -204,10 +204,14 @@ async fn exchange<T: Transport>(
                 .insert(UpgradeSlot(Arc::new(std::sync::Mutex::new(Some(taken)))));
             slot
         });
-    let mut answer = std::pin::pin!(peer.answer(request));
-    let ((response, busy), body_read) = match feed {
-        None => (answer.await, true),
-        Some(feed) => answer_while_feeding(answer.as_mut(), feed, io, read).await,
+    // In a block of its own: the answer's future (kilobytes) is dead
+    // before the response is written, so the two share their room.
+    let ((response, busy), body_read) = {
+        let mut answer = std::pin::pin!(peer.answer(request));
+        match feed {
+            None => (answer.await, true),
+            Some(feed) => answer_while_feeding(answer.as_mut(), feed, io, read).await,
+        }
     };
     let persists = keep_alive && body_read && !peer.activity.asked_to_close();
     let mut out = crate::transport::spare_buffer();

@@ -40,7 +40,7 @@ pub(crate) struct GateArgs {
     #[arg(long)]
     requests: Option<u64>,
     /// Runs of each target (gate, nginx, direct), alternating.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 7)]
     rounds: usize,
     /// HTTP/1.1 only (no HTTP/2 runs).
     #[arg(long)]
