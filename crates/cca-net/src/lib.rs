@@ -16,6 +16,7 @@
 //! syncs them.
 
 pub mod dataplane;
+pub mod ebpf;
 mod error;
 #[cfg(any(test, feature = "fake"))]
 pub mod fake;

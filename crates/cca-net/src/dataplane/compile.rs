@@ -33,6 +33,37 @@ use super::batch::{
 use super::kernel::UdpCleanup;
 use super::names;
 
+/// What each VIP port of `service` balances over: its ready backends,
+/// sorted and without duplicates; nothing while the service has no VIP.
+/// Both data planes (nftables, eBPF) program from this.
+pub(crate) fn vip_ports(service: &ServiceNet) -> BTreeMap<PortKey, PortState> {
+    let mut ports = BTreeMap::new();
+    if service.vip.is_none() {
+        return ports;
+    }
+    for spec in &service.ports {
+        let key = PortKey {
+            protocol: spec.protocol,
+            port: spec.number,
+        };
+        // A port written twice keeps its first endpoints.
+        ports.entry(key).or_insert_with(|| {
+            let mut backends: Vec<Backend> = service
+                .targets(spec)
+                .iter()
+                .map(|target| (target.address, target.port))
+                .collect();
+            backends.sort_unstable();
+            backends.dedup();
+            PortState {
+                backends,
+                affinity: service.affinity,
+            }
+        });
+    }
+    ports
+}
+
 /// Where a VIP port sends flows: an instance's address and port.
 pub(crate) type Backend = (Ipv4Addr, u16);
 
@@ -96,33 +127,10 @@ pub(crate) struct ServiceState {
 impl ServiceState {
     /// The state of `service` as node `node` programs it.
     pub(crate) fn of(service: &ServiceNet, node: &str) -> ServiceState {
-        let mut ports = BTreeMap::new();
-        if service.vip.is_some() {
-            for spec in &service.ports {
-                let key = PortKey {
-                    protocol: spec.protocol,
-                    port: spec.number,
-                };
-                // A port written twice keeps its first endpoints.
-                ports.entry(key).or_insert_with(|| {
-                    let mut backends: Vec<Backend> = service
-                        .targets(spec)
-                        .iter()
-                        .map(|target| (target.address, target.port))
-                        .collect();
-                    backends.sort_unstable();
-                    backends.dedup();
-                    PortState {
-                        backends,
-                        affinity: service.affinity,
-                    }
-                });
-            }
-        }
         let plain = service.members.iter().filter(|m| !m.host_network);
         ServiceState {
             vip: service.vip,
-            ports,
+            ports: vip_ports(service),
             members: plain.clone().map(|m| m.address).collect(),
             local: plain
                 .filter(|m| m.node == node)

@@ -73,7 +73,7 @@
 //! allows only in hairpin mode: `HostNetwork::create_veth` sets it.
 
 mod batch;
-mod compile;
+pub(crate) mod compile;
 mod conntrack;
 mod error;
 #[cfg(any(test, feature = "fake"))]
@@ -81,7 +81,7 @@ pub mod fake;
 mod kernel;
 mod names;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use cca_model::net::{NetworkMap, Touched};
 

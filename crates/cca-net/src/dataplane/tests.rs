@@ -24,7 +24,7 @@ fn ip(text: &str) -> Ipv4Addr {
 
 /// A service on `ports` whose every port balances over `targets`
 /// (instance, address, port), each also a member on node n1.
-fn service(
+pub(crate) fn service(
     name: &str,
     vip: Option<&str>,
     ports: &[(u16, Protocol)],
@@ -91,7 +91,7 @@ fn svc(name: &str) -> Peer {
     Peer::Service(name.into())
 }
 
-fn put(map: &mut NetworkMap, service: ServiceNet) -> Touched {
+pub(crate) fn put(map: &mut NetworkMap, service: ServiceNet) -> Touched {
     let mut touched = Touched::default();
     map.apply(NetworkChange::Service(Arc::new(service)), &mut touched);
     touched
@@ -593,7 +593,7 @@ fn remove_deletes_the_table() {
 
 /// A random service among a few names, VIPs, ports and addresses
 /// (addresses may repeat across services: the shared sets count them).
-fn random_service(rng: &mut fastrand::Rng, index: usize) -> ServiceNet {
+pub(crate) fn random_service(rng: &mut fastrand::Rng, index: usize) -> ServiceNet {
     let name = format!("s{index}");
     let vip = match rng.u8(0..4) {
         0 => None,

@@ -1,0 +1,105 @@
+/* The eBPF service load balancer's map layout, shared by the programs and
+ * (mirrored field by field) by cca_net::ebpf::layout in Rust, which checks
+ * sizes and offsets in its tests.
+ *
+ * Layout version 1. A change to any struct or map here bumps LB_LAYOUT and
+ * the _v1 suffix of every map name: the loader then creates the new maps
+ * beside the old pinned ones and live flows keep their maps until the new
+ * programs are attached.
+ *
+ * Addresses are 16 bytes, IPv4 as IPv4-mapped IPv6 (::ffff:a.b.c.d), so one
+ * key serves both families and a dual-stack socket connecting to a mapped
+ * address finds the IPv4 front. Addresses and ports are in network order.
+ */
+#ifndef CCA_LB_H
+#define CCA_LB_H
+
+#include <linux/types.h>
+
+#define LB_LAYOUT 1
+/* Slots of a front's consistent-hash (Maglev) table: prime, and large
+ * against the backends of one front (even shares within ~1% up to about 10
+ * backends, within ~10% at 100). */
+#define LB_TABLE_SIZE 1021
+#define LB_MAX_FRONTS 65536
+#define LB_MAX_BACKENDS 65536
+#define LB_MAX_SOCK_REV 262144
+
+/* front.flags */
+#define LB_FRONT_AFFINITY 1 /* the same client goes to the same backend */
+
+/* stats indexes */
+enum lb_stat {
+	LB_STAT_TRANSLATED = 0, /* connects and datagrams sent to a backend */
+	LB_STAT_REJECTED = 1,   /* refused: the front has no ready backend */
+	LB_STAT_NO_TABLE = 2,   /* a front without its table (refused) */
+	LB_STAT_NO_BACKEND = 3, /* a table slot without its backend (refused) */
+	LB_STAT_REVERSED = 4,   /* peer addresses shown as the front again */
+	LB_STAT_COUNT = 5,
+};
+
+struct lb_config {
+	/* Only sockets of this network namespace are balanced: cgroup hooks
+	 * see every namespace's sockets. */
+	__u64 netns_cookie;
+	/* The cluster-wide flow-hash seed (also the Maglev tables'). */
+	__u64 seed;
+	__u32 layout;
+	__u32 pad;
+	/* A connect to this address (a random address in 2001:db8::/32,
+	 * never routed; zero: none) comes from the loader, in the node's
+	 * namespace: the programs write that namespace's cookie to `learned`,
+	 * and the loader copies it to netns_cookie. */
+	__u32 learn[4];
+	__u64 learned;
+};
+
+struct front_key {
+	__u32 addr[4];
+	__u16 port;
+	__u8 proto; /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+};
+
+struct front {
+	__u32 id;
+	/* Ready backends in the table of generation `gen`; 0: refuse. */
+	__u16 count;
+	/* Which of the front's two tables is live: a new table is written
+	 * under the other generation, then this value is replaced whole. */
+	__u8 gen;
+	__u8 flags;
+};
+
+struct table_key {
+	__u32 front;
+	__u32 gen;
+};
+
+struct table {
+	__u32 backend[LB_TABLE_SIZE]; /* backend ids */
+};
+
+struct backend {
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+};
+
+/* What a socket was sent to instead of the front, to show the front again
+ * to getpeername and recvmsg. */
+struct sock_rev_key {
+	__u64 cookie;
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+	__u32 pad2;
+};
+
+struct sock_rev {
+	__u32 addr[4];
+	__u16 port;
+	__u16 pad;
+};
+
+#endif

@@ -1,0 +1,143 @@
+//! A recording fake of the eBPF maps for tests: it keeps the maps as the
+//! kernel would, checks after every operation that no front names a
+//! missing table and no table a missing backend (what a program could read
+//! at that moment), and answers lookups the way the programs choose.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+
+use super::error::{Error, Result};
+use super::kernel::{Existing, LbMaps, Stats};
+use super::layout::{Front, FrontKey, TableBytes};
+use super::maglev;
+use super::plan::Op;
+
+/// What the programs do with a connect to a front.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Verdict {
+    /// Not a front: the connect goes where it was aimed.
+    Pass,
+    Sent(SocketAddr),
+    Refused,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct FakeMaps {
+    pub fronts: BTreeMap<FrontKey, Front>,
+    pub tables: BTreeMap<(u32, u8), Box<TableBytes>>,
+    pub backends: BTreeMap<u32, SocketAddr>,
+    /// Reverse entries: (socket cookie, backend) → front.
+    pub sock_rev: BTreeMap<(u64, SocketAddr), SocketAddr>,
+    /// Every batch applied, in order.
+    pub applied: Vec<Vec<Op>>,
+    /// The next `apply` fails after this many operations.
+    pub fail_after: Option<usize>,
+    pub removed: bool,
+}
+
+impl FakeMaps {
+    /// What a connect to `key` with flow hash input `flow` gets.
+    pub fn lookup(&self, key: &FrontKey, seed: u64, flow: u64) -> Verdict {
+        let Some(front) = self.fronts.get(key) else {
+            return Verdict::Pass;
+        };
+        if front.count == 0 {
+            return Verdict::Refused;
+        }
+        let Some(table) = self.tables.get(&(front.id, front.generation)) else {
+            return Verdict::Refused;
+        };
+        let id = table[maglev::slot(seed, flow)];
+        self.backends
+            .get(&id)
+            .map_or(Verdict::Refused, |backend| Verdict::Sent(*backend))
+    }
+
+    /// Panics when a program could read a front without its table or a
+    /// table slot without its backend.
+    fn check_readable(&self, after: &Op) {
+        for (key, front) in &self.fronts {
+            if front.count == 0 {
+                continue;
+            }
+            let table = self
+                .tables
+                .get(&(front.id, front.generation))
+                .unwrap_or_else(|| panic!("after {after:?}: front {key:?} has no table"));
+            for id in table.iter() {
+                assert!(
+                    self.backends.contains_key(id),
+                    "after {after:?}: front {key:?} names missing backend {id}"
+                );
+            }
+        }
+    }
+}
+
+impl LbMaps for FakeMaps {
+    fn existing(&self) -> Result<Existing> {
+        Ok(Existing {
+            fronts: self.fronts.clone(),
+            tables: self.tables.keys().copied().collect(),
+            backends: self.backends.clone(),
+        })
+    }
+
+    fn apply(&mut self, ops: &[Op]) -> Result<()> {
+        self.applied.push(ops.to_vec());
+        for (done, op) in ops.iter().enumerate() {
+            if self.fail_after.is_some_and(|limit| done >= limit) {
+                self.fail_after = None;
+                return Err(Error::Map {
+                    map: "fake",
+                    error: "injected failure".to_owned(),
+                });
+            }
+            match op {
+                Op::PutBackend { id, address } => {
+                    self.backends.insert(*id, *address);
+                }
+                Op::PutTable {
+                    front,
+                    generation,
+                    table,
+                } => {
+                    self.tables.insert((*front, *generation), table.clone());
+                }
+                Op::PutFront { key, front } => {
+                    self.fronts.insert(*key, *front);
+                }
+                Op::DeleteFront { key } => {
+                    self.fronts.remove(key);
+                }
+                Op::DeleteTable { front, generation } => {
+                    self.tables.remove(&(*front, *generation));
+                }
+                Op::DeleteBackend { id } => {
+                    self.backends.remove(id);
+                }
+            }
+            self.check_readable(op);
+        }
+        Ok(())
+    }
+
+    fn sweep_sockets(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize> {
+        let before = self.sock_rev.len();
+        self.sock_rev
+            .retain(|(_, backend), _| !backends.contains(backend));
+        Ok(before - self.sock_rev.len())
+    }
+
+    fn stats(&self) -> Result<Stats> {
+        Ok(Stats::new())
+    }
+
+    fn remove(&mut self) -> Result<()> {
+        *self = Self {
+            removed: true,
+            ..Self::default()
+        };
+        Ok(())
+    }
+}

@@ -1,0 +1,169 @@
+//! Seeded flow hashing and each front's consistent-hash table (Maglev:
+//! Eisenbud et al., NSDI 2016). The table is a pure function of the
+//! cluster-wide seed and the set of backends, never of their order or of
+//! the node computing it, so every node sends a flow to the same backend;
+//! a backend that joins or leaves takes or gives up about its own share of
+//! the slots, so the other flows keep theirs.
+//!
+//! [`mix`] and [`slot`] are the programs' hash too (`bpf/sock_lb.bpf.c`):
+//! both sides must compute the same slot for a flow.
+
+/// Slots of a table (`LB_TABLE_SIZE`): prime, so every skip visits every
+/// slot.
+pub const TABLE_SIZE: usize = 1021;
+
+/// A 64-bit finaliser (MurmurHash3's): every input bit moves every output
+/// bit.
+pub fn mix(mut h: u64) -> u64 {
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
+    h ^= h >> 33;
+    h
+}
+
+/// The table slot of `flow` under `seed`, as the programs compute it.
+pub fn slot(seed: u64, flow: u64) -> usize {
+    (mix(seed ^ mix(flow)) % TABLE_SIZE as u64) as usize
+}
+
+/// FNV-1a over a backend's name, then seeded.
+fn name_hash(seed: u64, name: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in name {
+        h ^= u64::from(*byte);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    mix(seed ^ h)
+}
+
+/// The table for `backends` (each named by bytes unique among them, such
+/// as its address and port): slot → index into `backends`. Empty for no
+/// backends.
+pub fn table<N: AsRef<[u8]>>(seed: u64, backends: &[N]) -> Vec<u32> {
+    if backends.is_empty() {
+        return Vec::new();
+    }
+    // Visit backends in name order: the table must not depend on the
+    // order they were given in.
+    let mut order: Vec<usize> = (0..backends.len()).collect();
+    order.sort_by(|a, b| backends[*a].as_ref().cmp(backends[*b].as_ref()));
+    let size = TABLE_SIZE as u64;
+    let walks: Vec<(u64, u64)> = order
+        .iter()
+        .map(|index| {
+            let name = backends[*index].as_ref();
+            let offset = name_hash(seed, name) % size;
+            let skip =
+                name_hash(seed.rotate_left(32) ^ 0x9e37_79b9_7f4a_7c15, name) % (size - 1) + 1;
+            (offset, skip)
+        })
+        .collect();
+    let mut next = vec![0u64; order.len()];
+    let mut entries = vec![u32::MAX; TABLE_SIZE];
+    let mut filled = 0;
+    loop {
+        for (turn, index) in order.iter().enumerate() {
+            let (offset, skip) = walks[turn];
+            let mut candidate = ((offset + next[turn] * skip) % size) as usize;
+            while entries[candidate] != u32::MAX {
+                next[turn] += 1;
+                candidate = ((offset + next[turn] * skip) % size) as usize;
+            }
+            entries[candidate] = *index as u32;
+            next[turn] += 1;
+            filled += 1;
+            if filled == TABLE_SIZE {
+                return entries;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn names(count: usize) -> Vec<String> {
+        (0..count).map(|i| format!("10.42.0.{i}:8080")).collect()
+    }
+
+    fn shares(table: &[u32], backends: usize) -> Vec<usize> {
+        let mut shares = vec![0; backends];
+        for entry in table {
+            shares[*entry as usize] += 1;
+        }
+        shares
+    }
+
+    #[test]
+    fn every_slot_goes_to_a_backend_in_even_shares() {
+        for count in [1, 2, 3, 7, 10] {
+            let table = table(42, &names(count));
+            assert_eq!(table.len(), TABLE_SIZE);
+            let shares = shares(&table, count);
+            let even = TABLE_SIZE / count;
+            for share in shares {
+                // Maglev's population gives each backend floor or ceil.
+                assert!(share == even || share == even + 1, "{count}: {share}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_table_depends_on_the_set_not_its_order() {
+        let forward = names(5);
+        let mut backward = forward.clone();
+        backward.reverse();
+        let a = table(7, &forward);
+        let b = table(7, &backward);
+        for (slot, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(forward[*x as usize], backward[*y as usize], "slot {slot}");
+        }
+    }
+
+    #[test]
+    fn the_seed_changes_the_table() {
+        assert_ne!(table(1, &names(4)), table(2, &names(4)));
+    }
+
+    #[test]
+    fn a_backend_leaving_moves_little_more_than_its_own_share() {
+        let before_names = names(10);
+        let before = table(9, &before_names);
+        let after_names: Vec<String> = before_names
+            .iter()
+            .filter(|name| name.as_str() != "10.42.0.3:8080")
+            .cloned()
+            .collect();
+        let after = table(9, &after_names);
+        let mut moved = 0;
+        for (slot, old) in before.iter().enumerate() {
+            let old = &before_names[*old as usize];
+            let new = &after_names[after[slot] as usize];
+            if old != "10.42.0.3:8080" && old != new {
+                moved += 1;
+            }
+        }
+        // Of the 918 slots the other nine held, Maglev moves a few percent.
+        assert!(
+            moved < TABLE_SIZE / 20,
+            "{moved} slots of staying backends moved"
+        );
+    }
+
+    #[test]
+    fn no_backends_no_table() {
+        assert!(table::<&str>(1, &[]).is_empty());
+    }
+
+    #[test]
+    fn slots_are_spread() {
+        let mut hits = vec![0u32; TABLE_SIZE];
+        for flow in 0..(TABLE_SIZE as u64 * 50) {
+            hits[slot(3, flow)] += 1;
+        }
+        assert!(hits.iter().all(|hits| (20..=90).contains(hits)), "{hits:?}");
+    }
+}

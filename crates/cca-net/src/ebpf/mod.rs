@@ -1,0 +1,197 @@
+//! The eBPF service data plane (`--dataplane ebpf`): service VIPs balanced
+//! by programs in the kernel instead of nftables rules. This part balances
+//! the node's own processes at the socket: a connect (TCP, connected UDP)
+//! or unconnected UDP send to a VIP port is sent to a backend before any
+//! packet exists, so there is no per-packet translation and no conntrack;
+//! getpeername and recvmsg show the VIP again. A VIP port without ready
+//! backends refuses at once (`ECONNREFUSED`).
+//!
+//! - [`maglev`]: the seeded flow hash and each VIP port's consistent-hash
+//!   table, the same on every node for the same seed and backends.
+//! - [`layout`]: the maps' keys and values as bytes (`bpf/lb.h`).
+//! - [`plan`]: the pure planner — map operations ordered so the programs
+//!   never read a half-written change (generation-tagged tables, each
+//!   front replaced whole).
+//! - [`kernel`]: [`LbMaps`], the seam; [`Attached`] loads the programs
+//!   from the checked-in object (`bpf/sock_lb.bpf.o`, rebuilt by
+//!   `scripts/bpf`), attaches them to the cgroup v2 root for the calling
+//!   thread's network namespace and pins maps and links.
+//!
+//! [`EbpfPlane`] keeps the maps equal to a [`NetworkMap`], like the
+//! nftables [`DataPlane`](crate::dataplane::DataPlane) keeps its table.
+
+pub mod error;
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
+pub mod kernel;
+pub mod layout;
+pub mod maglev;
+pub mod plan;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeSet;
+
+use cca_model::net::{NetworkMap, Touched};
+
+pub use error::{Error, Result};
+pub use kernel::{AttachConfig, Attached, Existing, LbMaps, Stats};
+use plan::{Plan, Programmed, fronts_of};
+
+/// What one `sync` or `resync` did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EbpfReport {
+    /// Map operations applied (0: nothing changed).
+    pub ops: usize,
+    pub resynced: bool,
+    /// Sockets' reverse entries to removed backends, deleted.
+    pub swept: usize,
+}
+
+/// The node's eBPF maps, kept equal to a [`NetworkMap`].
+#[derive(Debug)]
+pub struct EbpfPlane<M> {
+    maps: M,
+    seed: u64,
+    /// What the maps hold; `None` until a resync succeeded, and again
+    /// after a failed change.
+    programmed: Option<Programmed>,
+}
+
+impl<M: LbMaps> EbpfPlane<M> {
+    /// A plane over `maps` with the cluster's flow-hash `seed`; it changes
+    /// nothing until the first `resync` or `sync`.
+    pub fn new(maps: M, seed: u64) -> Self {
+        Self {
+            maps,
+            seed,
+            programmed: None,
+        }
+    }
+
+    pub fn maps(&self) -> &M {
+        &self.maps
+    }
+
+    /// Makes the maps hold `map` whatever they held: every front is
+    /// written anew under ids the maps do not use, each replacing its old
+    /// value in one update, then everything else (a previous agent's
+    /// entries) is deleted. Traffic never meets a missing front.
+    pub fn resync(&mut self, map: &NetworkMap) -> Result<EbpfReport> {
+        self.programmed = None;
+        let existing = self.maps.existing()?;
+        let mut programmed = Programmed::new(
+            self.seed,
+            existing
+                .tables
+                .iter()
+                .map(|(front, _)| *front)
+                .chain(existing.fronts.values().map(|front| front.id))
+                .collect(),
+            existing.backends.keys().copied().collect(),
+        );
+        let mut plan = Plan::default();
+        let mut released = Vec::new();
+        let mut desired = std::collections::BTreeMap::new();
+        for (name, service) in &map.services {
+            let fronts = fronts_of(service);
+            for (key, state) in &fronts {
+                programmed.update(*key, Some(state), &mut plan, &mut released);
+            }
+            programmed.set_service(name, fronts.keys().copied().collect());
+            desired.extend(fronts);
+        }
+        programmed.finish(released, &mut plan);
+        for key in existing
+            .fronts
+            .keys()
+            .filter(|key| !desired.contains_key(key))
+        {
+            plan.ops.push(plan::Op::DeleteFront { key: *key });
+        }
+        for (front, generation) in &existing.tables {
+            plan.ops.push(plan::Op::DeleteTable {
+                front: *front,
+                generation: *generation,
+            });
+        }
+        let mut removed = BTreeSet::new();
+        for (id, address) in &existing.backends {
+            plan.ops.push(plan::Op::DeleteBackend { id: *id });
+            removed.insert(*address);
+        }
+        self.maps.apply(&plan.ops)?;
+        programmed.forget_foreign();
+        let live: BTreeSet<_> = desired
+            .values()
+            .flat_map(|state| state.backends.iter().copied())
+            .collect();
+        removed.retain(|address| !live.contains(address));
+        let swept = self.maps.sweep_sockets(&removed)?;
+        tracing::debug!(
+            fronts = programmed.fronts(),
+            backends = programmed.backends(),
+            ops = plan.ops.len(),
+            swept,
+            "eBPF maps rebuilt"
+        );
+        self.programmed = Some(programmed);
+        Ok(EbpfReport {
+            ops: plan.ops.len(),
+            resynced: true,
+            swept,
+        })
+    }
+
+    /// Changes what the `touched` services own; a resync when the maps'
+    /// state is not known. On error the next call resyncs.
+    pub fn sync(&mut self, map: &NetworkMap, touched: &Touched) -> Result<EbpfReport> {
+        let Some(programmed) = self.programmed.as_mut() else {
+            return self.resync(map);
+        };
+        let mut plan = Plan::default();
+        let mut released = Vec::new();
+        for name in &touched.services {
+            let desired = map
+                .services
+                .get(name)
+                .map(|service| fronts_of(service))
+                .unwrap_or_default();
+            // Fronts the service had and has no more: its old fronts are
+            // those the planner holds for its VIP ports.
+            for key in programmed.fronts_of_service(name) {
+                if !desired.contains_key(&key) {
+                    programmed.update(key, None, &mut plan, &mut released);
+                }
+            }
+            for (key, state) in &desired {
+                programmed.update(*key, Some(state), &mut plan, &mut released);
+            }
+            programmed.set_service(name, desired.keys().copied().collect());
+        }
+        programmed.finish(released, &mut plan);
+        if plan.ops.is_empty() {
+            return Ok(EbpfReport::default());
+        }
+        if let Err(error) = self.maps.apply(&plan.ops) {
+            self.programmed = None;
+            return Err(error);
+        }
+        let swept = self.maps.sweep_sockets(&plan.removed_backends)?;
+        Ok(EbpfReport {
+            ops: plan.ops.len(),
+            resynced: false,
+            swept,
+        })
+    }
+
+    pub fn stats(&self) -> Result<Stats> {
+        self.maps.stats()
+    }
+
+    /// Detaches the programs and removes the maps.
+    pub fn remove(&mut self) -> Result<()> {
+        self.programmed = None;
+        self.maps.remove()
+    }
+}

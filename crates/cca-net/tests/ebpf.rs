@@ -1,0 +1,250 @@
+//! Root-only tests of the eBPF socket load balancer with the real
+//! programs, in throwaway namespaces (`support::lab`) and a BPF file system
+//! of the test's own: the node's processes reach a VIP's backends over TCP
+//! and UDP and see the VIP as their peer, an empty VIP refuses at once,
+//! other namespaces are untouched, a removed backend gets no new
+//! connections while an established one goes on, a restarted loader takes
+//! the maps over without a gap, and removing the plane detaches the
+//! programs. Without root the tests skip and say so.
+#![allow(clippy::unwrap_used, reason = "a test's helpers fail the test")]
+
+#[path = "support/lab.rs"]
+mod lab;
+
+use std::collections::BTreeMap;
+use std::io::{ErrorKind, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use cca_model::net::{Affinity, NetworkChange, NetworkMap, ServiceNet, Target, Touched};
+use cca_model::spec::{PortSpec, Protocol};
+use cca_net::ebpf::{AttachConfig, Attached, EbpfPlane};
+
+use lab::{Instance, Lab, TCP_PORT, UDP_PORT, ask_tcp, ask_udp, in_netns, read_line, tally};
+
+const SEED: u64 = 0x00c0_ffee;
+
+/// A BPF file system mounted for one test; unmounting it unpins
+/// everything the test left.
+struct Bpffs(PathBuf);
+
+impl Bpffs {
+    fn new() -> Bpffs {
+        let dir = std::env::temp_dir().join(format!("cca-bpffs-{:08x}", fastrand::u32(..)));
+        std::fs::create_dir_all(&dir).unwrap();
+        Bpffs(dir)
+    }
+}
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+fn service(name: &str, vip: Ipv4Addr, targets: &[&Instance]) -> ServiceNet {
+    let to = |port| {
+        targets
+            .iter()
+            .map(|i| Target {
+                instance: i.name.clone(),
+                node: "node-a".into(),
+                address: i.address,
+                port,
+            })
+            .collect::<Vec<_>>()
+    };
+    ServiceNet {
+        name: name.into(),
+        vip: Some(vip),
+        ports: vec![
+            PortSpec {
+                name: Some("http".into()),
+                number: 80,
+                protocol: Protocol::Tcp,
+            },
+            PortSpec {
+                name: Some("dns".into()),
+                number: 53,
+                protocol: Protocol::Udp,
+            },
+        ],
+        affinity: Affinity::None,
+        endpoints: BTreeMap::from([("http".into(), to(TCP_PORT)), ("dns".into(), to(UDP_PORT))]),
+        members: Vec::new(),
+        asleep: false,
+        scale_to_zero: None,
+    }
+}
+
+fn open(lab: &Lab, bpffs: &Path) -> EbpfPlane<Attached> {
+    let config = AttachConfig {
+        bpffs: bpffs.to_owned(),
+        cgroup: None,
+        seed: SEED,
+    };
+    let attached = in_netns(&lab.node, || Attached::open(&config)).unwrap();
+    EbpfPlane::new(attached, SEED)
+}
+
+fn sync(plane: &mut EbpfPlane<Attached>, map: &mut NetworkMap, change: NetworkChange) {
+    let mut touched = Touched::default();
+    map.apply(change, &mut touched);
+    plane.sync(map, &touched).unwrap();
+}
+
+fn translated(plane: &EbpfPlane<Attached>) -> u64 {
+    plane.stats().unwrap()["translated"]
+}
+
+fn links(plane: &EbpfPlane<Attached>) -> usize {
+    std::fs::read_dir(plane.maps().pin_dir())
+        .unwrap()
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("link-")
+        })
+        .count()
+}
+
+#[test]
+fn the_nodes_processes_reach_vips_through_the_socket_programs() {
+    if !lab::root_test("the_nodes_processes_reach_vips_through_the_socket_programs") {
+        return;
+    }
+    let lab = Lab::new(2);
+    let bpffs = Bpffs::new();
+    let (i0, i1) = (lab.instance("i0"), lab.instance("i1"));
+    let web = Ipv4Addr::new(10, 96, 0, 7);
+    let empty = Ipv4Addr::new(10, 96, 0, 8);
+    let mut plane = open(&lab, &bpffs.0);
+    let mut map = NetworkMap::default();
+    plane.resync(&map).unwrap();
+    sync(
+        &mut plane,
+        &mut map,
+        NetworkChange::Service(Arc::new(service("web", web, &[i0, i1]))),
+    );
+    sync(
+        &mut plane,
+        &mut map,
+        NetworkChange::Service(Arc::new(service("empty", empty, &[]))),
+    );
+
+    // TCP and connected UDP reach both backends.
+    let tcp = SocketAddr::from((web, 80));
+    let udp = SocketAddr::from((web, 53));
+    let answers = in_netns(&lab.node, || tally((0..40).map(|_| ask_tcp(tcp).unwrap())));
+    assert_eq!(
+        answers.keys().collect::<Vec<_>>(),
+        ["i0", "i1"],
+        "{answers:?}"
+    );
+    let answers = in_netns(&lab.node, || tally((0..40).map(|_| ask_udp(udp).unwrap())));
+    assert_eq!(
+        answers.keys().collect::<Vec<_>>(),
+        ["i0", "i1"],
+        "{answers:?}"
+    );
+
+    // The peer is the VIP, for getpeername and for unconnected UDP.
+    let (peer, from) = in_netns(&lab.node, || {
+        let stream = TcpStream::connect(tcp).unwrap();
+        let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        socket.send_to(&1u64.to_be_bytes(), udp).unwrap();
+        let mut buffer = [0u8; 64];
+        let (_, from) = socket.recv_from(&mut buffer).unwrap();
+        (stream.peer_addr().unwrap(), from)
+    });
+    assert_eq!(peer, tcp);
+    assert_eq!(from, udp);
+
+    // A VIP without backends refuses at once, TCP and UDP.
+    let (kind, took) = in_netns(&lab.node, || ask_tcp(SocketAddr::from((empty, 80)))).unwrap_err();
+    assert_eq!(kind, ErrorKind::ConnectionRefused);
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    let refused = in_netns(&lab.node, || ask_udp(SocketAddr::from((empty, 53)))).unwrap_err();
+    assert_eq!(refused, ErrorKind::ConnectionRefused);
+    assert!(plane.stats().unwrap()["rejected"] >= 2);
+
+    // Another namespace's sockets are not this node's: untouched.
+    let before = translated(&plane);
+    in_netns(&i0.netns, || {
+        let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        let _ = socket.connect(udp);
+    });
+    assert_eq!(
+        translated(&plane),
+        before,
+        "a connect in another namespace was balanced"
+    );
+
+    // A removed backend gets no new connections; one already open to it
+    // goes on (the socket talks to the backend itself).
+    let mut established = in_netns(&lab.node, || {
+        loop {
+            let mut stream = TcpStream::connect(tcp).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(3)))
+                .unwrap();
+            stream.write_all(b"who\n").unwrap();
+            if read_line(&mut stream).unwrap() == "i1" {
+                break stream;
+            }
+        }
+    });
+    sync(
+        &mut plane,
+        &mut map,
+        NetworkChange::Service(Arc::new(service("web", web, &[i0]))),
+    );
+    let answers = in_netns(&lab.node, || tally((0..20).map(|_| ask_tcp(tcp).unwrap())));
+    assert_eq!(answers.keys().collect::<Vec<_>>(), ["i0"], "{answers:?}");
+    established.write_all(b"who\n").unwrap();
+    assert_eq!(read_line(&mut established).unwrap(), "i1");
+
+    // A new loader (an agent restart) takes the pinned maps over: the
+    // programs kept balancing meanwhile, and its links replace the old.
+    sync(
+        &mut plane,
+        &mut map,
+        NetworkChange::Service(Arc::new(service("web", web, &[i0, i1]))),
+    );
+    drop(plane);
+    let answers = in_netns(&lab.node, || tally((0..40).map(|_| ask_tcp(tcp).unwrap())));
+    assert_eq!(
+        answers.keys().collect::<Vec<_>>(),
+        ["i0", "i1"],
+        "while no agent runs"
+    );
+    let mut plane = open(&lab, &bpffs.0);
+    assert_eq!(
+        links(&plane),
+        8,
+        "one link per program, the old ones unpinned"
+    );
+    plane.resync(&map).unwrap();
+    let answers = in_netns(&lab.node, || tally((0..40).map(|_| ask_tcp(tcp).unwrap())));
+    assert_eq!(
+        answers.keys().collect::<Vec<_>>(),
+        ["i0", "i1"],
+        "after the restart"
+    );
+
+    // Removed: the VIP is an address nothing answers at again.
+    plane.remove().unwrap();
+    let before = translated(&plane);
+    let gone = in_netns(&lab.node, || ask_udp(udp));
+    assert!(gone.is_err(), "{gone:?}");
+    assert_eq!(translated(&plane), before);
+}
