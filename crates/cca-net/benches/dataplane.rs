@@ -4,10 +4,13 @@
 //! address and to loopback (the machine's own limit); first-packet
 //! latency (TCP connect) through a VIP at 100 and at 30,000 VIPs; the time
 //! from `sync` to the kernel holding one endpoint change at 1,000 and
-//! 10,000 services; backend replacement under steady UDP and TCP load.
+//! 10,000 services; backend replacement under steady UDP and TCP load;
+//! the eBPF socket programs beside nftables and direct from the node's own
+//! processes, and their rebuild, endpoint change and map memory at 1,000
+//! and 10,000 services.
 //! Each figure is measured `CCA_BENCH_RUNS` times (default 3) and printed
 //! as min / median / max in Markdown; `CCA_BENCH_ONLY` (comma-separated:
-//! traffic, replacement, first-packet, changes) picks sections. Needs root
+//! traffic, replacement, first-packet, changes, ebpf) picks sections. Needs root
 //! (namespaces, nftables); without it, says so and exits. Run: `cargo
 //! bench -p cca-net --bench dataplane`.
 #![allow(
@@ -31,6 +34,7 @@ use std::time::{Duration, Instant};
 use cca_model::net::{Affinity, Member, NetworkChange, NetworkMap, ServiceNet, Target, Touched};
 use cca_model::spec::{PortSpec, Protocol};
 use cca_net::dataplane::{Batch, DataPlane, DataPlaneConfig, Nft, PacketFilter, UdpCleanup};
+use cca_net::ebpf::{AttachConfig, Attached, EbpfPlane};
 
 use lab::{Lab, TCP_PORT, UDP_PORT, in_netns};
 
@@ -442,6 +446,140 @@ fn endpoint_changes(figures: &mut Figures, lab: &Lab, plane: &mut Plane, count: 
     );
 }
 
+/// A BPF file system of the benchmark's own; unmounting it detaches and
+/// frees what the eBPF section left.
+struct Bpffs(std::path::PathBuf);
+
+impl Drop for Bpffs {
+    fn drop(&mut self) {
+        let _ = rustix::mount::unmount(&self.0, rustix::mount::UnmountFlags::DETACH);
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
+
+/// The eBPF data plane beside nftables, from the node's own processes
+/// (the socket programs' side): throughput and request latency through a
+/// VIP each plane serves and to the backend directly; then, at `counts`
+/// services, the rebuild, one endpoint change's sync p50/p99/max and the
+/// maps' memory.
+fn ebpf(figures: &mut Figures, lab: &Lab, plane: &mut Plane, counts: &[u32]) {
+    let bpffs = Bpffs(std::env::temp_dir().join(format!("cca-bench-bpffs-{}", lab.tag)));
+    let config = AttachConfig {
+        bpffs: bpffs.0.clone(),
+        cgroup: None,
+        seed: 7,
+    };
+    let attached = in_netns(&lab.node, || Attached::open(&config)).unwrap();
+    let mut ebpf = EbpfPlane::new(attached, config.seed);
+    let a = lab.instance("i0");
+    // vip(0) is nftables' (output DNAT), vip(1) the socket programs'.
+    plane.rebuild(vec![service("nft", vip(0), &[a.address])]);
+    let mut map = NetworkMap::default();
+    let mut touched = Touched::default();
+    map.apply(
+        NetworkChange::Service(Arc::new(service("bpf", vip(1), &[a.address]))),
+        &mut touched,
+    );
+    ebpf.resync(&map).unwrap();
+    let nft = SocketAddr::from((vip(0), VIP_TCP));
+    let bpf = SocketAddr::from((vip(1), VIP_TCP));
+    let direct = SocketAddr::from((a.address, TCP_PORT));
+    const BYTES: usize = 256 << 20;
+    let median = |mut values: Vec<f64>| {
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    let (mut via_nft, mut via_bpf, mut via_direct) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut lat_nft, mut lat_bpf, mut lat_direct) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..3 {
+        via_nft.push(throughput(&lab.node, nft, BYTES));
+        via_bpf.push(throughput(&lab.node, bpf, BYTES));
+        via_direct.push(throughput(&lab.node, direct, BYTES));
+        lat_nft.push(new_connection_latency(&lab.node, nft, 500)[3]);
+        lat_bpf.push(new_connection_latency(&lab.node, bpf, 500)[3]);
+        lat_direct.push(new_connection_latency(&lab.node, direct, 500)[3]);
+    }
+    let (via_bpf, via_direct) = (median(via_bpf), median(via_direct));
+    figures.add("node: throughput via eBPF VIP (MB/s)", via_bpf);
+    figures.add("node: throughput via nftables VIP (MB/s)", median(via_nft));
+    figures.add("node: throughput direct (MB/s)", via_direct);
+    figures.add("node: throughput eBPF VIP / direct", via_bpf / via_direct);
+    let (lat_bpf, lat_direct) = (median(lat_bpf), median(lat_direct));
+    figures.add("node: connect+request p99 via eBPF VIP (ms)", lat_bpf);
+    figures.add(
+        "node: connect+request p99 via nftables VIP (ms)",
+        median(lat_nft),
+    );
+    figures.add("node: connect+request p99 direct (ms)", lat_direct);
+    figures.add(
+        "node: connect+request p99 eBPF VIP / direct",
+        lat_bpf / lat_direct,
+    );
+
+    let backend =
+        |i: u32, k: u32| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 100, 0, 0)) + i * 4 + k);
+    let full = |i: u32| {
+        service(
+            &format!("s{i}"),
+            vip(i),
+            &[backend(i, 1), backend(i, 2), backend(i, 3)],
+        )
+    };
+    for count in counts {
+        let mut map = NetworkMap::default();
+        let mut touched = Touched::default();
+        for i in 0..*count {
+            map.apply(NetworkChange::Service(Arc::new(full(i))), &mut touched);
+        }
+        let started = Instant::now();
+        in_netns(&lab.node, || ebpf.resync(&map)).unwrap();
+        figures.add(
+            &format!("eBPF rebuild at {count} services (ms)"),
+            ms(started.elapsed()),
+        );
+        let mut samples = Vec::new();
+        let mut ops = 0;
+        let mut rng = fastrand::Rng::with_seed(u64::from(*count));
+        for round in 0..400 {
+            let i = rng.u32(0..*count);
+            // Even rounds take a backend away, odd ones bring it back.
+            let next = if round % 2 == 0 {
+                service(&format!("s{i}"), vip(i), &[backend(i, 1), backend(i, 2)])
+            } else {
+                full(i)
+            };
+            let mut touched = Touched::default();
+            map.apply(NetworkChange::Service(Arc::new(next)), &mut touched);
+            let started = Instant::now();
+            let report = in_netns(&lab.node, || ebpf.sync(&map, &touched)).unwrap();
+            samples.push(started.elapsed());
+            ops = ops.max(report.ops);
+        }
+        figures.add(
+            &format!("eBPF sync p50 at {count} services (ms)"),
+            ms(percentile(&mut samples, 0.5)),
+        );
+        figures.add(
+            &format!("eBPF sync p99 at {count} services (ms)"),
+            ms(percentile(&mut samples, 0.99)),
+        );
+        figures.add(
+            &format!("eBPF sync max at {count} services (ms)"),
+            ms(percentile(&mut samples, 1.0)),
+        );
+        figures.add(
+            &format!("eBPF map operations per change at {count} services"),
+            ops as f64,
+        );
+        let memory: u64 = ebpf.maps().memory().unwrap().values().sum();
+        figures.add(
+            &format!("eBPF map memory at {count} services (MiB)"),
+            memory as f64 / (1 << 20) as f64,
+        );
+    }
+    in_netns(&lab.node, || ebpf.remove()).unwrap();
+}
+
 /// Replaces backends under steady UDP (4 sockets, each one flow, a
 /// datagram each 1 ms) and TCP (a new connection each 2 ms) load: a,b ->
 /// b,c -> c,a -> a,b, each step removing one backend and adding one.
@@ -614,6 +752,9 @@ fn main() {
                 endpoint_changes(&mut figures, &lab, &mut plane, count);
             }
         }
+        if wanted("ebpf") {
+            ebpf(&mut figures, &lab, &mut plane, &[1_000, 10_000]);
+        }
         let (node, plane) = (lab.node.clone(), &mut plane.plane);
         in_netns(&node, || plane.remove()).unwrap();
     }
@@ -661,6 +802,29 @@ fn main() {
         "nft apply p99 at 10000 services (ms)",
         "UDP conntrack cleanup p50 at 10000 services (ms)",
         "commands per change at 10000 services",
+    ]);
+    println!("## eBPF socket load balancing beside nftables (the node's processes)\n");
+    figures.print(&[
+        "node: throughput via eBPF VIP (MB/s)",
+        "node: throughput via nftables VIP (MB/s)",
+        "node: throughput direct (MB/s)",
+        "node: throughput eBPF VIP / direct",
+        "node: connect+request p99 via eBPF VIP (ms)",
+        "node: connect+request p99 via nftables VIP (ms)",
+        "node: connect+request p99 direct (ms)",
+        "node: connect+request p99 eBPF VIP / direct",
+        "eBPF rebuild at 1000 services (ms)",
+        "eBPF sync p50 at 1000 services (ms)",
+        "eBPF sync p99 at 1000 services (ms)",
+        "eBPF sync max at 1000 services (ms)",
+        "eBPF map operations per change at 1000 services",
+        "eBPF map memory at 1000 services (MiB)",
+        "eBPF rebuild at 10000 services (ms)",
+        "eBPF sync p50 at 10000 services (ms)",
+        "eBPF sync p99 at 10000 services (ms)",
+        "eBPF sync max at 10000 services (ms)",
+        "eBPF map operations per change at 10000 services",
+        "eBPF map memory at 10000 services (MiB)",
     ]);
     println!("## Backend replacement under load\n");
     figures.print(&[

@@ -22,8 +22,8 @@
  * backends, within ~10% at 100). */
 #define LB_TABLE_SIZE 1021
 #define LB_MAX_FRONTS 65536
-#define LB_MAX_BACKENDS 65536
-#define LB_MAX_SOCK_REV 262144
+#define LB_MAX_BACKENDS 262144
+#define LB_MAX_SOCK_REV 65536
 
 /* front.flags */
 #define LB_FRONT_AFFINITY 1 /* the same client goes to the same backend */

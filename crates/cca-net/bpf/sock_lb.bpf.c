@@ -54,7 +54,11 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	/* One per backend address and port: a service's ports each have
+	 * their own (10,000 services of two ports over three backends are
+	 * 60,000); allocated as used. */
 	__uint(max_entries, LB_MAX_BACKENDS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
 	__type(value, struct backend);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -167,6 +168,32 @@ impl Attached {
     /// Where the maps and links are pinned.
     pub fn pin_dir(&self) -> &Path {
         &self.pin_dir
+    }
+
+    /// The kernel memory each map uses now (`memlock` of its fdinfo), by
+    /// name.
+    pub fn memory(&self) -> Result<BTreeMap<&'static str, u64>> {
+        let mut memory = BTreeMap::new();
+        for (name, ..) in SHAPES {
+            let map = MapData::from_pin(self.pin_dir.join(name)).map_err(map_error(name))?;
+            let fd = map.fd().as_fd().as_raw_fd();
+            let path = PathBuf::from(format!("/proc/self/fdinfo/{fd}"));
+            let info = fs::read_to_string(&path).map_err(|error| Error::Io {
+                what: "reading",
+                path: path.clone(),
+                error,
+            })?;
+            let bytes = info
+                .lines()
+                .find_map(|line| line.strip_prefix("memlock:"))
+                .and_then(|value| value.trim().parse().ok())
+                .ok_or_else(|| Error::Map {
+                    map: name,
+                    error: format!("no memlock line in {}", path.display()),
+                })?;
+            memory.insert(name, bytes);
+        }
+        Ok(memory)
     }
 }
 
@@ -408,8 +435,8 @@ const SHAPES: [(&str, u32, u32, u32); 6] = [
     (CONFIG_MAP, 4, 48, 1),
     (FRONT_MAP, 20, 8, 65_536),
     (TABLE_MAP, 8, 4 * super::maglev::TABLE_SIZE as u32, 131_072),
-    (BACKEND_MAP, 4, 20, 65_536),
-    (SOCK_REV_MAP, 32, 20, 262_144),
+    (BACKEND_MAP, 4, 20, 262_144),
+    (SOCK_REV_MAP, 32, 20, 65_536),
     (STATS_MAP, 4, 8, 5),
 ];
 
