@@ -18,15 +18,20 @@
 
 #define LB_LAYOUT 1
 /* Slots of a front's consistent-hash (Maglev) table: prime, and large
- * against the backends of one front (even shares within ~1% up to about 10
- * backends, within ~10% at 100). */
+ * against the backends of one front. A front with up to LB_SMALL_MAX
+ * backends has a small table (shares even within ~3%), a larger one a
+ * large table (within ~1% at 10 backends, ~10% at 100): most services
+ * have few backends, and the tables are most of the maps' memory. */
 #define LB_TABLE_SIZE 1021
+#define LB_SMALL_TABLE_SIZE 251
+#define LB_SMALL_MAX 8
 #define LB_MAX_FRONTS 65536
 #define LB_MAX_BACKENDS 262144
 #define LB_MAX_SOCK_REV 65536
 
 /* front.flags */
 #define LB_FRONT_AFFINITY 1 /* the same client goes to the same backend */
+#define LB_FRONT_SMALL 2    /* its table is in the small-table map */
 
 /* stats indexes */
 enum lb_stat {
@@ -78,6 +83,10 @@ struct table_key {
 
 struct table {
 	__u32 backend[LB_TABLE_SIZE]; /* backend ids */
+};
+
+struct small_table {
+	__u32 backend[LB_SMALL_TABLE_SIZE];
 };
 
 struct backend {

@@ -54,6 +54,15 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 2 * LB_MAX_FRONTS);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct table_key);
+	__type(value, struct small_table);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} cca_tsmall_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
 	/* One per backend address and port: a service's ports each have
 	 * their own (10,000 services of two ports over three backends are
 	 * 60,000); allocated as used. */
@@ -142,8 +151,8 @@ static __always_inline enum verdict choose(struct bpf_sock_addr *ctx,
 {
 	struct front *front = bpf_map_lookup_elem(&cca_front_v1, key);
 	struct table_key table_key = {};
-	struct table *table;
 	__u64 flow;
+	__u64 hash;
 	__u32 slot;
 	__u32 id;
 
@@ -155,24 +164,42 @@ static __always_inline enum verdict choose(struct bpf_sock_addr *ctx,
 	}
 	table_key.front = front->id;
 	table_key.gen = front->gen;
-	table = bpf_map_lookup_elem(&cca_table_v1, &table_key);
-	if (!table) {
-		count(LB_STAT_NO_TABLE);
-		return REFUSED;
-	}
 	/* Host processes share the node's address: with affinity the node
 	 * is the client, otherwise each socket is a flow of its own. */
 	if (front->flags & LB_FRONT_AFFINITY)
 		flow = config->netns_cookie;
 	else
 		flow = bpf_get_socket_cookie(ctx);
-	slot = mix(config->seed ^ mix(flow)) % LB_TABLE_SIZE;
-	/* The verifier does not bound a remainder: hide the value from the
-	 * compiler so the check below stays for the verifier to see. */
-	asm volatile("" : "+r"(slot));
-	if (slot >= LB_TABLE_SIZE)
-		return PASS;
-	id = table->backend[slot];
+	hash = mix(config->seed ^ mix(flow));
+	if (front->flags & LB_FRONT_SMALL) {
+		struct small_table *table =
+			bpf_map_lookup_elem(&cca_tsmall_v1, &table_key);
+
+		if (!table) {
+			count(LB_STAT_NO_TABLE);
+			return REFUSED;
+		}
+		slot = hash % LB_SMALL_TABLE_SIZE;
+		/* The verifier does not bound a remainder: hide the value
+		 * from the compiler so the check stays for the verifier. */
+		asm volatile("" : "+r"(slot));
+		if (slot >= LB_SMALL_TABLE_SIZE)
+			return PASS;
+		id = table->backend[slot];
+	} else {
+		struct table *table =
+			bpf_map_lookup_elem(&cca_table_v1, &table_key);
+
+		if (!table) {
+			count(LB_STAT_NO_TABLE);
+			return REFUSED;
+		}
+		slot = hash % LB_TABLE_SIZE;
+		asm volatile("" : "+r"(slot));
+		if (slot >= LB_TABLE_SIZE)
+			return PASS;
+		id = table->backend[slot];
+	}
 	*chosen = bpf_map_lookup_elem(&cca_backend_v1, &id);
 	if (!*chosen) {
 		count(LB_STAT_NO_BACKEND);

@@ -177,6 +177,31 @@ fn the_nodes_processes_reach_vips_through_the_socket_programs() {
     assert_eq!(refused, ErrorKind::ConnectionRefused);
     assert!(plane.stats().unwrap()["rejected"] >= 2);
 
+    // A VIP port with nine backends has a large table: i0's port 8080
+    // and i1's answer, the seven other ports of i0 have no server, and
+    // i0's kernel refuses them.
+    let big = Ipv4Addr::new(10, 96, 0, 9);
+    let mut nine = service("big", big, &[i0, i1]);
+    let targets = nine.endpoints.get_mut("http").unwrap();
+    for port in 8081..8088 {
+        let mut extra = targets[0].clone();
+        extra.port = port;
+        targets.push(extra);
+    }
+    sync(&mut plane, &mut map, NetworkChange::Service(Arc::new(nine)));
+    let to_big = SocketAddr::from((big, 80));
+    let outcomes = in_netns(&lab.node, || {
+        tally((0..90).map(|_| match ask_tcp(to_big) {
+            Ok(name) => name,
+            Err((kind, _)) => format!("{kind:?}"),
+        }))
+    });
+    assert_eq!(
+        outcomes.keys().collect::<Vec<_>>(),
+        ["ConnectionRefused", "i0", "i1"],
+        "{outcomes:?}"
+    );
+
     // Another namespace's sockets are not this node's: untouched.
     let before = translated(&plane);
     in_netns(&i0.netns, || {

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 
 use super::error::{Error, Result};
 use super::kernel::{Existing, LbMaps, Stats};
-use super::layout::{Front, FrontKey, TableBytes};
+use super::layout::{FRONT_SMALL, Front, FrontKey, TableKey};
 use super::maglev;
 use super::plan::Op;
 
@@ -24,7 +24,7 @@ pub enum Verdict {
 #[derive(Clone, Debug, Default)]
 pub struct FakeMaps {
     pub fronts: BTreeMap<FrontKey, Front>,
-    pub tables: BTreeMap<(u32, u8), Box<TableBytes>>,
+    pub tables: BTreeMap<TableKey, Vec<u32>>,
     pub backends: BTreeMap<u32, SocketAddr>,
     /// Reverse entries: (socket cookie, backend) → front.
     pub sock_rev: BTreeMap<(u64, SocketAddr), SocketAddr>,
@@ -44,10 +44,10 @@ impl FakeMaps {
         if front.count == 0 {
             return Verdict::Refused;
         }
-        let Some(table) = self.tables.get(&(front.id, front.generation)) else {
+        let Some(table) = self.tables.get(&table_of(front)) else {
             return Verdict::Refused;
         };
-        let id = table[maglev::slot(seed, flow)];
+        let id = table[maglev::slot(seed, flow, table.len())];
         self.backends
             .get(&id)
             .map_or(Verdict::Refused, |backend| Verdict::Sent(*backend))
@@ -62,7 +62,7 @@ impl FakeMaps {
             }
             let table = self
                 .tables
-                .get(&(front.id, front.generation))
+                .get(&table_of(front))
                 .unwrap_or_else(|| panic!("after {after:?}: front {key:?} has no table"));
             for id in table.iter() {
                 assert!(
@@ -71,6 +71,15 @@ impl FakeMaps {
                 );
             }
         }
+    }
+}
+
+/// The table a front reads.
+pub fn table_of(front: &Front) -> TableKey {
+    TableKey {
+        front: front.id,
+        generation: front.generation,
+        small: front.flags & FRONT_SMALL != 0,
     }
 }
 
@@ -97,12 +106,8 @@ impl LbMaps for FakeMaps {
                 Op::PutBackend { id, address } => {
                     self.backends.insert(*id, *address);
                 }
-                Op::PutTable {
-                    front,
-                    generation,
-                    table,
-                } => {
-                    self.tables.insert((*front, *generation), table.clone());
+                Op::PutTable { key, slots } => {
+                    self.tables.insert(*key, slots.clone());
                 }
                 Op::PutFront { key, front } => {
                     self.fronts.insert(*key, *front);
@@ -110,8 +115,8 @@ impl LbMaps for FakeMaps {
                 Op::DeleteFront { key } => {
                     self.fronts.remove(key);
                 }
-                Op::DeleteTable { front, generation } => {
-                    self.tables.remove(&(*front, *generation));
+                Op::DeleteTable { key } => {
+                    self.tables.remove(key);
                 }
                 Op::DeleteBackend { id } => {
                     self.backends.remove(id);

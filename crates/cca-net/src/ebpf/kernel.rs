@@ -20,8 +20,8 @@ use aya::{Ebpf, EbpfLoader};
 use super::error::{Error, Result};
 use super::layout::{
     self, BACKEND_MAP, BackendBytes, CONFIG_MAP, Config, ConfigBytes, FRONT_MAP, Front, FrontBytes,
-    FrontKey, FrontKeyBytes, SOCK_REV_MAP, STATS, STATS_MAP, SockRevKeyBytes, TABLE_MAP,
-    TableBytes, TableKeyBytes,
+    FrontKey, FrontKeyBytes, SMALL_TABLE_MAP, SOCK_REV_MAP, STATS, STATS_MAP, SmallTableBytes,
+    SockRevKeyBytes, TABLE_MAP, TableBytes, TableKey, TableKeyBytes,
 };
 use super::plan::Op;
 
@@ -45,7 +45,7 @@ const PROGRAMS: [&str; 8] = [
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Existing {
     pub fronts: BTreeMap<FrontKey, Front>,
-    pub tables: BTreeSet<(u32, u8)>,
+    pub tables: BTreeSet<TableKey>,
     pub backends: BTreeMap<u32, SocketAddr>,
 }
 
@@ -83,6 +83,7 @@ pub struct Attached {
     pin_dir: PathBuf,
     fronts: HashMap<MapData, FrontKeyBytes, FrontBytes>,
     tables: HashMap<MapData, TableKeyBytes, TableBytes>,
+    small_tables: HashMap<MapData, TableKeyBytes, SmallTableBytes>,
     backends: HashMap<MapData, u32, BackendBytes>,
     sock_rev: HashMap<MapData, SockRevKeyBytes, [u8; 20]>,
     stats: PerCpuArray<MapData, u64>,
@@ -157,12 +158,32 @@ impl Attached {
         Ok(Self {
             fronts: take(&mut ebpf, FRONT_MAP)?,
             tables: take(&mut ebpf, TABLE_MAP)?,
+            small_tables: take(&mut ebpf, SMALL_TABLE_MAP)?,
             backends: take(&mut ebpf, BACKEND_MAP)?,
             sock_rev: take(&mut ebpf, SOCK_REV_MAP)?,
             stats: take(&mut ebpf, STATS_MAP)?,
             pin_dir,
             _ebpf: ebpf,
         })
+    }
+
+    fn put_table(&mut self, key: &TableKey, slots: &[u32]) -> Result<()> {
+        let wrong_size = |map| Error::Map {
+            map,
+            error: format!("a table of {} slots", slots.len()),
+        };
+        if key.small {
+            let table: SmallTableBytes =
+                slots.try_into().map_err(|_| wrong_size(SMALL_TABLE_MAP))?;
+            self.small_tables
+                .insert(key.bytes(), table, 0)
+                .map_err(map_error(SMALL_TABLE_MAP))
+        } else {
+            let table: TableBytes = slots.try_into().map_err(|_| wrong_size(TABLE_MAP))?;
+            self.tables
+                .insert(key.bytes(), table, 0)
+                .map_err(map_error(TABLE_MAP))
+        }
     }
 
     /// Where the maps and links are pinned.
@@ -216,8 +237,11 @@ impl LbMaps for Attached {
         }
         for key in self.tables.keys() {
             let key = key.map_err(map_error(TABLE_MAP))?;
-            let front = u32::from_ne_bytes([key[0], key[1], key[2], key[3]]);
-            existing.tables.insert((front, key[4]));
+            existing.tables.insert(TableKey::from_bytes(&key, false));
+        }
+        for key in self.small_tables.keys() {
+            let key = key.map_err(map_error(SMALL_TABLE_MAP))?;
+            existing.tables.insert(TableKey::from_bytes(&key, true));
         }
         for entry in self.backends.iter() {
             let (id, backend) = entry.map_err(map_error(BACKEND_MAP))?;
@@ -233,14 +257,7 @@ impl LbMaps for Attached {
                     .backends
                     .insert(id, layout::backend_bytes(*address), 0)
                     .map_err(map_error(BACKEND_MAP))?,
-                Op::PutTable {
-                    front,
-                    generation,
-                    table,
-                } => self
-                    .tables
-                    .insert(layout::table_key(*front, *generation), **table, 0)
-                    .map_err(map_error(TABLE_MAP))?,
+                Op::PutTable { key, slots } => self.put_table(key, slots)?,
                 Op::PutFront { key, front } => self
                     .fronts
                     .insert(key.bytes(), front.bytes(), 0)
@@ -248,9 +265,11 @@ impl LbMaps for Attached {
                 Op::DeleteFront { key } => {
                     remove_present(&mut self.fronts, &key.bytes(), FRONT_MAP)?;
                 }
-                Op::DeleteTable { front, generation } => {
-                    let key = layout::table_key(*front, *generation);
-                    remove_present(&mut self.tables, &key, TABLE_MAP)?;
+                Op::DeleteTable { key } if key.small => {
+                    remove_present(&mut self.small_tables, &key.bytes(), SMALL_TABLE_MAP)?;
+                }
+                Op::DeleteTable { key } => {
+                    remove_present(&mut self.tables, &key.bytes(), TABLE_MAP)?;
                 }
                 Op::DeleteBackend { id } => remove_present(&mut self.backends, id, BACKEND_MAP)?,
             }
@@ -431,10 +450,16 @@ fn read_dir(dir: &Path) -> Result<Vec<fs::DirEntry>> {
 /// The shapes the object defines (layout 1): a pinned map of another shape
 /// (an edited layout that kept its name) is deleted so the loader creates
 /// it anew, rather than the programs reading it wrongly.
-const SHAPES: [(&str, u32, u32, u32); 6] = [
+const SHAPES: [(&str, u32, u32, u32); 7] = [
     (CONFIG_MAP, 4, 48, 1),
     (FRONT_MAP, 20, 8, 65_536),
     (TABLE_MAP, 8, 4 * super::maglev::TABLE_SIZE as u32, 131_072),
+    (
+        SMALL_TABLE_MAP,
+        8,
+        4 * super::maglev::SMALL_TABLE_SIZE as u32,
+        131_072,
+    ),
     (BACKEND_MAP, 4, 20, 262_144),
     (SOCK_REV_MAP, 32, 20, 65_536),
     (STATS_MAP, 4, 8, 5),

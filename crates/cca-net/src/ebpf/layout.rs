@@ -5,7 +5,7 @@
 
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
-use super::maglev::TABLE_SIZE;
+use super::maglev::{SMALL_TABLE_SIZE, TABLE_SIZE};
 
 /// `LB_LAYOUT`: bumped, with the maps' `_v1` suffix, by any change here.
 pub const LAYOUT: u32 = 1;
@@ -14,12 +14,15 @@ pub const LAYOUT: u32 = 1;
 pub const CONFIG_MAP: &str = "cca_cfg_v1";
 pub const FRONT_MAP: &str = "cca_front_v1";
 pub const TABLE_MAP: &str = "cca_table_v1";
+pub const SMALL_TABLE_MAP: &str = "cca_tsmall_v1";
 pub const BACKEND_MAP: &str = "cca_backend_v1";
 pub const SOCK_REV_MAP: &str = "cca_sockrev_v1";
 pub const STATS_MAP: &str = "cca_stats_v1";
 
 /// `front.flags`: the same client goes to the same backend.
 pub const FRONT_AFFINITY: u8 = 1;
+/// `front.flags`: the front's table is a small one (`cca_tsmall_v1`).
+pub const FRONT_SMALL: u8 = 2;
 
 /// `enum lb_stat`, in order.
 pub const STATS: [&str; 5] = [
@@ -34,6 +37,7 @@ pub type FrontKeyBytes = [u8; 20];
 pub type FrontBytes = [u8; 8];
 pub type TableKeyBytes = [u8; 8];
 pub type TableBytes = [u32; TABLE_SIZE];
+pub type SmallTableBytes = [u32; SMALL_TABLE_SIZE];
 pub type BackendBytes = [u8; 20];
 pub type SockRevKeyBytes = [u8; 32];
 pub type ConfigBytes = [u8; 48];
@@ -110,12 +114,30 @@ impl Front {
     }
 }
 
-/// `struct table_key`.
-pub fn table_key(front: u32, generation: u8) -> TableKeyBytes {
-    let mut out = [0; 8];
-    out[..4].copy_from_slice(&front.to_ne_bytes());
-    out[4..].copy_from_slice(&u32::from(generation).to_ne_bytes());
-    out
+/// A table: `struct table_key` and which map it is in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TableKey {
+    pub front: u32,
+    pub generation: u8,
+    /// In the small-table map (`FRONT_SMALL`).
+    pub small: bool,
+}
+
+impl TableKey {
+    pub fn bytes(&self) -> TableKeyBytes {
+        let mut out = [0; 8];
+        out[..4].copy_from_slice(&self.front.to_ne_bytes());
+        out[4..].copy_from_slice(&u32::from(self.generation).to_ne_bytes());
+        out
+    }
+
+    pub fn from_bytes(bytes: &TableKeyBytes, small: bool) -> Self {
+        Self {
+            front: u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+            generation: bytes[4],
+            small,
+        }
+    }
 }
 
 /// `struct backend`.

@@ -8,9 +8,23 @@
 //! [`mix`] and [`slot`] are the programs' hash too (`bpf/sock_lb.bpf.c`):
 //! both sides must compute the same slot for a flow.
 
-/// Slots of a table (`LB_TABLE_SIZE`): prime, so every skip visits every
-/// slot.
+/// Slots of a large table (`LB_TABLE_SIZE`): prime, so every skip visits
+/// every slot.
 pub const TABLE_SIZE: usize = 1021;
+/// Slots of a small table (`LB_SMALL_TABLE_SIZE`), for fronts with up to
+/// [`SMALL_MAX`] backends: a quarter of the memory, shares still within
+/// a few percent.
+pub const SMALL_TABLE_SIZE: usize = 251;
+pub const SMALL_MAX: usize = 8;
+
+/// The table size for a front with `backends` backends.
+pub fn size_for(backends: usize) -> usize {
+    if backends <= SMALL_MAX {
+        SMALL_TABLE_SIZE
+    } else {
+        TABLE_SIZE
+    }
+}
 
 /// A 64-bit finaliser (MurmurHash3's): every input bit moves every output
 /// bit.
@@ -23,9 +37,10 @@ pub fn mix(mut h: u64) -> u64 {
     h
 }
 
-/// The table slot of `flow` under `seed`, as the programs compute it.
-pub fn slot(seed: u64, flow: u64) -> usize {
-    (mix(seed ^ mix(flow)) % TABLE_SIZE as u64) as usize
+/// The slot of `flow` under `seed` in a table of `size` slots, as the
+/// programs compute it.
+pub fn slot(seed: u64, flow: u64, size: usize) -> usize {
+    (mix(seed ^ mix(flow)) % size as u64) as usize
 }
 
 /// FNV-1a over a backend's name, then seeded.
@@ -39,8 +54,8 @@ fn name_hash(seed: u64, name: &[u8]) -> u64 {
 }
 
 /// The table for `backends` (each named by bytes unique among them, such
-/// as its address and port): slot → index into `backends`. Empty for no
-/// backends.
+/// as its address and port), [`size_for`] their number of slots: slot →
+/// index into `backends`. Empty for no backends.
 pub fn table<N: AsRef<[u8]>>(seed: u64, backends: &[N]) -> Vec<u32> {
     if backends.is_empty() {
         return Vec::new();
@@ -49,7 +64,8 @@ pub fn table<N: AsRef<[u8]>>(seed: u64, backends: &[N]) -> Vec<u32> {
     // order they were given in.
     let mut order: Vec<usize> = (0..backends.len()).collect();
     order.sort_by(|a, b| backends[*a].as_ref().cmp(backends[*b].as_ref()));
-    let size = TABLE_SIZE as u64;
+    let slots = size_for(backends.len());
+    let size = slots as u64;
     let walks: Vec<(u64, u64)> = order
         .iter()
         .map(|index| {
@@ -61,7 +77,7 @@ pub fn table<N: AsRef<[u8]>>(seed: u64, backends: &[N]) -> Vec<u32> {
         })
         .collect();
     let mut next = vec![0u64; order.len()];
-    let mut entries = vec![u32::MAX; TABLE_SIZE];
+    let mut entries = vec![u32::MAX; slots];
     let mut filled = 0;
     loop {
         for (turn, index) in order.iter().enumerate() {
@@ -74,7 +90,7 @@ pub fn table<N: AsRef<[u8]>>(seed: u64, backends: &[N]) -> Vec<u32> {
             entries[candidate] = *index as u32;
             next[turn] += 1;
             filled += 1;
-            if filled == TABLE_SIZE {
+            if filled == slots {
                 return entries;
             }
         }
@@ -99,11 +115,11 @@ mod tests {
 
     #[test]
     fn every_slot_goes_to_a_backend_in_even_shares() {
-        for count in [1, 2, 3, 7, 10] {
+        for count in [1, 2, 3, 7, 8, 9, 10, 40] {
             let table = table(42, &names(count));
-            assert_eq!(table.len(), TABLE_SIZE);
+            assert_eq!(table.len(), size_for(count));
             let shares = shares(&table, count);
-            let even = TABLE_SIZE / count;
+            let even = table.len() / count;
             for share in shares {
                 // Maglev's population gives each backend floor or ceil.
                 assert!(share == even || share == even + 1, "{count}: {share}");
@@ -147,6 +163,7 @@ mod tests {
             }
         }
         // Of the 918 slots the other nine held, Maglev moves a few percent.
+        assert_eq!(before.len(), TABLE_SIZE);
         assert!(
             moved < TABLE_SIZE / 20,
             "{moved} slots of staying backends moved"
@@ -160,10 +177,24 @@ mod tests {
 
     #[test]
     fn slots_are_spread() {
-        let mut hits = vec![0u32; TABLE_SIZE];
-        for flow in 0..(TABLE_SIZE as u64 * 50) {
-            hits[slot(3, flow)] += 1;
+        for size in [SMALL_TABLE_SIZE, TABLE_SIZE] {
+            let mut hits = vec![0u32; size];
+            for flow in 0..(size as u64 * 50) {
+                hits[slot(3, flow, size)] += 1;
+            }
+            assert!(hits.iter().all(|hits| (20..=90).contains(hits)), "{hits:?}");
         }
-        assert!(hits.iter().all(|hits| (20..=90).contains(hits)), "{hits:?}");
+    }
+
+    #[test]
+    fn a_small_table_moves_little_too() {
+        let before = table(5, &names(6));
+        let after = table(5, &names(5));
+        let moved = before
+            .iter()
+            .zip(&after)
+            .filter(|(old, new)| **old != 5 && old != new)
+            .count();
+        assert!(moved < SMALL_TABLE_SIZE / 10, "{moved}");
     }
 }

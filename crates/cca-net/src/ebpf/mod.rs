@@ -85,7 +85,7 @@ impl<M: LbMaps> EbpfPlane<M> {
             existing
                 .tables
                 .iter()
-                .map(|(front, _)| *front)
+                .map(|table| table.front)
                 .chain(existing.fronts.values().map(|front| front.id))
                 .collect(),
             existing.backends.keys().copied().collect(),
@@ -109,11 +109,8 @@ impl<M: LbMaps> EbpfPlane<M> {
         {
             plan.ops.push(plan::Op::DeleteFront { key: *key });
         }
-        for (front, generation) in &existing.tables {
-            plan.ops.push(plan::Op::DeleteTable {
-                front: *front,
-                generation: *generation,
-            });
+        for key in &existing.tables {
+            plan.ops.push(plan::Op::DeleteTable { key: *key });
         }
         let mut removed = BTreeSet::new();
         for (id, address) in &existing.backends {

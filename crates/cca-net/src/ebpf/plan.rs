@@ -16,8 +16,8 @@ use std::net::{IpAddr, SocketAddr};
 use cca_model::net::{Affinity, ServiceNet};
 use cca_model::spec::Protocol;
 
-use super::layout::{FRONT_AFFINITY, Front, FrontKey, TableBytes};
-use super::maglev::{self, TABLE_SIZE};
+use super::layout::{FRONT_AFFINITY, FRONT_SMALL, Front, FrontKey, TableKey};
+use super::maglev::{self, SMALL_MAX};
 use crate::dataplane::compile::vip_ports;
 
 /// One change to the maps.
@@ -27,10 +27,10 @@ pub enum Op {
         id: u32,
         address: SocketAddr,
     },
+    /// `slots` holds backend ids; its length says the table's size.
     PutTable {
-        front: u32,
-        generation: u8,
-        table: Box<TableBytes>,
+        key: TableKey,
+        slots: Vec<u32>,
     },
     PutFront {
         key: FrontKey,
@@ -40,8 +40,7 @@ pub enum Op {
         key: FrontKey,
     },
     DeleteTable {
-        front: u32,
-        generation: u8,
+        key: TableKey,
     },
     DeleteBackend {
         id: u32,
@@ -92,6 +91,21 @@ struct ProgrammedFront {
     id: u32,
     generation: u8,
     state: FrontState,
+}
+
+impl ProgrammedFront {
+    fn small(&self) -> bool {
+        self.state.backends.len() <= SMALL_MAX
+    }
+
+    /// Its table's key; `None` without backends (no table).
+    fn table_key(&self) -> Option<TableKey> {
+        (!self.state.backends.is_empty()).then_some(TableKey {
+            front: self.id,
+            generation: self.generation,
+            small: self.small(),
+        })
+    }
 }
 
 /// What the maps hold, as far as this planner wrote them.
@@ -172,11 +186,8 @@ impl Programmed {
             (Some(current), Some(desired)) if &current.state == desired => {}
             (Some(current), None) => {
                 plan.ops.push(Op::DeleteFront { key });
-                if !current.state.backends.is_empty() {
-                    plan.ops.push(Op::DeleteTable {
-                        front: current.id,
-                        generation: current.generation,
-                    });
+                if let Some(key) = current.table_key() {
+                    plan.ops.push(Op::DeleteTable { key });
                 }
                 released.extend(current.state.backends.iter().copied());
                 self.fronts.remove(&key);
@@ -187,16 +198,23 @@ impl Programmed {
                     Some(current) => (current.id, current.generation ^ 1),
                     None => (self.front_id(), 0),
                 };
-                let table = self.table(desired, plan);
-                let count = u16::try_from(desired.backends.len()).unwrap_or(u16::MAX);
-                if let Some(table) = table {
+                let programmed = ProgrammedFront {
+                    id,
+                    generation,
+                    state: desired.clone(),
+                };
+                if let Some(table_key) = programmed.table_key() {
+                    let slots = self.table(desired, plan);
                     plan.ops.push(Op::PutTable {
-                        front: id,
-                        generation,
-                        table,
+                        key: table_key,
+                        slots,
                     });
                 }
-                let flags = if desired.affinity { FRONT_AFFINITY } else { 0 };
+                let count = u16::try_from(desired.backends.len()).unwrap_or(u16::MAX);
+                let mut flags = if desired.affinity { FRONT_AFFINITY } else { 0 };
+                if programmed.small() {
+                    flags |= FRONT_SMALL;
+                }
                 plan.ops.push(Op::PutFront {
                     key,
                     front: Front {
@@ -207,22 +225,12 @@ impl Programmed {
                     },
                 });
                 if let Some(current) = current {
-                    if !current.state.backends.is_empty() {
-                        plan.ops.push(Op::DeleteTable {
-                            front: id,
-                            generation: current.generation,
-                        });
+                    if let Some(key) = current.table_key() {
+                        plan.ops.push(Op::DeleteTable { key });
                     }
                     released.extend(current.state.backends.iter().copied());
                 }
-                self.fronts.insert(
-                    key,
-                    ProgrammedFront {
-                        id,
-                        generation,
-                        state: desired.clone(),
-                    },
-                );
+                self.fronts.insert(key, programmed);
             }
         }
     }
@@ -249,24 +257,19 @@ impl Programmed {
             .retain(|address| !self.backends.contains_key(address));
     }
 
-    /// The table for `desired`, taking a reference on each backend (and
-    /// writing the new ones); `None` without backends.
-    fn table(&mut self, desired: &FrontState, plan: &mut Plan) -> Option<Box<TableBytes>> {
-        if desired.backends.is_empty() {
-            return None;
-        }
+    /// The table for `desired` (which has backends), taking a reference
+    /// on each backend (and writing the new ones).
+    fn table(&mut self, desired: &FrontState, plan: &mut Plan) -> Vec<u32> {
         let ids: Vec<u32> = desired
             .backends
             .iter()
             .map(|address| self.reference(*address, plan))
             .collect();
         let names: Vec<String> = desired.backends.iter().map(SocketAddr::to_string).collect();
-        let slots = maglev::table(self.seed, &names);
-        let mut table = Box::new([0u32; TABLE_SIZE]);
-        for (slot, index) in table.iter_mut().zip(slots) {
-            *slot = ids[index as usize];
-        }
-        Some(table)
+        maglev::table(self.seed, &names)
+            .into_iter()
+            .map(|index| ids[index as usize])
+            .collect()
     }
 
     fn reference(&mut self, address: SocketAddr, plan: &mut Plan) -> u32 {

@@ -52,7 +52,7 @@ fn observed(maps: &FakeMaps) -> BTreeMap<FrontKey, (u16, u8, Vec<SocketAddr>)> {
         .map(|(key, front)| {
             let slots = maps
                 .tables
-                .get(&(front.id, front.generation))
+                .get(&super::fake::table_of(front))
                 .map(|table| table.iter().map(|id| maps.backends[id]).collect())
                 .unwrap_or_default();
             (*key, (front.count, front.flags, slots))
@@ -326,7 +326,7 @@ fn a_failed_change_is_followed_by_a_rebuild() {
 }
 
 #[test]
-fn affinity_is_a_front_flag() {
+fn flags_say_affinity_and_the_table_size() {
     let mut map = NetworkMap::default();
     let mut web = service(
         "web",
@@ -336,11 +336,31 @@ fn affinity_is_a_front_flag() {
     );
     web.affinity = Affinity::ClientIp;
     put(&mut map, web);
+    let names: Vec<(String, String)> = (2..11)
+        .map(|i| (format!("i{i}"), format!("10.42.1.{i}")))
+        .collect();
+    let nine: Vec<(&str, &str, u16)> = names
+        .iter()
+        .map(|(name, address)| (name.as_str(), address.as_str(), 80))
+        .collect();
+    put(
+        &mut map,
+        service("big", Some("10.43.0.8"), &[(80, Protocol::Tcp)], &nine),
+    );
     let mut plane = plane();
     plane.resync(&map).unwrap();
+    let maps = plane.maps();
+    let web = maps.fronts[&tcp("10.43.0.7:80")];
+    assert_eq!(web.flags, layout::FRONT_AFFINITY | layout::FRONT_SMALL);
     assert_eq!(
-        plane.maps().fronts[&tcp("10.43.0.7:80")].flags,
-        layout::FRONT_AFFINITY
+        maps.tables[&super::fake::table_of(&web)].len(),
+        maglev::SMALL_TABLE_SIZE
+    );
+    let big = maps.fronts[&tcp("10.43.0.8:80")];
+    assert_eq!(big.flags, 0);
+    assert_eq!(
+        maps.tables[&super::fake::table_of(&big)].len(),
+        maglev::TABLE_SIZE
     );
 }
 
