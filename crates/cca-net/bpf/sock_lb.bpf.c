@@ -37,6 +37,8 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, LB_MAX_FRONTS);
+	/* Allocated as used: a node pays for the VIP ports it has. */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, struct front_key);
 	__type(value, struct front);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);

@@ -114,6 +114,19 @@ fn links(plane: &EbpfPlane<Attached>) -> usize {
         .count()
 }
 
+/// The kernel's id of every pinned map, by file name.
+fn pinned_map_ids(plane: &EbpfPlane<Attached>) -> BTreeMap<String, u32> {
+    std::fs::read_dir(plane.maps().pin_dir())
+        .unwrap()
+        .map(|entry| entry.unwrap())
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("cca_"))
+        .map(|entry| {
+            let info = aya::maps::MapInfo::from_pin(entry.path()).unwrap();
+            (entry.file_name().to_string_lossy().into_owned(), info.id())
+        })
+        .collect()
+}
+
 #[test]
 fn the_nodes_processes_reach_vips_through_the_socket_programs() {
     if !lab::root_test("the_nodes_processes_reach_vips_through_the_socket_programs") {
@@ -245,6 +258,7 @@ fn the_nodes_processes_reach_vips_through_the_socket_programs() {
         &mut map,
         NetworkChange::Service(Arc::new(service("web", web, &[i0, i1]))),
     );
+    let map_ids = pinned_map_ids(&plane);
     drop(plane);
     let answers = in_netns(&lab.node, || tally((0..40).map(|_| ask_tcp(tcp).unwrap())));
     assert_eq!(
@@ -257,6 +271,11 @@ fn the_nodes_processes_reach_vips_through_the_socket_programs() {
         links(&plane),
         8,
         "one link per program, the old ones unpinned"
+    );
+    assert_eq!(
+        pinned_map_ids(&plane),
+        map_ids,
+        "the new loader took the same maps over"
     );
     plane.resync(&map).unwrap();
     let answers = in_netns(&lab.node, || tally((0..40).map(|_| ask_tcp(tcp).unwrap())));

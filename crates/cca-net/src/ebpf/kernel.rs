@@ -450,29 +450,42 @@ fn read_dir(dir: &Path) -> Result<Vec<fs::DirEntry>> {
 /// The shapes the object defines (layout 1): a pinned map of another shape
 /// (an edited layout that kept its name) is deleted so the loader creates
 /// it anew, rather than the programs reading it wrongly.
-const SHAPES: [(&str, u32, u32, u32); 7] = [
-    (CONFIG_MAP, 4, 48, 1),
-    (FRONT_MAP, 20, 8, 65_536),
-    (TABLE_MAP, 8, 4 * super::maglev::TABLE_SIZE as u32, 131_072),
+const SHAPES: [(&str, u32, u32, u32, u32); 7] = [
+    (CONFIG_MAP, 4, 48, 1, 0),
+    (FRONT_MAP, 20, 8, 65_536, NO_PREALLOC),
+    (
+        TABLE_MAP,
+        8,
+        4 * super::maglev::TABLE_SIZE as u32,
+        131_072,
+        NO_PREALLOC,
+    ),
     (
         SMALL_TABLE_MAP,
         8,
         4 * super::maglev::SMALL_TABLE_SIZE as u32,
         131_072,
+        NO_PREALLOC,
     ),
-    (BACKEND_MAP, 4, 20, 262_144),
-    (SOCK_REV_MAP, 32, 20, 65_536),
-    (STATS_MAP, 4, 8, 5),
+    (BACKEND_MAP, 4, 20, 262_144, NO_PREALLOC),
+    (SOCK_REV_MAP, 32, 20, 65_536, 0),
+    (STATS_MAP, 4, 8, 5, 0),
 ];
 
+/// `BPF_F_NO_PREALLOC`.
+const NO_PREALLOC: u32 = 1;
+
 fn drop_mismatched_pins(pin_dir: &Path) -> Result<()> {
-    for (name, key, value, entries) in SHAPES {
+    for (name, key, value, entries, flags) in SHAPES {
         let path = pin_dir.join(name);
         if !path.exists() {
             continue;
         }
         let fits = MapInfo::from_pin(&path).is_ok_and(|info| {
-            info.key_size() == key && info.value_size() == value && info.max_entries() == entries
+            info.key_size() == key
+                && info.value_size() == value
+                && info.max_entries() == entries
+                && info.map_flags() == flags
         });
         if !fits {
             tracing::warn!(map = name, path = %path.display(), "a pinned map of another shape is replaced: flows through it start afresh");
