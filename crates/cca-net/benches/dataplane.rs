@@ -31,12 +31,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cca_model::net::{Affinity, Member, NetworkChange, NetworkMap, ServiceNet, Target, Touched};
-use cca_model::spec::{PortSpec, Protocol};
+use cca_model::net::{NetworkChange, NetworkMap, ServiceNet, Touched};
 use cca_net::dataplane::{Batch, DataPlane, DataPlaneConfig, Nft, PacketFilter, UdpCleanup};
 use cca_net::ebpf::{AttachConfig, Attached, EbpfPlane};
 
-use lab::{Lab, TCP_PORT, UDP_PORT, in_netns};
+use lab::{Lab, TCP_PORT, in_netns};
 
 const VIP_TCP: u16 = 80;
 const VIP_UDP: u16 = 53;
@@ -48,49 +47,13 @@ fn vip(index: u32) -> Ipv4Addr {
 }
 
 fn service(name: &str, vip: Ipv4Addr, targets: &[Ipv4Addr]) -> ServiceNet {
-    let to = |port| {
-        targets
-            .iter()
-            .enumerate()
-            .map(|(i, address)| Target {
-                instance: format!("{name}-{i}"),
-                node: NODE.into(),
-                address: *address,
-                port,
-            })
-            .collect::<Vec<_>>()
-    };
-    ServiceNet {
-        name: name.into(),
-        vip: Some(vip),
-        ports: vec![
-            PortSpec {
-                name: Some("http".into()),
-                number: VIP_TCP,
-                protocol: Protocol::Tcp,
-            },
-            PortSpec {
-                name: Some("dns".into()),
-                number: VIP_UDP,
-                protocol: Protocol::Udp,
-            },
-        ],
-        affinity: Affinity::None,
-        endpoints: BTreeMap::from([("http".into(), to(TCP_PORT)), ("dns".into(), to(UDP_PORT))]),
-        members: targets
-            .iter()
-            .enumerate()
-            .map(|(i, address)| Member {
-                instance: format!("{name}-{i}"),
-                node: NODE.into(),
-                address: *address,
-                ordinal: None,
-                host_network: false,
-            })
-            .collect(),
-        asleep: false,
-        scale_to_zero: None,
-    }
+    assert_eq!((VIP_TCP, VIP_UDP), (80, 53), "the lab's service ports");
+    let named: Vec<(String, Ipv4Addr)> = targets
+        .iter()
+        .enumerate()
+        .map(|(i, address)| (format!("{name}-{i}"), *address))
+        .collect();
+    lab::http_dns_service(name, vip, NODE, &named)
 }
 
 /// The real filter, timing its two kinds of kernel calls.
@@ -193,6 +156,16 @@ struct Figures(BTreeMap<String, Vec<f64>>);
 impl Figures {
     fn add(&mut self, name: &str, value: f64) {
         self.0.entry(name.to_owned()).or_default().push(value);
+    }
+
+    /// `{what} p50/p99/max at {count} services (ms)` of `samples`.
+    fn add_percentiles(&mut self, what: &str, count: u32, samples: &mut [Duration]) {
+        for (name, p) in [("p50", 0.5), ("p99", 0.99), ("max", 1.0)] {
+            self.add(
+                &format!("{what} {name} at {count} services (ms)"),
+                ms(percentile(samples, p)),
+            );
+        }
     }
 
     fn print(&self, names: &[&str]) {
@@ -371,18 +344,23 @@ fn first_packet(figures: &mut Figures, lab: &Lab, plane: &mut Plane, count: u32)
     );
 }
 
+/// The `k`th backend (1-3) of the benchmark's service `i`.
+fn backend(i: u32, k: u32) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 100, 0, 0)) + i * 4 + k)
+}
+
+/// Service `i` with its three backends.
+fn full(i: u32) -> ServiceNet {
+    service(
+        &format!("s{i}"),
+        vip(i),
+        &[backend(i, 1), backend(i, 2), backend(i, 3)],
+    )
+}
+
 /// One endpoint change at a time on a node holding `count` services with
 /// three backends each: sync p50/p99/max and the transaction's size.
 fn endpoint_changes(figures: &mut Figures, lab: &Lab, plane: &mut Plane, count: u32) {
-    let backend =
-        |i: u32, k: u32| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 100, 0, 0)) + i * 4 + k);
-    let full = |i: u32| {
-        service(
-            &format!("s{i}"),
-            vip(i),
-            &[backend(i, 1), backend(i, 2), backend(i, 3)],
-        )
-    };
     plane.rebuild((0..count).map(full).collect());
     let mut samples = Vec::new();
     let mut commands = 0;
@@ -414,18 +392,7 @@ fn endpoint_changes(figures: &mut Figures, lab: &Lab, plane: &mut Plane, count: 
         lab::run("nft", &["list", "map", "ip", &table, "addr-2"])
     });
     assert!(listing.contains(&backend(last, 3).to_string()), "{listing}");
-    figures.add(
-        &format!("sync p50 at {count} services (ms)"),
-        ms(percentile(&mut samples, 0.5)),
-    );
-    figures.add(
-        &format!("sync p99 at {count} services (ms)"),
-        ms(percentile(&mut samples, 0.99)),
-    );
-    figures.add(
-        &format!("sync max at {count} services (ms)"),
-        ms(percentile(&mut samples, 1.0)),
-    );
+    figures.add_percentiles("sync", count, &mut samples);
     let mut applies = plane.plane.filter().applies.lock().unwrap().clone();
     let mut conntrack = plane.plane.filter().conntrack.lock().unwrap().clone();
     figures.add(
@@ -516,15 +483,6 @@ fn ebpf(figures: &mut Figures, lab: &Lab, plane: &mut Plane, counts: &[u32]) {
         lat_bpf / lat_direct,
     );
 
-    let backend =
-        |i: u32, k: u32| Ipv4Addr::from(u32::from(Ipv4Addr::new(10, 100, 0, 0)) + i * 4 + k);
-    let full = |i: u32| {
-        service(
-            &format!("s{i}"),
-            vip(i),
-            &[backend(i, 1), backend(i, 2), backend(i, 3)],
-        )
-    };
     for count in counts {
         let mut map = NetworkMap::default();
         let mut touched = Touched::default();
@@ -555,18 +513,7 @@ fn ebpf(figures: &mut Figures, lab: &Lab, plane: &mut Plane, counts: &[u32]) {
             samples.push(started.elapsed());
             ops = ops.max(report.ops);
         }
-        figures.add(
-            &format!("eBPF sync p50 at {count} services (ms)"),
-            ms(percentile(&mut samples, 0.5)),
-        );
-        figures.add(
-            &format!("eBPF sync p99 at {count} services (ms)"),
-            ms(percentile(&mut samples, 0.99)),
-        );
-        figures.add(
-            &format!("eBPF sync max at {count} services (ms)"),
-            ms(percentile(&mut samples, 1.0)),
-        );
+        figures.add_percentiles("eBPF sync", *count, &mut samples);
         figures.add(
             &format!("eBPF map operations per change at {count} services"),
             ops as f64,

@@ -18,11 +18,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cca_model::net::{Affinity, NetworkChange, NetworkMap, ServiceNet, Target, Touched};
-use cca_model::spec::{PortSpec, Protocol};
+use cca_model::net::{NetworkChange, NetworkMap, ServiceNet, Touched};
 use cca_net::ebpf::{AttachConfig, Attached, EbpfPlane};
 
-use lab::{Instance, Lab, TCP_PORT, UDP_PORT, ask_tcp, ask_udp, in_netns, read_line, tally};
+use lab::{Instance, Lab, ask_tcp, ask_udp, in_netns, read_line, tally};
 
 const SEED: u64 = 0x00c0_ffee;
 
@@ -46,38 +45,11 @@ impl Drop for Bpffs {
 }
 
 fn service(name: &str, vip: Ipv4Addr, targets: &[&Instance]) -> ServiceNet {
-    let to = |port| {
-        targets
-            .iter()
-            .map(|i| Target {
-                instance: i.name.clone(),
-                node: "node-a".into(),
-                address: i.address,
-                port,
-            })
-            .collect::<Vec<_>>()
-    };
-    ServiceNet {
-        name: name.into(),
-        vip: Some(vip),
-        ports: vec![
-            PortSpec {
-                name: Some("http".into()),
-                number: 80,
-                protocol: Protocol::Tcp,
-            },
-            PortSpec {
-                name: Some("dns".into()),
-                number: 53,
-                protocol: Protocol::Udp,
-            },
-        ],
-        affinity: Affinity::None,
-        endpoints: BTreeMap::from([("http".into(), to(TCP_PORT)), ("dns".into(), to(UDP_PORT))]),
-        members: Vec::new(),
-        asleep: false,
-        scale_to_zero: None,
-    }
+    let named: Vec<(String, Ipv4Addr)> = targets
+        .iter()
+        .map(|i| (i.name.clone(), i.address))
+        .collect();
+    lab::http_dns_service(name, vip, "node-a", &named)
 }
 
 fn open(lab: &Lab, bpffs: &Path) -> EbpfPlane<Attached> {

@@ -37,6 +37,31 @@ fn addr(text: &str) -> SocketAddr {
     text.parse().unwrap()
 }
 
+/// Instances `i{n}` at `{network}.{n}` for each `n` of `range`.
+fn numbered(network: &str, range: std::ops::Range<u8>) -> Vec<(String, String)> {
+    range
+        .map(|n| (format!("i{n}"), format!("{network}.{n}")))
+        .collect()
+}
+
+/// `targets` as the shared `service` helper takes them, on port 80.
+fn borrowed(targets: &[(String, String)]) -> Vec<(&str, &str, u16)> {
+    targets
+        .iter()
+        .map(|(name, address)| (name.as_str(), address.as_str(), 80))
+        .collect()
+}
+
+/// A map of one service, "web" at 10.43.0.7, TCP port 80 over `targets`.
+fn web_over(targets: &[(&str, &str, u16)]) -> NetworkMap {
+    let mut map = NetworkMap::default();
+    put(
+        &mut map,
+        service("web", Some("10.43.0.7"), &[(80, Protocol::Tcp)], targets),
+    );
+    map
+}
+
 /// Where each of `flows` flows to `key` go.
 fn routes(maps: &FakeMaps, key: &FrontKey, flows: u64) -> Vec<Verdict> {
     (0..flows)
@@ -122,12 +147,8 @@ fn a_resync_makes_a_front_per_vip_port() {
 
 #[test]
 fn an_endpoint_change_swaps_the_table_generation_then_drops_the_old() {
-    let mut map = NetworkMap::default();
     let two = [("a", "10.42.0.2", 8080), ("b", "10.42.0.3", 8080)];
-    put(
-        &mut map,
-        service("web", Some("10.43.0.7"), &[(80, Protocol::Tcp)], &two),
-    );
+    let mut map = web_over(&two);
     let mut plane = plane();
     plane.resync(&map).unwrap();
     let before = plane.maps().fronts[&tcp("10.43.0.7:80")];
@@ -164,13 +185,8 @@ fn an_endpoint_change_swaps_the_table_generation_then_drops_the_old() {
 #[test]
 fn flows_of_staying_backends_keep_them_when_one_leaves() {
     let mut map = NetworkMap::default();
-    let targets: Vec<(String, String)> = (2..12)
-        .map(|i| (format!("i{i}"), format!("10.42.0.{i}")))
-        .collect();
-    let all: Vec<(&str, &str, u16)> = targets
-        .iter()
-        .map(|(name, address)| (name.as_str(), address.as_str(), 80))
-        .collect();
+    let targets = numbered("10.42.0", 2..12);
+    let all = borrowed(&targets);
     put(
         &mut map,
         service("web", Some("10.43.0.7"), &[(80, Protocol::Tcp)], &all),
@@ -240,12 +256,8 @@ fn incremental_syncs_leave_exactly_what_a_rebuild_would() {
 
 #[test]
 fn a_restart_takes_over_the_previous_agents_maps_without_a_gap() {
-    let mut map = NetworkMap::default();
     let two = [("a", "10.42.0.2", 8080), ("b", "10.42.0.3", 8080)];
-    put(
-        &mut map,
-        service("web", Some("10.43.0.7"), &[(80, Protocol::Tcp)], &two),
-    );
+    let mut map = web_over(&two);
     put(
         &mut map,
         service(
@@ -297,16 +309,7 @@ fn a_restart_takes_over_the_previous_agents_maps_without_a_gap() {
 
 #[test]
 fn a_failed_change_is_followed_by_a_rebuild() {
-    let mut map = NetworkMap::default();
-    put(
-        &mut map,
-        service(
-            "web",
-            Some("10.43.0.7"),
-            &[(80, Protocol::Tcp)],
-            &[("a", "10.42.0.2", 80)],
-        ),
-    );
+    let mut map = web_over(&[("a", "10.42.0.2", 80)]);
     let mut plane = plane();
     plane.resync(&map).unwrap();
     let touched = put(
@@ -336,13 +339,8 @@ fn flags_say_affinity_and_the_table_size() {
     );
     web.affinity = Affinity::ClientIp;
     put(&mut map, web);
-    let names: Vec<(String, String)> = (2..11)
-        .map(|i| (format!("i{i}"), format!("10.42.1.{i}")))
-        .collect();
-    let nine: Vec<(&str, &str, u16)> = names
-        .iter()
-        .map(|(name, address)| (name.as_str(), address.as_str(), 80))
-        .collect();
+    let names = numbered("10.42.1", 2..11);
+    let nine = borrowed(&names);
     put(
         &mut map,
         service("big", Some("10.43.0.8"), &[(80, Protocol::Tcp)], &nine),

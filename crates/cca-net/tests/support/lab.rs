@@ -425,3 +425,54 @@ pub fn tally(names: impl IntoIterator<Item = String>) -> BTreeMap<String, usize>
     }
     counts
 }
+
+/// A service at `vip` with ports TCP 80 and UDP 53 over `targets`
+/// (instance name, address) on node `node`: TCP to their [`TCP_PORT`],
+/// UDP to their [`UDP_PORT`]; each target is also a member.
+pub fn http_dns_service(
+    name: &str,
+    vip: Ipv4Addr,
+    node: &str,
+    targets: &[(String, Ipv4Addr)],
+) -> cca_model::net::ServiceNet {
+    use cca_model::net::{Affinity, Member, ServiceNet, Target};
+    use cca_model::spec::{PortSpec, Protocol};
+    let port = |name: &str, number, protocol| PortSpec {
+        name: Some(name.into()),
+        number,
+        protocol,
+    };
+    let to = |port| {
+        targets
+            .iter()
+            .map(|(instance, address)| Target {
+                instance: instance.clone(),
+                node: node.into(),
+                address: *address,
+                port,
+            })
+            .collect::<Vec<_>>()
+    };
+    ServiceNet {
+        name: name.into(),
+        vip: Some(vip),
+        ports: vec![
+            port("http", 80, Protocol::Tcp),
+            port("dns", 53, Protocol::Udp),
+        ],
+        affinity: Affinity::None,
+        endpoints: BTreeMap::from([("http".into(), to(TCP_PORT)), ("dns".into(), to(UDP_PORT))]),
+        members: targets
+            .iter()
+            .map(|(instance, address)| Member {
+                instance: instance.clone(),
+                node: node.into(),
+                address: *address,
+                ordinal: None,
+                host_network: false,
+            })
+            .collect(),
+        asleep: false,
+        scale_to_zero: None,
+    }
+}
