@@ -448,8 +448,11 @@ async fn a_volume_outlives_its_containers_and_a_read_only_mount_cannot_be_writte
 
     let mut writer = test.spec(
         "writer",
+        // The failed write's message goes to stdout too: stdout and
+        // stderr share the log, and the shell writes its message in
+        // pieces that could land inside another line.
         "echo kept > /data/file && cat /run/secrets/password \
-         && if echo x > /run/secrets/password; then echo WROTE; exit 1; fi; exit 0",
+         && if (echo x > /run/secrets/password) 2>&1; then echo WROTE; exit 1; fi; exit 0",
     );
     writer.mounts = mounts.clone();
     test.run(writer).await;
