@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use cca_model::net::{DNS_ZONE, Ipv4Net, NetworkMap, Touched};
 use cca_net::dataplane::{DataPlane, DataPlaneConfig, PacketFilter};
+use cca_net::ebpf::{EbpfPlane, LbMaps};
 use cca_net::{
     HostNetwork, LocalNode, NetConfig, NodeNetwork, Overlay, OverlayConfig, OverlayHost, RangeRoute,
 };
@@ -138,6 +139,45 @@ pub struct PlaneConfig {
     pub dns_port: Option<u16>,
 }
 
+/// Opens the node's eBPF maps (loads and attaches the socket programs; a
+/// recording fake in tests). Called when the node network opens, again on
+/// the next try if that failed.
+pub type LbOpener = Arc<dyn Fn() -> cca_net::ebpf::Result<Box<dyn LbMaps + Send>> + Send + Sync>;
+
+/// Which VIP data plane a node runs (`cca agent --dataplane`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VipDataPlane {
+    /// nftables rules for every flow to a VIP.
+    #[default]
+    Nftables,
+    /// The eBPF socket programs for the node's own processes besides the
+    /// nftables rules (which still serve containers and other hosts).
+    Ebpf,
+    /// `Ebpf` where the kernel lets the programs load, else `Nftables`.
+    Auto,
+}
+
+/// Whether the node balances its own processes' VIP connections with the
+/// eBPF socket programs besides the nftables rules.
+#[derive(Clone)]
+pub struct EbpfChoice {
+    pub open: LbOpener,
+    /// The seed of the VIP ports' tables (the programs get theirs from
+    /// `open`).
+    pub seed: u64,
+    /// `--dataplane ebpf`: failing to load is an error; `auto`: the node
+    /// goes on with nftables alone and says why.
+    pub required: bool,
+}
+
+impl std::fmt::Debug for EbpfChoice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EbpfChoice")
+            .field("required", &self.required)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Where the names of a map are published: the node's DNS server (or a
 /// recording in tests).
 pub trait Names: Send + Sync + std::fmt::Debug {
@@ -162,6 +202,9 @@ pub struct Plane<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter
     /// The packet filter until the data plane takes it at open.
     filter: Option<F>,
     dataplane: Option<DataPlane<F>>,
+    /// The eBPF socket programs, when chosen and loaded.
+    ebpf_choice: Option<EbpfChoice>,
+    ebpf: Option<EbpfPlane<Box<dyn LbMaps + Send>>>,
     names: Option<Arc<dyn Names>>,
     /// Ends the node's DNS server when the plane goes.
     _dns_stop: Option<tokio::sync::oneshot::Sender<()>>,
@@ -182,12 +225,22 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
             overlay: None,
             filter: Some(filter),
             dataplane: None,
+            ebpf_choice: None,
+            ebpf: None,
             names: None,
             _dns_stop: None,
             runtime: tokio::runtime::Handle::try_current().ok(),
             bridge: String::new(),
             applied: None,
         }
+    }
+
+    /// Also balances the node's own processes with the eBPF socket
+    /// programs (`--dataplane ebpf|auto`).
+    #[must_use]
+    pub fn with_ebpf(mut self, choice: EbpfChoice) -> Self {
+        self.ebpf_choice = Some(choice);
+        self
     }
 
     /// Publishes names to `names` instead of a DNS server of the plane's
@@ -260,6 +313,12 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
             tracing::debug!(?report, "data plane synced");
             self.node_net.set_targets(&view.map);
         }
+        if let Some(ebpf) = &mut self.ebpf {
+            let report = ebpf
+                .sync(&view.map, &touched)
+                .map_err(|error| format!("syncing the eBPF data plane: {error}"))?;
+            tracing::debug!(?report, "eBPF maps synced");
+        }
         if let Some(names) = &self.names {
             names.publish(Arc::new(view.map.clone()));
         }
@@ -296,8 +355,34 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
         Ok(())
     }
 
+    /// Loads the eBPF socket programs when they are chosen: an error when
+    /// they are required and cannot load; with `auto`, a warning and
+    /// nftables alone.
+    fn open_ebpf(&mut self) -> Result<(), String> {
+        let Some(choice) = &self.ebpf_choice else {
+            return Ok(());
+        };
+        if self.ebpf.is_some() {
+            return Ok(());
+        }
+        match (choice.open)() {
+            Ok(maps) => {
+                self.ebpf = Some(EbpfPlane::new(maps, choice.seed));
+                tracing::info!("eBPF socket load balancing on");
+                Ok(())
+            }
+            Err(error) if choice.required => Err(format!("opening the eBPF data plane: {error}")),
+            Err(error) => {
+                tracing::warn!(%error, "eBPF data plane unavailable; VIPs through nftables alone");
+                self.ebpf_choice = None;
+                Ok(())
+            }
+        }
+    }
+
     /// Opens the overlay and the node network on `subnet`.
     fn open(&mut self, subnet: Ipv4Net) -> Result<(), String> {
+        self.open_ebpf()?;
         let local = LocalNode {
             name: self.config.node.clone(),
             subnet,
@@ -432,6 +517,7 @@ pub(crate) async fn run_plane(
 mod tests {
     use cca_model::net::{NetworkChange, NodeRoute, Touched};
     use cca_net::dataplane::fake::FakeFilter;
+    use cca_net::ebpf::fake::SharedFakeMaps;
     use cca_net::fake::{Call, FakeHost};
 
     use super::*;
@@ -611,6 +697,59 @@ mod tests {
             &mut touched,
         );
         view
+    }
+
+    fn ebpf_choice(maps: Option<SharedFakeMaps>, required: bool) -> EbpfChoice {
+        EbpfChoice {
+            open: Arc::new(move || match &maps {
+                Some(maps) => Ok(Box::new(maps.clone()) as Box<dyn LbMaps + Send>),
+                None => Err(cca_net::ebpf::Error::Unsupported("no BPF here".into())),
+            }),
+            seed: 7,
+            required,
+        }
+    }
+
+    #[test]
+    fn the_ebpf_maps_follow_the_map_besides_nftables() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (plane, _, _, filter) = plane_with_filter(dir.path());
+        let maps = SharedFakeMaps::default();
+        let mut plane = plane.with_ebpf(ebpf_choice(Some(maps.clone()), true));
+        let base = view(&[route("n1", "10.42.1.0/24", [192, 168, 0, 1])]);
+        plane
+            .apply(&with_service(base.clone(), "a", Some([10, 43, 0, 1])))
+            .expect("opens and syncs");
+        let fronts: Vec<String> = maps
+            .get()
+            .fronts
+            .keys()
+            .map(|key| key.address.to_string())
+            .collect();
+        assert_eq!(fronts, ["10.43.0.1:8080"]);
+        assert!(
+            filter.table(cca_net::dataplane::DEFAULT_TABLE).is_some(),
+            "nftables still programmed"
+        );
+        plane.apply(&base).expect("syncs");
+        assert!(maps.get().fronts.is_empty(), "the service went");
+    }
+
+    #[test]
+    fn ebpf_that_cannot_load_fails_the_node_unless_auto() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let base = view(&[route("n1", "10.42.1.0/24", [192, 168, 0, 1])]);
+        let (unloaded, node_net, _) = plane(dir.path());
+        let mut required = unloaded.with_ebpf(ebpf_choice(None, true));
+        let error = required.apply(&base).expect_err("required");
+        assert!(error.contains("opening the eBPF data plane"), "{error}");
+        assert!(error.contains("no BPF here"), "{error}");
+        assert!(node_net.ready().is_none(), "nothing opened half");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (unloaded, node_net, _) = plane(dir.path());
+        let mut auto = unloaded.with_ebpf(ebpf_choice(None, false));
+        auto.apply(&base).expect("auto goes on with nftables");
+        assert!(node_net.ready().is_some());
     }
 
     #[test]

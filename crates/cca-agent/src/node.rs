@@ -15,7 +15,8 @@ use cca_runtime::{OciConfig, OciRuntime, ProcessConfig, ProcessRuntime, Runtime}
 pub use cca_net::OverlayConfig;
 
 use crate::netmap::load_cached;
-use crate::netplane::{AgentNetwork, NodeNet, Plane, PlaneConfig};
+pub use crate::netplane::VipDataPlane;
+use crate::netplane::{AgentNetwork, EbpfChoice, NodeNet, Plane, PlaneConfig};
 use crate::network::CleanupReport;
 use crate::{Containers, RuntimeSet};
 
@@ -61,6 +62,8 @@ pub struct ClusterNetwork {
     pub overlay: OverlayConfig,
     /// The node DNS server's port on the bridge's gateway address.
     pub dns_port: u16,
+    /// nftables alone, or the eBPF socket programs besides (`--dataplane`).
+    pub dataplane: VipDataPlane,
 }
 
 /// The node's runtimes, and its part of the cluster network when it has
@@ -221,12 +224,25 @@ async fn cluster_network(
         overlay: cluster.overlay.clone(),
         dns_port: Some(cluster.dns_port),
     };
-    let plane = Plane::new(
+    let mut plane = Plane::new(
         config,
         cca_net::KernelNetwork::new(),
         cca_net::dataplane::Nft::new(),
         Arc::clone(&node_net),
     );
+    if cluster.dataplane == VipDataPlane::Nftables {
+        // An earlier `--dataplane ebpf` run's programs would go on
+        // translating from maps nothing updates any more.
+        match cca_net::ebpf::remove_pinned(Path::new(BPFFS)) {
+            Ok(true) => tracing::info!("removed the eBPF programs of an earlier run"),
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(%error, "could not remove the eBPF programs of an earlier run")
+            }
+        }
+    } else {
+        plane = plane.with_ebpf(socket_programs(cluster.dataplane == VipDataPlane::Ebpf));
+    }
     let network = AgentNetwork {
         node_net,
         plane: Arc::new(std::sync::Mutex::new(plane)),
@@ -241,6 +257,30 @@ async fn cluster_network(
         }
     }
     Ok(Some(network))
+}
+
+/// Where the eBPF data plane pins its maps and links.
+const BPFFS: &str = "/sys/fs/bpf";
+
+/// The eBPF socket programs for this node: loaded in the agent's network
+/// namespace (the node's), pinned under `/sys/fs/bpf/cca/`. The seed is
+/// the node's own: the socket programs choose per socket, so nodes need
+/// not agree on it.
+fn socket_programs(required: bool) -> EbpfChoice {
+    let seed = fastrand::u64(..);
+    let config = cca_net::ebpf::AttachConfig {
+        bpffs: BPFFS.into(),
+        cgroup: None,
+        seed,
+    };
+    EbpfChoice {
+        open: Arc::new(move || {
+            let attached = cca_net::ebpf::Attached::open(&config)?;
+            Ok(Box::new(attached) as Box<dyn cca_net::ebpf::LbMaps + Send>)
+        }),
+        seed,
+        required,
+    }
 }
 
 async fn containers(

@@ -263,4 +263,17 @@ fn the_nodes_processes_reach_vips_through_the_socket_programs() {
     let gone = in_netns(&lab.node, || ask_udp(udp));
     assert!(gone.is_err(), "{gone:?}");
     assert_eq!(translated(&plane), before);
+
+    // What a run left behind is removed by the next agent that runs
+    // nftables alone (`remove_pinned`), and only once.
+    let mut plane = open(&lab, &bpffs.0);
+    plane.resync(&map).unwrap();
+    drop(plane);
+    assert!(in_netns(&lab.node, || ask_udp(udp)).is_ok());
+    assert!(in_netns(&lab.node, || cca_net::ebpf::remove_pinned(&bpffs.0)).unwrap());
+    assert!(
+        in_netns(&lab.node, || ask_udp(udp)).is_err(),
+        "still translated"
+    );
+    assert!(!in_netns(&lab.node, || cca_net::ebpf::remove_pinned(&bpffs.0)).unwrap());
 }

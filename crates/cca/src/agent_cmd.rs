@@ -114,6 +114,13 @@ pub(crate) struct AgentArgs {
     /// reach it on port 53 there).
     #[arg(long, default_value_t = cca_model::net::DNS_PORT, value_name = "PORT")]
     dns_port: u16,
+    /// How VIPs are balanced: `nftables` rules for every flow; `ebpf`
+    /// adds the eBPF socket programs for the node's own processes (their
+    /// connects go straight to a backend; containers still go through
+    /// nftables) and fails if they cannot load; `auto` adds them where the
+    /// kernel lets them load (docs/network.md).
+    #[arg(long, value_enum, default_value_t = DataPlaneFlag::Nftables)]
+    dataplane: DataPlaneFlag,
     /// Make this node a gate node: serve the cluster's gates, plain HTTP on
     /// the first address and HTTPS on the second (`0.0.0.0:80,0.0.0.0:443`;
     /// port 0 picks a free one).
@@ -179,6 +186,7 @@ impl AgentArgs {
             vxlan_id: 42,
             vxlan_port: 4789,
             dns_port: cca_model::net::DNS_PORT,
+            dataplane: DataPlaneFlag::Nftables,
             gate_listen: Vec::new(),
             gate_access_log: true,
             gate_metrics_listen: None,
@@ -340,8 +348,21 @@ impl AgentArgs {
                 ..node::OverlayConfig::default()
             },
             dns_port: self.dns_port,
+            dataplane: match self.dataplane {
+                DataPlaneFlag::Nftables => node::VipDataPlane::Nftables,
+                DataPlaneFlag::Ebpf => node::VipDataPlane::Ebpf,
+                DataPlaneFlag::Auto => node::VipDataPlane::Auto,
+            },
         }))
     }
+}
+
+/// `--dataplane`'s values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum DataPlaneFlag {
+    Nftables,
+    Ebpf,
+    Auto,
 }
 
 pub(crate) async fn node_runtime(args: &AgentArgs, config: &AgentConfig) -> Result<NodeParts> {

@@ -74,6 +74,40 @@ impl FakeMaps {
     }
 }
 
+/// A [`FakeMaps`] a test keeps reading after the plane took it.
+#[derive(Clone, Debug, Default)]
+pub struct SharedFakeMaps(pub std::sync::Arc<std::sync::Mutex<FakeMaps>>);
+
+impl SharedFakeMaps {
+    pub fn get(&self) -> std::sync::MutexGuard<'_, FakeMaps> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl LbMaps for SharedFakeMaps {
+    fn existing(&self) -> Result<Existing> {
+        self.get().existing()
+    }
+
+    fn apply(&mut self, ops: &[Op]) -> Result<()> {
+        self.get().apply(ops)
+    }
+
+    fn sweep_sockets(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize> {
+        self.get().sweep_sockets(backends)
+    }
+
+    fn stats(&self) -> Result<Stats> {
+        self.get().stats()
+    }
+
+    fn remove(&mut self) -> Result<()> {
+        self.get().remove()
+    }
+}
+
 /// The table a front reads.
 pub fn table_of(front: &Front) -> TableKey {
     TableKey {

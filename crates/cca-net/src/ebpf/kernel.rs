@@ -53,7 +53,7 @@ pub struct Existing {
 pub type Stats = BTreeMap<&'static str, u64>;
 
 /// The maps as the planner changes them.
-pub trait LbMaps {
+pub trait LbMaps: std::fmt::Debug {
     /// What the maps hold now.
     fn existing(&self) -> Result<Existing>;
     /// Applies `ops` in order; stops at the first failure.
@@ -64,6 +64,28 @@ pub trait LbMaps {
     /// Detaches the programs and removes the maps (the data plane is
     /// turned off or the node leaves).
     fn remove(&mut self) -> Result<()>;
+}
+
+impl<T: LbMaps + ?Sized> LbMaps for Box<T> {
+    fn existing(&self) -> Result<Existing> {
+        (**self).existing()
+    }
+
+    fn apply(&mut self, ops: &[Op]) -> Result<()> {
+        (**self).apply(ops)
+    }
+
+    fn sweep_sockets(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize> {
+        (**self).sweep_sockets(backends)
+    }
+
+    fn stats(&self) -> Result<Stats> {
+        (**self).stats()
+    }
+
+    fn remove(&mut self) -> Result<()> {
+        (**self).remove()
+    }
 }
 
 /// Where the programs attach and pin.
@@ -102,15 +124,7 @@ impl Attached {
             Some(path) => path.clone(),
             None => cgroup2_root()?,
         };
-        let netns = fs::metadata("/proc/thread-self/ns/net").map_err(|error| Error::Io {
-            what: "reading the network namespace of",
-            path: "/proc/thread-self/ns/net".into(),
-            error,
-        })?;
-        let pin_dir = config
-            .bpffs
-            .join("cca")
-            .join(format!("netns-{}", netns.ino()));
+        let pin_dir = pin_dir_of(&config.bpffs)?;
         fs::create_dir_all(&pin_dir).map_err(|error| Error::Io {
             what: "creating the pin directory",
             path: pin_dir.clone(),
@@ -497,6 +511,34 @@ fn drop_mismatched_pins(pin_dir: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Where the calling thread's network namespace pins its maps and links
+/// under the BPF file system `bpffs`.
+fn pin_dir_of(bpffs: &Path) -> Result<PathBuf> {
+    let netns = fs::metadata("/proc/thread-self/ns/net").map_err(|error| Error::Io {
+        what: "reading the network namespace of",
+        path: "/proc/thread-self/ns/net".into(),
+        error,
+    })?;
+    Ok(bpffs.join("cca").join(format!("netns-{}", netns.ino())))
+}
+
+/// Detaches and removes what an earlier run pinned for the calling
+/// thread's network namespace (the node went back to nftables alone):
+/// whether there was anything.
+pub fn remove_pinned(bpffs: &Path) -> Result<bool> {
+    let pin_dir = pin_dir_of(bpffs)?;
+    if !pin_dir.is_dir() {
+        return Ok(false);
+    }
+    detach_links(&pin_dir, None)?;
+    fs::remove_dir_all(&pin_dir).map_err(|error| Error::Io {
+        what: "removing the pins in",
+        path: pin_dir,
+        error,
+    })?;
+    Ok(true)
 }
 
 /// `statfs(2)`'s magic of the BPF file system.

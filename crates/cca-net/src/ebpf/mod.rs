@@ -35,7 +35,7 @@ use std::collections::BTreeSet;
 use cca_model::net::{NetworkMap, Touched};
 
 pub use error::{Error, Result};
-pub use kernel::{AttachConfig, Attached, Existing, LbMaps, Stats};
+pub use kernel::{AttachConfig, Attached, Existing, LbMaps, Stats, remove_pinned};
 use plan::{Plan, Programmed, fronts_of};
 
 /// What one `sync` or `resync` did.
