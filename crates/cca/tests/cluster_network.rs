@@ -7,6 +7,8 @@
 //!
 //! - a container and a host process on node 1 reach a service whose only
 //!   instance is on node 3 by its address, its VIP and its DNS names;
+//! - with `--dataplane ebpf` the host process's connect to the VIP is
+//!   balanced by the eBPF socket programs (their counter moves);
 //! - `dig` gets VIPs, ordinals and SRV records from every node's and the
 //!   server's DNS, and NXDOMAIN for unknown names;
 //! - a dead node 3 leaves node 1's VIP maps within the node TTL, and the
@@ -191,6 +193,57 @@ fn a_process_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name() {
     assert!(
         !host_resolv.contains(&lab.gateway(0).to_string()),
         "{host_resolv}"
+    );
+    lab.finish();
+}
+
+/// The same host process on node 1, its agents running the eBPF socket
+/// programs (`--dataplane ebpf`): the VIP answers, and the programs (not
+/// only the nftables rules beside them) sent the connects.
+#[test]
+fn with_dataplane_ebpf_a_process_reaches_a_vip_through_the_socket_programs() {
+    if !root_test("with_dataplane_ebpf_a_process_reaches_a_vip_through_the_socket_programs") {
+        return;
+    }
+    let lab = Lab::start_with(&[images::net()], &["--dataplane", "ebpf"]);
+    lab.apply("app.cca", &format!("{WEB_ON_N3}{PROCESS_ON_N1}"));
+    let web = only(&lab, "web");
+    let probe = only(&lab, "probe");
+    let vip = lab.vip("web");
+    let served = format!("web {}\n", web.id);
+    wait_programmed(&lab, 0, &[&web.address], true);
+    let pins = lab.ebpf_pins(0).expect("node 1's namespace");
+    let translated = || {
+        let stats = pins.join("cca_stats_v1");
+        let output = std::process::Command::new("bpftool")
+            .args(["-j", "map", "dump", "pinned"])
+            .arg(&stats)
+            .output()
+            .expect("bpftool runs (scripts/test installs it)");
+        let dump: serde_json::Value =
+            serde_json::from_slice(&output.stdout).unwrap_or(serde_json::Value::Null);
+        dump.as_array()
+            .and_then(|entries| entries.first())
+            .and_then(|first| first["formatted"]["values"].as_array().cloned())
+            .map_or(0, |cpus| {
+                cpus.iter()
+                    .filter_map(|cpu| cpu["value"].as_u64())
+                    .sum::<u64>()
+            })
+    };
+    let before = translated();
+    let url = format!("http://{vip}:8080/");
+    eventually(
+        "the VIP answers through the socket programs",
+        Duration::from_secs(10),
+        || {
+            let output = lab.exec(&probe.id, &["curl", "-sS", "--max-time", "5", &url]);
+            (text(&output.stdout) == served).then_some(())
+        },
+    );
+    assert!(
+        translated() > before,
+        "the connect was not balanced by the programs"
     );
     lab.finish();
 }

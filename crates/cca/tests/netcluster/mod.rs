@@ -99,6 +99,8 @@ pub(crate) struct Lab {
     pub(crate) url: String,
     host_before: HostSnapshot,
     torn_down: bool,
+    /// More flags for every `cca agent`.
+    agent_flags: Vec<String>,
     /// Held for the lab's lifetime (released when the file closes).
     _lock: File,
 }
@@ -107,6 +109,11 @@ impl Lab {
     /// Builds the lab and waits until the three nodes are ready with their
     /// node networks up; `images` are imported into every node first.
     pub(crate) fn start(images: &[Image]) -> Lab {
+        Lab::start_with(images, &[])
+    }
+
+    /// `start`, every agent with `agent_flags` too.
+    pub(crate) fn start_with(images: &[Image], agent_flags: &[&str]) -> Lab {
         let lock = exclusive_lock();
         sweep_stale_labs();
         let host_before = HostSnapshot::take();
@@ -124,6 +131,7 @@ impl Lab {
             url: format!("http://{CONTROL_ADDRESS}:{API_PORT}"),
             host_before,
             torn_down: false,
+            agent_flags: agent_flags.iter().map(ToString::to_string).collect(),
             _lock: lock,
         };
         lab.underlay();
@@ -271,6 +279,7 @@ impl Lab {
             .args(["agent", "--server", &self.url, "--node", &node.name])
             .args(["--address", &address, "--cpu", "4", "--memory", "8Gi"])
             .args(["--restart-backoff", "200ms"])
+            .args(&self.agent_flags)
             .arg("--data-dir")
             .arg(&node.data)
             .env("RUST_LOG", "info")
@@ -542,6 +551,16 @@ impl Lab {
             let _ = agent.kill();
             let _ = agent.wait();
         }
+        // What `--dataplane ebpf` pinned for a node outlives its agent by
+        // design; the lab's namespaces go, so must it.
+        for index in 0..self.nodes.len() {
+            if let Some(pins) = self.ebpf_pins(index)
+                && pins.exists()
+                && let Err(error) = std::fs::remove_dir_all(&pins)
+            {
+                eprintln!("removing {}: {error}", pins.display());
+            }
+        }
         let mut left = remove_remains(Some(self.dir.path()), &data_dirs, &self.namespaces, ids);
         if let Some(mut server) = self.server.take() {
             let _ = server.kill();
@@ -549,6 +568,15 @@ impl Lab {
         }
         left.extend(self.host_changes());
         left
+    }
+
+    /// Where node `index`'s agent pins the eBPF data plane's maps and
+    /// links (`/sys/fs/bpf/cca/netns-{inode}`).
+    pub(crate) fn ebpf_pins(&self, index: usize) -> Option<PathBuf> {
+        use std::os::unix::fs::MetadataExt;
+        let netns = Path::new("/run/netns").join(&self.nodes[index].netns);
+        let inode = std::fs::metadata(netns).ok()?.ino();
+        Some(PathBuf::from(format!("/sys/fs/bpf/cca/netns-{inode}")))
     }
 
     /// Deletes every service and waits (a while) for their instances to
