@@ -28,6 +28,9 @@
 #define LB_MAX_FRONTS 65536
 #define LB_MAX_BACKENDS 262144
 #define LB_MAX_SOCK_REV 65536
+/* Entries of the containers' flow table: two a flow, so 32,768 flows
+ * through VIPs at once a node before the least recently used go. */
+#define LB_MAX_CT 65536
 
 /* front.flags */
 #define LB_FRONT_AFFINITY 1 /* the same client goes to the same backend */
@@ -42,6 +45,27 @@ enum lb_stat {
 	LB_STAT_REVERSED = 4,   /* peer addresses shown as the front again */
 	LB_STAT_COUNT = 5,
 };
+
+/* tc stats indexes (cca_tcstats_v1): what the programs on instances'
+ * veths did. */
+enum lb_tc_stat {
+	LB_TC_FLOWS = 0,       /* new flows sent to a backend */
+	LB_TC_HAIRPIN = 1,     /* of those, sent back to their own source */
+	LB_TC_RESET = 2,       /* TCP resets sent for a front without backends */
+	LB_TC_UNREACHABLE = 3, /* ICMP port-unreachable sent for UDP */
+	LB_TC_LIMITED = 4,     /* refused packets dropped over the budget */
+	LB_TC_RESELECTED = 5,  /* flows whose backend went, balanced again */
+	LB_TC_NO_TABLE = 6,    /* a front without its table (dropped) */
+	LB_TC_NO_BACKEND = 7,  /* a slot without its backend (dropped) */
+	LB_TC_PASSED = 8,      /* to a front, not handled (IP options,
+				* fragments): left to the kernel's rules */
+	LB_TC_STAT_COUNT = 9,
+};
+
+/* Refusals answered a second per CPU, and how many may come at once
+ * (a token bucket: REJECT_RATE tokens a second, REJECT_BURST at most). */
+#define LB_REJECT_RATE 100
+#define LB_REJECT_BURST 25
 
 struct lb_config {
 	/* Only sockets of this network namespace are balanced: cgroup hooks
@@ -109,6 +133,52 @@ struct sock_rev {
 	__u32 addr[4];
 	__u16 port;
 	__u16 pad;
+};
+
+/* A flow as the tc programs see a packet: to the front (dir
+ * LB_CT_FORWARD: the client's address and port, the front's) or back
+ * from a backend (LB_CT_REVERSE: the backend's, the client's). */
+struct ct_key {
+	__u32 saddr[4];
+	__u32 daddr[4];
+	__u16 sport;
+	__u16 dport;
+	__u8 proto;
+	__u8 dir;
+	__u16 pad;
+};
+
+#define LB_CT_FORWARD 0
+#define LB_CT_REVERSE 1
+
+/* ct_entry.flags */
+#define LB_CT_HAIRPIN 1 /* the client is its own backend */
+#define LB_CT_CLOSING 2 /* a FIN or RST was seen */
+
+struct ct_entry {
+	/* Forward: the backend the flow goes to; reverse: the front it
+	 * came to. */
+	__u32 addr[4];
+	__u16 port;
+	__u8 flags;
+	__u8 pad;
+	/* The backend's id: a forward entry whose backend is gone (or
+	 * whose id now names another address) is balanced again. */
+	__u32 backend;
+	/* bpf_ktime_get_ns of the last packet, to a second. */
+	__u64 seen;
+};
+
+/* The service ranges (IPv4 as mapped): only packets to an address in one
+ * are looked up as flows to a front. An all-zero range holds every
+ * address. */
+struct lb_range {
+	__u32 net[4];
+	__u32 mask[4];
+};
+
+struct tc_config {
+	struct lb_range ranges[2];
 };
 
 #endif

@@ -20,103 +20,11 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
-#include "lb.h"
+#include "maps.h"
 
 #define ECONNREFUSED 111
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
-
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct lb_config);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} cca_cfg_v1 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, LB_MAX_FRONTS);
-	/* Allocated as used: a node pays for the VIP ports it has. */
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct front_key);
-	__type(value, struct front);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} cca_front_v1 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	/* Two generations of each front's table. */
-	__uint(max_entries, 2 * LB_MAX_FRONTS);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct table_key);
-	__type(value, struct table);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} cca_table_v1 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 2 * LB_MAX_FRONTS);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, struct table_key);
-	__type(value, struct small_table);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} cca_tsmall_v1 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	/* One per backend address and port: a service's ports each have
-	 * their own (10,000 services of two ports over three backends are
-	 * 60,000); allocated as used. */
-	__uint(max_entries, LB_MAX_BACKENDS);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, __u32);
-	__type(value, struct backend);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} cca_backend_v1 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, LB_MAX_SOCK_REV);
-	__type(key, struct sock_rev_key);
-	__type(value, struct sock_rev);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} cca_sockrev_v1 SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, LB_STAT_COUNT);
-	__type(key, __u32);
-	__type(value, __u64);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} cca_stats_v1 SEC(".maps");
-
-static __always_inline void count(__u32 stat)
-{
-	__u64 *value = bpf_map_lookup_elem(&cca_stats_v1, &stat);
-
-	if (value)
-		*value += 1;
-}
-
-/* The same mixing as cca_net::ebpf::hash (a 64-bit finaliser): every node
- * computes the same slot for the same flow and seed. */
-static __always_inline __u64 mix(__u64 h)
-{
-	h ^= h >> 33;
-	h *= 0xff51afd7ed558ccdULL;
-	h ^= h >> 33;
-	h *= 0xc4ceb9fe1a85ec53ULL;
-	h ^= h >> 33;
-	return h;
-}
-
-static __always_inline struct lb_config *config(void)
-{
-	__u32 zero = 0;
-
-	return bpf_map_lookup_elem(&cca_cfg_v1, &zero);
-}
 
 /* The config, when `ctx` is a socket of the node's namespace. */
 static __always_inline struct lb_config *ours(void *ctx)
@@ -152,11 +60,8 @@ static __always_inline enum verdict choose(struct bpf_sock_addr *ctx,
 					   struct backend **chosen)
 {
 	struct front *front = bpf_map_lookup_elem(&cca_front_v1, key);
-	struct table_key table_key = {};
+	enum lb_miss miss = LB_MISS_NONE;
 	__u64 flow;
-	__u64 hash;
-	__u32 slot;
-	__u32 id;
 
 	if (!front)
 		return PASS;
@@ -164,47 +69,15 @@ static __always_inline enum verdict choose(struct bpf_sock_addr *ctx,
 		count(LB_STAT_REJECTED);
 		return REFUSED;
 	}
-	table_key.front = front->id;
-	table_key.gen = front->gen;
 	/* Host processes share the node's address: with affinity the node
 	 * is the client, otherwise each socket is a flow of its own. */
 	if (front->flags & LB_FRONT_AFFINITY)
 		flow = config->netns_cookie;
 	else
 		flow = bpf_get_socket_cookie(ctx);
-	hash = mix(config->seed ^ mix(flow));
-	if (front->flags & LB_FRONT_SMALL) {
-		struct small_table *table =
-			bpf_map_lookup_elem(&cca_tsmall_v1, &table_key);
-
-		if (!table) {
-			count(LB_STAT_NO_TABLE);
-			return REFUSED;
-		}
-		slot = hash % LB_SMALL_TABLE_SIZE;
-		/* The verifier does not bound a remainder: hide the value
-		 * from the compiler so the check stays for the verifier. */
-		asm volatile("" : "+r"(slot));
-		if (slot >= LB_SMALL_TABLE_SIZE)
-			return PASS;
-		id = table->backend[slot];
-	} else {
-		struct table *table =
-			bpf_map_lookup_elem(&cca_table_v1, &table_key);
-
-		if (!table) {
-			count(LB_STAT_NO_TABLE);
-			return REFUSED;
-		}
-		slot = hash % LB_TABLE_SIZE;
-		asm volatile("" : "+r"(slot));
-		if (slot >= LB_TABLE_SIZE)
-			return PASS;
-		id = table->backend[slot];
-	}
-	*chosen = bpf_map_lookup_elem(&cca_backend_v1, &id);
+	*chosen = pick(front, mix(config->seed ^ mix(flow)), 0, &miss);
 	if (!*chosen) {
-		count(LB_STAT_NO_BACKEND);
+		count(miss == LB_MISS_TABLE ? LB_STAT_NO_TABLE : LB_STAT_NO_BACKEND);
 		return REFUSED;
 	}
 	count(LB_STAT_TRANSLATED);

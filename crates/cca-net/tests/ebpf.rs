@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cca_model::net::{NetworkChange, NetworkMap, ServiceNet, Touched};
-use cca_net::ebpf::{AttachConfig, Attached, EbpfPlane};
+use cca_net::ebpf::{AttachConfig, Attached, EbpfPlane, maglev};
 
 use lab::{Instance, Lab, ask_tcp, ask_udp, in_netns, read_line, tally};
 
@@ -276,4 +276,185 @@ fn the_nodes_processes_reach_vips_through_the_socket_programs() {
         "still translated"
     );
     assert!(!in_netns(&lab.node, || cca_net::ebpf::remove_pinned(&bpffs.0)).unwrap());
+}
+
+/// Gives the lab's instances' veths (`v0`, `v1`, …) the tc programs.
+fn attach_veths(lab: &Lab, plane: &EbpfPlane<Attached>) {
+    let veths = plane.veth_programs();
+    in_netns(&lab.node, || {
+        for index in 0..lab.instances.len() {
+            veths.attach(&format!("v{index}")).unwrap();
+        }
+    });
+}
+
+fn tc_stat(plane: &EbpfPlane<Attached>, name: &str) -> u64 {
+    plane.stats().unwrap()[name]
+}
+
+/// Which instance the programs send a UDP flow from `client` to `front`
+/// to, as the planner's table and the flow hash say.
+fn predicted(lab: &Lab, backends: &[&Instance], client: SocketAddr, front: SocketAddr) -> String {
+    let mut addresses: Vec<SocketAddr> = backends
+        .iter()
+        .map(|i| SocketAddr::from((i.address, lab::UDP_PORT)))
+        .collect();
+    addresses.sort();
+    let names: Vec<String> = addresses.iter().map(SocketAddr::to_string).collect();
+    let table = maglev::table(SEED, &names);
+    let flow = maglev::Flow {
+        client,
+        front,
+        protocol: 17,
+    };
+    let slot = (maglev::flow_hash(SEED, &flow, false) % table.len() as u64) as usize;
+    let SocketAddr::V4(chosen) = addresses[table[slot] as usize] else {
+        unreachable!("IPv4 backends")
+    };
+    lab.name_of(*chosen.ip()).unwrap().to_owned()
+}
+
+#[test]
+fn containers_reach_vips_through_the_tc_programs() {
+    if !lab::root_test("containers_reach_vips_through_the_tc_programs") {
+        return;
+    }
+    let lab = Lab::new(3);
+    let bpffs = Bpffs::new();
+    let (i0, i1, i2) = (lab.instance("i0"), lab.instance("i1"), lab.instance("i2"));
+    let web = Ipv4Addr::new(10, 96, 0, 7);
+    let empty = Ipv4Addr::new(10, 96, 0, 8);
+    let own = Ipv4Addr::new(10, 96, 0, 9);
+    let mut plane = open(&lab, &bpffs.0);
+    let mut map = NetworkMap::default();
+    plane.resync(&map).unwrap();
+    for (name, vip, targets) in [
+        ("web", web, vec![i1, i2]),
+        ("empty", empty, vec![]),
+        ("own", own, vec![i0]),
+    ] {
+        sync(
+            &mut plane,
+            &mut map,
+            NetworkChange::Service(Arc::new(service(name, vip, &targets))),
+        );
+    }
+    attach_veths(&lab, &plane);
+
+    // From a container, TCP and UDP reach both backends and the answers
+    // come back from the VIP (else the client's socket would drop them).
+    let tcp = SocketAddr::from((web, 80));
+    let udp = SocketAddr::from((web, 53));
+    let answers = in_netns(&i0.netns, || tally((0..40).map(|_| ask_tcp(tcp).unwrap())));
+    assert_eq!(
+        answers.keys().collect::<Vec<_>>(),
+        ["i1", "i2"],
+        "{answers:?}"
+    );
+    let answers = in_netns(&i0.netns, || tally((0..40).map(|_| ask_udp(udp).unwrap())));
+    assert_eq!(
+        answers.keys().collect::<Vec<_>>(),
+        ["i1", "i2"],
+        "{answers:?}"
+    );
+    assert!(tc_stat(&plane, "tc_flows") >= 80);
+
+    // The backend a flow gets is the one the seeded 5-tuple hash picks in
+    // the planner's table: any node with the seed computes the same.
+    for _ in 0..24 {
+        let port = fastrand::u16(20_000..60_000);
+        let client = SocketAddr::from((i0.address, port));
+        let answer = in_netns(&i0.netns, || {
+            let socket = UdpSocket::bind(client).unwrap();
+            socket
+                .set_read_timeout(Some(Duration::from_secs(2)))
+                .unwrap();
+            socket.send_to(&7u64.to_be_bytes(), udp).unwrap();
+            let mut buffer = [0u8; 64];
+            let (n, from) = socket.recv_from(&mut buffer).unwrap();
+            assert_eq!(from, udp, "the answer comes from the VIP");
+            String::from_utf8_lossy(&buffer[..n]).into_owned()
+        });
+        assert_eq!(
+            answer,
+            predicted(&lab, &[i1, i2], client, udp),
+            "client port {port}"
+        );
+    }
+
+    // A VIP without backends refuses a container at once: a TCP reset,
+    // an ICMP port unreachable for UDP.
+    let (kind, took) = in_netns(&i0.netns, || ask_tcp(SocketAddr::from((empty, 80)))).unwrap_err();
+    assert_eq!(kind, ErrorKind::ConnectionRefused);
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    let refused = in_netns(&i0.netns, || ask_udp(SocketAddr::from((empty, 53)))).unwrap_err();
+    assert_eq!(refused, ErrorKind::ConnectionRefused);
+    assert!(tc_stat(&plane, "tc_reset") >= 1);
+    assert!(tc_stat(&plane, "tc_unreachable") >= 1);
+
+    // Hairpin: a container whose service picks itself gets its own answer.
+    let to_own = SocketAddr::from((own, 80));
+    assert_eq!(in_netns(&i0.netns, || ask_tcp(to_own)).unwrap(), "i0");
+    assert_eq!(
+        in_netns(&i0.netns, || ask_udp(SocketAddr::from((own, 53)))).unwrap(),
+        "i0"
+    );
+    assert!(tc_stat(&plane, "tc_hairpin") >= 2);
+    let peer = in_netns(&i0.netns, || {
+        TcpStream::connect(to_own).unwrap().peer_addr().unwrap()
+    });
+    assert_eq!(peer, to_own);
+
+    // Traffic between containers that is not to a VIP is untouched.
+    let direct = SocketAddr::from((i1.address, lab::TCP_PORT));
+    let flows = tc_stat(&plane, "tc_flows");
+    assert_eq!(in_netns(&i0.netns, || ask_tcp(direct)).unwrap(), "i1");
+    assert_eq!(tc_stat(&plane, "tc_flows"), flows);
+
+    plane.remove().unwrap();
+}
+
+#[test]
+fn refusals_are_limited_by_a_token_bucket_per_cpu() {
+    if !lab::root_test("refusals_are_limited_by_a_token_bucket_per_cpu") {
+        return;
+    }
+    let lab = Lab::new(1);
+    let bpffs = Bpffs::new();
+    let empty = Ipv4Addr::new(10, 96, 0, 8);
+    let mut plane = open(&lab, &bpffs.0);
+    let mut map = NetworkMap::default();
+    plane.resync(&map).unwrap();
+    sync(
+        &mut plane,
+        &mut map,
+        NetworkChange::Service(Arc::new(service("empty", empty, &[]))),
+    );
+    attach_veths(&lab, &plane);
+    let sent = 400;
+    let took = in_netns(&lab.instance("i0").netns, || {
+        let socket = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).unwrap();
+        let started = std::time::Instant::now();
+        for _ in 0..sent {
+            let _ = socket.send_to(b"x", (empty, 53));
+        }
+        started.elapsed()
+    });
+    let answered = tc_stat(&plane, "tc_unreachable");
+    let limited = tc_stat(&plane, "tc_limited");
+    assert_eq!(
+        answered + limited,
+        sent,
+        "every datagram answered or dropped"
+    );
+    // Each CPU answers its burst (25) and 100 a second after it.
+    let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    let budget = cpus * (25 + (took.as_secs_f64() * 100.0).ceil() as u64);
+    assert!(answered >= 25, "{answered} answered");
+    assert!(
+        answered <= budget,
+        "{answered} answered over {took:?}, budget {budget}"
+    );
+    assert!(limited > 0);
+    plane.remove().unwrap();
 }

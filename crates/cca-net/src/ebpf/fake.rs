@@ -4,13 +4,15 @@
 //! at that moment), and answers lookups the way the programs choose.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use super::error::{Error, Result};
 use super::kernel::{Existing, LbMaps, Stats};
 use super::layout::{FRONT_SMALL, Front, FrontKey, TableKey};
 use super::maglev;
 use super::plan::Op;
+use super::tc::VethPrograms;
 
 /// What the programs do with a connect to a front.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -28,6 +30,11 @@ pub struct FakeMaps {
     pub backends: BTreeMap<u32, SocketAddr>,
     /// Reverse entries: (socket cookie, backend) → front.
     pub sock_rev: BTreeMap<(u64, SocketAddr), SocketAddr>,
+    /// Containers' flows: (client, front) → backend.
+    pub flows: BTreeMap<(SocketAddr, SocketAddr), SocketAddr>,
+    /// The service range last set (`Some(None)`: every address).
+    pub service_range: Option<Option<(Ipv4Addr, u8)>>,
+    pub veths: Arc<FakeVeths>,
     /// Every batch applied, in order.
     pub applied: Vec<Vec<Op>>,
     /// The next `apply` fails after this many operations.
@@ -95,8 +102,16 @@ impl LbMaps for SharedFakeMaps {
         self.get().apply(ops)
     }
 
-    fn sweep_sockets(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize> {
-        self.get().sweep_sockets(backends)
+    fn sweep(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize> {
+        self.get().sweep(backends)
+    }
+
+    fn set_service_range(&mut self, range: Option<(Ipv4Addr, u8)>) -> Result<()> {
+        self.get().set_service_range(range)
+    }
+
+    fn veth_programs(&self) -> Arc<dyn VethPrograms> {
+        self.get().veth_programs()
     }
 
     fn stats(&self) -> Result<Stats> {
@@ -161,11 +176,21 @@ impl LbMaps for FakeMaps {
         Ok(())
     }
 
-    fn sweep_sockets(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize> {
-        let before = self.sock_rev.len();
+    fn sweep(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize> {
+        let before = self.sock_rev.len() + self.flows.len();
         self.sock_rev
             .retain(|(_, backend), _| !backends.contains(backend));
-        Ok(before - self.sock_rev.len())
+        self.flows.retain(|_, backend| !backends.contains(backend));
+        Ok(before - self.sock_rev.len() - self.flows.len())
+    }
+
+    fn set_service_range(&mut self, range: Option<(Ipv4Addr, u8)>) -> Result<()> {
+        self.service_range = Some(range);
+        Ok(())
+    }
+
+    fn veth_programs(&self) -> Arc<dyn VethPrograms> {
+        self.veths.clone()
     }
 
     fn stats(&self) -> Result<Stats> {
@@ -173,10 +198,73 @@ impl LbMaps for FakeMaps {
     }
 
     fn remove(&mut self) -> Result<()> {
+        self.veths.retain(&BTreeSet::new())?;
         *self = Self {
             removed: true,
+            veths: self.veths.clone(),
             ..Self::default()
         };
+        Ok(())
+    }
+}
+
+/// Records which veths have the tc programs; `fail` makes the next
+/// attach fail.
+#[derive(Debug, Default)]
+pub struct FakeVeths {
+    pub attached: Mutex<BTreeSet<String>>,
+    /// Every call, in order: `attach vethX`, `detach vethX`, `retain N`.
+    pub calls: Mutex<Vec<String>>,
+    pub fail: std::sync::atomic::AtomicBool,
+}
+
+impl FakeVeths {
+    pub fn attached(&self) -> BTreeSet<String> {
+        self.attached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    fn record(&self, call: String) {
+        self.calls
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(call);
+    }
+}
+
+impl VethPrograms for FakeVeths {
+    fn attach(&self, veth: &str) -> Result<()> {
+        self.record(format!("attach {veth}"));
+        if self.fail.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            return Err(Error::Program {
+                program: "fake",
+                error: format!("injected failure attaching to {veth}"),
+            });
+        }
+        self.attached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(veth.to_owned());
+        Ok(())
+    }
+
+    fn detach(&self, veth: &str) -> Result<()> {
+        self.record(format!("detach {veth}"));
+        self.attached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(veth);
+        Ok(())
+    }
+
+    fn retain(&self, keep: &BTreeSet<String>) -> Result<()> {
+        self.record(format!("retain {}", keep.len()));
+        self.attached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retain(|veth| keep.contains(veth));
         Ok(())
     }
 }

@@ -3,14 +3,17 @@
 //! socket programs loaded from the checked-in object, attached to the root
 //! of the cgroup v2 hierarchy with their maps and links pinned under
 //! `/sys/fs/bpf/cca/netns-{inode}/`, so traffic keeps flowing while the
-//! agent restarts and a new agent takes the maps over.
+//! agent restarts and a new agent takes the maps over; and the tc
+//! programs loaded against the same maps, for instances' veths
+//! ([`super::tc`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
-use std::net::{SocketAddr, UdpSocket};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use aya::maps::{Array, HashMap, MapData, MapInfo, PerCpuArray};
 use aya::programs::links::FdLink;
@@ -19,11 +22,13 @@ use aya::{Ebpf, EbpfLoader};
 
 use super::error::{Error, Result};
 use super::layout::{
-    self, BACKEND_MAP, BackendBytes, CONFIG_MAP, Config, ConfigBytes, FRONT_MAP, Front, FrontBytes,
-    FrontKey, FrontKeyBytes, SMALL_TABLE_MAP, SOCK_REV_MAP, STATS, STATS_MAP, SmallTableBytes,
-    SockRevKeyBytes, TABLE_MAP, TableBytes, TableKey, TableKeyBytes,
+    self, BACKEND_MAP, BackendBytes, CONFIG_MAP, CT_MAP, Config, ConfigBytes, CtEntryBytes,
+    CtKeyBytes, FRONT_MAP, Front, FrontBytes, FrontKey, FrontKeyBytes, REJECT_MAP, SMALL_TABLE_MAP,
+    SOCK_REV_MAP, STATS, STATS_MAP, SmallTableBytes, SockRevKeyBytes, TABLE_MAP, TC_CONFIG_MAP,
+    TC_STATS, TC_STATS_MAP, TableBytes, TableKey, TableKeyBytes, TcConfigBytes,
 };
 use super::plan::Op;
+use super::tc::{TcPrograms, VethPrograms};
 
 /// The socket programs (`bpf/sock_lb.bpf.c`, built by `scripts/bpf`).
 static OBJECT: &[u8] = aya::include_bytes_aligned!("../../bpf/sock_lb.bpf.o");
@@ -49,7 +54,8 @@ pub struct Existing {
     pub backends: BTreeMap<u32, SocketAddr>,
 }
 
-/// The programs' counters, summed over CPUs, by `layout::STATS` name.
+/// The programs' counters, summed over CPUs, by `layout::STATS` and
+/// `layout::TC_STATS` name.
 pub type Stats = BTreeMap<&'static str, u64>;
 
 /// The maps as the planner changes them.
@@ -58,8 +64,14 @@ pub trait LbMaps: std::fmt::Debug {
     fn existing(&self) -> Result<Existing>;
     /// Applies `ops` in order; stops at the first failure.
     fn apply(&mut self, ops: &[Op]) -> Result<()>;
-    /// Deletes the sockets' reverse entries to `backends`; how many.
-    fn sweep_sockets(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize>;
+    /// Deletes the sockets' reverse entries and the flows to `backends`;
+    /// how many entries.
+    fn sweep(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize>;
+    /// The service range (network, prefix) the tc programs look flows up
+    /// in; `None`: every address.
+    fn set_service_range(&mut self, range: Option<(Ipv4Addr, u8)>) -> Result<()>;
+    /// Where instances' veths get the tc programs.
+    fn veth_programs(&self) -> Arc<dyn VethPrograms>;
     fn stats(&self) -> Result<Stats>;
     /// Detaches the programs and removes the maps (the data plane is
     /// turned off or the node leaves).
@@ -75,8 +87,16 @@ impl<T: LbMaps + ?Sized> LbMaps for Box<T> {
         (**self).apply(ops)
     }
 
-    fn sweep_sockets(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize> {
-        (**self).sweep_sockets(backends)
+    fn sweep(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize> {
+        (**self).sweep(backends)
+    }
+
+    fn set_service_range(&mut self, range: Option<(Ipv4Addr, u8)>) -> Result<()> {
+        (**self).set_service_range(range)
+    }
+
+    fn veth_programs(&self) -> Arc<dyn VethPrograms> {
+        (**self).veth_programs()
     }
 
     fn stats(&self) -> Result<Stats> {
@@ -109,6 +129,10 @@ pub struct Attached {
     backends: HashMap<MapData, u32, BackendBytes>,
     sock_rev: HashMap<MapData, SockRevKeyBytes, [u8; 20]>,
     stats: PerCpuArray<MapData, u64>,
+    flows: HashMap<MapData, CtKeyBytes, CtEntryBytes>,
+    tc_config: Array<MapData, TcConfigBytes>,
+    tc_stats: PerCpuArray<MapData, u64>,
+    veths: Arc<TcPrograms>,
     /// Keeps the programs loaded while this value lives (the links are
     /// pinned, so they outlive it).
     _ebpf: Ebpf,
@@ -169,7 +193,12 @@ impl Attached {
         config_map
             .set(0, running.bytes(), 0)
             .map_err(map_error(CONFIG_MAP))?;
+        let veths = Arc::new(TcPrograms::load(&pin_dir)?);
         Ok(Self {
+            flows: take(&mut ebpf, CT_MAP)?,
+            tc_config: take(&mut ebpf, TC_CONFIG_MAP)?,
+            tc_stats: take(&mut ebpf, TC_STATS_MAP)?,
+            veths,
             fronts: take(&mut ebpf, FRONT_MAP)?,
             tables: take(&mut ebpf, TABLE_MAP)?,
             small_tables: take(&mut ebpf, SMALL_TABLE_MAP)?,
@@ -291,36 +320,58 @@ impl LbMaps for Attached {
         Ok(())
     }
 
-    fn sweep_sockets(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize> {
+    fn sweep(&mut self, backends: &BTreeSet<SocketAddr>) -> Result<usize> {
         if backends.is_empty() {
             return Ok(0);
         }
-        let doomed: Vec<SockRevKeyBytes> = self
+        let sockets: Vec<SockRevKeyBytes> = self
             .sock_rev
             .keys()
             .filter_map(std::result::Result::ok)
             .filter(|key| backends.contains(&layout::sock_rev_backend(key)))
             .collect();
-        for key in &doomed {
+        for key in &sockets {
             remove_present(&mut self.sock_rev, key, SOCK_REV_MAP)?;
         }
-        Ok(doomed.len())
+        let flows: Vec<CtKeyBytes> = self
+            .flows
+            .iter()
+            .filter_map(std::result::Result::ok)
+            .filter(|(key, entry)| backends.contains(&layout::ct_backend(key, entry)))
+            .map(|(key, _)| key)
+            .collect();
+        for key in &flows {
+            remove_present(&mut self.flows, key, CT_MAP)?;
+        }
+        Ok(sockets.len() + flows.len())
+    }
+
+    fn set_service_range(&mut self, range: Option<(Ipv4Addr, u8)>) -> Result<()> {
+        self.tc_config
+            .set(0, layout::tc_config_bytes(range), 0)
+            .map_err(map_error(TC_CONFIG_MAP))
+    }
+
+    fn veth_programs(&self) -> Arc<dyn VethPrograms> {
+        self.veths.clone()
     }
 
     fn stats(&self) -> Result<Stats> {
         let mut stats = Stats::new();
-        for (index, name) in STATS.iter().enumerate() {
-            let values = self
-                .stats
-                .get(&(index as u32), 0)
-                .map_err(map_error(STATS_MAP))?;
-            stats.insert(*name, values.iter().sum());
+        for (map, names, name) in [
+            (&self.stats, &STATS[..], STATS_MAP),
+            (&self.tc_stats, &TC_STATS[..], TC_STATS_MAP),
+        ] {
+            for (index, stat) in names.iter().enumerate() {
+                let values = map.get(&(index as u32), 0).map_err(map_error(name))?;
+                stats.insert(*stat, values.iter().sum());
+            }
         }
         Ok(stats)
     }
 
     fn remove(&mut self) -> Result<()> {
-        detach_links(&self.pin_dir, None)?;
+        detach_links(&self.pin_dir, |_| true)?;
         fs::remove_dir_all(&self.pin_dir).map_err(|error| Error::Io {
             what: "removing the pins in",
             path: self.pin_dir.clone(),
@@ -403,18 +454,22 @@ fn attach_all(ebpf: &mut Ebpf, cgroup: &Path, pin_dir: &Path) -> Result<()> {
         link.pin(pin_dir.join(format!("link-{name}-{stamp}")))
             .map_err(program_error(name))?;
     }
-    detach_links(pin_dir, Some(&stamp))
+    detach_links(pin_dir, |file| {
+        file.starts_with("link-") && !file.ends_with(stamp.as_str())
+    })
 }
 
-/// Detaches the pinned links in `pin_dir` but those whose name ends with
-/// `keep`. Each is opened before it is unpinned, so closing it is the
-/// last reference and detaches at once (a pin's reference alone is
-/// released later, by a kernel worker).
-fn detach_links(pin_dir: &Path, keep: Option<&str>) -> Result<()> {
+/// Detaches the links pinned in `pin_dir` (socket programs' `link-*`,
+/// tc programs' `tc-*`) whose file name `doomed` picks. Each is opened
+/// before it is unpinned, so closing it is the last reference and
+/// detaches at once (a pin's reference alone is released later, by a
+/// kernel worker).
+pub(crate) fn detach_links(pin_dir: &Path, doomed: impl Fn(&str) -> bool) -> Result<()> {
     for entry in read_dir(pin_dir)? {
         let file = entry.file_name();
         let file = file.to_string_lossy();
-        if !file.starts_with("link-") || keep.is_some_and(|keep| file.ends_with(keep)) {
+        let link = file.starts_with("link-") || file.starts_with("tc-");
+        if !link || !doomed(&file) {
             continue;
         }
         let link = PinnedLink::from_pin(entry.path()).map_err(|error| Error::Io {
@@ -441,7 +496,7 @@ fn program_error<E: std::error::Error>(program: &'static str) -> impl Fn(E) -> E
 
 /// An error and its sources, as one line (aya's name the syscall, their
 /// sources the errno).
-fn chain(error: &dyn std::error::Error) -> String {
+pub(crate) fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -464,7 +519,7 @@ fn read_dir(dir: &Path) -> Result<Vec<fs::DirEntry>> {
 /// The shapes the object defines (layout 1): a pinned map of another shape
 /// (an edited layout that kept its name) is deleted so the loader creates
 /// it anew, rather than the programs reading it wrongly.
-const SHAPES: [(&str, u32, u32, u32, u32); 7] = [
+const SHAPES: [(&str, u32, u32, u32, u32); 11] = [
     (CONFIG_MAP, 4, 48, 1, 0),
     (FRONT_MAP, 20, 8, 65_536, NO_PREALLOC),
     (
@@ -484,6 +539,10 @@ const SHAPES: [(&str, u32, u32, u32, u32); 7] = [
     (BACKEND_MAP, 4, 20, 262_144, NO_PREALLOC),
     (SOCK_REV_MAP, 32, 20, 65_536, 0),
     (STATS_MAP, 4, 8, 5, 0),
+    (CT_MAP, 40, 32, 65_536, 0),
+    (TC_CONFIG_MAP, 4, 64, 1, 0),
+    (TC_STATS_MAP, 4, 8, 9, 0),
+    (REJECT_MAP, 4, 8, 1, 0),
 ];
 
 /// `BPF_F_NO_PREALLOC`.
@@ -532,7 +591,7 @@ pub fn remove_pinned(bpffs: &Path) -> Result<bool> {
     if !pin_dir.is_dir() {
         return Ok(false);
     }
-    detach_links(&pin_dir, None)?;
+    detach_links(&pin_dir, |_| true)?;
     fs::remove_dir_all(&pin_dir).map_err(|error| Error::Io {
         what: "removing the pins in",
         path: pin_dir,

@@ -18,6 +18,10 @@ pub const SMALL_TABLE_MAP: &str = "cca_tsmall_v1";
 pub const BACKEND_MAP: &str = "cca_backend_v1";
 pub const SOCK_REV_MAP: &str = "cca_sockrev_v1";
 pub const STATS_MAP: &str = "cca_stats_v1";
+pub const CT_MAP: &str = "cca_ct_v1";
+pub const TC_CONFIG_MAP: &str = "cca_tccfg_v1";
+pub const TC_STATS_MAP: &str = "cca_tcstats_v1";
+pub const REJECT_MAP: &str = "cca_rejbkt_v1";
 
 /// `front.flags`: the same client goes to the same backend.
 pub const FRONT_AFFINITY: u8 = 1;
@@ -33,6 +37,22 @@ pub const STATS: [&str; 5] = [
     "reversed",
 ];
 
+/// `enum lb_tc_stat`, in order: the tc programs' counters.
+pub const TC_STATS: [&str; 9] = [
+    "tc_flows",
+    "tc_hairpin",
+    "tc_reset",
+    "tc_unreachable",
+    "tc_limited",
+    "tc_reselected",
+    "tc_no_table",
+    "tc_no_backend",
+    "tc_passed",
+];
+
+/// `ct_key.dir` of an entry for the way back from a backend.
+pub const CT_REVERSE: u8 = 1;
+
 pub type FrontKeyBytes = [u8; 20];
 pub type FrontBytes = [u8; 8];
 pub type TableKeyBytes = [u8; 8];
@@ -41,6 +61,9 @@ pub type SmallTableBytes = [u32; SMALL_TABLE_SIZE];
 pub type BackendBytes = [u8; 20];
 pub type SockRevKeyBytes = [u8; 32];
 pub type ConfigBytes = [u8; 48];
+pub type CtKeyBytes = [u8; 40];
+pub type CtEntryBytes = [u8; 32];
+pub type TcConfigBytes = [u8; 64];
 
 /// IPv4 as IPv4-mapped IPv6: one key for both families.
 pub fn address_bytes(address: IpAddr) -> [u8; 16] {
@@ -154,6 +177,36 @@ pub fn sock_rev_backend(key: &SockRevKeyBytes) -> SocketAddr {
     socket_of(&key[8..])
 }
 
+/// The backend a flow-table entry leads to or comes from: a forward
+/// entry's value names it, a reverse entry's key starts with it.
+pub fn ct_backend(key: &CtKeyBytes, entry: &CtEntryBytes) -> SocketAddr {
+    if key[37] == CT_REVERSE {
+        let mut backend = [0; 18];
+        backend[..16].copy_from_slice(&key[..16]);
+        backend[16..].copy_from_slice(&key[32..34]);
+        socket_of(&backend)
+    } else {
+        socket_of(entry)
+    }
+}
+
+/// `struct tc_config`: the service range the tc programs look flows up
+/// in (`None`: every address); no IPv6 range yet, so IPv6 packets only
+/// when there is no range at all.
+pub fn tc_config_bytes(services: Option<(std::net::Ipv4Addr, u8)>) -> TcConfigBytes {
+    let mut out = [0; 64];
+    let Some((network, prefix)) = services else {
+        return out;
+    };
+    out[..16].copy_from_slice(&network.to_ipv6_mapped().octets());
+    // The mapped prefix (::ffff:0:0/96) and the range's own bits.
+    let mask = u128::MAX << (32 - u32::from(prefix.min(32)));
+    out[16..32].copy_from_slice(&mask.to_be_bytes());
+    // A range that matches nothing: a net outside its own mask.
+    out[32..48].copy_from_slice(&[0xff; 16]);
+    out
+}
+
 /// `struct lb_config`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Config {
@@ -221,6 +274,40 @@ mod tests {
             learned: 12,
         };
         assert_eq!(Config::from_bytes(&config.bytes()), config);
+    }
+
+    #[test]
+    fn flow_entries_name_their_backend_both_ways() {
+        let backend: SocketAddr = "10.42.1.5:8080".parse().expect("address");
+        let mut forward_key = [0u8; 40];
+        forward_key[37] = 0;
+        let mut entry = [0u8; 32];
+        entry[..20].copy_from_slice(&backend_bytes(backend));
+        assert_eq!(ct_backend(&forward_key, &entry), backend);
+        let mut reverse_key = [0u8; 40];
+        reverse_key[..16].copy_from_slice(&address_bytes(backend.ip()));
+        reverse_key[32..34].copy_from_slice(&backend.port().to_be_bytes());
+        reverse_key[37] = CT_REVERSE;
+        assert_eq!(ct_backend(&reverse_key, &[0; 32]), backend);
+    }
+
+    #[test]
+    fn the_service_range_is_a_mapped_prefix() {
+        let bytes = tc_config_bytes(Some((std::net::Ipv4Addr::new(10, 43, 0, 0), 16)));
+        assert_eq!(
+            &bytes[..16],
+            &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 43, 0, 0]
+        );
+        assert_eq!(
+            &bytes[16..32],
+            &[0xff; 12]
+                .iter()
+                .chain(&[0xff, 0xff, 0, 0])
+                .copied()
+                .collect::<Vec<_>>()[..]
+        );
+        assert_eq!(&bytes[48..], &[0; 16], "the IPv6 range's mask is empty");
+        assert_eq!(tc_config_bytes(None), [0; 64]);
     }
 
     #[test]

@@ -5,8 +5,13 @@
 //! a backend that joins or leaves takes or gives up about its own share of
 //! the slots, so the other flows keep theirs.
 //!
-//! [`mix`] and [`slot`] are the programs' hash too (`bpf/sock_lb.bpf.c`):
-//! both sides must compute the same slot for a flow.
+//! [`mix`], [`slot`] and [`flow_hash`] are the programs' hashes too
+//! (`bpf/maps.h`, `bpf/tc_lb.bpf.c`): both sides must compute the same
+//! slot for a flow.
+
+use std::net::SocketAddr;
+
+use super::layout::address_bytes;
 
 /// Slots of a large table (`LB_TABLE_SIZE`): prime, so every skip visits
 /// every slot.
@@ -41,6 +46,46 @@ pub fn mix(mut h: u64) -> u64 {
 /// programs compute it.
 pub fn slot(seed: u64, flow: u64, size: usize) -> usize {
     (mix(seed ^ mix(flow)) % size as u64) as usize
+}
+
+/// A packet's flow as the tc programs hash it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Flow {
+    pub client: SocketAddr,
+    pub front: SocketAddr,
+    /// `IPPROTO_TCP` or `IPPROTO_UDP`.
+    pub protocol: u8,
+}
+
+/// The seeded hash the tc programs pick a flow's slot with (`hash %
+/// size`): of the client's address alone with client-IP `affinity`, else
+/// of the whole 5-tuple. The programs read addresses and ports as the
+/// packet holds them (network order) into host-order words.
+pub fn flow_hash(seed: u64, flow: &Flow, affinity: bool) -> u64 {
+    let words = |address: SocketAddr| {
+        let bytes = address_bytes(address.ip());
+        let word = |at: usize| {
+            u64::from(u32::from_ne_bytes([
+                bytes[at],
+                bytes[at + 1],
+                bytes[at + 2],
+                bytes[at + 3],
+            ]))
+        };
+        [word(0) << 32 | word(4), word(8) << 32 | word(12)]
+    };
+    let port = |address: SocketAddr| u64::from(u16::from_ne_bytes(address.port().to_be_bytes()));
+    let mut h = seed;
+    for word in words(flow.client) {
+        h = mix(h ^ word);
+    }
+    if affinity {
+        return h;
+    }
+    for word in words(flow.front) {
+        h = mix(h ^ word);
+    }
+    mix(h ^ (port(flow.client) << 24 | port(flow.front) << 8 | u64::from(flow.protocol)))
 }
 
 /// FNV-1a over a backend's name, then seeded.
@@ -184,6 +229,32 @@ mod tests {
             }
             assert!(hits.iter().all(|hits| (20..=90).contains(hits)), "{hits:?}");
         }
+    }
+
+    #[test]
+    fn the_flow_hash_reads_every_field_and_affinity_only_the_client() {
+        let flow = Flow {
+            client: "10.42.0.5:40000".parse().expect("address"),
+            front: "10.43.0.7:80".parse().expect("address"),
+            protocol: 6,
+        };
+        let base = flow_hash(1, &flow, false);
+        let other_port = Flow {
+            client: "10.42.0.5:40001".parse().expect("address"),
+            ..flow
+        };
+        let udp = Flow {
+            protocol: 17,
+            ..flow
+        };
+        assert_ne!(base, flow_hash(1, &other_port, false));
+        assert_ne!(base, flow_hash(1, &udp, false));
+        assert_ne!(base, flow_hash(2, &flow, false));
+        assert_eq!(
+            flow_hash(1, &flow, true),
+            flow_hash(1, &other_port, true),
+            "affinity hashes the client address alone"
+        );
     }
 
     #[test]

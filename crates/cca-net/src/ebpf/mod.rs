@@ -27,6 +27,7 @@ pub mod kernel;
 pub mod layout;
 pub mod maglev;
 pub mod plan;
+pub mod tc;
 #[cfg(test)]
 mod tests;
 
@@ -37,6 +38,7 @@ use cca_model::net::{NetworkMap, Touched};
 pub use error::{Error, Result};
 pub use kernel::{AttachConfig, Attached, Existing, LbMaps, Stats, remove_pinned};
 use plan::{Plan, Programmed, fronts_of};
+pub use tc::{TcPrograms, VethPrograms};
 
 /// What one `sync` or `resync` did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -118,13 +120,14 @@ impl<M: LbMaps> EbpfPlane<M> {
             removed.insert(*address);
         }
         self.maps.apply(&plan.ops)?;
+        self.maps.set_service_range(service_range(map))?;
         programmed.forget_foreign();
         let live: BTreeSet<_> = desired
             .values()
             .flat_map(|state| state.backends.iter().copied())
             .collect();
         removed.retain(|address| !live.contains(address));
-        let swept = self.maps.sweep_sockets(&removed)?;
+        let swept = self.maps.sweep(&removed)?;
         tracing::debug!(
             fronts = programmed.fronts(),
             backends = programmed.backends(),
@@ -167,6 +170,12 @@ impl<M: LbMaps> EbpfPlane<M> {
             programmed.set_service(name, desired.keys().copied().collect());
         }
         programmed.finish(released, &mut plan);
+        if touched.ranges
+            && let Err(error) = self.maps.set_service_range(service_range(map))
+        {
+            self.programmed = None;
+            return Err(error);
+        }
         if plan.ops.is_empty() {
             return Ok(EbpfReport::default());
         }
@@ -174,12 +183,17 @@ impl<M: LbMaps> EbpfPlane<M> {
             self.programmed = None;
             return Err(error);
         }
-        let swept = self.maps.sweep_sockets(&plan.removed_backends)?;
+        let swept = self.maps.sweep(&plan.removed_backends)?;
         Ok(EbpfReport {
             ops: plan.ops.len(),
             resynced: false,
             swept,
         })
+    }
+
+    /// Where instances' veths get the tc programs.
+    pub fn veth_programs(&self) -> std::sync::Arc<dyn VethPrograms> {
+        self.maps.veth_programs()
     }
 
     pub fn stats(&self) -> Result<Stats> {
@@ -191,4 +205,10 @@ impl<M: LbMaps> EbpfPlane<M> {
         self.programmed = None;
         self.maps.remove()
     }
+}
+
+/// The service range of `map` as the tc programs take it.
+fn service_range(map: &NetworkMap) -> Option<(std::net::Ipv4Addr, u8)> {
+    map.ranges
+        .map(|ranges| (ranges.services.network(), ranges.services.prefix()))
 }
