@@ -13,13 +13,15 @@ mod lab;
 
 use std::collections::BTreeMap;
 use std::io::{ErrorKind, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream, UdpSocket};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cca_model::net::{NetworkChange, NetworkMap, ServiceNet, Touched};
-use cca_net::ebpf::{AttachConfig, Attached, EbpfPlane, maglev};
+use cca_net::ebpf::layout::FrontKey;
+use cca_net::ebpf::plan::{FrontState, Plan, Programmed};
+use cca_net::ebpf::{AttachConfig, Attached, EbpfPlane, LbMaps, maglev};
 
 use lab::{Instance, Lab, ask_tcp, ask_udp, in_netns, read_line, tally};
 
@@ -457,4 +459,138 @@ fn refusals_are_limited_by_a_token_bucket_per_cpu() {
     );
     assert!(limited > 0);
     plane.remove().unwrap();
+}
+
+#[test]
+fn ipv6_fronts_are_balanced_and_refused_by_the_tc_programs() {
+    if !lab::root_test("ipv6_fronts_are_balanced_and_refused_by_the_tc_programs") {
+        return;
+    }
+    let lab = Lab::new(2);
+    let bpffs = Bpffs::new();
+    let (i0, i1) = (lab.instance("i0"), lab.instance("i1"));
+    // The lab is IPv4: give the bridge and the instances IPv6 addresses.
+    let v6 = |host: u16| Ipv6Addr::new(0xfd00, 0xcca, 0, 0, 0, 0, 0, host);
+    lab::run(
+        "ip",
+        &[
+            "-n",
+            &lab.node,
+            "addr",
+            "add",
+            &format!("{}/64", v6(1)),
+            "dev",
+            "br0",
+            "nodad",
+        ],
+    );
+    in_netns(&lab.node, || {
+        std::fs::write("/proc/sys/net/ipv6/conf/all/forwarding", "1").unwrap();
+    });
+    for (index, instance) in [i0, i1].iter().enumerate() {
+        let address = format!("{}/64", v6(0x10 + index as u16));
+        lab::run(
+            "ip",
+            &[
+                "-n",
+                &instance.netns,
+                "addr",
+                "add",
+                &address,
+                "dev",
+                "eth0",
+                "nodad",
+            ],
+        );
+        lab::run(
+            "ip",
+            &[
+                "-n",
+                &instance.netns,
+                "-6",
+                "route",
+                "add",
+                "default",
+                "via",
+                &v6(1).to_string(),
+            ],
+        );
+    }
+    // i1 answers on its IPv6 address with its name.
+    let backend = SocketAddr::from((v6(0x11), lab::TCP_PORT));
+    let listener = in_netns(&i1.netns, || std::net::TcpListener::bind(backend).unwrap());
+    let server = std::thread::spawn(move || {
+        for _ in 0..3 {
+            let (mut stream, _) = listener.accept().unwrap();
+            read_line(&mut stream).unwrap();
+            stream.write_all(b"i1\n").unwrap();
+        }
+    });
+
+    let config = AttachConfig {
+        bpffs: bpffs.0.clone(),
+        cgroup: None,
+        seed: SEED,
+    };
+    let mut maps = in_netns(&lab.node, || Attached::open(&config)).unwrap();
+    // No service range: IPv6 packets are looked up too.
+    maps.set_service_range(None).unwrap();
+    let front = SocketAddr::from((Ipv6Addr::new(0xfd00, 0xcca, 0xffff, 0, 0, 0, 0, 7), 80));
+    let empty = SocketAddr::from((Ipv6Addr::new(0xfd00, 0xcca, 0xffff, 0, 0, 0, 0, 8), 80));
+    let mut programmed = Programmed::new(SEED, Default::default(), Default::default());
+    let (mut plan, mut released) = (Plan::default(), Vec::new());
+    for (address, protocol, backends) in [
+        (front, 6, vec![backend]),
+        (empty, 6, vec![]),
+        (SocketAddr::new(empty.ip(), 53), 17, vec![]),
+    ] {
+        let state = FrontState {
+            backends,
+            affinity: false,
+        };
+        programmed.update(
+            FrontKey { address, protocol },
+            Some(&state),
+            &mut plan,
+            &mut released,
+        );
+    }
+    maps.apply(&plan.ops).unwrap();
+    let veths = maps.veth_programs();
+    in_netns(&lab.node, || veths.attach("v0").unwrap());
+
+    for _ in 0..3 {
+        let (answer, peer) = in_netns(&i0.netns, || {
+            let mut stream = TcpStream::connect_timeout(&front, Duration::from_secs(3)).unwrap();
+            stream.write_all(b"who\n").unwrap();
+            (read_line(&mut stream).unwrap(), stream.peer_addr().unwrap())
+        });
+        assert_eq!((answer.as_str(), peer), ("i1", front));
+    }
+    server.join().unwrap();
+    // Refused at once: a TCP reset and an ICMPv6 port unreachable.
+    let (kind, took) = in_netns(&i0.netns, || ask_tcp(empty)).unwrap_err();
+    assert_eq!(kind, ErrorKind::ConnectionRefused);
+    assert!(took < Duration::from_millis(500), "{took:?}");
+    let refused = in_netns(&i0.netns, || {
+        let socket = UdpSocket::bind((Ipv6Addr::UNSPECIFIED, 0)).unwrap();
+        socket.connect(SocketAddr::new(empty.ip(), 53)).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_secs(2)))
+            .unwrap();
+        socket.send(b"x").unwrap();
+        socket.recv(&mut [0u8; 8]).unwrap_err().kind()
+    });
+    assert_eq!(refused, ErrorKind::ConnectionRefused);
+    let stats = maps.stats().unwrap();
+    assert_eq!(
+        (
+            stats["tc_flows"],
+            stats["tc_reset"],
+            stats["tc_unreachable"]
+        ),
+        (3, 1, 1),
+        "{stats:?}"
+    );
+    maps.remove().unwrap();
 }
