@@ -537,7 +537,7 @@ fn ipv6_fronts_are_balanced_and_refused_by_the_tc_programs() {
     maps.set_service_range(None).unwrap();
     let front = SocketAddr::from((Ipv6Addr::new(0xfd00, 0xcca, 0xffff, 0, 0, 0, 0, 7), 80));
     let empty = SocketAddr::from((Ipv6Addr::new(0xfd00, 0xcca, 0xffff, 0, 0, 0, 0, 8), 80));
-    let mut programmed = Programmed::new(SEED, Default::default(), Default::default());
+    let mut programmed = Programmed::new(SEED, Default::default(), &BTreeMap::new());
     let (mut plan, mut released) = (Plan::default(), Vec::new());
     for (address, protocol, backends) in [
         (front, 6, vec![backend]),
@@ -547,6 +547,7 @@ fn ipv6_fronts_are_balanced_and_refused_by_the_tc_programs() {
         let state = FrontState {
             backends,
             affinity: false,
+            instances: BTreeMap::new(),
         };
         programmed.update(
             FrontKey { address, protocol },
@@ -593,4 +594,100 @@ fn ipv6_fronts_are_balanced_and_refused_by_the_tc_programs() {
         "{stats:?}"
     );
     maps.remove().unwrap();
+}
+
+#[test]
+fn container_flows_drain_survive_a_restart_and_are_swept() {
+    if !lab::root_test("container_flows_drain_survive_a_restart_and_are_swept") {
+        return;
+    }
+    let drain = Duration::from_secs(60);
+    let lab = Lab::new(3);
+    let bpffs = Bpffs::new();
+    let (i0, i1, i2) = (lab.instance("i0"), lab.instance("i1"), lab.instance("i2"));
+    let web = Ipv4Addr::new(10, 96, 0, 7);
+    let tcp = SocketAddr::from((web, 80));
+    let mut plane = open(&lab, &bpffs.0).with_drain(drain);
+    let mut map = NetworkMap::default();
+    plane.resync(&map).unwrap();
+    sync(
+        &mut plane,
+        &mut map,
+        NetworkChange::Service(Arc::new(service("web", web, &[i1, i2]))),
+    );
+    attach_veths(&lab, &plane);
+    let ask = |stream: &mut TcpStream| {
+        stream.write_all(b"who\n")?;
+        read_line(stream)
+    };
+    let mut established = in_netns(&i0.netns, || {
+        loop {
+            let mut stream = TcpStream::connect(tcp).unwrap();
+            stream
+                .set_read_timeout(Some(Duration::from_secs(3)))
+                .unwrap();
+            if ask(&mut stream).unwrap() == "i1" {
+                break stream;
+            }
+        }
+    });
+
+    // i1 is not ready any more but still placed: it drains.
+    let mut draining = service("web", web, &[i2]);
+    draining.members = service("web", web, &[i1, i2]).members;
+    sync(
+        &mut plane,
+        &mut map,
+        NetworkChange::Service(Arc::new(draining)),
+    );
+    let only_i2 = |when: &str| {
+        let answers = in_netns(&i0.netns, || tally((0..20).map(|_| ask_tcp(tcp).unwrap())));
+        assert_eq!(
+            answers.keys().collect::<Vec<_>>(),
+            ["i2"],
+            "{when}: {answers:?}"
+        );
+    };
+    only_i2("draining");
+    assert_eq!(
+        ask(&mut established).unwrap(),
+        "i1",
+        "the pinned flow goes on"
+    );
+
+    // An agent restart: the pinned links and maps keep the flow; the new
+    // loader takes the draining backend over and swaps its programs into
+    // the veths' links in place.
+    drop(plane);
+    assert_eq!(ask(&mut established).unwrap(), "i1", "while no agent runs");
+    let mut plane = open(&lab, &bpffs.0).with_drain(drain);
+    plane.resync(&map).unwrap();
+    attach_veths(&lab, &plane);
+    let tc_pins = std::fs::read_dir(plane.maps().pin_dir())
+        .unwrap()
+        .filter(|entry| {
+            entry
+                .as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("tc-")
+        })
+        .count();
+    assert_eq!(tc_pins, 6, "one link each way per veth");
+    assert_eq!(ask(&mut established).unwrap(), "i1", "after the restart");
+    only_i2("after the restart");
+
+    // The drain ends: i1 goes, and the flows pinned to it (its two
+    // entries) are swept; the flow's next packet is balanced afresh, to
+    // i2, which knows no such connection.
+    let report = plane.expire(std::time::Instant::now() + drain).unwrap();
+    assert_eq!(report.swept, 2, "{report:?}");
+    assert!(ask(&mut established).is_err(), "the swept flow was reset");
+    only_i2("after the drain");
+    plane.remove().unwrap();
+    assert!(
+        in_netns(&i0.netns, || ask_tcp(tcp)).is_err(),
+        "the veths' programs went with the plane"
+    );
 }

@@ -31,13 +31,13 @@ pub mod tc;
 #[cfg(test)]
 mod tests;
 
-use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use cca_model::net::{NetworkMap, Touched};
 
 pub use error::{Error, Result};
 pub use kernel::{AttachConfig, Attached, Existing, LbMaps, Stats, remove_pinned};
-use plan::{Plan, Programmed, fronts_of};
+use plan::{DrainContext, Plan, Programmed, fronts_of};
 pub use tc::{TcPrograms, VethPrograms};
 
 /// What one `sync` or `resync` did.
@@ -55,6 +55,8 @@ pub struct EbpfReport {
 pub struct EbpfPlane<M> {
     maps: M,
     seed: u64,
+    /// How long backends that leave keep their pinned flows.
+    drain: Duration,
     /// What the maps hold; `None` until a resync succeeded, and again
     /// after a failed change.
     programmed: Option<Programmed>,
@@ -67,8 +69,17 @@ impl<M: LbMaps> EbpfPlane<M> {
         Self {
             maps,
             seed,
+            drain: Duration::ZERO,
             programmed: None,
         }
+    }
+
+    /// Backends that leave keep the flows already pinned to them this
+    /// long (graceful drain); zero, the default: they go at once.
+    #[must_use]
+    pub fn with_drain(mut self, drain: Duration) -> Self {
+        self.drain = drain;
+        self
     }
 
     pub fn maps(&self) -> &M {
@@ -78,8 +89,14 @@ impl<M: LbMaps> EbpfPlane<M> {
     /// Makes the maps hold `map` whatever they held: every front is
     /// written anew under ids the maps do not use, each replacing its old
     /// value in one update, then everything else (a previous agent's
-    /// entries) is deleted. Traffic never meets a missing front.
+    /// entries) is deleted. Traffic never meets a missing front; backends
+    /// the maps hold keep their ids (flows pinned to them stay valid), and
+    /// those no table names any more drain.
     pub fn resync(&mut self, map: &NetworkMap) -> Result<EbpfReport> {
+        self.resync_at(map, Instant::now())
+    }
+
+    pub fn resync_at(&mut self, map: &NetworkMap, now: Instant) -> Result<EbpfReport> {
         self.programmed = None;
         let existing = self.maps.existing()?;
         let mut programmed = Programmed::new(
@@ -90,8 +107,9 @@ impl<M: LbMaps> EbpfPlane<M> {
                 .map(|table| table.front)
                 .chain(existing.fronts.values().map(|front| front.id))
                 .collect(),
-            existing.backends.keys().copied().collect(),
-        );
+            &existing.backends,
+        )
+        .with_drain(self.drain);
         let mut plan = Plan::default();
         let mut released = Vec::new();
         let mut desired = std::collections::BTreeMap::new();
@@ -103,7 +121,6 @@ impl<M: LbMaps> EbpfPlane<M> {
             programmed.set_service(name, fronts.keys().copied().collect());
             desired.extend(fronts);
         }
-        programmed.finish(released, &mut plan);
         for key in existing
             .fronts
             .keys()
@@ -114,23 +131,17 @@ impl<M: LbMaps> EbpfPlane<M> {
         for key in &existing.tables {
             plan.ops.push(plan::Op::DeleteTable { key: *key });
         }
-        let mut removed = BTreeSet::new();
-        for (id, address) in &existing.backends {
-            plan.ops.push(plan::Op::DeleteBackend { id: *id });
-            removed.insert(*address);
-        }
+        let context = DrainContext::of(now, map.services.values().map(|service| &**service));
+        programmed.drain_unadopted(&context);
+        programmed.finish(released, &mut plan, &context);
         self.maps.apply(&plan.ops)?;
         self.maps.set_service_range(service_range(map))?;
         programmed.forget_foreign();
-        let live: BTreeSet<_> = desired
-            .values()
-            .flat_map(|state| state.backends.iter().copied())
-            .collect();
-        removed.retain(|address| !live.contains(address));
-        let swept = self.maps.sweep(&removed)?;
+        let swept = self.maps.sweep(&plan.removed_backends)?;
         tracing::debug!(
             fronts = programmed.fronts(),
             backends = programmed.backends(),
+            draining = programmed.draining(),
             ops = plan.ops.len(),
             swept,
             "eBPF maps rebuilt"
@@ -146,8 +157,17 @@ impl<M: LbMaps> EbpfPlane<M> {
     /// Changes what the `touched` services own; a resync when the maps'
     /// state is not known. On error the next call resyncs.
     pub fn sync(&mut self, map: &NetworkMap, touched: &Touched) -> Result<EbpfReport> {
+        self.sync_at(map, touched, Instant::now())
+    }
+
+    pub fn sync_at(
+        &mut self,
+        map: &NetworkMap,
+        touched: &Touched,
+        now: Instant,
+    ) -> Result<EbpfReport> {
         let Some(programmed) = self.programmed.as_mut() else {
-            return self.resync(map);
+            return self.resync_at(map, now);
         };
         let mut plan = Plan::default();
         let mut released = Vec::new();
@@ -169,13 +189,43 @@ impl<M: LbMaps> EbpfPlane<M> {
             }
             programmed.set_service(name, desired.keys().copied().collect());
         }
-        programmed.finish(released, &mut plan);
+        let context = DrainContext::of(
+            now,
+            touched
+                .services
+                .iter()
+                .filter_map(|name| map.services.get(name))
+                .map(|service| &**service),
+        );
+        programmed.finish(released, &mut plan, &context);
         if touched.ranges
             && let Err(error) = self.maps.set_service_range(service_range(map))
         {
             self.programmed = None;
             return Err(error);
         }
+        self.apply(plan, false)
+    }
+
+    /// Ends the drains due by `now`: their backends go and the flows
+    /// still pinned to them are swept.
+    pub fn expire(&mut self, now: Instant) -> Result<EbpfReport> {
+        let Some(programmed) = self.programmed.as_mut() else {
+            return Ok(EbpfReport::default());
+        };
+        let mut plan = Plan::default();
+        programmed.expire(now, &mut plan);
+        self.apply(plan, false)
+    }
+
+    /// When the next drain ends (for [`EbpfPlane::expire`]).
+    pub fn next_drain_end(&self) -> Option<Instant> {
+        self.programmed
+            .as_ref()
+            .and_then(Programmed::next_drain_end)
+    }
+
+    fn apply(&mut self, plan: Plan, resynced: bool) -> Result<EbpfReport> {
         if plan.ops.is_empty() {
             return Ok(EbpfReport::default());
         }
@@ -186,7 +236,7 @@ impl<M: LbMaps> EbpfPlane<M> {
         let swept = self.maps.sweep(&plan.removed_backends)?;
         Ok(EbpfReport {
             ops: plan.ops.len(),
-            resynced: false,
+            resynced,
             swept,
         })
     }

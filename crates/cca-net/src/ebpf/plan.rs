@@ -8,10 +8,19 @@
 //! under its other generation, then the front is replaced whole (one map
 //! update, so a reader sees the old count and table or the new ones, never
 //! a mix), then the old table goes; backends no table names any more go
-//! last, and only then are the sockets' reverse entries to them swept.
+//! last, and only then are the flows and sockets' reverse entries to them
+//! swept.
+//!
+//! A backend no table names any more drains first: it stays in the
+//! backend map, so the flows already pinned to it keep it, for the drain
+//! window ([`Programmed::with_drain`]); it goes at once when its address
+//! turns up as another instance's (a reused address), and comes back
+//! under the same id when it is ready again. New flows never get it: no
+//! table names it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
 
 use cca_model::net::{Affinity, ServiceNet};
 use cca_model::spec::Protocol;
@@ -53,6 +62,9 @@ pub struct FrontState {
     /// Sorted, without duplicates.
     pub backends: Vec<SocketAddr>,
     pub affinity: bool,
+    /// The instance at each backend address (a drain ends when another
+    /// instance turns up at its address).
+    pub instances: BTreeMap<IpAddr, String>,
 }
 
 /// The fronts of `service`: one per VIP port.
@@ -73,7 +85,23 @@ pub fn fronts_of(service: &ServiceNet) -> BTreeMap<FrontKey, FrontState> {
                 .map(|(address, port)| SocketAddr::new(IpAddr::V4(*address), *port))
                 .collect();
             let affinity = state.affinity == Affinity::ClientIp;
-            (key, FrontState { backends, affinity })
+            let instances = service
+                .members
+                .iter()
+                .filter(|member| {
+                    state
+                        .backends
+                        .iter()
+                        .any(|(address, _)| *address == member.address)
+                })
+                .map(|member| (IpAddr::V4(member.address), member.instance.clone()))
+                .collect();
+            let state = FrontState {
+                backends,
+                affinity,
+                instances,
+            };
+            (key, state)
         })
         .collect()
 }
@@ -108,17 +136,59 @@ impl ProgrammedFront {
     }
 }
 
+/// A backend tables name: its id, how many fronts' tables, its instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Live {
+    id: u32,
+    refs: usize,
+    instance: Option<String>,
+}
+
+/// A backend no table names, kept for the flows pinned to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Draining {
+    id: u32,
+    until: Instant,
+    /// The instance at its address when it left (`None`: none was).
+    instance: Option<String>,
+}
+
+/// What a change knows beyond the map's fronts: the time, and which
+/// instance holds each address among the services it touched.
+#[derive(Clone, Debug)]
+pub struct DrainContext {
+    pub now: Instant,
+    pub members: BTreeMap<IpAddr, String>,
+}
+
+impl DrainContext {
+    /// The members of `services` at `now`.
+    pub fn of<'a>(now: Instant, services: impl IntoIterator<Item = &'a ServiceNet>) -> Self {
+        let members = services
+            .into_iter()
+            .flat_map(|service| &service.members)
+            .map(|member| (IpAddr::V4(member.address), member.instance.clone()))
+            .collect();
+        Self { now, members }
+    }
+}
+
 /// What the maps hold, as far as this planner wrote them.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Programmed {
     seed: u64,
+    drain: Duration,
     fronts: BTreeMap<FrontKey, ProgrammedFront>,
     /// Each service's fronts, as last planned.
     services: BTreeMap<String, BTreeSet<FrontKey>>,
-    /// Each backend's id and how many fronts' tables name it.
-    backends: BTreeMap<SocketAddr, (u32, usize)>,
-    /// Ids the maps use that this planner did not write (a previous
-    /// agent's): never handed out until they are gone.
+    /// The backends tables name.
+    backends: BTreeMap<SocketAddr, Live>,
+    draining: BTreeMap<SocketAddr, Draining>,
+    /// Backends a previous agent wrote, by address: taken over (same id,
+    /// so flows pinned to them stay valid) when a table names them.
+    adoptable: BTreeMap<SocketAddr, u32>,
+    /// Ids the maps use that this planner did not hand out (a previous
+    /// agent's): never handed out while they are in use.
     foreign_fronts: BTreeSet<u32>,
     foreign_backends: BTreeSet<u32>,
     next_front: u32,
@@ -137,15 +207,43 @@ pub struct Plan {
 
 impl Programmed {
     /// Maps that hold nothing of ours yet but may hold a previous agent's
-    /// entries with these ids (a restart): new entries take other ids, so
-    /// the old ones keep serving until they are replaced.
-    pub fn new(seed: u64, foreign_fronts: BTreeSet<u32>, foreign_backends: BTreeSet<u32>) -> Self {
+    /// fronts with these ids and its `backends` (a restart): new fronts
+    /// take other ids, so the old ones keep serving until they are
+    /// replaced; its backends are taken over where the new tables name
+    /// them and drain where they do not.
+    pub fn new(
+        seed: u64,
+        foreign_fronts: BTreeSet<u32>,
+        backends: &BTreeMap<u32, SocketAddr>,
+    ) -> Self {
         Self {
             seed,
             foreign_fronts,
-            foreign_backends,
+            foreign_backends: backends.keys().copied().collect(),
+            adoptable: backends
+                .iter()
+                .map(|(id, address)| (*address, *id))
+                .collect(),
             ..Self::default()
         }
+    }
+
+    /// Backends no table names any more keep their pinned flows this long
+    /// (zero: they go at once).
+    #[must_use]
+    pub fn with_drain(mut self, drain: Duration) -> Self {
+        self.drain = drain;
+        self
+    }
+
+    /// Backends draining now.
+    pub fn draining(&self) -> usize {
+        self.draining.len()
+    }
+
+    /// When the next drain ends.
+    pub fn next_drain_end(&self) -> Option<Instant> {
+        self.draining.values().map(|draining| draining.until).min()
     }
 
     pub fn fronts(&self) -> usize {
@@ -235,26 +333,91 @@ impl Programmed {
         }
     }
 
-    /// Releases `released` backends (one reference each): those no table
-    /// names any more are deleted, after every table change.
-    pub fn finish(&mut self, released: Vec<SocketAddr>, plan: &mut Plan) {
+    /// Releases `released` backends (one reference each), after every
+    /// table change: those no table names any more drain; draining ones
+    /// whose address `context` shows held by another instance go.
+    pub fn finish(&mut self, released: Vec<SocketAddr>, plan: &mut Plan, context: &DrainContext) {
         for address in released {
-            let Some((id, refs)) = self.backends.get_mut(&address) else {
+            let Some(live) = self.backends.get_mut(&address) else {
                 continue;
             };
-            *refs -= 1;
-            if *refs == 0 {
-                let id = *id;
+            live.refs -= 1;
+            if live.refs == 0 {
+                let (id, instance) = (live.id, live.instance.take());
                 self.backends.remove(&address);
-                self.free_backends.push(id);
-                plan.ops.push(Op::DeleteBackend { id });
-                plan.removed_backends.insert(address);
+                self.start_draining(address, id, instance, context);
             }
         }
-        // A backend that left one front and joined another in the same
-        // change is not removed.
-        plan.removed_backends
-            .retain(|address| !self.backends.contains_key(address));
+        let reused: Vec<SocketAddr> = self
+            .draining
+            .iter()
+            .filter(|(address, draining)| {
+                context
+                    .members
+                    .get(&address.ip())
+                    .is_some_and(|instance| draining.instance.as_ref() != Some(instance))
+            })
+            .map(|(address, _)| *address)
+            .collect();
+        for address in reused {
+            self.end_drain(address, plan);
+        }
+        if self.drain.is_zero() {
+            self.expire(context.now, plan);
+        }
+    }
+
+    /// Ends the drains due by `now`.
+    pub fn expire(&mut self, now: Instant, plan: &mut Plan) {
+        let due: Vec<SocketAddr> = self
+            .draining
+            .iter()
+            .filter(|(_, draining)| draining.until <= now)
+            .map(|(address, _)| *address)
+            .collect();
+        for address in due {
+            self.end_drain(address, plan);
+        }
+    }
+
+    /// Backends a previous agent wrote that no new table named: they drain
+    /// like any backend that leaves.
+    pub fn drain_unadopted(&mut self, context: &DrainContext) {
+        for (address, id) in std::mem::take(&mut self.adoptable) {
+            let instance = context.members.get(&address.ip()).cloned();
+            self.start_draining(address, id, instance, context);
+        }
+    }
+
+    fn start_draining(
+        &mut self,
+        address: SocketAddr,
+        id: u32,
+        instance: Option<String>,
+        context: &DrainContext,
+    ) {
+        let draining = Draining {
+            id,
+            until: context.now + self.drain,
+            instance,
+        };
+        self.draining.insert(address, draining);
+    }
+
+    fn end_drain(&mut self, address: SocketAddr, plan: &mut Plan) {
+        let Some(draining) = self.draining.remove(&address) else {
+            return;
+        };
+        self.release_id(draining.id);
+        plan.ops.push(Op::DeleteBackend { id: draining.id });
+        plan.removed_backends.insert(address);
+    }
+
+    /// A deleted backend's id may be handed out again.
+    fn release_id(&mut self, id: u32) {
+        if !self.foreign_backends.remove(&id) {
+            self.free_backends.push(id);
+        }
     }
 
     /// The table for `desired` (which has backends), taking a reference
@@ -263,7 +426,10 @@ impl Programmed {
         let ids: Vec<u32> = desired
             .backends
             .iter()
-            .map(|address| self.reference(*address, plan))
+            .map(|address| {
+                let instance = desired.instances.get(&address.ip()).cloned();
+                self.reference(*address, instance, plan)
+            })
             .collect();
         let names: Vec<String> = desired.backends.iter().map(SocketAddr::to_string).collect();
         maglev::table(self.seed, &names)
@@ -272,14 +438,31 @@ impl Programmed {
             .collect()
     }
 
-    fn reference(&mut self, address: SocketAddr, plan: &mut Plan) -> u32 {
-        if let Some((id, refs)) = self.backends.get_mut(&address) {
-            *refs += 1;
-            return *id;
+    fn reference(&mut self, address: SocketAddr, instance: Option<String>, plan: &mut Plan) -> u32 {
+        if let Some(live) = self.backends.get_mut(&address) {
+            live.refs += 1;
+            live.instance = instance;
+            return live.id;
+        }
+        // Ready again, or a previous agent's: the same id, already in the
+        // map, so flows pinned to it stay valid.
+        let kept = self
+            .draining
+            .remove(&address)
+            .map(|draining| draining.id)
+            .or_else(|| self.adoptable.remove(&address));
+        let live = |id| Live {
+            id,
+            refs: 1,
+            instance,
+        };
+        if let Some(id) = kept {
+            self.backends.insert(address, live(id));
+            return id;
         }
         let id = self.backend_id();
         plan.ops.push(Op::PutBackend { id, address });
-        self.backends.insert(address, (id, 1));
+        self.backends.insert(address, live(id));
         id
     }
 
@@ -299,10 +482,10 @@ impl Programmed {
         )
     }
 
-    /// Forgets previous agents' ids once the caller deleted their entries.
+    /// Forgets previous agents' front ids once the caller deleted their
+    /// entries (their backends' ids stay reserved while in use).
     pub fn forget_foreign(&mut self) {
         self.foreign_fronts.clear();
-        self.foreign_backends.clear();
     }
 }
 

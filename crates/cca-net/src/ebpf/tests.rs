@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Instant;
 
 use cca_model::net::{Affinity, NetworkChange, NetworkMap, Touched};
 use cca_model::spec::Protocol;
@@ -368,4 +369,162 @@ fn remove_clears_the_maps() {
     plane.resync(&NetworkMap::default()).unwrap();
     plane.remove().unwrap();
     assert!(plane.maps().removed);
+}
+
+/// "web" over `ready` with `members` (instance, address) placed.
+fn web_with_members(ready: &[(&str, &str, u16)], members: &[(&str, &str)]) -> NetworkMap {
+    let mut web = service("web", Some("10.43.0.7"), &[(80, Protocol::Tcp)], ready);
+    web.members = members
+        .iter()
+        .map(|(instance, address)| cca_model::net::Member {
+            instance: (*instance).into(),
+            node: "n1".into(),
+            address: address.parse().unwrap(),
+            ordinal: None,
+            host_network: false,
+        })
+        .collect();
+    let mut map = NetworkMap::default();
+    put(&mut map, web);
+    map
+}
+
+fn everything(map: &NetworkMap) -> Touched {
+    Touched {
+        services: map.services.keys().cloned().collect(),
+        ..Touched::default()
+    }
+}
+
+const DRAIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+#[test]
+fn a_backend_that_leaves_drains_its_pinned_flows_then_goes() {
+    let start = Instant::now();
+    let both = [("a", "10.42.0.2", 80), ("b", "10.42.0.3", 80)];
+    let members = [("a", "10.42.0.2"), ("b", "10.42.0.3")];
+    let mut plane = plane().with_drain(DRAIN);
+    plane
+        .resync_at(&web_with_members(&both, &members), start)
+        .unwrap();
+    let front = tcp("10.43.0.7:80");
+    let pinned = (addr("10.42.9.9:40000"), addr("10.43.0.7:80"));
+    plane.maps.flows.insert(pinned, addr("10.42.0.2:80"));
+
+    // "a" is not ready any more but still placed: it gets no new flow,
+    // and stays in the backend map for the flow pinned to it.
+    let left = start + std::time::Duration::from_secs(1);
+    let map = web_with_members(&both[1..], &members);
+    let report = plane.sync_at(&map, &everything(&map), left).unwrap();
+    assert_eq!(report.swept, 0);
+    assert!(
+        plane
+            .maps
+            .backends
+            .values()
+            .any(|backend| *backend == addr("10.42.0.2:80"))
+    );
+    assert!(
+        routes(plane.maps(), &front, 200)
+            .iter()
+            .all(|verdict| *verdict == Verdict::Sent(addr("10.42.0.3:80")))
+    );
+    assert_eq!(plane.next_drain_end(), Some(left + DRAIN));
+
+    // Before the drain window ends nothing goes; after, the backend and
+    // its flows do, and only its.
+    assert_eq!(plane.expire(left + DRAIN / 2).unwrap().ops, 0);
+    let report = plane.expire(left + DRAIN).unwrap();
+    assert_eq!((report.ops, report.swept), (1, 1));
+    assert!(
+        !plane
+            .maps
+            .backends
+            .values()
+            .any(|backend| *backend == addr("10.42.0.2:80"))
+    );
+    assert_eq!(plane.next_drain_end(), None);
+}
+
+#[test]
+fn a_draining_backend_that_is_ready_again_keeps_its_id() {
+    let start = Instant::now();
+    let both = [("a", "10.42.0.2", 80), ("b", "10.42.0.3", 80)];
+    let members = [("a", "10.42.0.2"), ("b", "10.42.0.3")];
+    let mut plane = plane().with_drain(DRAIN);
+    let map = web_with_members(&both, &members);
+    plane.resync_at(&map, start).unwrap();
+    let id_of = |plane: &EbpfPlane<FakeMaps>| {
+        plane
+            .maps
+            .backends
+            .iter()
+            .find(|(_, backend)| **backend == addr("10.42.0.2:80"))
+            .map(|(id, _)| *id)
+    };
+    let before = id_of(&plane);
+    let flapped = web_with_members(&both[1..], &members);
+    plane
+        .sync_at(&flapped, &everything(&flapped), start)
+        .unwrap();
+    plane.maps.applied.clear();
+    plane.sync_at(&map, &everything(&map), start).unwrap();
+    assert_eq!(id_of(&plane), before);
+    assert!(
+        !plane
+            .maps
+            .applied
+            .concat()
+            .iter()
+            .any(|op| matches!(op, Op::PutBackend { .. })),
+        "{:?}",
+        plane.maps.applied
+    );
+    assert_eq!(plane.next_drain_end(), None);
+}
+
+#[test]
+fn a_reused_address_ends_the_drain_at_once() {
+    let start = Instant::now();
+    let mut plane = plane().with_drain(DRAIN);
+    let map = web_with_members(&[("a", "10.42.0.2", 80)], &[("a", "10.42.0.2")]);
+    plane.resync_at(&map, start).unwrap();
+    let pinned = (addr("10.42.9.9:40000"), addr("10.43.0.7:80"));
+    plane.maps.flows.insert(pinned, addr("10.42.0.2:80"));
+    // "a" is gone; "c" got its address and is not ready yet.
+    let reused = web_with_members(&[], &[("c", "10.42.0.2")]);
+    let report = plane.sync_at(&reused, &everything(&reused), start).unwrap();
+    assert_eq!(report.swept, 1, "the flow pinned to a's address is cleared");
+    assert!(plane.maps.backends.is_empty());
+    assert_eq!(plane.next_drain_end(), None);
+}
+
+#[test]
+fn a_restart_drains_the_previous_agents_backends_that_left() {
+    let start = Instant::now();
+    let both = [("a", "10.42.0.2", 80), ("b", "10.42.0.3", 80)];
+    let members = [("a", "10.42.0.2"), ("b", "10.42.0.3")];
+    let mut first = plane();
+    first
+        .resync_at(&web_with_members(&both, &members), start)
+        .unwrap();
+    let mut inherited = first.maps().clone();
+    let ids = inherited.backends.clone();
+    inherited.flows.insert(
+        (addr("10.42.9.9:40000"), addr("10.43.0.7:80")),
+        addr("10.42.0.2:80"),
+    );
+    // While the agent was down, "a" stopped being ready.
+    let mut second = EbpfPlane::new(inherited, SEED).with_drain(DRAIN);
+    let map = web_with_members(&both[1..], &members);
+    let report = second.resync_at(&map, start).unwrap();
+    assert_eq!(report.swept, 0);
+    assert_eq!(
+        second.maps().backends,
+        ids,
+        "both keep their ids: b is taken over, a drains"
+    );
+    let report = second.expire(start + DRAIN).unwrap();
+    assert_eq!(report.swept, 1);
+    assert_eq!(second.maps().backends.len(), 1);
 }
