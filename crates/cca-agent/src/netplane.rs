@@ -27,7 +27,7 @@ use cca_runtime::DnsConfig;
 use tokio::sync::watch;
 
 use crate::netmap::NetworkView;
-use crate::network::InstanceNetwork;
+use crate::network::{BalancedNetwork, InstanceNetwork};
 
 /// A failed apply is tried again after this long even if no new view
 /// arrives.
@@ -168,6 +168,9 @@ pub struct EbpfChoice {
     /// `--dataplane ebpf`: failing to load is an error; `auto`: the node
     /// goes on with nftables alone and says why.
     pub required: bool,
+    /// How long backends that leave keep the flows pinned to them (the
+    /// agent's stop grace: a stopping instance is killed after it).
+    pub drain: Duration,
 }
 
 impl std::fmt::Debug for EbpfChoice {
@@ -314,6 +317,10 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
             self.node_net.set_targets(&view.map);
         }
         if let Some(ebpf) = &mut self.ebpf {
+            if let Some(seed) = view.map.ranges.and_then(|ranges| ranges.flow_hash_seed) {
+                ebpf.set_seed(seed)
+                    .map_err(|error| format!("setting the cluster's flow-hash seed: {error}"))?;
+            }
             let report = ebpf
                 .sync(&view.map, &touched)
                 .map_err(|error| format!("syncing the eBPF data plane: {error}"))?;
@@ -367,7 +374,7 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
         }
         match (choice.open)() {
             Ok(maps) => {
-                self.ebpf = Some(EbpfPlane::new(maps, choice.seed));
+                self.ebpf = Some(EbpfPlane::new(maps, choice.seed).with_drain(choice.drain));
                 tracing::info!("eBPF socket load balancing on");
                 Ok(())
             }
@@ -402,6 +409,10 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
         self.bridge.clone_from(&config.bridge);
         let network = NodeNetwork::open(config, self.host.clone())
             .map_err(|error| format!("opening the node network on {subnet}: {error}"))?;
+        let network: Arc<dyn InstanceNetwork> = match &self.ebpf {
+            Some(ebpf) => Arc::new(BalancedNetwork::new(network, ebpf.veth_programs())),
+            None => Arc::new(network),
+        };
         tracing::info!(%subnet, mtu = overlay.mtu(), "node network open");
         if let Some(filter) = self.filter.take() {
             let config = DataPlaneConfig::new(&self.config.node);
@@ -417,7 +428,7 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
         }
         self.overlay = Some(overlay);
         self.node_net.set(Ready {
-            network: Arc::new(network),
+            network,
             subnet,
             dns: node_dns(subnet.gateway()),
         });
@@ -429,6 +440,11 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
 pub trait ApplyView: Send + std::fmt::Debug {
     /// Brings the node in line with `view` (blocking).
     fn apply(&mut self, view: &NetworkView) -> Result<(), String>;
+    /// Ends what is due by now (the eBPF data plane's drains); when it
+    /// wants to be called again.
+    fn tick(&mut self) -> Option<std::time::Instant> {
+        None
+    }
 }
 
 impl<H: HostNetwork + OverlayHost + Clone + Send + 'static, F: PacketFilter + 'static> ApplyView
@@ -436,6 +452,18 @@ impl<H: HostNetwork + OverlayHost + Clone + Send + 'static, F: PacketFilter + 's
 {
     fn apply(&mut self, view: &NetworkView) -> Result<(), String> {
         Plane::apply(self, view)
+    }
+
+    fn tick(&mut self) -> Option<std::time::Instant> {
+        let ebpf = self.ebpf.as_mut()?;
+        match ebpf.expire(std::time::Instant::now()) {
+            Ok(report) if report.ops > 0 => {
+                tracing::debug!(?report, "eBPF drains ended");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::warn!(%error, "ending the eBPF data plane's drains failed"),
+        }
+        ebpf.next_drain_end()
     }
 }
 
@@ -481,23 +509,27 @@ pub(crate) async fn run_plane(
     mut stop: watch::Receiver<bool>,
 ) {
     let mut failed = false;
+    let mut view = Some(Arc::clone(&views.borrow_and_update()));
     loop {
-        let view = Arc::clone(&views.borrow_and_update());
-        let plane = Arc::clone(&plane);
+        let plane_now = Arc::clone(&plane);
+        let current = view.take();
         let applied = tokio::task::spawn_blocking(move || {
-            plane
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .apply(&view)
+            let mut plane = plane_now.lock().unwrap_or_else(PoisonError::into_inner);
+            let outcome = current.map(|view| plane.apply(&view));
+            (outcome, plane.tick())
         })
         .await;
-        let outcome = applied.unwrap_or_else(|error| Err(format!("the apply panicked: {error}")));
-        match &outcome {
-            Ok(()) if failed => tracing::info!("node network in line with the map again"),
-            Ok(()) => {}
-            Err(problem) => tracing::warn!(%problem, "applying the network map failed"),
+        let (outcome, next_tick) = applied
+            .unwrap_or_else(|error| (Some(Err(format!("the apply panicked: {error}"))), None));
+        // A tick alone (no view applied) leaves the retry as it was.
+        if let Some(outcome) = outcome {
+            match &outcome {
+                Ok(()) if failed => tracing::info!("node network in line with the map again"),
+                Ok(()) => {}
+                Err(problem) => tracing::warn!(%problem, "applying the network map failed"),
+            }
+            failed = outcome.is_err();
         }
-        failed = outcome.is_err();
         let retry = async {
             if failed {
                 tokio::time::sleep(RETRY).await;
@@ -505,9 +537,20 @@ pub(crate) async fn run_plane(
                 std::future::pending::<()>().await;
             }
         };
+        let tick = async {
+            match next_tick {
+                Some(at) => tokio::time::sleep_until(at.into()).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
         tokio::select! {
-            changed = views.changed() => if changed.is_err() { return },
-            () = retry => {}
+            changed = views.changed() => {
+                if changed.is_err() { return }
+                view = Some(Arc::clone(&views.borrow_and_update()));
+            }
+            () = retry => view = Some(Arc::clone(&views.borrow())),
+            // Only the drains: the view is applied.
+            () = tick => {}
             _ = stop.wait_for(|stop| *stop) => return,
         }
     }
@@ -608,6 +651,7 @@ mod tests {
             NetworkChange::Ranges(cca_model::net::AddressRanges {
                 cluster: "10.42.0.0/16".parse().expect("a prefix"),
                 services: "10.43.0.0/16".parse().expect("a prefix"),
+                flow_hash_seed: None,
             }),
             &mut touched,
         );
@@ -707,6 +751,7 @@ mod tests {
             }),
             seed: 7,
             required,
+            drain: Duration::from_secs(10),
         }
     }
 
@@ -733,6 +778,79 @@ mod tests {
         );
         plane.apply(&base).expect("syncs");
         assert!(maps.get().fronts.is_empty(), "the service went");
+    }
+
+    #[test]
+    fn with_ebpf_instances_veths_get_the_tc_programs_and_the_clusters_seed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (plane, node_net, _, _) = plane_with_filter(dir.path());
+        let maps = SharedFakeMaps::default();
+        let veths = Arc::clone(&maps.get().veths);
+        let mut plane = plane.with_ebpf(ebpf_choice(Some(maps.clone()), true));
+        let mut base = view(&[route("n1", "10.42.1.0/24", [192, 168, 0, 1])]);
+        base.map.apply(
+            NetworkChange::Ranges(cca_model::net::AddressRanges {
+                cluster: "10.42.0.0/16".parse().expect("a prefix"),
+                services: "10.43.0.0/16".parse().expect("a prefix"),
+                flow_hash_seed: Some(0x5eed),
+            }),
+            &mut Touched::default(),
+        );
+        plane.apply(&base).expect("opens");
+        assert_eq!(maps.get().seed, Some(0x5eed), "the cluster's seed");
+        assert_eq!(
+            maps.get().service_range,
+            Some(Some((Ipv4Addr::new(10, 43, 0, 0), 16)))
+        );
+        let network = node_net.ready().expect("open").network;
+        network.attach("web-1").expect("attaches");
+        let veth = NetConfig::new(
+            cca_net::Subnet::new(Ipv4Addr::new(10, 42, 1, 0), 24).expect("subnet"),
+            dir.path(),
+        )
+        .veth_name("web-1");
+        assert_eq!(veths.attached(), [veth.clone()].into());
+        network.detach("web-1").expect("detaches");
+        assert!(veths.attached().is_empty());
+        // A veth that cannot get the programs fails the attach: the
+        // instance would start unbalanced.
+        veths.fail.store(true, std::sync::atomic::Ordering::SeqCst);
+        assert!(network.attach("web-2").is_err());
+    }
+
+    #[test]
+    fn ticks_end_the_ebpf_drains() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (plane, _, _, _) = plane_with_filter(dir.path());
+        let maps = SharedFakeMaps::default();
+        let mut choice = ebpf_choice(Some(maps.clone()), true);
+        choice.drain = Duration::from_millis(1);
+        let mut plane = plane.with_ebpf(choice);
+        let base = view(&[route("n1", "10.42.1.0/24", [192, 168, 0, 1])]);
+        let mut served = with_service(base.clone(), "a", Some([10, 43, 0, 1]));
+        let mut a = (**served.map.services.get("a").expect("a")).clone();
+        a.endpoints.insert(
+            "http".into(),
+            vec![cca_model::net::Target {
+                instance: "a-1".into(),
+                node: "n1".into(),
+                address: Ipv4Addr::new(10, 42, 1, 2),
+                port: 8080,
+            }],
+        );
+        served
+            .map
+            .apply(NetworkChange::Service(Arc::new(a)), &mut Touched::default());
+        plane.apply(&served).expect("opens and syncs");
+        assert_eq!(plane.tick(), None, "nothing drains");
+        assert_eq!(maps.get().backends.len(), 1);
+        plane
+            .apply(&with_service(base, "a", Some([10, 43, 0, 1])))
+            .expect("the backend leaves");
+        assert_eq!(maps.get().backends.len(), 1, "it drains");
+        std::thread::sleep(Duration::from_millis(5));
+        assert_eq!(plane.tick(), None, "the drain ended");
+        assert!(maps.get().backends.is_empty());
     }
 
     #[test]

@@ -13,6 +13,7 @@ use std::fmt;
 use std::sync::Arc;
 
 pub use cca_net::CleanupReport;
+use cca_net::ebpf::VethPrograms;
 use cca_net::{Attachment, HostNetwork, NodeNetwork, Proto};
 use cca_runtime::{InstanceSpec, NetworkAttachment, Protocol};
 
@@ -56,6 +57,76 @@ impl<H: HostNetwork> InstanceNetwork for NodeNetwork<H> {
 
     fn cleanup_orphans(&self, known: &[String]) -> cca_net::Result<CleanupReport> {
         NodeNetwork::cleanup_orphans(self, known.iter().map(String::as_str))
+    }
+}
+
+/// The node network with the eBPF data plane's tc programs on every
+/// instance's veth (`--dataplane ebpf`): attached before the instance
+/// starts, so its first packet to a VIP is balanced, and detached before
+/// the veth goes.
+#[derive(Debug)]
+pub struct BalancedNetwork<H: HostNetwork> {
+    net: NodeNetwork<H>,
+    veths: Arc<dyn VethPrograms>,
+}
+
+impl<H: HostNetwork> BalancedNetwork<H> {
+    /// Takes `net` over, giving the veths of the instances it already has
+    /// the programs (an agent restart swaps its own in) and taking them off
+    /// veths of instances it has not.
+    pub fn new(net: NodeNetwork<H>, veths: Arc<dyn VethPrograms>) -> Self {
+        let mut attached = std::collections::BTreeSet::new();
+        for instance in net.leases().keys() {
+            let veth = net.config().veth_name(instance);
+            match veths.attach(&veth) {
+                Ok(()) => {
+                    attached.insert(veth);
+                }
+                Err(error) => {
+                    tracing::warn!(instance, veth, %error, "no eBPF programs on an instance's veth")
+                }
+            }
+        }
+        if let Err(error) = veths.retain(&attached) {
+            tracing::warn!(%error, "could not detach the eBPF programs of gone instances");
+        }
+        Self { net, veths }
+    }
+}
+
+impl<H: HostNetwork> InstanceNetwork for BalancedNetwork<H> {
+    fn attach(&self, id: &str) -> cca_net::Result<Attachment> {
+        let attachment = self.net.attach(id)?;
+        self.veths.attach(&self.net.config().veth_name(id))?;
+        Ok(attachment)
+    }
+
+    fn publish(
+        &self,
+        id: &str,
+        host_port: u16,
+        container_port: u16,
+        proto: Proto,
+    ) -> cca_net::Result<()> {
+        InstanceNetwork::publish(&self.net, id, host_port, container_port, proto)
+    }
+
+    fn detach(&self, id: &str) -> cca_net::Result<()> {
+        let veth = self.net.config().veth_name(id);
+        if let Err(error) = self.veths.detach(&veth) {
+            tracing::warn!(instance = id, veth, %error, "could not detach the eBPF programs");
+        }
+        self.net.detach(id)
+    }
+
+    fn cleanup_orphans(&self, known: &[String]) -> cca_net::Result<CleanupReport> {
+        let report = InstanceNetwork::cleanup_orphans(&self.net, known)?;
+        let veths = known
+            .iter()
+            .map(|id| self.net.config().veth_name(id))
+            .collect();
+        self.veths.retain(&veths)?;
+        Ok(report)
     }
 }
 

@@ -241,7 +241,7 @@ async fn cluster_network(
             }
         }
     } else {
-        plane = plane.with_ebpf(socket_programs(cluster.dataplane == VipDataPlane::Ebpf));
+        plane = plane.with_ebpf(ebpf_programs(cluster.dataplane == VipDataPlane::Ebpf));
     }
     let network = AgentNetwork {
         node_net,
@@ -262,11 +262,12 @@ async fn cluster_network(
 /// Where the eBPF data plane pins its maps and links.
 const BPFFS: &str = "/sys/fs/bpf";
 
-/// The eBPF socket programs for this node: loaded in the agent's network
-/// namespace (the node's), pinned under `/sys/fs/bpf/cca/`. The seed is
-/// the node's own: the socket programs choose per socket, so nodes need
-/// not agree on it.
-fn socket_programs(required: bool) -> EbpfChoice {
+/// The eBPF programs for this node: loaded in the agent's network
+/// namespace (the node's), pinned under `/sys/fs/bpf/cca/`. They start with
+/// a seed of the node's own and take the cluster's from the network map
+/// (before its first sync when the agent starts from a cached map).
+/// Backends that leave drain for the agent's stop grace.
+fn ebpf_programs(required: bool) -> EbpfChoice {
     let seed = fastrand::u64(..);
     let config = cca_net::ebpf::AttachConfig {
         bpffs: BPFFS.into(),
@@ -280,6 +281,7 @@ fn socket_programs(required: bool) -> EbpfChoice {
         }),
         seed,
         required,
+        drain: crate::SupervisorConfig::default().stop_grace,
     }
 }
 

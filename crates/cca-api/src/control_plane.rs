@@ -124,9 +124,11 @@ impl ControlPlane {
         if let Some(tls) = config.agent_tls {
             state = state.with_agent_tls(tls);
         }
+        let seed = crate::identity::ensure_flow_hash_seed(&store).await?;
         state = state.with_network_ranges(cca_model::net::AddressRanges {
             cluster: config.network.cluster_cidr,
             services: config.network.service_cidr,
+            flow_hash_seed: Some(seed.seed),
         });
         let mut plane = Self {
             store,

@@ -444,7 +444,11 @@ impl View {
                 Value::ApplyChunk,
             )?,
             Key::ApplyCommit {} => put_single(&mut self.applying, bytes, rev, Value::ApplyCommit)?,
-            Key::Event { .. } | Key::Audit { .. } | Key::JoinToken { .. } | Key::Leader {} => {
+            Key::Event { .. }
+            | Key::Audit { .. }
+            | Key::JoinToken { .. }
+            | Key::Leader {}
+            | Key::FlowHashSeed {} => {
                 let value = Value::decode(key.kind(), bytes).map_err(|err| err.to_string())?;
                 Some((None, Some(value)))
             }
@@ -544,7 +548,11 @@ impl View {
                 remove_grouped(&mut self.staged, apply, chunk, rev, Value::ApplyChunk)
             }
             Key::ApplyCommit {} => remove_single(&mut self.applying, rev, Value::ApplyCommit),
-            Key::Event { .. } | Key::Audit { .. } | Key::JoinToken { .. } | Key::Leader {} => None,
+            Key::Event { .. }
+            | Key::Audit { .. }
+            | Key::JoinToken { .. }
+            | Key::Leader {}
+            | Key::FlowHashSeed {} => None,
         }
     }
 
@@ -751,7 +759,11 @@ impl View {
             Key::DesiredGeneration {} => self.desired_generation.as_ref().map(|v| v.mod_revision),
             Key::ApplyChunk { apply, chunk } => at2(&self.staged, apply, chunk),
             Key::ApplyCommit {} => self.applying.as_ref().map(|held| held.mod_revision),
-            Key::Event { .. } | Key::Audit { .. } | Key::JoinToken { .. } | Key::Leader {} => None,
+            Key::Event { .. }
+            | Key::Audit { .. }
+            | Key::JoinToken { .. }
+            | Key::Leader {}
+            | Key::FlowHashSeed {} => None,
         }
     }
 }
@@ -759,10 +771,11 @@ impl View {
 /// True for the kinds the view keeps a table of.
 fn cached(kind: Kind) -> bool {
     // Join tokens are read from the store by the one route that spends
-    // them, with the revision its compare-and-swap needs.
+    // them, with the revision its compare-and-swap needs; the flow-hash
+    // seed once, at start, by the server that sends it to nodes.
     !matches!(
         kind,
-        Kind::Event | Kind::Audit | Kind::JoinToken | Kind::Leader
+        Kind::Event | Kind::Audit | Kind::JoinToken | Kind::Leader | Kind::FlowHashSeed
     )
 }
 

@@ -20,7 +20,7 @@ use crate::cluster::{
     Heartbeat, HeldPorts, Instance, InstanceStatus, LeaderRecord, NodeControl, NodeInfo,
     NodeStatus, ReplacementResume, ServiceMeta, Unplaced,
 };
-use crate::net::{NodeSubnet, ServiceVip};
+use crate::net::{FlowHashSeed, NodeSubnet, ServiceVip};
 use crate::ownership::Owner;
 use crate::recovery::{StoreIdentity, Unclaimed};
 use crate::rollout::{Rollout, RolloutControl};
@@ -274,6 +274,11 @@ fact_kinds! {
     /// The leader lease; its mod revision is the fencing token.
     Leader {} = "meta/leader",
         LeaderRecord, Owner::Server, applied: false;
+    /// The cluster's flow-hash seed (eBPF data plane): made once, sent to
+    /// every node with the address ranges, so all nodes pick the same
+    /// backend for a flow. Secret: who knows it can steer flows.
+    FlowHashSeed {} = "meta/flow-hash-seed",
+        FlowHashSeed, Owner::Server, applied: false;
     /// The store's identity: made with it, kept by backups, replaced by a
     /// restore.
     StoreIdentity {} = "meta/store",

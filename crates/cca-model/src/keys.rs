@@ -403,6 +403,10 @@ pub fn store_identity() -> String {
     Key::StoreIdentity {}.to_string()
 }
 
+pub fn flow_hash_seed() -> String {
+    Key::FlowHashSeed {}.to_string()
+}
+
 pub fn observed_unclaimed(node: &str) -> String {
     Key::Unclaimed {
         node: node.to_owned(),

@@ -311,6 +311,18 @@ pub struct AddressRanges {
     /// a host process's flow to a VIP has a route (and is DNATed) even on
     /// a host without a default route.
     pub services: Ipv4Net,
+    /// The cluster's flow-hash seed ([`FlowHashSeed`]); `None` from a
+    /// server that has none (nodes then use one of their own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_hash_seed: Option<u64>,
+}
+
+/// `meta/flow-hash-seed`: the seed every node's eBPF data plane hashes
+/// flows with, so every node picks the same backend for a flow and a
+/// client cannot choose source ports that pile onto one backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlowHashSeed {
+    pub seed: u64,
 }
 
 /// One change to a [`NetworkMap`]: a whole entry put or removed.

@@ -101,6 +101,9 @@ pub enum Error {
         owner: String,
     },
     /// Publishing a port for an instance without an address.
+    #[error("eBPF data plane: {0}")]
+    Ebpf(#[from] crate::ebpf::Error),
+
     #[error("instance {0} is not attached to the node network")]
     NotAttached(String),
     /// A failure the recording fake was told to inject.

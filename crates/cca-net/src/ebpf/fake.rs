@@ -35,6 +35,8 @@ pub struct FakeMaps {
     /// The service range last set (`Some(None)`: every address).
     pub service_range: Option<Option<(Ipv4Addr, u8)>>,
     pub veths: Arc<FakeVeths>,
+    /// The programs' seed, once set after opening.
+    pub seed: Option<u64>,
     /// Every batch applied, in order.
     pub applied: Vec<Vec<Op>>,
     /// The next `apply` fails after this many operations.
@@ -114,6 +116,10 @@ impl LbMaps for SharedFakeMaps {
         self.get().veth_programs()
     }
 
+    fn set_seed(&mut self, seed: u64) -> Result<()> {
+        self.get().set_seed(seed)
+    }
+
     fn stats(&self) -> Result<Stats> {
         self.get().stats()
     }
@@ -191,6 +197,11 @@ impl LbMaps for FakeMaps {
 
     fn veth_programs(&self) -> Arc<dyn VethPrograms> {
         self.veths.clone()
+    }
+
+    fn set_seed(&mut self, seed: u64) -> Result<()> {
+        self.seed = Some(seed);
+        Ok(())
     }
 
     fn stats(&self) -> Result<Stats> {

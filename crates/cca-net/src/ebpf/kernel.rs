@@ -72,6 +72,8 @@ pub trait LbMaps: std::fmt::Debug {
     fn set_service_range(&mut self, range: Option<(Ipv4Addr, u8)>) -> Result<()>;
     /// Where instances' veths get the tc programs.
     fn veth_programs(&self) -> Arc<dyn VethPrograms>;
+    /// The seed the programs hash flows with from now on.
+    fn set_seed(&mut self, seed: u64) -> Result<()>;
     fn stats(&self) -> Result<Stats>;
     /// Detaches the programs and removes the maps (the data plane is
     /// turned off or the node leaves).
@@ -97,6 +99,10 @@ impl<T: LbMaps + ?Sized> LbMaps for Box<T> {
 
     fn veth_programs(&self) -> Arc<dyn VethPrograms> {
         (**self).veth_programs()
+    }
+
+    fn set_seed(&mut self, seed: u64) -> Result<()> {
+        (**self).set_seed(seed)
     }
 
     fn stats(&self) -> Result<Stats> {
@@ -129,6 +135,7 @@ pub struct Attached {
     backends: HashMap<MapData, u32, BackendBytes>,
     sock_rev: HashMap<MapData, SockRevKeyBytes, [u8; 20]>,
     stats: PerCpuArray<MapData, u64>,
+    config: Array<MapData, ConfigBytes>,
     flows: HashMap<MapData, CtKeyBytes, CtEntryBytes>,
     tc_config: Array<MapData, TcConfigBytes>,
     tc_stats: PerCpuArray<MapData, u64>,
@@ -195,6 +202,7 @@ impl Attached {
             .map_err(map_error(CONFIG_MAP))?;
         let veths = Arc::new(TcPrograms::load(&pin_dir)?);
         Ok(Self {
+            config: config_map,
             flows: take(&mut ebpf, CT_MAP)?,
             tc_config: take(&mut ebpf, TC_CONFIG_MAP)?,
             tc_stats: take(&mut ebpf, TC_STATS_MAP)?,
@@ -354,6 +362,14 @@ impl LbMaps for Attached {
 
     fn veth_programs(&self) -> Arc<dyn VethPrograms> {
         self.veths.clone()
+    }
+
+    fn set_seed(&mut self, seed: u64) -> Result<()> {
+        let current = Config::from_bytes(&self.config.get(&0, 0).map_err(map_error(CONFIG_MAP))?);
+        let seeded = Config { seed, ..current };
+        self.config
+            .set(0, seeded.bytes(), 0)
+            .map_err(map_error(CONFIG_MAP))
     }
 
     fn stats(&self) -> Result<Stats> {

@@ -241,6 +241,23 @@ impl<M: LbMaps> EbpfPlane<M> {
         })
     }
 
+    /// Hashes flows with `seed` from now on (the cluster's, once the map
+    /// brings it): the programs at once, the tables at the next sync (a
+    /// rebuild). Flows already pinned keep their backends.
+    pub fn set_seed(&mut self, seed: u64) -> Result<()> {
+        if seed == self.seed {
+            return Ok(());
+        }
+        self.maps.set_seed(seed)?;
+        self.seed = seed;
+        self.programmed = None;
+        Ok(())
+    }
+
+    pub fn seed(&self) -> u64 {
+        self.seed
+    }
+
     /// Where instances' veths get the tc programs.
     pub fn veth_programs(&self) -> std::sync::Arc<dyn VethPrograms> {
         self.maps.veth_programs()
