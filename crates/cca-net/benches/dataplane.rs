@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use cca_model::net::{NetworkChange, NetworkMap, ServiceNet, Touched};
+use cca_model::net::{AddressRanges, NetworkChange, NetworkMap, ServiceNet, Touched};
 use cca_net::dataplane::{Batch, DataPlane, DataPlaneConfig, Nft, PacketFilter, UdpCleanup};
 use cca_net::ebpf::{AttachConfig, Attached, EbpfPlane};
 
@@ -264,10 +264,6 @@ fn traffic(figures: &mut Figures, lab: &Lab, plane: &mut Plane) {
     const BYTES: usize = 256 << 20;
     // Interleaved, three rounds each, so drift in the machine's load hits
     // all alike; the median round counts.
-    let median = |mut values: Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
     let (mut vip_mbs, mut direct_mbs, mut loopback_mbs) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
         vip_mbs.push(throughput(&client.netns, through_vip, BYTES));
@@ -443,19 +439,16 @@ fn ebpf(figures: &mut Figures, lab: &Lab, plane: &mut Plane, counts: &[u32]) {
     plane.rebuild(vec![service("nft", vip(0), &[a.address])]);
     let mut map = NetworkMap::default();
     let mut touched = Touched::default();
+    map.apply(NetworkChange::Ranges(ranges()), &mut touched);
     map.apply(
         NetworkChange::Service(Arc::new(service("bpf", vip(1), &[a.address]))),
         &mut touched,
     );
-    ebpf.resync(&map).unwrap();
+    in_netns(&lab.node, || ebpf.resync(&map)).unwrap();
     let nft = SocketAddr::from((vip(0), VIP_TCP));
     let bpf = SocketAddr::from((vip(1), VIP_TCP));
     let direct = SocketAddr::from((a.address, TCP_PORT));
     const BYTES: usize = 256 << 20;
-    let median = |mut values: Vec<f64>| {
-        values.sort_by(f64::total_cmp);
-        values[values.len() / 2]
-    };
     let (mut via_nft, mut via_bpf, mut via_direct) = (Vec::new(), Vec::new(), Vec::new());
     let (mut lat_nft, mut lat_bpf, mut lat_direct) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..3 {
@@ -482,6 +475,7 @@ fn ebpf(figures: &mut Figures, lab: &Lab, plane: &mut Plane, counts: &[u32]) {
         "node: connect+request p99 eBPF VIP / direct",
         lat_bpf / lat_direct,
     );
+    containers(figures, lab, &ebpf);
 
     for count in counts {
         let mut map = NetworkMap::default();
@@ -525,6 +519,76 @@ fn ebpf(figures: &mut Figures, lab: &Lab, plane: &mut Plane, counts: &[u32]) {
         );
     }
     in_netns(&lab.node, || ebpf.remove()).unwrap();
+}
+
+/// The service range the eBPF sections' maps hold (the tc programs
+/// look up only packets to it).
+fn ranges() -> AddressRanges {
+    AddressRanges {
+        cluster: "10.244.0.0/16".parse().unwrap(),
+        services: "10.96.0.0/16".parse().unwrap(),
+        flow_hash_seed: None,
+    }
+}
+
+/// Containers through a VIP (the tc programs' side), with the same
+/// backend as `ebpf`'s: instance `i2`, whose veth has the tc programs,
+/// to the eBPF VIP; `i3`, whose veth has none, to the nftables VIP and
+/// to the backend directly. Throughput, request p99 on one connection
+/// (every packet crosses the programs) and connect+request p99 (a new
+/// flow each).
+fn containers(figures: &mut Figures, lab: &Lab, ebpf: &EbpfPlane<Attached>) {
+    let (a, tc_client, plain) = (lab.instance("i0"), lab.instance("i2"), lab.instance("i3"));
+    in_netns(&lab.node, || ebpf.veth_programs().attach("v2")).unwrap();
+    let nft = SocketAddr::from((vip(0), VIP_TCP));
+    let bpf = SocketAddr::from((vip(1), VIP_TCP));
+    let direct = SocketAddr::from((a.address, TCP_PORT));
+    const BYTES: usize = 256 << 20;
+    let mut rounds: BTreeMap<String, Vec<f64>> = BTreeMap::new();
+    // Interleaved rounds: the machine's drift hits all three alike.
+    for _ in 0..3 {
+        for (name, netns, to) in [
+            ("eBPF VIP", &tc_client.netns, bpf),
+            ("nftables VIP", &plain.netns, nft),
+            ("direct", &plain.netns, direct),
+        ] {
+            for (what, value) in [
+                ("throughput via", throughput(netns, to, BYTES)),
+                ("request p99 via", persistent_latency(netns, to, 3000).1),
+                (
+                    "connect+request p99 via",
+                    new_connection_latency(netns, to, 500)[3],
+                ),
+            ] {
+                rounds
+                    .entry(format!("{what} {name}"))
+                    .or_default()
+                    .push(value);
+            }
+        }
+    }
+    let figure = |rounds: &BTreeMap<String, Vec<f64>>, key: &str| median(rounds[key].clone());
+    for (what, unit) in [
+        ("throughput via", "MB/s"),
+        ("request p99 via", "ms"),
+        ("connect+request p99 via", "ms"),
+    ] {
+        for name in ["eBPF VIP", "nftables VIP", "direct"] {
+            let value = figure(&rounds, &format!("{what} {name}"));
+            figures.add(&format!("container: {what} {name} ({unit})"), value);
+        }
+        let ratio = figure(&rounds, &format!("{what} eBPF VIP"))
+            / figure(&rounds, &format!("{what} direct"));
+        figures.add(&format!("container: {what} eBPF VIP / direct"), ratio);
+    }
+    let flows = ebpf.stats().unwrap()["tc_flows"];
+    assert!(flows > 0, "the tc programs balanced none of the flows");
+}
+
+/// The median of `values`.
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
 }
 
 /// Replaces backends under steady UDP (4 sockets, each one flow, a

@@ -115,10 +115,11 @@ pub(crate) struct AgentArgs {
     #[arg(long, default_value_t = cca_model::net::DNS_PORT, value_name = "PORT")]
     dns_port: u16,
     /// How VIPs are balanced: `nftables` rules for every flow; `ebpf`
-    /// adds the eBPF socket programs for the node's own processes (their
-    /// connects go straight to a backend; containers still go through
-    /// nftables) and fails if they cannot load; `auto` adds them where the
-    /// kernel lets them load (docs/network.md).
+    /// balances with eBPF programs (socket hooks for the node's own
+    /// processes, tc on instances' veths for containers), the nftables
+    /// rules kept for what they do not see, and fails if they cannot load;
+    /// `auto` is `ebpf` where the kernel lets the programs load, else
+    /// `nftables` (docs/network.md).
     #[arg(long, value_enum, default_value_t = DataPlaneFlag::Nftables)]
     dataplane: DataPlaneFlag,
     /// Make this node a gate node: serve the cluster's gates, plain HTTP on

@@ -7,15 +7,20 @@
 //!
 //! - a container and a host process on node 1 reach a service whose only
 //!   instance is on node 3 by its address, its VIP and its DNS names;
-//! - with `--dataplane ebpf` the host process's connect to the VIP is
-//!   balanced by the eBPF socket programs (their counter moves);
 //! - `dig` gets VIPs, ordinals and SRV records from every node's and the
 //!   server's DNS, and NXDOMAIN for unknown names;
-//! - a dead node 3 leaves node 1's VIP maps within the node TTL, and the
-//!   replacement answers through the same VIP;
+//! - a dead node 3 leaves node 1's VIP targets within the node TTL, and
+//!   the replacement answers through the same VIP;
 //! - network policy lets `a` reach `b` and refuses `c` at once (a reset);
 //! - `examples/airflow.cca` runs across the three nodes with stand-in
 //!   images whose connections resolve through the cluster DNS.
+//!
+//! Every scenario runs twice, one test matrix (issue 18): in `nftables::`
+//! the agents balance VIPs with nftables rules, in `ebpf::` with the eBPF
+//! programs (`--dataplane ebpf`), the same steps and assertions against
+//! both; on the eBPF plane a scenario also checks that the programs' own
+//! counters moved (not only the nftables rules kept beside them), and
+//! waits on the eBPF maps' live tables where it waits on VIP targets.
 //!
 //! Root only (each test skips, saying why, otherwise); one lab at a time
 //! on the machine. Every test ends by tearing its lab down and asserting
@@ -26,10 +31,67 @@ mod netcluster;
 use std::net::Ipv4Addr;
 use std::time::{Duration, Instant};
 
-use netcluster::{Instance, Lab, NODE_TTL, eventually, images, root_test, text, within};
+use netcluster::{
+    DataPlane, Instance, Lab, NODE_TTL, SERVICE_TABLE, eventually, images, root_test, text, within,
+};
 
-/// The node data plane's nftables table (VIPs and policy).
-const SERVICE_TABLE: &str = "cca-svc";
+/// Each scenario is a test on each data plane: `nftables::NAME` and
+/// `ebpf::NAME`.
+macro_rules! on_both_planes {
+    ($($scenario:ident),+ $(,)?) => {
+        mod nftables {
+            $(#[test]
+            fn $scenario() {
+                super::run(stringify!($scenario), super::DataPlane::Nftables, super::$scenario);
+            })+
+        }
+        mod ebpf {
+            $(#[test]
+            fn $scenario() {
+                super::run(stringify!($scenario), super::DataPlane::Ebpf, super::$scenario);
+            })+
+        }
+    };
+}
+
+on_both_planes!(
+    a_container_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name,
+    a_process_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name,
+    dig_gets_vips_ordinals_and_srv_records_from_nodes_and_server,
+    a_dead_node_leaves_the_vip_within_the_node_ttl_and_its_replacement_answers,
+    policy_lets_a_reach_b_and_refuses_c_at_once,
+    airflow_runs_across_three_nodes_with_its_connections_resolving,
+);
+
+/// Runs `scenario` on `plane` where labs can run.
+fn run(name: &str, plane: DataPlane, scenario: fn(DataPlane)) {
+    if root_test(&format!("{plane:?}::{name}")) {
+        scenario(plane);
+    }
+}
+
+/// Checks that node `index`'s eBPF programs balanced flows since
+/// `before` (from [`Lab::ebpf_balanced`]): host processes' when
+/// `processes`, else containers'. Nothing to check on the nftables plane.
+fn assert_ebpf_balanced(lab: &Lab, index: usize, before: Option<(u64, u64)>, processes: bool) {
+    let (Some(before), Some(now)) = (before, lab.ebpf_balanced(index)) else {
+        return;
+    };
+    let (was, is, what) = if processes {
+        (
+            before.0,
+            now.0,
+            "host processes' connects (socket programs)",
+        )
+    } else {
+        (before.1, now.1, "containers' flows (tc programs)")
+    };
+    assert!(
+        is > was,
+        "node {}'s eBPF programs balanced none of the {what}: {was} before, {is} now",
+        index + 1
+    );
+}
 
 /// `web` on node 3 only, serving `web ID` on 8080.
 const WEB_ON_N3: &str = r#"
@@ -89,8 +151,8 @@ fn only(lab: &Lab, service: &str) -> Instance {
 }
 
 /// Waits until node `index`'s data plane names every one of `addresses`:
-/// in its maps (`maps_only`: where its VIPs DNAT to), or anywhere in its
-/// table (its policy's member sets too). An instance runs a moment before
+/// as VIP targets (`maps_only`: where its VIPs send new flows), or
+/// anywhere in its nftables table (its policy's member sets too). An instance runs a moment before
 /// every node's rules hold it; a test that reaches it through a VIP (or is
 /// judged by policy as its member) waits for that moment first.
 fn wait_programmed(lab: &Lab, index: usize, addresses: &[&str], maps_only: bool) {
@@ -100,7 +162,7 @@ fn wait_programmed(lab: &Lab, index: usize, addresses: &[&str], maps_only: bool)
         Duration::from_secs(10),
         || {
             let listed = if maps_only {
-                lab.nft_maps(index, SERVICE_TABLE)
+                lab.vip_targets(index)
             } else {
                 lab.nft_table(index, SERVICE_TABLE)
             };
@@ -112,12 +174,8 @@ fn wait_programmed(lab: &Lab, index: usize, addresses: &[&str], maps_only: bool)
     );
 }
 
-#[test]
-fn a_container_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name() {
-    if !root_test("a_container_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name") {
-        return;
-    }
-    let lab = Lab::start(&[images::net()]);
+fn a_container_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name(plane: DataPlane) {
+    let lab = Lab::on_plane(plane, &[images::net()]);
     lab.apply("app.cca", &format!("{WEB_ON_N3}{CLIENT_ON_N1}"));
     let web = only(&lab, "web");
     let client = only(&lab, "client");
@@ -146,6 +204,7 @@ fn a_container_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name() {
 
     // Through the VIP, by address and by both names.
     wait_programmed(&lab, 0, &[&web.address], true);
+    let balanced = lab.ebpf_balanced(0);
     for url in [
         format!("http://{vip}:8080/"),
         "http://web.cca.local:8080/".to_owned(),
@@ -153,15 +212,12 @@ fn a_container_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name() {
     ] {
         assert_eq!(wget_ok(&lab, &client.id, &url), served, "{url}");
     }
+    assert_ebpf_balanced(&lab, 0, balanced, false);
     lab.finish();
 }
 
-#[test]
-fn a_process_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name() {
-    if !root_test("a_process_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name") {
-        return;
-    }
-    let lab = Lab::start(&[images::net()]);
+fn a_process_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name(plane: DataPlane) {
+    let lab = Lab::on_plane(plane, &[images::net()]);
     lab.apply("app.cca", &format!("{WEB_ON_N3}{PROCESS_ON_N1}"));
     let web = only(&lab, "web");
     let probe = only(&lab, "probe");
@@ -180,6 +236,7 @@ fn a_process_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name() {
     // Node 1 has no default route: the service range's route is the
     // agent's.
     wait_programmed(&lab, 0, &[&web.address], true);
+    let balanced = lab.ebpf_balanced(0);
     for url in [
         format!("http://{vip}:8080/"),
         "http://web.cca.local:8080/".to_owned(),
@@ -187,63 +244,13 @@ fn a_process_on_node_1_reaches_a_service_on_node_3_by_address_vip_and_name() {
     ] {
         assert_eq!(curl(&url), served, "{url}");
     }
+    assert_ebpf_balanced(&lab, 0, balanced, true);
     // The host's own resolver is untouched: only the instance sees the
     // node's.
     let host_resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
     assert!(
         !host_resolv.contains(&lab.gateway(0).to_string()),
         "{host_resolv}"
-    );
-    lab.finish();
-}
-
-/// The same host process on node 1, its agents running the eBPF socket
-/// programs (`--dataplane ebpf`): the VIP answers, and the programs (not
-/// only the nftables rules beside them) sent the connects.
-#[test]
-fn with_dataplane_ebpf_a_process_reaches_a_vip_through_the_socket_programs() {
-    if !root_test("with_dataplane_ebpf_a_process_reaches_a_vip_through_the_socket_programs") {
-        return;
-    }
-    let lab = Lab::start_with(&[images::net()], &["--dataplane", "ebpf"]);
-    lab.apply("app.cca", &format!("{WEB_ON_N3}{PROCESS_ON_N1}"));
-    let web = only(&lab, "web");
-    let probe = only(&lab, "probe");
-    let vip = lab.vip("web");
-    let served = format!("web {}\n", web.id);
-    wait_programmed(&lab, 0, &[&web.address], true);
-    let pins = lab.ebpf_pins(0).expect("node 1's namespace");
-    let translated = || {
-        let stats = pins.join("cca_stats_v1");
-        let output = std::process::Command::new("bpftool")
-            .args(["-j", "map", "dump", "pinned"])
-            .arg(&stats)
-            .output()
-            .expect("bpftool runs (scripts/test installs it)");
-        let dump: serde_json::Value =
-            serde_json::from_slice(&output.stdout).unwrap_or(serde_json::Value::Null);
-        dump.as_array()
-            .and_then(|entries| entries.first())
-            .and_then(|first| first["formatted"]["values"].as_array().cloned())
-            .map_or(0, |cpus| {
-                cpus.iter()
-                    .filter_map(|cpu| cpu["value"].as_u64())
-                    .sum::<u64>()
-            })
-    };
-    let before = translated();
-    let url = format!("http://{vip}:8080/");
-    eventually(
-        "the VIP answers through the socket programs",
-        Duration::from_secs(10),
-        || {
-            let output = lab.exec(&probe.id, &["curl", "-sS", "--max-time", "5", &url]);
-            (text(&output.stdout) == served).then_some(())
-        },
-    );
-    assert!(
-        translated() > before,
-        "the connect was not balanced by the programs"
     );
     lab.finish();
 }
@@ -261,12 +268,8 @@ fn dig_short(lab: &Lab, index: usize, args: &[&str]) -> String {
     text(&output.stdout).trim().to_owned()
 }
 
-#[test]
-fn dig_gets_vips_ordinals_and_srv_records_from_nodes_and_server() {
-    if !root_test("dig_gets_vips_ordinals_and_srv_records_from_nodes_and_server") {
-        return;
-    }
-    let lab = Lab::start(&[]);
+fn dig_gets_vips_ordinals_and_srv_records_from_nodes_and_server(plane: DataPlane) {
+    let lab = Lab::on_plane(plane, &[]);
     lab.apply(
         "app.cca",
         r#"
@@ -377,12 +380,9 @@ fn responders(lab: &Lab, client: &str, url: &str, count: usize) -> (Vec<String>,
     (ids, failed)
 }
 
-#[test]
-fn a_dead_node_leaves_the_vip_within_the_node_ttl_and_its_replacement_answers() {
-    if !root_test("a_dead_node_leaves_the_vip_within_the_node_ttl_and_its_replacement_answers") {
-        return;
-    }
-    let mut lab = Lab::start(&[images::net()]);
+#[allow(clippy::print_stderr, reason = "the test reports the time it measured")]
+fn a_dead_node_leaves_the_vip_within_the_node_ttl_and_its_replacement_answers(plane: DataPlane) {
+    let mut lab = Lab::on_plane(plane, &[images::net()]);
     lab.apply("app.cca", &format!("{SPREAD_WEB}{CLIENT_ON_N1}"));
     let before = lab.wait_running("web", 3);
     let nodes: std::collections::BTreeSet<&str> = before.iter().map(|i| i.node.as_str()).collect();
@@ -399,8 +399,10 @@ fn a_dead_node_leaves_the_vip_within_the_node_ttl_and_its_replacement_answers() 
     // Every instance gets flows through the VIP from node 1.
     let addresses: Vec<&str> = before.iter().map(|i| i.address.as_str()).collect();
     wait_programmed(&lab, 0, &addresses, true);
+    let balanced = lab.ebpf_balanced(0);
     let (ids, failed) = responders(&lab, &client.id, &url, 30);
     assert_eq!(failed, 0, "{ids:?}");
+    assert_ebpf_balanced(&lab, 0, balanced, false);
     for instance in &before {
         assert!(
             ids.contains(&instance.id),
@@ -409,24 +411,24 @@ fn a_dead_node_leaves_the_vip_within_the_node_ttl_and_its_replacement_answers() 
         );
     }
 
-    // Node 3 dies. Node 1's maps drop its target (its VIP no longer DNATs
-    // there) once the control plane holds it unreachable, which is at most
+    // Node 3 dies. Node 1's data plane drops its target (its VIP sends no
+    // new flows there) once the control plane holds it unreachable, which is at most
     // the node TTL after its last heartbeat; a little more for the change
     // to travel.
     let killed = Instant::now();
     lab.kill_node(2);
     let gone = eventually(
-        "node 1's VIP maps to drop node 3's instance",
+        "node 1's VIP targets to drop node 3's instance",
         NODE_TTL * 5,
         || {
-            let maps = lab.nft_maps(0, SERVICE_TABLE);
-            (!maps.is_empty() && !mentions(&maps, &on_n3.address)).then(|| killed.elapsed())
+            let targets = lab.vip_targets(0);
+            (!targets.is_empty() && !mentions(&targets, &on_n3.address)).then(|| killed.elapsed())
         },
     );
     eprintln!("node 1 stopped sending flows to the dead node {gone:?} after the kill");
     assert!(
         gone <= NODE_TTL + Duration::from_secs(2),
-        "node 3's instance left node 1's VIP maps only after {gone:?} (node TTL {NODE_TTL:?})"
+        "node 3's instance left node 1's VIP targets only after {gone:?} (node TTL {NODE_TTL:?})"
     );
     let (ids, failed) = responders(&lab, &client.id, &url, 20);
     assert_eq!(failed, 0, "every flow goes to a live instance: {ids:?}");
@@ -511,12 +513,8 @@ network {
 }
 "#;
 
-#[test]
-fn policy_lets_a_reach_b_and_refuses_c_at_once() {
-    if !root_test("policy_lets_a_reach_b_and_refuses_c_at_once") {
-        return;
-    }
-    let lab = Lab::start(&[images::net()]);
+fn policy_lets_a_reach_b_and_refuses_c_at_once(plane: DataPlane) {
+    let lab = Lab::on_plane(plane, &[images::net()]);
     lab.apply("app.cca", POLICY);
     let (a, b, c) = (only(&lab, "a"), only(&lab, "b"), only(&lab, "c"));
     let vip = lab.vip("b");
@@ -532,9 +530,11 @@ fn policy_lets_a_reach_b_and_refuses_c_at_once() {
     for index in [0, 2] {
         wait_programmed(&lab, index, &[&a.address], false);
     }
+    let balanced = lab.ebpf_balanced(0);
     for url in &urls {
         assert_eq!(wget_ok(&lab, &a.id, url), served, "a -> {url}");
     }
+    assert_ebpf_balanced(&lab, 0, balanced, false);
     for url in &urls {
         let start = Instant::now();
         let refused = wget(&lab, &c.id, url);
@@ -583,12 +583,8 @@ fn reached(lab: &Lab, instance: &str) -> Option<Vec<(String, String, Ipv4Addr, S
     Some(lines)
 }
 
-#[test]
-fn airflow_runs_across_three_nodes_with_its_connections_resolving() {
-    if !root_test("airflow_runs_across_three_nodes_with_its_connections_resolving") {
-        return;
-    }
-    let lab = Lab::start(&images::airflow());
+fn airflow_runs_across_three_nodes_with_its_connections_resolving(plane: DataPlane) {
+    let lab = Lab::on_plane(plane, &images::airflow());
     lab.set_secret("airflow_db_password", "s3cret");
     lab.set_secret("airflow_fernet_key", "a-fernet-key");
     lab.apply_file(&airflow_example());
@@ -661,6 +657,16 @@ fn airflow_runs_across_three_nodes_with_its_connections_resolving() {
                 "{health}"
             );
         }
+    }
+    if plane == DataPlane::Ebpf {
+        let flows: u64 = (0..3)
+            .filter_map(|index| lab.ebpf_balanced(index))
+            .map(|(_, containers)| containers)
+            .sum();
+        assert!(
+            flows > 0,
+            "the tc programs balanced none of Airflow's flows"
+        );
     }
     lab.finish();
 }

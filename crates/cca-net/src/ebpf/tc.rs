@@ -14,6 +14,7 @@ use std::sync::{Mutex, PoisonError};
 use aya::programs::links::{FdLink, PinnedLink};
 use aya::programs::tc::{SchedClassifierLink, TcAttachOptions};
 use aya::programs::{LinkOrder, SchedClassifier, TcAttachType};
+use aya::util::KernelVersion;
 use aya::{Ebpf, EbpfLoader};
 
 use super::error::{Error, Result};
@@ -50,6 +51,7 @@ impl TcPrograms {
     /// Loads the programs against the maps pinned in `pin_dir` (the socket
     /// programs' loader made them).
     pub(crate) fn load(pin_dir: &Path) -> Result<Self> {
+        require_tcx()?;
         let mut ebpf = EbpfLoader::new()
             .default_map_pin_directory(pin_dir)
             .load(OBJECT)
@@ -104,6 +106,26 @@ impl TcPrograms {
             .map_err(program_error(name))?;
         link.pin(&pin).map_err(program_error(name))?;
         Ok(())
+    }
+}
+
+/// The first kernel with TCX links: the only tc attachment that can be
+/// pinned, so the programs outlive the agent and are swapped in place.
+const TCX_KERNEL: KernelVersion = KernelVersion::new(6, 6, 0);
+
+/// Fails (so `--dataplane auto` chooses nftables) on a kernel without
+/// TCX links, before anything is attached.
+fn require_tcx() -> Result<()> {
+    match KernelVersion::current() {
+        Ok(running) if running >= TCX_KERNEL => Ok(()),
+        Ok(running) => Err(Error::Unsupported(format!(
+            "the containers' tc programs need TCX links (Linux {TCX_KERNEL} or later); \
+             this kernel is {running}"
+        ))),
+        Err(error) => Err(Error::Unsupported(format!(
+            "reading the kernel's version (the containers' tc programs need Linux \
+             {TCX_KERNEL} or later): {error}"
+        ))),
     }
 }
 

@@ -26,6 +26,7 @@
 #![allow(dead_code, reason = "each test uses a different part")]
 #![allow(clippy::print_stderr, reason = "a failed or skipped test says why")]
 
+pub(crate) mod ebpf;
 pub(crate) mod images;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -54,12 +55,15 @@ const UNDERLAY_PREFIX: u8 = 24;
 const CONTROL_ADDRESS: Ipv4Addr = Ipv4Addr::new(192, 168, 200, 10);
 const API_PORT: u16 = 9770;
 
+/// The node data plane's nftables table (VIPs and policy).
+pub(crate) const SERVICE_TABLE: &str = "cca-svc";
+
 /// A lab's directory in the temp dir starts with this.
 const DIR_PREFIX: &str = "cca-netcluster-";
 
 /// The commands the labs and their tests run.
 const TOOLS: &[&str] = &[
-    "ip", "nsenter", "nft", "runc", "busybox", "dig", "curl", "getent",
+    "ip", "nsenter", "nft", "runc", "busybox", "dig", "curl", "getent", "bpftool",
 ];
 
 /// Whether a lab can run here: as root with every tool (a missing tool
@@ -86,6 +90,22 @@ pub(crate) struct Node {
     pub(crate) data: PathBuf,
 }
 
+/// The VIP data plane a lab's agents run (`cca agent --dataplane`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DataPlane {
+    Nftables,
+    Ebpf,
+}
+
+impl DataPlane {
+    fn flag(self) -> &'static str {
+        match self {
+            DataPlane::Nftables => "nftables",
+            DataPlane::Ebpf => "ebpf",
+        }
+    }
+}
+
 /// A cluster of one server and three agents in namespaces; see the module
 /// docs.
 pub(crate) struct Lab {
@@ -99,6 +119,8 @@ pub(crate) struct Lab {
     pub(crate) url: String,
     host_before: HostSnapshot,
     torn_down: bool,
+    /// The agents' VIP data plane.
+    pub(crate) plane: DataPlane,
     /// More flags for every `cca agent`.
     agent_flags: Vec<String>,
     /// Held for the lab's lifetime (released when the file closes).
@@ -109,11 +131,16 @@ impl Lab {
     /// Builds the lab and waits until the three nodes are ready with their
     /// node networks up; `images` are imported into every node first.
     pub(crate) fn start(images: &[Image]) -> Lab {
-        Lab::start_with(images, &[])
+        Lab::start_with(DataPlane::Nftables, images, &[])
     }
 
-    /// `start`, every agent with `agent_flags` too.
-    pub(crate) fn start_with(images: &[Image], agent_flags: &[&str]) -> Lab {
+    /// `start` with the agents on `plane`.
+    pub(crate) fn on_plane(plane: DataPlane, images: &[Image]) -> Lab {
+        Lab::start_with(plane, images, &[])
+    }
+
+    /// `start`, the agents on `plane` and with `agent_flags` too.
+    pub(crate) fn start_with(plane: DataPlane, images: &[Image], agent_flags: &[&str]) -> Lab {
         let lock = exclusive_lock();
         sweep_stale_labs();
         let host_before = HostSnapshot::take();
@@ -131,7 +158,12 @@ impl Lab {
             url: format!("http://{CONTROL_ADDRESS}:{API_PORT}"),
             host_before,
             torn_down: false,
-            agent_flags: agent_flags.iter().map(ToString::to_string).collect(),
+            plane,
+            agent_flags: ["--dataplane", plane.flag()]
+                .into_iter()
+                .chain(agent_flags.iter().copied())
+                .map(ToString::to_string)
+                .collect(),
             _lock: lock,
         };
         lab.underlay();
@@ -513,6 +545,34 @@ impl Lab {
             .map(Value::to_string)
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// Where node `index`'s data plane sends new flows to VIPs, as text
+    /// that names each target address: the nftables maps, or the eBPF
+    /// maps' live tables (the plane that sees containers' and processes'
+    /// flows first; its nftables rules, kept for the rest, are written
+    /// before it and removed before it).
+    pub(crate) fn vip_targets(&self, index: usize) -> String {
+        match self.plane {
+            DataPlane::Nftables => self.nft_maps(index, SERVICE_TABLE),
+            DataPlane::Ebpf => self
+                .ebpf_pins(index)
+                .map(|pins| ebpf::live_targets(&pins))
+                .unwrap_or_default(),
+        }
+    }
+
+    /// Flows node `index`'s eBPF programs sent to a backend so far (host
+    /// processes' connects and datagrams, containers' flows); `None` on
+    /// the nftables plane.
+    pub(crate) fn ebpf_balanced(&self, index: usize) -> Option<(u64, u64)> {
+        let pins = self
+            .ebpf_pins(index)
+            .filter(|_| self.plane == DataPlane::Ebpf)?;
+        Some((
+            ebpf::socket_translations(&pins),
+            ebpf::container_flows(&pins),
+        ))
     }
 
     /// Kills node `index` as a machine dies: its agent (SIGKILL), every
