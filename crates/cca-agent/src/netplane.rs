@@ -362,7 +362,7 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
         Ok(())
     }
 
-    /// Loads the eBPF socket programs when they are chosen: an error when
+    /// Loads the eBPF programs when they are chosen: an error when
     /// they are required and cannot load; with `auto`, a warning and
     /// nftables alone.
     fn open_ebpf(&mut self) -> Result<(), String> {
@@ -375,7 +375,7 @@ impl<H: HostNetwork + OverlayHost + Clone + 'static, F: PacketFilter + 'static> 
         match (choice.open)() {
             Ok(maps) => {
                 self.ebpf = Some(EbpfPlane::new(maps, choice.seed).with_drain(choice.drain));
-                tracing::info!("eBPF socket load balancing on");
+                tracing::info!("eBPF load balancing on (socket and tc programs)");
                 Ok(())
             }
             Err(error) if choice.required => Err(format!("opening the eBPF data plane: {error}")),

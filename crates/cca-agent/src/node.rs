@@ -231,15 +231,7 @@ async fn cluster_network(
         Arc::clone(&node_net),
     );
     if cluster.dataplane == VipDataPlane::Nftables {
-        // An earlier `--dataplane ebpf` run's programs would go on
-        // translating from maps nothing updates any more.
-        match cca_net::ebpf::remove_pinned(Path::new(BPFFS)) {
-            Ok(true) => tracing::info!("removed the eBPF programs of an earlier run"),
-            Ok(false) => {}
-            Err(error) => {
-                tracing::warn!(%error, "could not remove the eBPF programs of an earlier run")
-            }
-        }
+        remove_earlier_programs();
     } else {
         plane = plane.with_ebpf(ebpf_programs(cluster.dataplane == VipDataPlane::Ebpf));
     }
@@ -259,6 +251,19 @@ async fn cluster_network(
     Ok(Some(network))
 }
 
+/// Detaches and removes the eBPF programs and maps pinned for this
+/// node's namespace: on nftables alone, an earlier `--dataplane ebpf`
+/// run's programs would go on translating from maps nothing updates.
+fn remove_earlier_programs() {
+    match cca_net::ebpf::remove_pinned(Path::new(BPFFS)) {
+        Ok(true) => tracing::info!("removed the eBPF programs of an earlier run"),
+        Ok(false) => {}
+        Err(error) => {
+            tracing::warn!(%error, "could not remove the eBPF programs of an earlier run")
+        }
+    }
+}
+
 /// Where the eBPF data plane pins its maps and links.
 const BPFFS: &str = "/sys/fs/bpf";
 
@@ -275,9 +280,16 @@ fn ebpf_programs(required: bool) -> EbpfChoice {
         seed,
     };
     EbpfChoice {
-        open: Arc::new(move || {
-            let attached = cca_net::ebpf::Attached::open(&config)?;
-            Ok(Box::new(attached) as Box<dyn cca_net::ebpf::LbMaps + Send>)
+        open: Arc::new(move || match cca_net::ebpf::Attached::open(&config) {
+            Ok(attached) => Ok(Box::new(attached) as Box<dyn cca_net::ebpf::LbMaps + Send>),
+            Err(error) => {
+                if !required {
+                    // `auto` goes on with nftables alone: nothing would
+                    // update what an earlier run (or this try) pinned.
+                    remove_earlier_programs();
+                }
+                Err(error)
+            }
         }),
         seed,
         required,

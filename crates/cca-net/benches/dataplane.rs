@@ -5,9 +5,10 @@
 //! latency (TCP connect) through a VIP at 100 and at 30,000 VIPs; the time
 //! from `sync` to the kernel holding one endpoint change at 1,000 and
 //! 10,000 services; backend replacement under steady UDP and TCP load;
-//! the eBPF socket programs beside nftables and direct from the node's own
-//! processes, and their rebuild, endpoint change and map memory at 1,000
-//! and 10,000 services.
+//! the eBPF data plane beside nftables and direct, from the node's own
+//! processes (socket programs) and from a container (tc programs), and
+//! its rebuild, endpoint change and map memory at 1,000 and 10,000
+//! services.
 //! Each figure is measured `CCA_BENCH_RUNS` times (default 3) and printed
 //! as min / median / max in Markdown; `CCA_BENCH_ONLY` (comma-separated:
 //! traffic, replacement, first-packet, changes, ebpf) picks sections. Needs root
@@ -420,9 +421,9 @@ impl Drop for Bpffs {
     }
 }
 
-/// The eBPF data plane beside nftables, from the node's own processes
-/// (the socket programs' side): throughput and request latency through a
-/// VIP each plane serves and to the backend directly; then, at `counts`
+/// The eBPF data plane beside nftables: throughput and request latency
+/// through a VIP each plane serves and to the backend directly, from the
+/// node's own processes and from a container; then, at `counts`
 /// services, the rebuild, one endpoint change's sync p50/p99/max and the
 /// maps' memory.
 fn ebpf(figures: &mut Figures, lab: &Lab, plane: &mut Plane, counts: &[u32]) {
@@ -445,35 +446,15 @@ fn ebpf(figures: &mut Figures, lab: &Lab, plane: &mut Plane, counts: &[u32]) {
         &mut touched,
     );
     in_netns(&lab.node, || ebpf.resync(&map)).unwrap();
-    let nft = SocketAddr::from((vip(0), VIP_TCP));
-    let bpf = SocketAddr::from((vip(1), VIP_TCP));
-    let direct = SocketAddr::from((a.address, TCP_PORT));
-    const BYTES: usize = 256 << 20;
-    let (mut via_nft, mut via_bpf, mut via_direct) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut lat_nft, mut lat_bpf, mut lat_direct) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..3 {
-        via_nft.push(throughput(&lab.node, nft, BYTES));
-        via_bpf.push(throughput(&lab.node, bpf, BYTES));
-        via_direct.push(throughput(&lab.node, direct, BYTES));
-        lat_nft.push(new_connection_latency(&lab.node, nft, 500)[3]);
-        lat_bpf.push(new_connection_latency(&lab.node, bpf, 500)[3]);
-        lat_direct.push(new_connection_latency(&lab.node, direct, 500)[3]);
-    }
-    let (via_bpf, via_direct) = (median(via_bpf), median(via_direct));
-    figures.add("node: throughput via eBPF VIP (MB/s)", via_bpf);
-    figures.add("node: throughput via nftables VIP (MB/s)", median(via_nft));
-    figures.add("node: throughput direct (MB/s)", via_direct);
-    figures.add("node: throughput eBPF VIP / direct", via_bpf / via_direct);
-    let (lat_bpf, lat_direct) = (median(lat_bpf), median(lat_direct));
-    figures.add("node: connect+request p99 via eBPF VIP (ms)", lat_bpf);
-    figures.add(
-        "node: connect+request p99 via nftables VIP (ms)",
-        median(lat_nft),
-    );
-    figures.add("node: connect+request p99 direct (ms)", lat_direct);
-    figures.add(
-        "node: connect+request p99 eBPF VIP / direct",
-        lat_bpf / lat_direct,
+    let node = |to| (lab.node.as_str(), to);
+    side_by_side(
+        figures,
+        "node",
+        [
+            node(SocketAddr::from((vip(1), VIP_TCP))),
+            node(SocketAddr::from((vip(0), VIP_TCP))),
+            node(SocketAddr::from((a.address, TCP_PORT))),
+        ],
     );
     containers(figures, lab, &ebpf);
 
@@ -540,49 +521,81 @@ fn ranges() -> AddressRanges {
 fn containers(figures: &mut Figures, lab: &Lab, ebpf: &EbpfPlane<Attached>) {
     let (a, tc_client, plain) = (lab.instance("i0"), lab.instance("i2"), lab.instance("i3"));
     in_netns(&lab.node, || ebpf.veth_programs().attach("v2")).unwrap();
-    let nft = SocketAddr::from((vip(0), VIP_TCP));
-    let bpf = SocketAddr::from((vip(1), VIP_TCP));
-    let direct = SocketAddr::from((a.address, TCP_PORT));
+    side_by_side(
+        figures,
+        "container",
+        [
+            (
+                tc_client.netns.as_str(),
+                SocketAddr::from((vip(1), VIP_TCP)),
+            ),
+            (plain.netns.as_str(), SocketAddr::from((vip(0), VIP_TCP))),
+            (
+                plain.netns.as_str(),
+                SocketAddr::from((a.address, TCP_PORT)),
+            ),
+        ],
+    );
+    let flows = ebpf.stats().unwrap()["tc_flows"];
+    assert!(flows > 0, "the tc programs balanced none of the flows");
+}
+
+/// The three paths `side_by_side` compares, in the order it takes them.
+const PATHS: [&str; 3] = ["eBPF VIP", "nftables VIP", "direct"];
+
+/// What `side_by_side` measures of each path, with its unit.
+const MEASURES: [(&str, &str); 3] = [
+    ("throughput via", "MB/s"),
+    ("request p99 via", "ms"),
+    ("connect+request p99 via", "ms"),
+];
+
+/// The names of `side_by_side`'s figures for `from`.
+fn side_by_side_names(from: &str) -> Vec<String> {
+    MEASURES
+        .iter()
+        .flat_map(|(what, unit)| {
+            PATHS
+                .iter()
+                .map(move |path| format!("{from}: {what} {path} ({unit})"))
+                .chain([format!("{from}: {what} eBPF VIP / direct")])
+        })
+        .collect()
+}
+
+/// Throughput, request p99 on one connection (every packet crosses
+/// whatever balances it) and connect+request p99 (a new flow each) from
+/// each `(namespace, address)` of `paths` (in `PATHS`' order), five
+/// rounds interleaved in a rotating order so the machine's drift hits
+/// all alike; the median round of each is the figure.
+fn side_by_side(figures: &mut Figures, from: &str, paths: [(&str, SocketAddr); 3]) {
     const BYTES: usize = 256 << 20;
-    let mut rounds: BTreeMap<String, Vec<f64>> = BTreeMap::new();
-    // Interleaved rounds: the machine's drift hits all three alike.
-    for _ in 0..3 {
-        for (name, netns, to) in [
-            ("eBPF VIP", &tc_client.netns, bpf),
-            ("nftables VIP", &plain.netns, nft),
-            ("direct", &plain.netns, direct),
-        ] {
-            for (what, value) in [
-                ("throughput via", throughput(netns, to, BYTES)),
-                ("request p99 via", persistent_latency(netns, to, 3000).1),
-                (
-                    "connect+request p99 via",
-                    new_connection_latency(netns, to, 500)[3],
-                ),
-            ] {
-                rounds
-                    .entry(format!("{what} {name}"))
-                    .or_default()
-                    .push(value);
+    const ROUNDS: usize = 5;
+    let mut rounds: BTreeMap<(usize, usize), Vec<f64>> = BTreeMap::new();
+    for round in 0..ROUNDS {
+        for turn in 0..paths.len() {
+            let path = (round + turn) % paths.len();
+            let (netns, to) = paths[path];
+            let values = [
+                throughput(netns, to, BYTES),
+                persistent_latency(netns, to, 3000).1,
+                new_connection_latency(netns, to, 500)[3],
+            ];
+            for (measure, value) in values.into_iter().enumerate() {
+                rounds.entry((measure, path)).or_default().push(value);
             }
         }
     }
-    let figure = |rounds: &BTreeMap<String, Vec<f64>>, key: &str| median(rounds[key].clone());
-    for (what, unit) in [
-        ("throughput via", "MB/s"),
-        ("request p99 via", "ms"),
-        ("connect+request p99 via", "ms"),
-    ] {
-        for name in ["eBPF VIP", "nftables VIP", "direct"] {
-            let value = figure(&rounds, &format!("{what} {name}"));
-            figures.add(&format!("container: {what} {name} ({unit})"), value);
+    for (measure, (what, unit)) in MEASURES.iter().enumerate() {
+        let figure = |path: usize| median(rounds[&(measure, path)].clone());
+        for (path, name) in PATHS.iter().enumerate() {
+            figures.add(&format!("{from}: {what} {name} ({unit})"), figure(path));
         }
-        let ratio = figure(&rounds, &format!("{what} eBPF VIP"))
-            / figure(&rounds, &format!("{what} direct"));
-        figures.add(&format!("container: {what} eBPF VIP / direct"), ratio);
+        figures.add(
+            &format!("{from}: {what} eBPF VIP / direct"),
+            figure(0) / figure(2),
+        );
     }
-    let flows = ebpf.stats().unwrap()["tc_flows"];
-    assert!(flows > 0, "the tc programs balanced none of the flows");
 }
 
 /// The median of `values`.
@@ -814,29 +827,23 @@ fn main() {
         "UDP conntrack cleanup p50 at 10000 services (ms)",
         "commands per change at 10000 services",
     ]);
-    println!("## eBPF socket load balancing beside nftables (the node's processes)\n");
-    figures.print(&[
-        "node: throughput via eBPF VIP (MB/s)",
-        "node: throughput via nftables VIP (MB/s)",
-        "node: throughput direct (MB/s)",
-        "node: throughput eBPF VIP / direct",
-        "node: connect+request p99 via eBPF VIP (ms)",
-        "node: connect+request p99 via nftables VIP (ms)",
-        "node: connect+request p99 direct (ms)",
-        "node: connect+request p99 eBPF VIP / direct",
-        "eBPF rebuild at 1000 services (ms)",
-        "eBPF sync p50 at 1000 services (ms)",
-        "eBPF sync p99 at 1000 services (ms)",
-        "eBPF sync max at 1000 services (ms)",
-        "eBPF map operations per change at 1000 services",
-        "eBPF map memory at 1000 services (MiB)",
-        "eBPF rebuild at 10000 services (ms)",
-        "eBPF sync p50 at 10000 services (ms)",
-        "eBPF sync p99 at 10000 services (ms)",
-        "eBPF sync max at 10000 services (ms)",
-        "eBPF map operations per change at 10000 services",
-        "eBPF map memory at 10000 services (MiB)",
-    ]);
+    println!("## eBPF load balancing beside nftables and direct\n");
+    println!(
+        "From the node's own processes (socket programs) and from a container (tc programs).\n"
+    );
+    let mut names = side_by_side_names("node");
+    names.extend(side_by_side_names("container"));
+    names.extend(["1000", "10000"].iter().flat_map(|count| {
+        [
+            format!("eBPF rebuild at {count} services (ms)"),
+            format!("eBPF sync p50 at {count} services (ms)"),
+            format!("eBPF sync p99 at {count} services (ms)"),
+            format!("eBPF sync max at {count} services (ms)"),
+            format!("eBPF map operations per change at {count} services"),
+            format!("eBPF map memory at {count} services (MiB)"),
+        ]
+    }));
+    figures.print(&names.iter().map(String::as_str).collect::<Vec<_>>());
     println!("## Backend replacement under load\n");
     figures.print(&[
         "UDP datagrams sent",
