@@ -77,6 +77,7 @@ pub(super) async fn execute(command: ClusterCommand) -> Result<()> {
         ClusterCommand::Identity(args) => super::login::identity(args).await,
         // Answered by `run` (completions) and `dispatch` (exec's exit code).
         ClusterCommand::Exec(_)
+        | ClusterCommand::Mcp(_)
         | ClusterCommand::Secret(_)
         | ClusterCommand::Rollout(_)
         | ClusterCommand::Backup(_)

@@ -17,6 +17,7 @@ mod describe;
 mod inspect;
 mod io;
 mod login;
+mod mcp;
 pub(crate) mod output;
 mod rollout;
 mod scale;
@@ -135,6 +136,9 @@ pub(crate) enum ClusterCommand {
     Logs(LogsArgs),
     /// Run a command in an instance and exit with its exit code.
     Exec(ExecArgs),
+    /// Serve the cluster's state to an AI assistant over MCP on standard
+    /// input and output (read-only, as the caller; docs/mcp.md).
+    Mcp(mcp::McpArgs),
     /// Set, list and remove secret values; re-wrap them under a new key (rotate-key).
     Secret(secret::SecretArgs),
     /// Make, list and revoke join tokens for new nodes.
@@ -495,6 +499,7 @@ fn hint_when_unreachable(error: anyhow::Error) -> anyhow::Error {
 async fn dispatch(command: ClusterCommand) -> Result<ExitCode> {
     match command {
         ClusterCommand::Exec(args) => io::exec(&args).await,
+        ClusterCommand::Mcp(args) => mcp::run(args).await.map(|()| ExitCode::SUCCESS),
         ClusterCommand::Secret(args) => secret::run(args).await.map(|()| ExitCode::SUCCESS),
         ClusterCommand::Rollout(args) => rollout::run(args).await.map(|()| ExitCode::SUCCESS),
         ClusterCommand::Backup(args) => backup::backup(args).await.map(|()| ExitCode::SUCCESS),
