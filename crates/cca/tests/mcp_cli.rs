@@ -1,0 +1,232 @@
+//! `cca mcp` end to end, as an assistant runs it: the binary as a child
+//! speaking MCP (JSON-RPC, one message a line) on its standard input and
+//! output, against a server with a CA and two tenants' users. It reads as
+//! the caller: alice's token sees tenant `a`'s service only, a read of
+//! tenant `b`'s is refused by the API (and audited as alice's refusal),
+//! the local admin sees both; a bad argument is an error, not an exit.
+
+mod support;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Output, Stdio};
+
+use serde_json::{Value, json};
+use support::{CCA, Server};
+
+struct Cluster {
+    dir: tempfile::TempDir,
+    config: PathBuf,
+    server: Server,
+}
+
+impl Cluster {
+    fn start() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (server, config) = Server::start_with_ca(dir.path(), "mcp");
+        Cluster {
+            dir,
+            config,
+            server,
+        }
+    }
+
+    /// `cca ARGS` as the local admin, asserting success.
+    fn ok(&self, args: &[&str]) -> String {
+        let output = self.command(None).args(args).output().expect("cca runs");
+        assert!(output.status.success(), "cca {args:?}: {}", text(&output));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// `cca` as the local admin (`token` None) or with a user's token.
+    fn command(&self, token: Option<&str>) -> Command {
+        let mut command = Command::new(CCA);
+        command
+            .current_dir(self.dir.path())
+            .env("CCA_CONFIG_DIR", &self.config)
+            .env("CCA_SERVER", &self.server.url)
+            .env("CCA_CREDENTIALS", self.dir.path().join("credentials.json"))
+            .env_remove("CCA_TOKEN");
+        if let Some(token) = token {
+            command.env("CCA_TOKEN", token);
+        }
+        command
+    }
+
+    fn apply(&self, token: &str, service: &str) {
+        let path = self.dir.path().join(format!("{service}.cca"));
+        let program = format!("service {service} {{\n  run = \"sleep 600\"\n}}\n");
+        std::fs::write(&path, program).expect("write the program");
+        let output = self
+            .command(Some(token))
+            .arg("apply")
+            .arg(&path)
+            .output()
+            .expect("cca apply runs");
+        assert!(
+            output.status.success(),
+            "apply {service}: {}",
+            text(&output)
+        );
+    }
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+/// A `cca mcp` child and its session.
+struct Session {
+    child: Child,
+    input: ChildStdin,
+    output: BufReader<ChildStdout>,
+    next_id: u64,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Session {
+    fn start(mut command: Command, dir: &Path) -> Session {
+        let mut child = command
+            .arg("mcp")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(dir.join("mcp.log")).expect("log"))
+            .spawn()
+            .expect("cca mcp starts");
+        let input = child.stdin.take().expect("stdin");
+        let output = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut session = Session {
+            child,
+            input,
+            output,
+            next_id: 1,
+        };
+        let hello = session.request(
+            "initialize",
+            json!({
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "cca-test", "version": "0"},
+            }),
+        );
+        assert_eq!(hello["result"]["serverInfo"]["name"], "cca", "{hello}");
+        session.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        session
+    }
+
+    fn send(&mut self, message: &Value) {
+        writeln!(self.input, "{message}").expect("write to cca mcp");
+        self.input.flush().expect("flush");
+    }
+
+    /// Sends a request and reads lines until its answer.
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        loop {
+            let mut line = String::new();
+            let read = self.output.read_line(&mut line).expect("read from cca mcp");
+            assert!(read > 0, "cca mcp closed its output");
+            let message: Value = serde_json::from_str(&line).expect("a JSON-RPC line");
+            if message["id"] == id {
+                return message;
+            }
+        }
+    }
+
+    /// Calls `tool`: its answer as JSON, or the error's message.
+    fn call(&mut self, tool: &str, arguments: Value) -> Result<Value, String> {
+        let answer = self.request("tools/call", json!({"name": tool, "arguments": arguments}));
+        if let Some(message) = answer["error"]["message"].as_str() {
+            return Err(message.to_owned());
+        }
+        let text = answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{tool}: {answer}"));
+        if answer["result"]["isError"] == true {
+            return Err(text.to_owned());
+        }
+        Ok(serde_json::from_str(text).expect("a JSON answer"))
+    }
+}
+
+fn service_names(page: &Value) -> Vec<String> {
+    page["items"]
+        .as_array()
+        .expect("items")
+        .iter()
+        .map(|row| row["name"].as_str().expect("name").to_owned())
+        .collect()
+}
+
+#[test]
+fn cca_mcp_reads_as_its_caller_and_the_api_refuses_and_audits_what_they_may_not_read() {
+    let cluster = Cluster::start();
+    for (user, tenant) in [("alice", "a"), ("bob", "b")] {
+        cluster.ok(&[
+            "user",
+            "create",
+            user,
+            "--role",
+            "developer",
+            "--tenant",
+            tenant,
+        ]);
+    }
+    let token = |user: &str| cluster.ok(&["user", "token", user]).trim().to_owned();
+    let (alice, bob) = (token("alice"), token("bob"));
+    cluster.apply(&alice, "web-a");
+    cluster.apply(&bob, "web-b");
+
+    let mut as_alice = Session::start(cluster.command(Some(&alice)), cluster.dir.path());
+    let tools = as_alice.request("tools/list", json!({}));
+    assert!(
+        tools.to_string().contains("explain_pending"),
+        "the tools are listed: {tools}"
+    );
+    let seen = as_alice.call("list_services", json!({})).expect("a page");
+    assert_eq!(service_names(&seen), ["web-a"], "{seen}");
+    let refused = as_alice
+        .call("describe_service", json!({"name": "web-b"}))
+        .expect_err("another tenant's service");
+    assert!(refused.contains("403"), "{refused}");
+    let bad = as_alice
+        .call("list_nodes", json!({"cursor": "page-2"}))
+        .expect_err("not a cursor of ours");
+    assert!(bad.contains("next_cursor"), "{bad}");
+    // Still serving after the errors.
+    let again = as_alice.call("list_services", json!({})).expect("a page");
+    assert_eq!(again["total"], 1);
+
+    let mut as_admin = Session::start(cluster.command(None), cluster.dir.path());
+    let all = as_admin.call("list_services", json!({})).expect("a page");
+    assert_eq!(service_names(&all), ["web-a", "web-b"], "{all}");
+
+    // The audit log is written behind the answer: a moment later.
+    let refusal = |line: &str| {
+        line.contains("user:alice") && line.contains("/v1/services/web-b") && line.contains("403")
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let audit = cluster.ok(&["audit", "--denied"]);
+        if audit.lines().any(refusal) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "alice's refused read is not in the audit log:\n{audit}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
