@@ -1,7 +1,9 @@
 //! CCattler's MCP server (`cca mcp`): the tools an AI assistant reads a
 //! cluster with. It is a client of the API like the CLI, with the
 //! caller's own credentials, so the API authorizes and audits every call
-//! as the caller's; it reads only. Every answer fits a token budget
+//! as the caller's. It reads only, unless started with writes allowed
+//! (`writes`: each write planned, then carried out only with the plan's
+//! confirmation token). Every answer fits a token budget
 //! (`budget`): lists are paged with cursors, problems first, and a large
 //! object has its long lists cut with a count of what was left out.
 //! `server` holds the tools; [`serve_stdio`] runs them for one assistant
@@ -9,6 +11,7 @@
 
 pub mod budget;
 mod server;
+mod writes;
 
 pub use server::CcaMcp;
 

@@ -17,17 +17,20 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::budget::{self, Cursor};
+use crate::writes::Confirmer;
 
 /// Lines `tail_logs` reads when not told.
 const DEFAULT_LOG_LINES: usize = 100;
 /// The most lines `tail_logs` reads.
 const MAX_LOG_LINES: usize = 2_000;
 
-/// The MCP server of one caller: their API client and answer budget.
+/// The MCP server of one caller: their API client, the answer budget,
+/// and (with writes allowed) what signs the plans of writes.
 #[derive(Clone)]
 pub struct CcaMcp {
     client: Arc<Client>,
     budget: usize,
+    confirmer: Option<Arc<Confirmer>>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -36,6 +39,7 @@ impl std::fmt::Debug for CcaMcp {
         f.debug_struct("CcaMcp")
             .field("server", &self.client.base_url())
             .field("budget", &self.budget)
+            .field("writes", &self.confirmer.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -101,6 +105,15 @@ pub(crate) struct EventsArgs {
     pub(crate) page: PageArgs,
 }
 
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(crate) struct DiffArgs {
+    /// The program: the text of a `.cca` file (no includes).
+    pub(crate) program: String,
+    /// Also show the services the program does not name as deleted.
+    #[serde(default)]
+    pub(crate) prune: bool,
+}
+
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 pub(crate) struct LogsArgs {
     /// One instance's output.
@@ -120,8 +133,36 @@ impl CcaMcp {
         Self {
             client: Arc::new(client),
             budget: budget.max(budget::MIN_TOKEN_BUDGET),
+            confirmer: None,
             tool_router: Self::tool_router(),
         }
+    }
+
+    /// The same server with the tools that change the cluster too (each
+    /// planned, then carried out only with the plan's confirm token).
+    pub fn allowing_writes(mut self) -> Result<Self, crate::Error> {
+        let confirmer = Confirmer::new().map_err(crate::Error::Start)?;
+        self.confirmer = Some(Arc::new(confirmer));
+        self.tool_router.merge(Self::write_router());
+        Ok(self)
+    }
+
+    #[tool(
+        description = "What applying a .cca program (the text of one file) would change: \
+                       services and facts created, changed and deleted. Changes nothing. A \
+                       program with errors is answered with the compiler's diagnostics."
+    )]
+    async fn diff_program(
+        &self,
+        Parameters(args): Parameters<DiffArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let program = compile(&args.program)?;
+        let plan = self
+            .client
+            .diff(&program, args.prune)
+            .await
+            .map_err(api_error)?;
+        self.answer(budget::fit(to_value(&plan)?, self.budget))
     }
 
     #[tool(
@@ -436,6 +477,25 @@ impl ServerHandler for CcaMcp {
 }
 
 impl CcaMcp {
+    pub(crate) fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// What signs plans (the write tools are routed only with one).
+    pub(crate) fn confirmer(&self) -> Result<&Confirmer, ErrorData> {
+        self.confirmer.as_deref().ok_or_else(|| {
+            ErrorData::invalid_request(
+                "this server does not change the cluster: start it with --allow-writes",
+                None,
+            )
+        })
+    }
+
+    /// `value` within the budget, as the answer.
+    pub(crate) fn answer_value(&self, value: Value) -> Result<CallToolResult, ErrorData> {
+        self.answer(budget::fit(value, self.budget))
+    }
+
     fn answer(&self, value: Value) -> Result<CallToolResult, ErrorData> {
         let text = serde_json::to_string(&value)
             .map_err(|error| ErrorData::internal_error(error.to_string(), None))?;
@@ -490,6 +550,24 @@ fn explain_unplaced(unplaced: &cca_model::cluster::Unplaced) -> Value {
     })
 }
 
+/// Compiles the text of one `.cca` file; its errors are an invalid-params
+/// error with the compiler's diagnostics.
+pub(crate) fn compile(text: &str) -> Result<cca_model::spec::Program, ErrorData> {
+    let compilation = cca_dsl::compile::compile_str(text, &cca_dsl::template::Values::default());
+    if compilation.has_errors() {
+        let report = cca_dsl::commands::report::render_human(
+            &compilation.loaded.sources,
+            &compilation.diagnostics,
+            cca_dsl::commands::report::Style::default(),
+        );
+        return Err(ErrorData::invalid_params(
+            format!("the program has errors; nothing was sent to the server:\n{report}"),
+            None,
+        ));
+    }
+    Ok(compilation.program)
+}
+
 fn cursor(page: &PageArgs) -> Result<Cursor, ErrorData> {
     Cursor::parse(page.cursor.as_deref())
         .map_err(|message| ErrorData::invalid_params(message, None))
@@ -502,7 +580,7 @@ fn to_value(value: &impl serde::Serialize) -> Result<Value, ErrorData> {
 /// The API's refusal as an MCP error: what the caller asked for that is
 /// wrong (not found, not allowed) is an invalid request with the API's
 /// own message; a server that cannot answer is an internal error.
-fn api_error(error: ClientError) -> ErrorData {
+pub(crate) fn api_error(error: ClientError) -> ErrorData {
     let message = error.to_string();
     match error.status() {
         Some(400 | 404 | 409 | 422) => ErrorData::invalid_params(message, None),

@@ -4,7 +4,8 @@
 //! the tool list is read-only, pages stay within the token budget and
 //! their cursors cover a list once, describe and explain answer from the
 //! cluster's state, and bad arguments and unknown names are MCP errors
-//! that say what is wrong.
+//! that say what is wrong. With writes allowed, each write is a plan
+//! first and happens only with that plan's confirm token.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,8 +78,11 @@ async fn cluster() -> Cluster {
 }
 
 async fn connect(url: &str) -> RunningService<RoleClient, ()> {
+    serve(CcaMcp::new(Client::new(url), BUDGET)).await
+}
+
+async fn serve(server: CcaMcp) -> RunningService<RoleClient, ()> {
     let (server_io, client_io) = tokio::io::duplex(1 << 16);
-    let server = CcaMcp::new(Client::new(url), BUDGET);
     tokio::spawn(async move {
         if let Ok(running) = server.serve(server_io).await {
             let _ = running.waiting().await;
@@ -251,5 +255,114 @@ async fn the_tools_read_the_cluster_within_the_budget_and_refuse_bad_arguments()
     assert!(missing.message.contains("name"), "{}", missing.message);
 
     client.cancel().await.expect("the session ends");
+    cluster.plane.stop().await;
+}
+
+/// The tokens of a plan: the answer's `confirm`.
+fn confirm_of(answer: &Value) -> String {
+    answer["confirm"]
+        .as_str()
+        .expect("a confirm token")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn writes_are_planned_and_carried_out_only_with_the_plans_token() {
+    let cluster = cluster().await;
+    let read_only = connect(&cluster.url).await;
+    let scale = json!({"service": "svc-01", "replicas": 5});
+    let refused = call(&read_only, "scale_service", scale.clone())
+        .await
+        .expect_err("no write tools without --allow-writes");
+    assert!(
+        refused.message.contains("not found"),
+        "{}",
+        refused.message
+    );
+
+    let server = CcaMcp::new(Client::new(&cluster.url), BUDGET)
+        .allowing_writes()
+        .expect("writes");
+    let client = serve(server).await;
+    let replicas = |detail: &Value| detail["summary"]["replicas"].clone();
+    let describe = || call(&client, "describe_service", json!({"name": "svc-01"}));
+
+    // A plan changes nothing.
+    let (plan, _) = call(&client, "scale_service", scale.clone())
+        .await
+        .expect("a plan");
+    assert_eq!(plan["plan"]["replicas_now"], 2, "{plan}");
+    assert_eq!(plan["plan"]["replicas_after"], 5);
+    assert_eq!(replicas(&describe().await.expect("described").0), 2);
+
+    // A token that is not the plan's does nothing.
+    let token = confirm_of(&plan);
+    for (arguments, why) in [
+        (
+            json!({"service": "svc-01", "replicas": 5, "confirm": "00ff"}),
+            "forged",
+        ),
+        (
+            json!({"service": "svc-01", "replicas": 6, "confirm": token}),
+            "other arguments",
+        ),
+        (
+            json!({"service": "svc-02", "replicas": 5, "confirm": token}),
+            "another service",
+        ),
+    ] {
+        let error = call(&client, "scale_service", arguments)
+            .await
+            .expect_err(why);
+        assert!(
+            error.message.contains("not this plan's"),
+            "{why}: {}",
+            error.message
+        );
+    }
+    assert_eq!(replicas(&describe().await.expect("described").0), 2);
+
+    // The plan's token carries it out, once: the cluster then differs
+    // from the plan.
+    let confirmed = json!({"service": "svc-01", "replicas": 5, "confirm": token});
+    let (done, _) = call(&client, "scale_service", confirmed.clone())
+        .await
+        .expect("scaled");
+    assert_eq!(done["scaled"]["replicas"], 5, "{done}");
+    assert_eq!(replicas(&describe().await.expect("described").0), 5);
+    let stale = call(&client, "scale_service", confirmed)
+        .await
+        .expect_err("stale");
+    assert!(stale.message.contains("changed"), "{}", stale.message);
+
+    // A program: diffed, planned, applied with its token; one with errors
+    // is answered with the compiler's diagnostics.
+    let program = "service extra {\n  run = \"sleep 600\"\n}\n";
+    let (diff, _) = call(&client, "diff_program", json!({"program": program}))
+        .await
+        .expect("a diff");
+    assert_eq!(diff["created"], json!(["desired/service/extra"]), "{diff}");
+    let (plan, _) = call(&client, "apply_program", json!({"program": program}))
+        .await
+        .expect("a plan");
+    let token = confirm_of(&plan);
+    let (applied, _) = call(
+        &client,
+        "apply_program",
+        json!({"program": program, "confirm": token}),
+    )
+    .await
+    .expect("applied");
+    assert_eq!(
+        applied["applied"]["created"],
+        json!(["desired/service/extra"])
+    );
+    let broken = call(&client, "diff_program", json!({"program": "service {"}))
+        .await
+        .expect_err("a syntax error");
+    assert!(broken.message.contains("main.cca"), "{}", broken.message);
+
+    client.cancel().await.expect("the session ends");
+    read_only.cancel().await.expect("the session ends");
     cluster.plane.stop().await;
 }

@@ -7,7 +7,7 @@ use clap::Args;
 
 use super::ServerAddr;
 
-/// `cca mcp [--token-budget N]`
+/// `cca mcp [--token-budget N] [--allow-writes]`
 #[derive(Debug, Args)]
 pub(crate) struct McpArgs {
     #[command(flatten)]
@@ -16,6 +16,11 @@ pub(crate) struct McpArgs {
     /// are cut to fit (at least 500).
     #[arg(long, default_value_t = cca_mcp::budget::DEFAULT_TOKEN_BUDGET, value_name = "TOKENS")]
     pub(crate) token_budget: usize,
+    /// Offer the tools that change the cluster too (apply, scale, roll
+    /// back): each answers a plan first and acts only when called again
+    /// with that plan's confirm token.
+    #[arg(long)]
+    pub(crate) allow_writes: bool,
 }
 
 pub(crate) async fn run(args: McpArgs) -> Result<()> {
@@ -27,7 +32,10 @@ pub(crate) async fn run(args: McpArgs) -> Result<()> {
         );
     }
     let client = super::commands::client(&args.addr)?;
-    let mcp = cca_mcp::CcaMcp::new(client, args.token_budget);
+    let mut mcp = cca_mcp::CcaMcp::new(client, args.token_budget);
+    if args.allow_writes {
+        mcp = mcp.allowing_writes()?;
+    }
     cca_mcp::serve_stdio(mcp)
         .await
         .context("the MCP session on standard input and output")

@@ -1,0 +1,248 @@
+//! The tools that change the cluster, offered only when the server was
+//! started with writes allowed (`cca mcp --allow-writes`). Each is two
+//! calls: without `confirm` it only plans — it asks the API what would
+//! change and answers the plan with a confirmation token; called again
+//! with the same arguments and that token it plans again and acts only if
+//! the plan is still the one the token was given for. The token is a MAC
+//! of the tool, its arguments and the plan under a key of this session,
+//! so an assistant cannot make one up, reuse it for other arguments, or
+//! act on a plan the cluster has moved past.
+
+use aws_lc_rs::hmac;
+use aws_lc_rs::rand::{SecureRandom, SystemRandom};
+use rmcp::ErrorData;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::CallToolResult;
+use rmcp::{tool, tool_router};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use crate::server::{CcaMcp, api_error, compile};
+
+/// Signs plans for one session.
+pub(crate) struct Confirmer {
+    key: hmac::Key,
+}
+
+impl Confirmer {
+    /// A confirmer with a fresh random key.
+    pub(crate) fn new() -> Result<Self, String> {
+        let mut secret = [0u8; 32];
+        SystemRandom::new()
+            .fill(&mut secret)
+            .map_err(|_| "the system's random source failed".to_owned())?;
+        Ok(Self {
+            key: hmac::Key::new(hmac::HMAC_SHA256, &secret),
+        })
+    }
+
+    /// The token of `action` (tool, arguments and plan).
+    pub(crate) fn token(&self, action: &Value) -> String {
+        let tag = hmac::sign(&self.key, action.to_string().as_bytes());
+        tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Whether `token` is the token of `action`.
+    pub(crate) fn holds(&self, action: &Value, token: &str) -> bool {
+        let Some(tag) = hex(token) else {
+            return false;
+        };
+        hmac::verify(&self.key, action.to_string().as_bytes(), &tag).is_ok()
+    }
+}
+
+fn hex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
+        .collect()
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(crate) struct ApplyArgs {
+    /// The program: the text of a `.cca` file (no includes).
+    pub(crate) program: String,
+    /// Also delete services the program does not name.
+    #[serde(default)]
+    pub(crate) prune: bool,
+    /// The `confirm` token of this plan's answer; none: only plan.
+    pub(crate) confirm: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(crate) struct ScaleArgs {
+    pub(crate) service: String,
+    /// The replicas wanted.
+    pub(crate) replicas: u32,
+    /// The `confirm` token of this plan's answer; none: only plan.
+    pub(crate) confirm: Option<String>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+pub(crate) struct RollbackArgs {
+    pub(crate) service: String,
+    /// The version to go back to (a hash or unique prefix, as
+    /// `describe_service` shows); none: the rollout's previous one.
+    pub(crate) to: Option<String>,
+    /// The `confirm` token of this plan's answer; none: only plan.
+    pub(crate) confirm: Option<String>,
+}
+
+#[tool_router(router = write_router, vis = "pub(crate)")]
+impl CcaMcp {
+    #[tool(
+        description = "Apply a .cca program to the cluster. Call without `confirm` to get the \
+                       plan (what would be created, changed, deleted) and a confirm token; call \
+                       again with the same arguments and that token to apply it."
+    )]
+    async fn apply_program(
+        &self,
+        Parameters(args): Parameters<ApplyArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let program = compile(&args.program)?;
+        let plan = self
+            .client()
+            .diff(&program, args.prune)
+            .await
+            .map_err(api_error)?;
+        let action = json!({
+            "tool": "apply_program",
+            "program": args.program,
+            "prune": args.prune,
+            "plan": plan,
+        });
+        if !self.confirmed(&action, args.confirm.as_deref())? {
+            return self.plan_answer(&action, plan_value(&plan)?);
+        }
+        let report = self
+            .client()
+            .apply(&program, args.prune)
+            .await
+            .map_err(api_error)?;
+        self.answer_value(json!({"applied": report}))
+    }
+
+    #[tool(
+        description = "Set a service's replicas. Call without `confirm` to get the plan (from \
+                       how many to how many) and a confirm token; call again with the same \
+                       arguments and that token to scale."
+    )]
+    async fn scale_service(
+        &self,
+        Parameters(args): Parameters<ScaleArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let detail = self
+            .client()
+            .service(&args.service)
+            .await
+            .map_err(api_error)?;
+        let plan = json!({
+            "service": args.service,
+            "replicas_now": detail.summary.replicas,
+            "replicas_after": args.replicas,
+        });
+        let action = json!({"tool": "scale_service", "plan": plan});
+        if !self.confirmed(&action, args.confirm.as_deref())? {
+            return self.plan_answer(&action, plan);
+        }
+        let report = self
+            .client()
+            .scale(&args.service, args.replicas)
+            .await
+            .map_err(api_error)?;
+        self.answer_value(json!({"scaled": report}))
+    }
+
+    #[tool(
+        description = "Roll a service back to an older version of its spec. Call without \
+                       `confirm` to get the plan (the rollout as it is, the version to go back \
+                       to) and a confirm token; call again with the same arguments and that \
+                       token to roll back."
+    )]
+    async fn rollback_service(
+        &self,
+        Parameters(args): Parameters<RollbackArgs>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let status = self
+            .client()
+            .rollout(&args.service)
+            .await
+            .map_err(api_error)?;
+        let plan = json!({
+            "service": args.service,
+            "version_now": status.spec_version,
+            "back_to": args.to.as_deref().unwrap_or("the rollout's previous version"),
+            "rollout": status,
+        });
+        let action = json!({"tool": "rollback_service", "plan": plan});
+        if !self.confirmed(&action, args.confirm.as_deref())? {
+            return self.plan_answer(&action, plan);
+        }
+        let report = self
+            .client()
+            .undo_rollout(&args.service, args.to.as_deref())
+            .await
+            .map_err(api_error)?;
+        self.answer_value(json!({"rolled_back": report}))
+    }
+}
+
+impl CcaMcp {
+    /// Whether `confirm` is this plan's token: `false` without one (the
+    /// caller only plans), an error with one that is not (the plan changed,
+    /// or the token was for other arguments).
+    fn confirmed(&self, action: &Value, confirm: Option<&str>) -> Result<bool, ErrorData> {
+        let Some(token) = confirm else {
+            return Ok(false);
+        };
+        let confirmer = self.confirmer()?;
+        if confirmer.holds(action, token) {
+            return Ok(true);
+        }
+        Err(ErrorData::invalid_params(
+            "the confirm token is not this plan's: the cluster changed since it was planned, or \
+             the arguments differ; nothing was done. Plan again (call without confirm) and \
+             confirm the new plan",
+            Some(json!({"plan": action["plan"], "confirm": confirmer.token(action)})),
+        ))
+    }
+
+    fn plan_answer(&self, action: &Value, plan: Value) -> Result<CallToolResult, ErrorData> {
+        self.answer_value(json!({
+            "plan": plan,
+            "confirm": self.confirmer()?.token(action),
+            "nothing_done": "this is only the plan: call again with the same arguments and \
+                             this confirm token to carry it out",
+        }))
+    }
+}
+
+fn plan_value(plan: &cca_wire::types::ApplyReport) -> Result<Value, ErrorData> {
+    serde_json::to_value(plan).map_err(|error| ErrorData::internal_error(error.to_string(), None))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_holds_for_its_action_only() {
+        let confirmer = Confirmer::new().expect("random");
+        let action =
+            json!({"tool": "scale_service", "plan": {"service": "web", "replicas_after": 3}});
+        let token = confirmer.token(&action);
+        assert!(confirmer.holds(&action, &token));
+        let other =
+            json!({"tool": "scale_service", "plan": {"service": "web", "replicas_after": 4}});
+        assert!(!confirmer.holds(&other, &token));
+        for forged in ["", "zz", &token[..10], "00"] {
+            assert!(!confirmer.holds(&action, forged), "{forged}");
+        }
+        let another_session = Confirmer::new().expect("random");
+        assert!(!another_session.holds(&action, &token));
+    }
+}
