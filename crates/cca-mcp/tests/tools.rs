@@ -274,11 +274,7 @@ async fn writes_are_planned_and_carried_out_only_with_the_plans_token() {
     let refused = call(&read_only, "scale_service", scale.clone())
         .await
         .expect_err("no write tools without --allow-writes");
-    assert!(
-        refused.message.contains("not found"),
-        "{}",
-        refused.message
-    );
+    assert!(refused.message.contains("not found"), "{}", refused.message);
 
     let server = CcaMcp::new(Client::new(&cluster.url), BUDGET)
         .allowing_writes()
