@@ -9,9 +9,14 @@ use std::sync::Arc;
 use cca_wire::types::{InstanceSummary, NodeSummary};
 use cca_wire::{Client, ClientError, EventQuery, InstanceQuery};
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
-use rmcp::{ErrorData, ServerHandler, tool, tool_handler, tool_router};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ServerCapabilities, ServerConfig,
+};
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -462,6 +467,35 @@ impl CcaMcp {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for CcaMcp {
+    /// Routes the call, and logs it (target `cca_mcp::call`: the tool, how
+    /// it ended, how long it took; never the arguments, which may hold a
+    /// program's text).
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let tool = request.name.clone();
+        let started = std::time::Instant::now();
+        let call = ToolCallContext::new(self, request, context);
+        let answer = self.tool_router.call(call).await;
+        let outcome = match &answer {
+            Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => {
+                "failed".to_owned()
+            }
+            Ok(_) => "ok".to_owned(),
+            Err(error) => format!("error {}: {}", error.code.0, error.message),
+        };
+        tracing::info!(
+            target: "cca_mcp::call",
+            %tool,
+            %outcome,
+            ms = started.elapsed().as_secs_f64() * 1e3,
+            "MCP tool call"
+        );
+        answer
+    }
+
     fn get_info(&self) -> ServerConfig {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("cca", env!("CARGO_PKG_VERSION")))

@@ -123,9 +123,10 @@ fn report(error: &anyhow::Error) {
 }
 
 /// What is logged when `RUST_LOG` is unset: warnings, a gate's access
-/// log, and who leads the control plane (an operator reads leader changes
-/// at the default level).
-const DEFAULT_LOG_FILTER: &str = "warn,cca_gate::access=info,cca_control::leader=info";
+/// log, who leads the control plane (an operator reads leader changes
+/// at the default level), and each MCP tool call of `cca mcp`.
+const DEFAULT_LOG_FILTER: &str =
+    "warn,cca_gate::access=info,cca_control::leader=info,cca_mcp::call=info";
 
 /// Logs go to stderr, filtered by `RUST_LOG` (default
 /// [`DEFAULT_LOG_FILTER`]), one JSON object a line with `--log-format json`.

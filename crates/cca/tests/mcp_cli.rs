@@ -95,12 +95,14 @@ impl Drop for Session {
 }
 
 impl Session {
-    fn start(mut command: Command, dir: &Path) -> Session {
+    /// `cca mcp` logging on stderr to `log`, at the default filter.
+    fn start(mut command: Command, log: &Path) -> Session {
         let mut child = command
             .arg("mcp")
+            .env_remove("RUST_LOG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(dir.join("mcp.log")).expect("log"))
+            .stderr(std::fs::File::create(log).expect("log"))
             .spawn()
             .expect("cca mcp starts");
         let input = child.stdin.take().expect("stdin");
@@ -189,7 +191,8 @@ fn cca_mcp_reads_as_its_caller_and_the_api_refuses_and_audits_what_they_may_not_
     cluster.apply(&alice, "web-a");
     cluster.apply(&bob, "web-b");
 
-    let mut as_alice = Session::start(cluster.command(Some(&alice)), cluster.dir.path());
+    let alice_log = cluster.dir.path().join("mcp-alice.log");
+    let mut as_alice = Session::start(cluster.command(Some(&alice)), &alice_log);
     let tools = as_alice.request("tools/list", json!({}));
     assert!(
         tools.to_string().contains("explain_pending"),
@@ -209,7 +212,20 @@ fn cca_mcp_reads_as_its_caller_and_the_api_refuses_and_audits_what_they_may_not_
     let again = as_alice.call("list_services", json!({})).expect("a page");
     assert_eq!(again["total"], 1);
 
-    let mut as_admin = Session::start(cluster.command(None), cluster.dir.path());
+    // Each call is logged on stderr, where an assistant's host keeps a
+    // server's log: the tool and how it ended.
+    drop(as_alice);
+    let log = std::fs::read_to_string(&alice_log).expect("the log");
+    let logged = |tool: &str, outcome: &str| {
+        log.lines().any(|line| {
+            line.contains("MCP tool call") && line.contains(tool) && line.contains(outcome)
+        })
+    };
+    assert!(logged("list_services", "ok"), "{log}");
+    assert!(logged("describe_service", "error"), "{log}");
+
+    let admin_log = cluster.dir.path().join("mcp-admin.log");
+    let mut as_admin = Session::start(cluster.command(None), &admin_log);
     let all = as_admin.call("list_services", json!({})).expect("a page");
     assert_eq!(service_names(&all), ["web-a", "web-b"], "{all}");
 
