@@ -7,9 +7,11 @@
 //! (`budget`): lists are paged with cursors, problems first, and a large
 //! object has its long lists cut with a count of what was left out.
 //! `server` holds the tools; [`serve_stdio`] runs them for one assistant
-//! on standard input and output.
+//! on standard input and output, [`http::serve_http`] for any number over
+//! HTTP, each request as its bearer token's caller.
 
 pub mod budget;
+pub mod http;
 mod server;
 mod writes;
 

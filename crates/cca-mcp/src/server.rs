@@ -36,6 +36,9 @@ pub struct CcaMcp {
     client: Arc<Client>,
     budget: usize,
     confirmer: Option<Arc<Confirmer>>,
+    /// Over HTTP, the bearer token this copy acts with (write plans are
+    /// bound to it).
+    caller: Option<Arc<str>>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -139,6 +142,7 @@ impl CcaMcp {
             client: Arc::new(client),
             budget: budget.max(budget::MIN_TOKEN_BUDGET),
             confirmer: None,
+            caller: None,
             tool_router: Self::tool_router(),
         }
     }
@@ -477,8 +481,20 @@ impl ServerHandler for CcaMcp {
     ) -> Result<CallToolResponse, ErrorData> {
         let tool = request.name.clone();
         let started = std::time::Instant::now();
-        let call = ToolCallContext::new(self, request, context);
-        let answer = self.tool_router.call(call).await;
+        // Over HTTP, each request acts as its own bearer token's caller.
+        let token = context
+            .extensions
+            .get::<axum::http::request::Parts>()
+            .and_then(|parts| {
+                crate::http::bearer(parts.headers.get(axum::http::header::AUTHORIZATION))
+            })
+            .map(str::to_owned);
+        let caller = match token {
+            Some(token) => self.acting_for(&token),
+            None => self.clone(),
+        };
+        let call = ToolCallContext::new(&caller, request, context);
+        let answer = caller.tool_router.call(call).await;
         let outcome = match &answer {
             Ok(CallToolResponse::Complete(result)) if result.is_error == Some(true) => {
                 "failed".to_owned()
@@ -511,6 +527,20 @@ impl ServerHandler for CcaMcp {
 }
 
 impl CcaMcp {
+    /// This server acting with `token` (a user's bearer token).
+    fn acting_for(&self, token: &str) -> Self {
+        Self {
+            client: Arc::new(self.client.as_ref().clone().with_bearer(token)),
+            caller: Some(token.into()),
+            ..self.clone()
+        }
+    }
+
+    /// Who write plans are bound to: the bearer token over HTTP.
+    pub(crate) fn caller(&self) -> &str {
+        self.caller.as_deref().unwrap_or_default()
+    }
+
     pub(crate) fn client(&self) -> &Client {
         &self.client
     }

@@ -4,9 +4,10 @@
 //! change and answers the plan with a confirmation token; called again
 //! with the same arguments and that token it plans again and acts only if
 //! the plan is still the one the token was given for. The token is a MAC
-//! of the tool, its arguments and the plan under a key of this session,
-//! so an assistant cannot make one up, reuse it for other arguments, or
-//! act on a plan the cluster has moved past.
+//! of the tool, its arguments and the plan (and, over HTTP, the caller's
+//! bearer token) under a key of this server, so an assistant cannot make
+//! one up, reuse it for other arguments or another caller, or act on a
+//! plan the cluster has moved past.
 
 use aws_lc_rs::hmac;
 use aws_lc_rs::rand::{SecureRandom, SystemRandom};
@@ -37,19 +38,29 @@ impl Confirmer {
         })
     }
 
-    /// The token of `action` (tool, arguments and plan).
-    pub(crate) fn token(&self, action: &Value) -> String {
-        let tag = hmac::sign(&self.key, action.to_string().as_bytes());
+    /// The token of `action` (tool, arguments and plan) for `caller` (the
+    /// request's bearer token over HTTP; empty on standard input and
+    /// output, which has one caller).
+    pub(crate) fn token(&self, caller: &str, action: &Value) -> String {
+        let tag = hmac::sign(&self.key, &signed(caller, action));
         tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    /// Whether `token` is the token of `action`.
-    pub(crate) fn holds(&self, action: &Value, token: &str) -> bool {
+    /// Whether `token` is the token of `action` for `caller`.
+    pub(crate) fn holds(&self, caller: &str, action: &Value, token: &str) -> bool {
         let Some(tag) = hex(token) else {
             return false;
         };
-        hmac::verify(&self.key, action.to_string().as_bytes(), &tag).is_ok()
+        hmac::verify(&self.key, &signed(caller, action), &tag).is_ok()
     }
+}
+
+/// What a token signs: the caller, then the action.
+fn signed(caller: &str, action: &Value) -> Vec<u8> {
+    let mut bytes = caller.as_bytes().to_vec();
+    bytes.push(b'\n');
+    bytes.extend_from_slice(action.to_string().as_bytes());
+    bytes
 }
 
 fn hex(text: &str) -> Option<Vec<u8>> {
@@ -200,21 +211,23 @@ impl CcaMcp {
             return Ok(false);
         };
         let confirmer = self.confirmer()?;
-        if confirmer.holds(action, token) {
+        if confirmer.holds(self.caller(), action, token) {
             return Ok(true);
         }
         Err(ErrorData::invalid_params(
             "the confirm token is not this plan's: the cluster changed since it was planned, or \
              the arguments differ; nothing was done. Plan again (call without confirm) and \
              confirm the new plan",
-            Some(json!({"plan": action["plan"], "confirm": confirmer.token(action)})),
+            Some(
+                json!({"plan": action["plan"], "confirm": confirmer.token(self.caller(), action)}),
+            ),
         ))
     }
 
     fn plan_answer(&self, action: &Value, plan: Value) -> Result<CallToolResult, ErrorData> {
         self.answer_value(json!({
             "plan": plan,
-            "confirm": self.confirmer()?.token(action),
+            "confirm": self.confirmer()?.token(self.caller(), action),
             "nothing_done": "this is only the plan: call again with the same arguments and \
                              this confirm token to carry it out",
         }))
@@ -234,15 +247,16 @@ mod tests {
         let confirmer = Confirmer::new().expect("random");
         let action =
             json!({"tool": "scale_service", "plan": {"service": "web", "replicas_after": 3}});
-        let token = confirmer.token(&action);
-        assert!(confirmer.holds(&action, &token));
+        let token = confirmer.token("alice", &action);
+        assert!(confirmer.holds("alice", &action, &token));
+        assert!(!confirmer.holds("bob", &action, &token), "another caller's");
         let other =
             json!({"tool": "scale_service", "plan": {"service": "web", "replicas_after": 4}});
-        assert!(!confirmer.holds(&other, &token));
+        assert!(!confirmer.holds("alice", &other, &token));
         for forged in ["", "zz", &token[..10], "00"] {
-            assert!(!confirmer.holds(&action, forged), "{forged}");
+            assert!(!confirmer.holds("alice", &action, forged), "{forged}");
         }
         let another_session = Confirmer::new().expect("random");
-        assert!(!another_session.holds(&action, &token));
+        assert!(!another_session.holds("alice", &action, &token));
     }
 }

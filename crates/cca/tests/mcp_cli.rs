@@ -4,6 +4,9 @@
 //! the caller: alice's token sees tenant `a`'s service only, a read of
 //! tenant `b`'s is refused by the API (and audited as alice's refusal),
 //! the local admin sees both; a bad argument is an error, not an exit.
+//! Over HTTP (`cca mcp --listen`, driven with curl), each request acts as
+//! its own bearer token's user and never as the account that started the
+//! server; a request without a token is refused.
 
 mod support;
 
@@ -244,5 +247,163 @@ fn cca_mcp_reads_as_its_caller_and_the_api_refuses_and_audits_what_they_may_not_
             "alice's refused read is not in the audit log:\n{audit}"
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// One MCP session over HTTP, driven with curl as a user: the server's
+/// `/mcp` URL, the user's token and the session id the server gave.
+struct HttpSession {
+    url: String,
+    token: Option<String>,
+    session: Option<String>,
+}
+
+impl HttpSession {
+    /// POSTs `message`: the status line, the headers, and the JSON-RPC
+    /// message of the answer (its JSON body, or the event of an SSE body).
+    fn post(&self, message: &Value) -> (String, String, Option<Value>) {
+        let mut curl = Command::new("curl");
+        curl.args(["-s", "-i", "--max-time", "10", "-X", "POST"])
+            .args(["-H", "content-type: application/json"])
+            .args(["-H", "accept: application/json, text/event-stream"])
+            .args(["-H", "mcp-protocol-version: 2025-06-18"])
+            .args(["--data", &message.to_string()]);
+        if let Some(token) = &self.token {
+            curl.args(["-H", &format!("authorization: Bearer {token}")]);
+        }
+        if let Some(session) = &self.session {
+            curl.args(["-H", &format!("mcp-session-id: {session}")]);
+        }
+        let output = curl.arg(&self.url).output().expect("curl runs");
+        let text = String::from_utf8_lossy(&output.stdout).replace("\r\n", "\n");
+        let (head, body) = text.split_once("\n\n").unwrap_or((&text, ""));
+        let status = head.lines().next().unwrap_or_default().to_owned();
+        let answer = body
+            .lines()
+            .map(|line| line.strip_prefix("data:").unwrap_or(line).trim())
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .find(|value| value.get("id").is_some());
+        (status, head.to_owned(), answer)
+    }
+
+    fn start(url: &str, token: Option<&str>) -> HttpSession {
+        let mut session = HttpSession {
+            url: url.to_owned(),
+            token: token.map(str::to_owned),
+            session: None,
+        };
+        let (status, head, answer) = session.post(&json!({
+            "jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "curl", "version": "0"},
+            },
+        }));
+        assert!(status.contains("200"), "{status}\n{head}\n{answer:?}");
+        session.session = head.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.eq_ignore_ascii_case("mcp-session-id")
+                .then(|| value.trim().to_owned())
+        });
+        session.post(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        session
+    }
+
+    /// Calls `tool`: its answer as JSON, or the error's message.
+    fn call(&self, tool: &str, arguments: Value) -> Result<Value, String> {
+        let (status, _, answer) = self.post(&json!({
+            "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": tool, "arguments": arguments},
+        }));
+        let answer = answer.unwrap_or_else(|| panic!("{tool}: no answer ({status})"));
+        if let Some(message) = answer["error"]["message"].as_str() {
+            return Err(message.to_owned());
+        }
+        let text = answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{tool}: {answer}"));
+        Ok(serde_json::from_str(text).expect("a JSON answer"))
+    }
+}
+
+#[test]
+fn cca_mcp_over_http_acts_as_each_requests_bearer_token_never_as_its_starter() {
+    let cluster = Cluster::start();
+    for (user, tenant) in [("alice", "a"), ("bob", "b")] {
+        cluster.ok(&[
+            "user",
+            "create",
+            user,
+            "--role",
+            "developer",
+            "--tenant",
+            tenant,
+        ]);
+    }
+    let token = |user: &str| cluster.ok(&["user", "token", user]).trim().to_owned();
+    let (alice, bob) = (token("alice"), token("bob"));
+    cluster.apply(&alice, "web-a");
+    cluster.apply(&bob, "web-b");
+
+    // Started by the local admin (whose certificate sees everything).
+    let mut server = cluster
+        .command(None)
+        .args(["mcp", "--listen", "127.0.0.1:0"])
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("cca mcp --listen starts");
+    let mut stderr = BufReader::new(server.stderr.take().expect("stderr"));
+    let url = loop {
+        let mut line = String::new();
+        assert!(
+            stderr.read_line(&mut line).expect("stderr") > 0,
+            "cca mcp exited before it served"
+        );
+        if let Some(at) = line.find("http://") {
+            let url = line[at..].split_whitespace().next().expect("a URL");
+            break url.to_owned();
+        }
+    };
+    let server = ServerProcess(server);
+
+    let anonymous = HttpSession {
+        url: url.clone(),
+        token: None,
+        session: None,
+    };
+    let (status, head, _) = anonymous.post(&json!({"jsonrpc": "2.0", "id": 1, "method": "ping"}));
+    assert!(status.contains("401"), "{status}\n{head}");
+
+    let as_alice = HttpSession::start(&url, Some(&alice));
+    let seen = as_alice.call("list_services", json!({})).expect("a page");
+    assert_eq!(service_names(&seen), ["web-a"], "{seen}");
+    let refused = as_alice
+        .call("describe_service", json!({"name": "web-b"}))
+        .expect_err("another tenant's");
+    assert!(refused.contains("403"), "{refused}");
+
+    let as_bob = HttpSession::start(&url, Some(&bob));
+    let seen = as_bob.call("list_services", json!({})).expect("a page");
+    assert_eq!(service_names(&seen), ["web-b"], "{seen}");
+
+    let forged = HttpSession::start(&url, Some("not-a-token"));
+    let error = forged
+        .call("list_services", json!({}))
+        .expect_err("the API refuses a forged token");
+    assert!(error.contains("401"), "{error}");
+    drop(server);
+}
+
+/// Kills the child when dropped, pass or fail.
+struct ServerProcess(Child);
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
     }
 }

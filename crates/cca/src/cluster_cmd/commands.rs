@@ -137,6 +137,36 @@ pub(super) fn client(addr: &ServerAddr) -> Result<Client> {
     admin_client(&config, &server)
 }
 
+/// A client of the server `addr` names with no credentials of its own:
+/// whoever uses it adds theirs to each request (`cca mcp --listen`). It
+/// trusts the config directory's cluster CA when there is one (then the
+/// server must be `https://`, and the second value is true).
+pub(super) fn anonymous_client(addr: &ServerAddr) -> Result<(Client, bool)> {
+    let config = cca_trust::config_dir::ConfigDir::new(addr.config_dir());
+    if !config.has_ca() {
+        let server = addr
+            .server
+            .clone()
+            .unwrap_or_else(|| super::DEFAULT_SERVER.to_owned());
+        return Ok((Client::new(&server), false));
+    }
+    let server = addr
+        .server
+        .clone()
+        .unwrap_or_else(|| super::DEFAULT_SERVER.replacen("http://", "https://", 1));
+    if !server.starts_with("https://") {
+        anyhow::bail!(
+            "{server}: a cluster with a CA ({}) is served over https://, and callers' tokens are \
+             only sent there",
+            config.root().display()
+        );
+    }
+    let ca_pem = std::fs::read_to_string(config.ca_cert())
+        .with_context(|| format!("reading the cluster CA {}", config.ca_cert().display()))?;
+    let tls = cca_wire::tls::ClientTls::new(ca_pem);
+    Ok((Client::with_tls(&server, &tls)?, true))
+}
+
 /// A client of `server` (`https://…`) as the local admin of `config`.
 pub(crate) fn admin_client(
     config: &cca_trust::config_dir::ConfigDir,
