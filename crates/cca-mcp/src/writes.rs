@@ -42,13 +42,12 @@ impl Confirmer {
     /// request's bearer token over HTTP; empty on standard input and
     /// output, which has one caller).
     pub(crate) fn token(&self, caller: &str, action: &Value) -> String {
-        let tag = hmac::sign(&self.key, &signed(caller, action));
-        tag.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+        cca_model::hex::encode(hmac::sign(&self.key, &signed(caller, action)).as_ref())
     }
 
     /// Whether `token` is the token of `action` for `caller`.
     pub(crate) fn holds(&self, caller: &str, action: &Value, token: &str) -> bool {
-        let Some(tag) = hex(token) else {
+        let Some(tag) = cca_model::hex::decode(token) else {
             return false;
         };
         hmac::verify(&self.key, &signed(caller, action), &tag).is_ok()
@@ -61,16 +60,6 @@ fn signed(caller: &str, action: &Value) -> Vec<u8> {
     bytes.push(b'\n');
     bytes.extend_from_slice(action.to_string().as_bytes());
     bytes
-}
-
-fn hex(text: &str) -> Option<Vec<u8>> {
-    if !text.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..text.len())
-        .step_by(2)
-        .map(|at| u8::from_str_radix(text.get(at..at + 2)?, 16).ok())
-        .collect()
 }
 
 #[derive(Debug, Deserialize, JsonSchema)]

@@ -24,6 +24,28 @@ struct Cluster {
 }
 
 impl Cluster {
+    /// A cluster with users alice (tenant `a`, service `web-a`) and bob
+    /// (tenant `b`, service `web-b`), and their tokens.
+    fn with_two_tenants() -> (Self, String, String) {
+        let cluster = Cluster::start();
+        for (user, tenant) in [("alice", "a"), ("bob", "b")] {
+            cluster.ok(&[
+                "user",
+                "create",
+                user,
+                "--role",
+                "developer",
+                "--tenant",
+                tenant,
+            ]);
+        }
+        let token = |user: &str| cluster.ok(&["user", "token", user]).trim().to_owned();
+        let (alice, bob) = (token("alice"), token("bob"));
+        cluster.apply(&alice, "web-a");
+        cluster.apply(&bob, "web-b");
+        (cluster, alice, bob)
+    }
+
     fn start() -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let (server, config) = Server::start_with_ca(dir.path(), "mcp");
@@ -177,22 +199,7 @@ fn service_names(page: &Value) -> Vec<String> {
 
 #[test]
 fn cca_mcp_reads_as_its_caller_and_the_api_refuses_and_audits_what_they_may_not_read() {
-    let cluster = Cluster::start();
-    for (user, tenant) in [("alice", "a"), ("bob", "b")] {
-        cluster.ok(&[
-            "user",
-            "create",
-            user,
-            "--role",
-            "developer",
-            "--tenant",
-            tenant,
-        ]);
-    }
-    let token = |user: &str| cluster.ok(&["user", "token", user]).trim().to_owned();
-    let (alice, bob) = (token("alice"), token("bob"));
-    cluster.apply(&alice, "web-a");
-    cluster.apply(&bob, "web-b");
+    let (cluster, alice, _bob) = Cluster::with_two_tenants();
 
     let alice_log = cluster.dir.path().join("mcp-alice.log");
     let mut as_alice = Session::start(cluster.command(Some(&alice)), &alice_log);
@@ -329,22 +336,7 @@ impl HttpSession {
 
 #[test]
 fn cca_mcp_over_http_acts_as_each_requests_bearer_token_never_as_its_starter() {
-    let cluster = Cluster::start();
-    for (user, tenant) in [("alice", "a"), ("bob", "b")] {
-        cluster.ok(&[
-            "user",
-            "create",
-            user,
-            "--role",
-            "developer",
-            "--tenant",
-            tenant,
-        ]);
-    }
-    let token = |user: &str| cluster.ok(&["user", "token", user]).trim().to_owned();
-    let (alice, bob) = (token("alice"), token("bob"));
-    cluster.apply(&alice, "web-a");
-    cluster.apply(&bob, "web-b");
+    let (cluster, alice, bob) = Cluster::with_two_tenants();
 
     // Started by the local admin (whose certificate sees everything).
     let mut server = cluster
