@@ -179,6 +179,20 @@ pub(crate) const ROUTE_LANES: &[(&str, Lane)] = &[
     ("/v1/roles", Lane::User),
     ("/v1/roles/{name}", Lane::User),
     ("/v1/logout", Lane::User),
+    // The console: a page's view is one page of rows whatever the
+    // cluster's size (built off the async threads); a live view holds
+    // the permit only until its headers.
+    ("/ui", Lane::User),
+    ("/ui/{file}", Lane::User),
+    ("/v1/console/overview", Lane::User),
+    ("/v1/console/services", Lane::User),
+    ("/v1/console/services/{name}", Lane::User),
+    ("/v1/console/nodes", Lane::User),
+    ("/v1/console/nodes/{name}", Lane::User),
+    ("/v1/console/instances/{id}", Lane::User),
+    ("/v1/console/events", Lane::User),
+    ("/v1/console/diff", Lane::User),
+    ("/v1/console/apply", Lane::User),
     ("/v1/services", Lane::Bulk),
     // A whole-store read, now and then.
     ("/v1/backup", Lane::Bulk),

@@ -178,10 +178,12 @@ pub(crate) fn caller(request: &Request) -> Option<Identity> {
         .and_then(|ConnectInfo(peer)| peer.identity.clone())
 }
 
-/// Routes anyone may call: who-am-I, and the join (a joining node has no
-/// certificate yet: its join token is its credential, checked there).
+/// Routes anyone may call: who-am-I, the join (a joining node has no
+/// certificate yet: its join token is its credential, checked there), and
+/// the console's page and assets (they hold no data: the page asks for a
+/// token and reads through the routes that check it).
 fn is_open(route: &str) -> bool {
-    route == "/v1/identity" || route == "/v1/join"
+    matches!(route, "/v1/identity" | "/v1/join" | "/ui" | "/ui/{file}")
 }
 
 fn unauthorized(message: impl Into<String>) -> ApiError {

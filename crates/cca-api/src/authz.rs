@@ -111,6 +111,17 @@ pub(crate) fn requirement(method: &Method, route: &str) -> Option<Requirement> {
         "/v1/roles" => need(pick(Read, Write), Role, Whole),
         "/v1/roles/{name}" if delete => need(Delete, Role, Named),
         "/v1/roles/{name}" => need(pick(Read, Write), Role, Named),
+        // The console's pages read what the routes they summarize read;
+        // the overview counts nodes and services alike, as `status` does.
+        "/v1/console/overview" => need(Read, Cluster, Whole),
+        "/v1/console/services" => need(Read, Service, Whole),
+        "/v1/console/services/{name}" => need(Read, Service, Named),
+        "/v1/console/nodes" => need(Read, Node, Whole),
+        "/v1/console/nodes/{name}" => need(Read, Node, Named),
+        "/v1/console/instances/{id}" => need(Read, Instance, Named),
+        "/v1/console/events" => need(Read, Event, Whole),
+        "/v1/console/diff" => need(Read, Service, Whole),
+        "/v1/console/apply" => need(Write, Service, Whole),
         _ => return None,
     })
 }

@@ -44,6 +44,9 @@ pub struct ControlPlaneConfig {
     /// as the client's); without it only plain-HTTP agents serve logs
     /// and exec ([`ApiState::with_agent_tls`]).
     pub agent_tls: Option<cca_wire::tls::ClientTls>,
+    /// Compiles programs pasted into the console's diff page; without
+    /// one that page answers 501 ([`crate::console::Compiler`]).
+    pub compiler: Option<Arc<dyn crate::console::Compiler>>,
 }
 
 impl ControlPlaneConfig {
@@ -60,6 +63,7 @@ impl ControlPlaneConfig {
             authority: None,
             tokens: None,
             agent_tls: None,
+            compiler: None,
         }
     }
 }
@@ -123,6 +127,9 @@ impl ControlPlane {
         }
         if let Some(tls) = config.agent_tls {
             state = state.with_agent_tls(tls);
+        }
+        if let Some(compiler) = config.compiler {
+            state = state.with_compiler(compiler);
         }
         let seed = crate::identity::ensure_flow_hash_seed(&store).await?;
         state = state.with_network_ranges(cca_model::net::AddressRanges {

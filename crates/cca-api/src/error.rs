@@ -87,6 +87,18 @@ impl ApiError {
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, message)
     }
+
+    /// The error's body as JSON, with its status as `status`: what a
+    /// stream sends when it cannot answer with a status of its own.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::json!({
+            "status": self.status.as_u16(),
+            "error": self.message,
+            "problems": self.problems,
+        })
+        .to_string()
+        .into_bytes()
+    }
 }
 
 impl From<StoreError> for ApiError {

@@ -13,6 +13,7 @@ mod apply;
 mod audit;
 pub mod auth;
 mod authz;
+pub mod console;
 pub mod control_plane;
 pub mod error;
 mod fleet;

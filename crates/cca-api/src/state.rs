@@ -98,6 +98,7 @@ struct Inner {
     policies: crate::authz::Policies,
     tokens: RwLock<Option<Arc<crate::auth::TokenAuthority>>>,
     agent_tls: RwLock<Option<Arc<AgentTls>>>,
+    compiler: RwLock<Option<Arc<dyn crate::console::Compiler>>>,
     audit: crate::audit::AuditLog,
     /// Taken by the first `serve`, which runs it.
     audit_writer: std::sync::Mutex<Option<crate::audit::AuditWriter>>,
@@ -143,6 +144,7 @@ impl ApiState {
             policies: crate::authz::Policies::default(),
             tokens: RwLock::new(None),
             agent_tls: RwLock::new(None),
+            compiler: RwLock::new(None),
         };
         Self {
             inner: Arc::new(inner),
@@ -222,6 +224,26 @@ impl ApiState {
     pub(crate) fn agent_tls(&self) -> Option<Arc<AgentTls>> {
         self.inner
             .agent_tls
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Compiles the programs pasted into the console's diff page.
+    #[must_use]
+    pub fn with_compiler(self, compiler: Arc<dyn crate::console::Compiler>) -> Self {
+        *self
+            .inner
+            .compiler
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(compiler);
+        self
+    }
+
+    /// The console's compiler, when the binary handed one.
+    pub(crate) fn compiler(&self) -> Option<Arc<dyn crate::console::Compiler>> {
+        self.inner
+            .compiler
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()

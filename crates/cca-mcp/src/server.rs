@@ -617,19 +617,12 @@ fn explain_unplaced(unplaced: &cca_model::cluster::Unplaced) -> Value {
 /// Compiles the text of one `.cca` file; its errors are an invalid-params
 /// error with the compiler's diagnostics.
 pub(crate) fn compile(text: &str) -> Result<cca_model::spec::Program, ErrorData> {
-    let compilation = cca_dsl::compile::compile_str(text, &cca_dsl::template::Values::default());
-    if compilation.has_errors() {
-        let report = cca_dsl::commands::report::render_human(
-            &compilation.loaded.sources,
-            &compilation.diagnostics,
-            cca_dsl::commands::report::Style::default(),
-        );
-        return Err(ErrorData::invalid_params(
+    cca_dsl::compile::compile_text(text).map_err(|report| {
+        ErrorData::invalid_params(
             format!("the program has errors; nothing was sent to the server:\n{report}"),
             None,
-        ));
-    }
-    Ok(compilation.program)
+        )
+    })
 }
 
 fn cursor(page: &PageArgs) -> Result<Cursor, ErrorData> {

@@ -288,6 +288,7 @@ fn dev_setup(
     config.scheduler.host_ports = host_ports;
     config.runner.leader.ttl = Duration::from_secs(5);
     config.secret_key = Some(secret_key);
+    config.compiler = Some(std::sync::Arc::new(crate::console::DslCompiler));
     if let Some(trust) = trust {
         config.api.authentication = cca_api::auth::Authentication::Certificates;
         config.authority = Some(trust.authority);

@@ -6,6 +6,7 @@ mod agent_cmd;
 mod benchmark_cmd;
 mod benchmark_gate_cmd;
 mod cluster_cmd;
+mod console;
 mod dev_cmd;
 mod dsl_cmd;
 mod flags;

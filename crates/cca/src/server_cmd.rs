@@ -270,6 +270,7 @@ async fn serve(args: ServerArgs) -> Result<()> {
         authority: trust.as_ref().map(|trust| Arc::clone(&trust.authority)),
         tokens,
         agent_tls: trust.as_ref().map(|trust| trust.agent_tls.clone()),
+        compiler: Some(Arc::new(crate::console::DslCompiler)),
     };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -100,7 +100,7 @@ fn about(record: &EventRecord, subject: Option<&str>) -> bool {
 
 /// Keeps the records `lens` lets its user read (a tenant's user: those
 /// about their tenant's services and instances).
-fn keep_visible(
+pub(crate) fn keep_visible(
     state: &ApiState,
     lens: Option<&crate::authz::Lens>,
     records: &mut Vec<EventRecord>,

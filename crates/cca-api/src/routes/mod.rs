@@ -5,18 +5,18 @@
 mod agent;
 mod backup;
 mod enrol;
-mod events;
+pub(crate) mod events;
 mod gates;
 mod inspect;
 mod instance_io;
-mod ops;
-mod reads;
+pub(crate) mod ops;
+pub(crate) mod reads;
 mod revoke;
 mod rollout;
 mod scale;
 mod secrets;
 mod users;
-mod watch;
+pub(crate) mod watch;
 
 use std::time::Instant;
 
@@ -28,6 +28,7 @@ use axum::routing::{MethodRouter, delete, get, post, put};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::admission::Lane;
+use crate::console;
 use crate::error::{self, ApiError};
 use crate::state::ApiState;
 
@@ -177,6 +178,17 @@ fn routes() -> Vec<(&'static str, MethodRouter<ApiState>)> {
             post(scale::wake),
         ),
         ("/metrics", get(reads::metrics)),
+        ("/ui", get(console::index)),
+        ("/ui/{file}", get(console::asset)),
+        ("/v1/console/overview", get(console::overview)),
+        ("/v1/console/services", get(console::services)),
+        ("/v1/console/services/{name}", get(console::service)),
+        ("/v1/console/nodes", get(console::nodes)),
+        ("/v1/console/nodes/{name}", get(console::node)),
+        ("/v1/console/instances/{id}", get(console::instance)),
+        ("/v1/console/events", get(console::events)),
+        ("/v1/console/diff", post(console::diff)),
+        ("/v1/console/apply", post(console::apply)),
     ]
 }
 

@@ -65,7 +65,7 @@ pub(crate) async fn diff(
 /// The program stamped with the tenant it is applied for (`tenancy`),
 /// once the caller may do `action` on every kind of object it holds in
 /// that tenant (`authz::check_program`; the route checked services).
-fn for_tenant(
+pub(crate) fn for_tenant(
     state: &ApiState,
     caller: Option<axum::Extension<crate::auth::Caller>>,
     action: Action,

@@ -72,6 +72,20 @@ where
     F: FnOnce(LineSender) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
+    streamed(state, permit, "application/x-ndjson", produce)
+}
+
+/// Starts `produce` and answers with what it sends, as `content_type`.
+pub(crate) fn streamed<F, Fut>(
+    state: &ApiState,
+    permit: OwnedSemaphorePermit,
+    content_type: &'static str,
+    produce: F,
+) -> Response
+where
+    F: FnOnce(LineSender) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     let (lines, mut receiver) = mpsc::channel::<Bytes>(LINE_BUFFER);
     let sender = LineSender {
         lines,
@@ -88,7 +102,10 @@ where
             .map(|line| line.map(Ok::<_, Infallible>))
     });
     (
-        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
         Body::from_stream(stream),
     )
         .into_response()

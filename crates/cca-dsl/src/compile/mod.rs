@@ -61,6 +61,22 @@ pub fn compile_str(text: &str, values: &Values) -> Compilation {
     compile_loaded(loaded, values)
 }
 
+/// Compiles the text of one file as [`compile_str`] does, with no
+/// template values: the program, or every diagnostic rendered as the CLI
+/// prints them (without colour). For clients that hold only text: the
+/// MCP server's diff and the console's diff page.
+pub fn compile_text(text: &str) -> Result<Program, String> {
+    let compilation = compile_str(text, &Values::default());
+    if compilation.has_errors() {
+        return Err(crate::commands::report::render_human(
+            &compilation.loaded.sources,
+            &compilation.diagnostics,
+            crate::commands::report::Style::default(),
+        ));
+    }
+    Ok(compilation.program)
+}
+
 /// Compiles already-loaded sources.
 pub fn compile_loaded(loaded: Loaded, values: &Values) -> Compilation {
     let mut diagnostics = loaded.diagnostics.clone();

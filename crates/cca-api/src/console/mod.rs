@@ -1,0 +1,325 @@
+//! The web console: its page and assets at `/ui` (embedded in the
+//! binary, [`assets`]), and the routes under `/v1/console/` that answer
+//! each page with a summary built on the server ([`views`]) — once, or
+//! with `?live=true` as server-sent events of the page's view each time
+//! it changes ([`live`]). The browser never receives a whole list or a
+//! raw watch: a view's size does not grow with the cluster. The diff page
+//! compiles a pasted program with the compiler the binary hands the
+//! server ([`Compiler`]) and plans it as `POST /v1/diff` does.
+
+mod assets;
+mod live;
+pub mod views;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Path, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use cca_control::View;
+use cca_model::access::{Action, Resource};
+use cca_model::spec::Program;
+use serde::{Deserialize, Serialize};
+
+pub(crate) use assets::{asset, index};
+
+use crate::authz::{Lens, filter_by_service};
+use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
+use crate::routes::reads::fresh_view;
+use crate::state::ApiState;
+use crate::types::{ApplyReport, EventRecord};
+
+/// Events a page shows under its view (the newest).
+const PAGE_EVENTS: usize = 20;
+/// Events the events page shows.
+const STREAM_EVENTS: usize = 200;
+
+/// Compiles the text of a `.cca` program for the diff page. The `cca`
+/// binary implements it with `cca-dsl`, so that the API stays free of the
+/// language: everything after compiling goes the way of a `Program` sent
+/// by the CLI.
+pub trait Compiler: Send + Sync + std::fmt::Debug + 'static {
+    /// The program, or the compiler's report of every error with its line.
+    fn compile(&self, source: &str) -> Result<Program, String>;
+}
+
+/// Query of the console's reads.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PageQuery {
+    /// Zero-based page of the view's list.
+    #[serde(default)]
+    page: usize,
+    /// Only names containing this.
+    #[serde(default)]
+    q: String,
+    /// Answer with server-sent events of the view as it changes.
+    #[serde(default)]
+    live: bool,
+}
+
+/// What one answer holds: the view and the events under it.
+#[derive(Serialize)]
+struct Content<'a, T> {
+    view: T,
+    events: &'a [EventRecord],
+}
+
+/// Which events a page shows, and whom for.
+pub(crate) struct EventFeed {
+    /// Their subject's prefix (`""`: every event).
+    subject: String,
+    limit: usize,
+    lens: Option<Lens>,
+}
+
+type Build<T> = Arc<dyn Fn(&View) -> ApiResult<T> + Send + Sync>;
+
+/// Answers with the view `build` makes and its events: once, or live.
+async fn answer<T: Serialize + Send + 'static>(
+    state: &ApiState,
+    live: bool,
+    feed: EventFeed,
+    build: Build<T>,
+) -> ApiResult<Response> {
+    if live {
+        return live::stream(state, feed, build);
+    }
+    let view = fresh_view(state).await?;
+    let content = render(state, &view, &feed, build).await?;
+    let mut response = ([(header::CONTENT_TYPE, "application/json")], content).into_response();
+    if let Ok(revision) = HeaderValue::from_str(&view.revision.to_string()) {
+        response.headers_mut().insert("x-cca-revision", revision);
+    }
+    Ok(response)
+}
+
+/// The JSON of `build`'s view of `view` and the feed's events. The view
+/// is built off the async threads: at 100,000 instances it takes
+/// milliseconds.
+async fn render<T: Serialize + Send + 'static>(
+    state: &ApiState,
+    view: &Arc<View>,
+    feed: &EventFeed,
+    build: Build<T>,
+) -> ApiResult<Vec<u8>> {
+    let snapshot = Arc::clone(view);
+    let built = tokio::task::spawn_blocking(move || build(&snapshot))
+        .await
+        .map_err(|_| ApiError::internal("building the console's view failed unexpectedly"))??;
+    let mut events = crate::routes::events::recent_about(state, &feed.subject, feed.limit).await?;
+    crate::routes::events::keep_visible(state, feed.lens.as_ref(), &mut events);
+    serde_json::to_vec(&Content {
+        view: built,
+        events: &events,
+    })
+    .map_err(|error| ApiError::internal(format!("encoding the console's view: {error}")))
+}
+
+fn feed(subject: impl Into<String>, limit: usize, lens: Option<Lens>) -> EventFeed {
+    EventFeed {
+        subject: subject.into(),
+        limit,
+        lens,
+    }
+}
+
+fn event_lens(state: &ApiState, caller: Option<&crate::auth::Caller>) -> Option<Lens> {
+    Lens::of(state, caller, Resource::Event)
+}
+
+/// The names of the services `lens` shows (`None`: every one).
+fn shown_services(lens: Option<&Lens>, view: &View) -> Option<BTreeSet<String>> {
+    let lens = lens?;
+    let mut names: Vec<String> = view.services.keys().cloned().collect();
+    filter_by_service(Some(lens), view, &mut names, |name| Some(name.clone()));
+    Some(names.into_iter().collect())
+}
+
+fn shows(shown: Option<&BTreeSet<String>>, service: &str) -> bool {
+    shown.is_none_or(|names| names.contains(service))
+}
+
+type CallerExtension = Option<axum::Extension<crate::auth::Caller>>;
+
+/// `GET /v1/console/overview`.
+pub(crate) async fn overview(
+    State(state): State<ApiState>,
+    caller: CallerExtension,
+    QueryArgs(query): QueryArgs<PageQuery>,
+) -> ApiResult<Response> {
+    let lens = Arc::new(Lens::of(&state, caller.as_deref(), Resource::Service));
+    let events = feed("", PAGE_EVENTS, event_lens(&state, caller.as_deref()));
+    let build: Build<views::Overview> = Arc::new(move |view| {
+        let shown = shown_services(lens.as_ref().as_ref(), view);
+        Ok(views::overview(view, |name| shows(shown.as_ref(), name)))
+    });
+    answer(&state, query.live, events, build).await
+}
+
+/// `GET /v1/console/services`.
+pub(crate) async fn services(
+    State(state): State<ApiState>,
+    caller: CallerExtension,
+    QueryArgs(query): QueryArgs<PageQuery>,
+) -> ApiResult<Response> {
+    let lens = Arc::new(Lens::of(&state, caller.as_deref(), Resource::Service));
+    let events = feed(
+        "service/",
+        PAGE_EVENTS,
+        event_lens(&state, caller.as_deref()),
+    );
+    let PageQuery { page, q, live } = query;
+    let build: Build<views::Page<views::ServiceRow>> = Arc::new(move |view| {
+        let shown = shown_services(lens.as_ref().as_ref(), view);
+        Ok(views::services(view, &q, page, |name| {
+            shows(shown.as_ref(), name)
+        }))
+    });
+    answer(&state, live, events, build).await
+}
+
+/// `GET /v1/console/services/{name}`.
+pub(crate) async fn service(
+    State(state): State<ApiState>,
+    caller: CallerExtension,
+    Path(name): Path<String>,
+    QueryArgs(query): QueryArgs<PageQuery>,
+) -> ApiResult<Response> {
+    let events = feed(
+        format!("service/{name}"),
+        PAGE_EVENTS,
+        event_lens(&state, caller.as_deref()),
+    );
+    let page = query.page;
+    let build: Build<views::ServicePage> = Arc::new(move |view| {
+        views::service(view, &name, page)
+            .ok_or_else(|| ApiError::not_found(format!("no service named `{name}`")))
+    });
+    answer(&state, query.live, events, build).await
+}
+
+/// `GET /v1/console/nodes`.
+pub(crate) async fn nodes(
+    State(state): State<ApiState>,
+    caller: CallerExtension,
+    QueryArgs(query): QueryArgs<PageQuery>,
+) -> ApiResult<Response> {
+    let events = feed("node/", PAGE_EVENTS, event_lens(&state, caller.as_deref()));
+    let PageQuery { page, q, live } = query;
+    let build: Build<views::Page<views::NodeRow>> =
+        Arc::new(move |view| Ok(views::nodes(view, &q, page)));
+    answer(&state, live, events, build).await
+}
+
+/// `GET /v1/console/nodes/{name}`.
+pub(crate) async fn node(
+    State(state): State<ApiState>,
+    caller: CallerExtension,
+    Path(name): Path<String>,
+    QueryArgs(query): QueryArgs<PageQuery>,
+) -> ApiResult<Response> {
+    let events = feed(
+        format!("node/{name}"),
+        PAGE_EVENTS,
+        event_lens(&state, caller.as_deref()),
+    );
+    let page = query.page;
+    let build: Build<views::NodePage> = Arc::new(move |view| {
+        views::node(view, &name, page)
+            .ok_or_else(|| ApiError::not_found(format!("no node named `{name}`")))
+    });
+    answer(&state, query.live, events, build).await
+}
+
+/// `GET /v1/console/instances/{id}`.
+pub(crate) async fn instance(
+    State(state): State<ApiState>,
+    caller: CallerExtension,
+    Path(id): Path<String>,
+    QueryArgs(query): QueryArgs<PageQuery>,
+) -> ApiResult<Response> {
+    let events = feed(
+        format!("instance/{id}"),
+        PAGE_EVENTS,
+        event_lens(&state, caller.as_deref()),
+    );
+    let build: Build<views::InstancePage> = Arc::new(move |view| {
+        views::instance(view, &id).ok_or_else(|| ApiError::not_found(format!("no instance `{id}`")))
+    });
+    answer(&state, query.live, events, build).await
+}
+
+/// `GET /v1/console/events`: the newest events, whose subject contains
+/// `q` when given.
+pub(crate) async fn events(
+    State(state): State<ApiState>,
+    caller: CallerExtension,
+    QueryArgs(query): QueryArgs<PageQuery>,
+) -> ApiResult<Response> {
+    let events = feed(
+        query.q.clone(),
+        STREAM_EVENTS,
+        event_lens(&state, caller.as_deref()),
+    );
+    let build: Build<()> = Arc::new(|_| Ok(()));
+    answer(&state, query.live, events, build).await
+}
+
+/// Body of the diff and apply of a pasted program.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PastedProgram {
+    /// The text of one `.cca` file.
+    source: String,
+    /// Delete the services (of the caller's tenant) the program omits.
+    #[serde(default)]
+    prune: bool,
+}
+
+/// `POST /v1/console/diff`: what applying the pasted program would
+/// change.
+pub(crate) async fn diff(
+    State(state): State<ApiState>,
+    caller: CallerExtension,
+    JsonBody(pasted): JsonBody<PastedProgram>,
+) -> ApiResult<Json<ApplyReport>> {
+    plan(&state, caller, pasted, Action::Read, true).await
+}
+
+/// `POST /v1/console/apply`: applies the pasted program, as `cca apply`.
+pub(crate) async fn apply(
+    State(state): State<ApiState>,
+    caller: CallerExtension,
+    JsonBody(pasted): JsonBody<PastedProgram>,
+) -> ApiResult<Json<ApplyReport>> {
+    plan(&state, caller, pasted, Action::Write, false).await
+}
+
+async fn plan(
+    state: &ApiState,
+    caller: CallerExtension,
+    pasted: PastedProgram,
+    action: Action,
+    dry_run: bool,
+) -> ApiResult<Json<ApplyReport>> {
+    let compiler = state.compiler().ok_or_else(|| {
+        ApiError::new(
+            StatusCode::NOT_IMPLEMENTED,
+            "this server has no compiler for pasted programs: compile with \
+             `cca apply --dry-run FILE` instead",
+        )
+    })?;
+    let program = compiler.compile(&pasted.source).map_err(|report| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("the program has errors; nothing was applied:\n{report}"),
+        )
+    })?;
+    let program = crate::routes::ops::for_tenant(state, caller, action, None, program)?;
+    crate::apply::apply_program(state, &program, pasted.prune, dry_run)
+        .await
+        .map(Json)
+}
