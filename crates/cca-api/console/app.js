@@ -11,8 +11,9 @@ const main = document.getElementById("main");
 const link = document.getElementById("link");
 const signout = document.getElementById("signout");
 
-// What tests and operators can read: how many views arrived live.
-window.ccaConsole = { updates: 0, revision: null, page: null };
+// What tests and operators can read: how many views arrived live, and
+// how many characters the live feeds carried.
+window.ccaConsole = { updates: 0, revision: null, page: null, received: 0 };
 
 // ---- elements ------------------------------------------------------------
 
@@ -23,8 +24,7 @@ function h(tag, attrs, ...children) {
     if (name.startsWith("on")) element.addEventListener(name.slice(2), value);
     else element.setAttribute(name, value === true ? "" : String(value));
   }
-  for (const child of children.flat(Infinity)) {
-    if (child === null || child === undefined || child === false) continue;
+  for (const child of flat(children)) {
     element.append(child instanceof Node ? child : String(child));
   }
   return element;
@@ -80,7 +80,7 @@ function eventsTable(events) {
   const rows = events.slice().reverse().map((record) => {
     const e = record;
     return h("tr", { class: `event ${e.level}` },
-      h("td", { title: when(e.at) }, ago(e.at)),
+      h("td", { title: when(e.at), class: "when" }, ago(e.at)),
       h("td", {}, e.level),
       h("td", {}, e.source),
       h("td", {}, subjectLink(e.subject)),
@@ -185,6 +185,7 @@ async function readEvents(body, deliver) {
   for (;;) {
     const { value, done } = await reader.read();
     if (done) return;
+    window.ccaConsole.received += value.length;
     buffer += value;
     let end;
     while ((end = buffer.indexOf("\n\n")) >= 0) {
@@ -210,8 +211,13 @@ function setLink(state, words) {
 
 let stopFollowing = () => {};
 
+// The elements of `children`, however nested, without the empty ones.
+function flat(children) {
+  return [children].flat(Infinity).filter((c) => c !== null && c !== undefined && c !== false);
+}
+
 function show(...children) {
-  main.replaceChildren(...children.flat());
+  main.replaceChildren(...flat(children));
 }
 
 function problemBox(error) {
@@ -223,7 +229,7 @@ function livePage(path, draw, toolbar) {
   const body = h("div", { class: "live-body" }, h("p", { class: "note" }, "Loading…"));
   show(toolbar || [], body);
   stopFollowing = follow(path,
-    (content) => body.replaceChildren(...[draw(content)].flat()),
+    (content) => body.replaceChildren(...flat(draw(content))),
     (error) => {
       if (error.status === 401) return signIn(error.message);
       body.replaceChildren(problemBox(error));
@@ -255,7 +261,7 @@ function overview() {
         h("td", { class: "reasons" }, p.reasons.join("; ")))), "Nothing is wrong."),
       view.problems_total > view.problems.length
         ? h("p", { class: "note" }, `… and ${view.problems_total - view.problems.length} more: see Services and Nodes.`) : null,
-      h("h2", {}, `Unplaced demand (${view.unplaced_services} services)`),
+      h("h2", {}, `Unplaced demand (${view.unplaced_services} ${view.unplaced_services === 1 ? "service" : "services"})`),
       table(["service", "waiting", "why", "nearest node", "since"], view.unplaced.map((u) => h("tr", {},
         h("td", {}, subjectLink(`service/${u.service}`)), h("td", { class: "num" }, u.count),
         h("td", {}, `${u.reason.replaceAll("_", " ")}: ${u.constraint}`),
@@ -429,7 +435,8 @@ function instancePage(id) {
 }
 
 // Follows a log stream into `into` (a new <pre> after `anchor` if none),
-// keeping its last 1,000 lines; it ends with the page.
+// keeping its last 1,000 lines; when the stream ends (the instance exited)
+// it follows again from the next line on, until the page changes.
 let stopLogs = () => {};
 function logTail(path, anchor, into) {
   stopLogs();
@@ -438,26 +445,35 @@ function logTail(path, anchor, into) {
   const abort = new AbortController();
   stopLogs = () => abort.abort();
   const lines = [];
+  const draw = (extra) => {
+    if (lines.length > 1000) lines.splice(0, lines.length - 1000);
+    out.textContent = lines.concat(extra || []).join("\n");
+    out.scrollTop = out.scrollHeight;
+  };
   (async () => {
-    try {
-      const response = await fetch(`${path}?tail=200&follow=true`, { headers: headers({}), signal: abort.signal });
-      if (!response.ok) throw await failure(response);
-      const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
-      let partial = "";
-      for (;;) {
-        const { value, done } = await reader.read();
-        if (done) break;
-        partial += value;
-        const parts = partial.split("\n");
-        partial = parts.pop();
-        lines.push(...parts);
-        if (lines.length > 1000) lines.splice(0, lines.length - 1000);
-        out.textContent = lines.join("\n");
-        out.scrollTop = out.scrollHeight;
+    let tail = 200;
+    while (!abort.signal.aborted) {
+      try {
+        const response = await fetch(`${path}?tail=${tail}&follow=true`, { headers: headers({}), signal: abort.signal });
+        if (!response.ok) throw await failure(response);
+        const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+        let partial = "";
+        for (;;) {
+          const { value, done } = await reader.read();
+          if (done) break;
+          partial += value;
+          const parts = partial.split("\n");
+          partial = parts.pop();
+          lines.push(...parts);
+          draw();
+        }
+        draw(["— the stream ended (the instance exited); following again —"]);
+      } catch (error) {
+        if (abort.signal.aborted) return;
+        draw([`— logs unavailable: ${error.message}; trying again —`]);
       }
-      out.textContent = lines.concat(["— the log stream ended —"]).join("\n");
-    } catch (error) {
-      if (!abort.signal.aborted) out.textContent = `Logs unavailable: ${error.message}`;
+      tail = 0;
+      await new Promise((resolve) => setTimeout(resolve, 2000));
     }
   })();
 }
@@ -507,7 +523,7 @@ function diffPage() {
 function reportView(report) {
   const list = (names, kind) => names.map((name) => h("li", { class: `diff-${kind}` }, `${kind} ${name}`));
   const empty = report.created.length + report.changed.length + report.deleted.length === 0;
-  return h("section", { class: "report", "data-dry-run": report.dry_run },
+  return h("section", { class: "report", "data-dry-run": String(report.dry_run) },
     h("h2", {}, report.dry_run ? "Would change" : `Applied at revision ${report.revision}`),
     empty ? h("p", {}, `Nothing to change: ${report.unchanged} facts already as asked.`)
       : h("ul", {}, list(report.created, "created"), list(report.changed, "changed"), list(report.deleted, "deleted")),

@@ -17,6 +17,7 @@
 //! proxy against nginx in front of the same backends, each in a process
 //! of its own.
 
+pub mod browser;
 mod chaos;
 mod cluster;
 mod error;

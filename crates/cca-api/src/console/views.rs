@@ -266,8 +266,8 @@ fn instance_counts(view: &View, visible: &impl Fn(&str) -> bool) -> BTreeMap<Str
     counts
 }
 
-/// The cluster's verdict: down when no node is ready or a service is
-/// down, degraded when anything else is wrong.
+/// The cluster's verdict: down when no node is ready, degraded when
+/// anything else is wrong.
 fn cluster_verdict(
     view: &View,
     nodes: &NodeCounts,
@@ -287,14 +287,16 @@ fn cluster_verdict(
             format!("{} of {} nodes unreachable", nodes.unreachable, nodes.total),
         );
     }
-    for (health, words) in [
-        (Health::Down, "down"),
-        (Health::Degraded, "degraded"),
-        (Health::Progressing, "progressing"),
+    // A service down leaves the cluster degraded, not down: the cluster
+    // is down only when it can run nothing.
+    for (health, words, cluster) in [
+        (Health::Down, "down", Health::Degraded),
+        (Health::Degraded, "degraded", Health::Degraded),
+        (Health::Progressing, "progressing", Health::Progressing),
     ] {
         let n = count(health);
         if n > 0 {
-            verdict.flag(health, format!("{n} {} {words}", plural(n, "service")));
+            verdict.flag(cluster, format!("{n} {} {words}", plural(n, "service")));
         }
     }
     if unplaced_services > 0 {

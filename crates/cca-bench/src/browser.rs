@@ -1,0 +1,357 @@
+//! Headless Chromium driven over the DevTools protocol, for the web
+//! console's browser tests and its load benchmark: launched with a profile
+//! of its own and a debugging port the kernel picks, it opens tabs,
+//! evaluates script in them, waits for a condition on the page, takes
+//! screenshots and reads what a tab costs (its renderer's resident memory
+//! and JavaScript heap). The browser is a child process stopped when the
+//! [`Browser`] drops, pass or fail. Synchronous: one request at a time on
+//! one WebSocket, events skipped.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::{Value, json};
+use tungstenite::{Message, WebSocket};
+
+/// How long a launch waits for the browser's DevTools address.
+const LAUNCH_WAIT: Duration = Duration::from_secs(30);
+/// How long one protocol call may take.
+const CALL_WAIT: Duration = Duration::from_secs(60);
+/// How often [`Browser::wait_for`] evaluates its condition.
+const POLL: Duration = Duration::from_millis(100);
+
+/// What went wrong driving the browser.
+#[derive(Debug, thiserror::Error)]
+pub enum BrowserError {
+    #[error(
+        "no Chromium found (tried $CCA_CHROMIUM, chromium, chromium-browser, google-chrome): \
+         install Debian's `chromium` (scripts/test does)"
+    )]
+    NotInstalled,
+    #[error("starting {binary}: {reason}")]
+    Launch { binary: String, reason: String },
+    #[error("the DevTools connection failed: {0}")]
+    Connection(String),
+    #[error("DevTools refused {method}: {message}")]
+    Protocol { method: String, message: String },
+    #[error("the page's script threw: {0}")]
+    Script(String),
+    #[error("waited {waited:?} for `{condition}`; the page last showed:\n{page}")]
+    Timeout {
+        condition: String,
+        waited: Duration,
+        page: String,
+    },
+    #[error("writing {path}: {reason}")]
+    Write { path: String, reason: String },
+}
+
+pub type BrowserResult<T> = Result<T, BrowserError>;
+
+/// One tab, attached on the browser's connection.
+#[derive(Clone, Debug)]
+pub struct Tab {
+    session: String,
+}
+
+/// A headless Chromium and the WebSocket of its DevTools protocol.
+pub struct Browser {
+    child: Child,
+    _profile: tempfile::TempDir,
+    socket: WebSocket<TcpStream>,
+    next_id: u64,
+}
+
+impl std::fmt::Debug for Browser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Browser")
+            .field("pid", &self.child.id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The Chromium binary: `$CCA_CHROMIUM`, else the first of the usual
+/// names that runs.
+pub fn chromium() -> Option<String> {
+    let candidates = std::env::var("CCA_CHROMIUM").into_iter().chain(
+        ["chromium", "chromium-browser", "google-chrome"]
+            .into_iter()
+            .map(str::to_owned),
+    );
+    candidates.into_iter().find(|binary| {
+        Command::new(binary)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|status| status.success())
+    })
+}
+
+impl Browser {
+    /// Starts a headless Chromium with a window of `width`×`height`.
+    pub fn launch(width: u32, height: u32) -> BrowserResult<Self> {
+        let binary = chromium().ok_or(BrowserError::NotInstalled)?;
+        let launch_error = |reason: String| BrowserError::Launch {
+            binary: binary.clone(),
+            reason,
+        };
+        let profile = tempfile::tempdir().map_err(|e| launch_error(e.to_string()))?;
+        let mut child = Command::new(&binary)
+            .args([
+                "--headless",
+                // Root has no sandbox to enter; the pages are our own.
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--no-default-browser-check",
+                "--disable-extensions",
+                "--disable-background-networking",
+                "--remote-debugging-port=0",
+                "--remote-allow-origins=*",
+                &format!("--window-size={width},{height}"),
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg("about:blank")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| launch_error(e.to_string()))?;
+        let address = devtools_address(&mut child).map_err(|reason| {
+            let _ = child.kill();
+            let _ = child.wait();
+            launch_error(reason)
+        })?;
+        let socket = connect(&address)?;
+        Ok(Browser {
+            child,
+            _profile: profile,
+            socket,
+            next_id: 0,
+        })
+    }
+
+    /// Opens `url` in a new tab.
+    pub fn open(&mut self, url: &str) -> BrowserResult<Tab> {
+        let target = self.call(None, "Target.createTarget", json!({ "url": url }))?;
+        let target_id = target["targetId"].clone();
+        let attached = self.call(
+            None,
+            "Target.attachToTarget",
+            json!({ "targetId": target_id, "flatten": true }),
+        )?;
+        let session = attached["sessionId"]
+            .as_str()
+            .ok_or_else(|| BrowserError::Connection("attaching gave no session".into()))?
+            .to_owned();
+        Ok(Tab { session })
+    }
+
+    /// Evaluates `expression` in `tab` (awaiting a promise) and returns
+    /// its value.
+    pub fn eval(&mut self, tab: &Tab, expression: &str) -> BrowserResult<Value> {
+        let answer = self.call(
+            Some(&tab.session),
+            "Runtime.evaluate",
+            json!({ "expression": expression, "returnByValue": true, "awaitPromise": true }),
+        )?;
+        if let Some(details) = answer.get("exceptionDetails") {
+            let text = details["exception"]["description"]
+                .as_str()
+                .or_else(|| details["text"].as_str())
+                .unwrap_or("an exception");
+            return Err(BrowserError::Script(text.to_owned()));
+        }
+        Ok(answer["result"]["value"].clone())
+    }
+
+    /// Evaluates `condition` until it is truthy (returning its value) or
+    /// `timeout` passes (an error with the page's text). A script error
+    /// counts as not yet: the page may still be loading.
+    pub fn wait_for(
+        &mut self,
+        tab: &Tab,
+        condition: &str,
+        timeout: Duration,
+    ) -> BrowserResult<Value> {
+        let started = Instant::now();
+        loop {
+            if let Ok(value) = self.eval(tab, condition)
+                && truthy(&value)
+            {
+                return Ok(value);
+            }
+            if started.elapsed() > timeout {
+                let page = self
+                    .eval(tab, "document.body ? document.body.innerText : ''")
+                    .ok()
+                    .and_then(|text| text.as_str().map(|t| t.chars().take(2000).collect()))
+                    .unwrap_or_default();
+                return Err(BrowserError::Timeout {
+                    condition: condition.to_owned(),
+                    waited: started.elapsed(),
+                    page,
+                });
+            }
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Saves a PNG of what `tab` shows.
+    pub fn screenshot(&mut self, tab: &Tab, path: &Path) -> BrowserResult<()> {
+        let shot = self.call(
+            Some(&tab.session),
+            "Page.captureScreenshot",
+            json!({ "format": "png" }),
+        )?;
+        let write_error = |reason: String| BrowserError::Write {
+            path: path.display().to_string(),
+            reason,
+        };
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(shot["data"].as_str().unwrap_or_default())
+            .map_err(|e| write_error(e.to_string()))?;
+        std::fs::write(path, png).map_err(|e| write_error(e.to_string()))
+    }
+
+    /// The JavaScript heap `tab` uses, in bytes.
+    pub fn js_heap(&mut self, tab: &Tab) -> BrowserResult<u64> {
+        let usage = self.call(Some(&tab.session), "Runtime.getHeapUsage", json!({}))?;
+        Ok(usage["usedSize"].as_f64().unwrap_or(0.0) as u64)
+    }
+
+    /// The resident memory of every renderer process, in bytes: with one
+    /// tab open, what that tab costs.
+    pub fn renderer_rss(&mut self) -> BrowserResult<u64> {
+        let info = self.call(None, "SystemInfo.getProcessInfo", json!({}))?;
+        let renderers = info["processInfo"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|process| process["type"] == "renderer")
+            .filter_map(|process| process["id"].as_u64());
+        Ok(renderers.filter_map(resident_bytes).sum())
+    }
+
+    /// Sends one command and waits for its answer, skipping events.
+    fn call(&mut self, session: Option<&str>, method: &str, params: Value) -> BrowserResult<Value> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let mut request = json!({ "id": id, "method": method, "params": params });
+        if let Some(session) = session {
+            request["sessionId"] = json!(session);
+        }
+        self.socket
+            .send(Message::text(request.to_string()))
+            .map_err(|e| BrowserError::Connection(e.to_string()))?;
+        let deadline = Instant::now() + CALL_WAIT;
+        while Instant::now() < deadline {
+            let message = match self.socket.read() {
+                Ok(message) => message,
+                Err(tungstenite::Error::Io(e))
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    continue;
+                }
+                Err(e) => return Err(BrowserError::Connection(e.to_string())),
+            };
+            let Message::Text(text) = message else {
+                continue;
+            };
+            let answer: Value = serde_json::from_str(text.as_str())
+                .map_err(|e| BrowserError::Connection(format!("a message is not JSON: {e}")))?;
+            if answer["id"] != id {
+                continue;
+            }
+            if let Some(error) = answer.get("error") {
+                return Err(BrowserError::Protocol {
+                    method: method.to_owned(),
+                    message: error["message"].as_str().unwrap_or("").to_owned(),
+                });
+            }
+            return Ok(answer["result"].clone());
+        }
+        Err(BrowserError::Connection(format!(
+            "{method} got no answer in {CALL_WAIT:?}"
+        )))
+    }
+}
+
+fn truthy(value: &Value) -> bool {
+    match value {
+        Value::Null => false,
+        Value::Bool(b) => *b,
+        Value::Number(n) => n.as_f64().is_some_and(|n| n != 0.0),
+        Value::String(s) => !s.is_empty(),
+        Value::Array(_) | Value::Object(_) => true,
+    }
+}
+
+/// The `ws://` address the browser prints on stderr once it listens.
+fn devtools_address(child: &mut Child) -> Result<String, String> {
+    let stderr = child.stderr.take().ok_or("its stderr is not piped")?;
+    let (sender, received) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Some(address) = line.strip_prefix("DevTools listening on ") {
+                let _ = sender.send(Ok(address.trim().to_owned()));
+                // Keep reading so that the browser never blocks on a full pipe.
+                continue;
+            }
+            if seen.len() < 20 {
+                seen.push(line);
+            }
+        }
+        let _ = sender.send(Err(format!("it exited: {}", seen.join("\n"))));
+    });
+    received
+        .recv_timeout(LAUNCH_WAIT)
+        .map_err(|_| format!("it printed no DevTools address in {LAUNCH_WAIT:?}"))?
+}
+
+fn connect(address: &str) -> BrowserResult<WebSocket<TcpStream>> {
+    let failed = |reason: String| BrowserError::Connection(format!("{address}: {reason}"));
+    let host = address
+        .strip_prefix("ws://")
+        .and_then(|rest| rest.split('/').next())
+        .ok_or_else(|| failed("not a ws:// address".into()))?;
+    let stream = TcpStream::connect(host).map_err(|e| failed(e.to_string()))?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .map_err(|e| failed(e.to_string()))?;
+    let (socket, _) =
+        tungstenite::client::client(address, stream).map_err(|e| failed(e.to_string()))?;
+    Ok(socket)
+}
+
+/// `VmRSS` of process `pid`, in bytes.
+fn resident_bytes(pid: u64) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib: u64 = status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
