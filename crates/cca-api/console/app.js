@@ -13,7 +13,9 @@ const signout = document.getElementById("signout");
 
 // What tests and operators can read: how many views arrived live, and
 // how many characters the live feeds carried.
-window.ccaConsole = { updates: 0, revision: null, page: null, received: 0 };
+// `drawnAt` is when the last view was drawn (performance.now()), and
+// `lastBytes` that view's size.
+window.ccaConsole = { updates: 0, revision: null, page: null, received: 0, drawnAt: 0, lastBytes: 0 };
 
 // ---- elements ------------------------------------------------------------
 
@@ -153,6 +155,7 @@ function follow(path, onView, onProblem) {
           const content = JSON.parse(data);
           if (name === "view") {
             window.ccaConsole.updates += 1;
+            window.ccaConsole.lastBytes = data.length;
             window.ccaConsole.revision = Number(id);
             document.body.dataset.revision = id;
             onView(content, Number(id));
@@ -229,7 +232,10 @@ function livePage(path, draw, toolbar) {
   const body = h("div", { class: "live-body" }, h("p", { class: "note" }, "Loading…"));
   show(toolbar || [], body);
   stopFollowing = follow(path,
-    (content) => body.replaceChildren(...flat(draw(content))),
+    (content) => {
+      body.replaceChildren(...flat(draw(content)));
+      window.ccaConsole.drawnAt = performance.now();
+    },
     (error) => {
       if (error.status === 401) return signIn(error.message);
       body.replaceChildren(problemBox(error));
@@ -352,7 +358,7 @@ function servicePage(name, page) {
       verdict(view.row.verdict, `Service ${name}`),
       fields([
         ["workload", s.workload],
-        ["ready / wanted", `${view.row.running} / ${view.row.replicas}`],
+        ["ready / wanted", [h("span", { id: "ready" }, view.row.running), " / ", h("span", { id: "wanted" }, view.row.replicas)]],
         ["instances", s.instances],
         ["virtual IP", s.vip && s.vip.address ? s.vip.address : null],
         ["DNS", s.dns],

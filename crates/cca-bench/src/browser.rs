@@ -188,6 +188,17 @@ impl Browser {
         condition: &str,
         timeout: Duration,
     ) -> BrowserResult<Value> {
+        self.wait_for_every(tab, condition, timeout, POLL)
+    }
+
+    /// [`Browser::wait_for`], evaluating every `poll`.
+    pub fn wait_for_every(
+        &mut self,
+        tab: &Tab,
+        condition: &str,
+        timeout: Duration,
+        poll: Duration,
+    ) -> BrowserResult<Value> {
         let started = Instant::now();
         loop {
             if let Ok(value) = self.eval(tab, condition)
@@ -207,7 +218,7 @@ impl Browser {
                     page,
                 });
             }
-            std::thread::sleep(POLL);
+            std::thread::sleep(poll);
         }
     }
 
@@ -234,17 +245,17 @@ impl Browser {
         Ok(usage["usedSize"].as_f64().unwrap_or(0.0) as u64)
     }
 
-    /// The resident memory of every renderer process, in bytes: with one
-    /// tab open, what that tab costs.
-    pub fn renderer_rss(&mut self) -> BrowserResult<u64> {
+    /// The memory of every renderer process (one per tab, and spares).
+    pub fn renderers(&mut self) -> BrowserResult<Vec<ProcessMemory>> {
         let info = self.call(None, "SystemInfo.getProcessInfo", json!({}))?;
-        let renderers = info["processInfo"]
+        Ok(info["processInfo"]
             .as_array()
             .into_iter()
             .flatten()
             .filter(|process| process["type"] == "renderer")
-            .filter_map(|process| process["id"].as_u64());
-        Ok(renderers.filter_map(resident_bytes).sum())
+            .filter_map(|process| process["id"].as_u64())
+            .filter_map(ProcessMemory::of)
+            .collect())
     }
 
     /// Sends one command and waits for its answer, skipping events.
@@ -342,16 +353,41 @@ fn connect(address: &str) -> BrowserResult<WebSocket<TcpStream>> {
     Ok(socket)
 }
 
-/// `VmRSS` of process `pid`, in bytes.
-fn resident_bytes(pid: u64) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kib: u64 = status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()
-        .ok()?;
-    Some(kib * 1024)
+/// What one process holds in memory, in bytes, from
+/// `/proc/PID/smaps_rollup`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct ProcessMemory {
+    pub pid: u64,
+    /// Resident, shared pages counted whole.
+    pub resident: u64,
+    /// Resident, shared pages divided among their sharers (PSS).
+    pub proportional: u64,
+    /// Pages only this process maps: what closing it frees (close to
+    /// Chromium's own "memory footprint" of a tab).
+    pub private: u64,
+}
+
+impl ProcessMemory {
+    fn of(pid: u64) -> Option<Self> {
+        let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+        let field = |name: &str| -> u64 {
+            rollup
+                .lines()
+                .find_map(|line| line.strip_prefix(name))
+                .and_then(|rest| {
+                    rest.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+                .map_or(0, |kib| kib * 1024)
+        };
+        Some(ProcessMemory {
+            pid,
+            resident: field("Rss:"),
+            proportional: field("Pss:"),
+            private: field("Private_Clean:") + field("Private_Dirty:"),
+        })
+    }
 }

@@ -20,6 +20,7 @@
 pub mod browser;
 mod chaos;
 mod cluster;
+mod console;
 mod error;
 pub mod gate;
 mod lifecycle;
@@ -36,6 +37,7 @@ pub mod workload;
 
 pub use chaos::ChaosFigures;
 pub use cluster::{Cluster, ClusterConfig};
+pub use console::ConsoleFigures;
 pub use error::BenchError;
 pub use lifecycle::LifecycleFigures;
 pub use measure::{peak_rss_bytes, raise_open_file_limit};

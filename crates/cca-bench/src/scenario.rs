@@ -83,6 +83,11 @@ pub enum Scenario {
     /// restarted): each round's convergence, and the most duplicates
     /// ever running (see the `chaos` module). Not part of `all`.
     Chaos,
+    /// Deploy, then drive the web console in headless Chromium: each
+    /// page's first view, live updates, the feed's bytes and the tab's
+    /// memory under churn (see the `console` module). Needs Chromium; not
+    /// part of `all`.
+    Console,
 }
 
 impl Scenario {
@@ -123,12 +128,14 @@ impl Scenario {
             Scenario::Rollout => "rollout",
             Scenario::Autoscale => "autoscale",
             Scenario::Chaos => "chaos",
+            Scenario::Console => "console",
         }
     }
 
     /// Scenarios run only by name: they need what `all` does not ask
     /// for (root, for `network`; minutes of faults, for `chaos`).
-    pub const BY_NAME_ONLY: &'static [Scenario] = &[Scenario::Network, Scenario::Chaos];
+    pub const BY_NAME_ONLY: &'static [Scenario] =
+        &[Scenario::Network, Scenario::Chaos, Scenario::Console];
 
     /// The scenario called `name`.
     pub fn named(name: &str) -> Option<Self> {
@@ -471,6 +478,9 @@ pub struct Report {
     /// the fault's end to convergence).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chaos: Option<crate::chaos::ChaosFigures>,
+    /// `console`: the web console's figures in headless Chromium.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub console: Option<crate::console::ConsoleFigures>,
 }
 
 fn is_zero(count: &u32) -> bool {
@@ -498,6 +508,7 @@ pub(crate) struct Outcome {
     pub(crate) network: Option<crate::network::NetworkFigures>,
     pub(crate) lifecycle: Option<crate::lifecycle::LifecycleFigures>,
     pub(crate) chaos: Option<crate::chaos::ChaosFigures>,
+    pub(crate) console: Option<crate::console::ConsoleFigures>,
     /// Nodes whose agents the scenario stopped for a while: their lease
     /// expiries are explained.
     pub(crate) faulted_nodes: HashSet<String>,
@@ -529,6 +540,12 @@ pub async fn run_scenario(
     config.check()?;
     if scenario == Scenario::Network {
         crate::network::check_root()?;
+    }
+    if scenario == Scenario::Console && crate::browser::chromium().is_none() {
+        return Err(BenchError::MissingProgram {
+            program: "chromium".into(),
+            package: "chromium".into(),
+        });
     }
     let config = &config.for_scenario(scenario);
     let (raw, _data) = open_store(&config.store, scenario).await?;
@@ -631,6 +648,7 @@ async fn drive(
             overload_mass_kill(cluster, tracker, &workload, config, progress).await
         }
         Scenario::Chaos => crate::chaos::chaos(cluster, &workload, config, progress).await,
+        Scenario::Console => crate::console::console(cluster, &workload, deployed, progress).await,
     }
 }
 
@@ -1371,6 +1389,7 @@ fn report(scenario: Scenario, config: &BenchConfig, txn_rate: f64, outcome: Outc
         network: outcome.network,
         lifecycle: outcome.lifecycle,
         chaos: outcome.chaos,
+        console: outcome.console,
     }
 }
 

@@ -298,6 +298,9 @@ fn print_table(reports: &[Report]) {
     if !chaos.is_empty() {
         print_chaos_table(&chaos);
     }
+    for report in others.iter().filter(|report| report.console.is_some()) {
+        print_console_table(report);
+    }
     if others.is_empty() {
         return;
     }
@@ -363,6 +366,57 @@ fn print_lifecycle_table(reports: &[&Report]) {
         ],
         rows,
     );
+}
+
+/// The `console` scenario's figures: one row per page, then the live
+/// feed's and the tab's.
+fn print_console_table(report: &Report) {
+    let Some(figures) = &report.console else {
+        return;
+    };
+    let mut rows: Vec<Vec<String>> = figures
+        .first_view_ms
+        .iter()
+        .map(|(page, ms)| {
+            let bytes = figures.view_bytes.get(page).copied().unwrap_or(0);
+            vec![
+                page.clone(),
+                format!("{ms:.0} ms"),
+                format!("{:.1} KiB", bytes as f64 / 1024.0),
+            ]
+        })
+        .collect();
+    let update = &figures.update_seconds;
+    rows.push(vec![
+        "live update after a scale (p50 / max)".into(),
+        format!("{:.0} / {:.0} ms", update.p50 * 1000.0, update.max * 1000.0),
+        String::new(),
+    ]);
+    rows.push(vec![
+        "overview's feed under churn".into(),
+        String::new(),
+        format!("{:.1} KiB/min", figures.feed_bytes_per_minute / 1024.0),
+    ]);
+    rows.push(vec![
+        "the tab: private / PSS / JS heap (an empty tab: private)".into(),
+        format!(
+            "{:.0} / {:.0} / {:.0} MiB ({:.0} MiB)",
+            figures.tab_private_mib,
+            figures.tab_pss_mib,
+            figures.js_heap_mib,
+            figures.blank_tab_private_mib
+        ),
+        String::new(),
+    ]);
+    rows.insert(
+        0,
+        vec![
+            "cluster".into(),
+            format!("{} nodes", report.nodes),
+            format!("{} instances", report.instances),
+        ],
+    );
+    output::table(&["console", "first view", "view size"], rows);
 }
 
 /// The `chaos` scenario's figures: per-round convergence in seconds.
