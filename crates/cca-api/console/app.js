@@ -581,5 +581,15 @@ function route() {
   show(problemBox(new ApiError(404, `The console has no page ${location.hash}.`)));
 }
 
+// A link that signs in (`cca dev` prints one) holds a token in its
+// fragment: kept in this tab, then taken out of the address bar.
+function takeToken() {
+  const match = location.hash.match(/^#token=([^&]+)$/);
+  if (!match) return;
+  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(match[1]));
+  history.replaceState(null, "", `${location.pathname}#/`);
+}
+
 window.addEventListener("hashchange", route);
+takeToken();
 route();

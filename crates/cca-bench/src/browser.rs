@@ -103,6 +103,12 @@ pub fn chromium() -> Option<String> {
 impl Browser {
     /// Starts a headless Chromium with a window of `width`×`height`.
     pub fn launch(width: u32, height: u32) -> BrowserResult<Self> {
+        Self::launch_with(width, height, &[])
+    }
+
+    /// [`Browser::launch`] with more command-line switches (a test's
+    /// `--ignore-certificate-errors` for a CA of its own).
+    pub fn launch_with(width: u32, height: u32, switches: &[&str]) -> BrowserResult<Self> {
         let binary = chromium().ok_or(BrowserError::NotInstalled)?;
         let launch_error = |reason: String| BrowserError::Launch {
             binary: binary.clone(),
@@ -124,6 +130,7 @@ impl Browser {
                 "--remote-allow-origins=*",
                 &format!("--window-size={width},{height}"),
             ])
+            .args(switches)
             .arg(format!("--user-data-dir={}", profile.path().display()))
             .arg("about:blank")
             .stdin(Stdio::null())

@@ -192,6 +192,12 @@ async fn dev(args: DevArgs) -> Result<()> {
             dir = trust_dir.display()
         ));
     }
+    match console_link(&client, &url, args.insecure).await {
+        Ok(link) => say(&link),
+        Err(error) => say(&format!(
+            "cca dev: the web console is at {url}/ui; {error:#}"
+        )),
+    }
     if let Some(gates) = gate_lines(&client, &program, &trust_dir).await {
         say(&gates);
     }
@@ -206,6 +212,43 @@ async fn dev(args: DevArgs) -> Result<()> {
     say("cca dev: stopped");
     Ok(())
 }
+
+/// The web console's address. On the secure setup, a link that signs the
+/// browser in, as a notebook server's does: the dev cluster's user
+/// `console` (an admin, made here if missing) and a token of its own in
+/// the link's fragment, which the browser never sends to a server.
+async fn console_link(client: &Client, url: &str, insecure: bool) -> Result<String> {
+    if insecure {
+        return Ok(format!("cca dev: the web console is at {url}/ui"));
+    }
+    let user = cca_wire::types::UserRequest {
+        roles: vec!["admin".into()],
+        tenant: None,
+    };
+    client
+        .put_user(CONSOLE_USER, &user)
+        .await
+        .context("making the console's user")?;
+    let token = client
+        .user_token(
+            CONSOLE_USER,
+            &cca_wire::types::UserTokenRequest {
+                ttl_secs: Some(CONSOLE_TOKEN_TTL.as_secs()),
+            },
+        )
+        .await
+        .context("issuing the console's token")?;
+    Ok(format!(
+        "cca dev: the web console, signed in as user `{CONSOLE_USER}` for {} hours (the browser \
+         warns once about the dev CA's certificate): {url}/ui#token={}",
+        CONSOLE_TOKEN_TTL.as_secs() / 3600,
+        token.token
+    ))
+}
+
+/// The dev cluster's console user, and how long its link signs in for.
+const CONSOLE_USER: &str = "console";
+const CONSOLE_TOKEN_TTL: Duration = Duration::from_secs(12 * 3600);
 
 /// Where the dev node's gate listens and a `curl` for each gate's first
 /// host; `None` when the node serves no gates.

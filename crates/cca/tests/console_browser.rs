@@ -223,3 +223,74 @@ fn the_console_shows_the_cluster_follows_it_live_and_diffs_a_pasted_program() {
     drop(console);
     dev.stop();
 }
+
+/// On the secure setup the console signs in with the link `cca dev`
+/// prints (its token in the fragment, then out of the address bar); a
+/// tab without it is asked for a token, and a wrong one is refused there.
+#[test]
+fn the_console_of_a_secure_cluster_signs_in_with_the_link_dev_prints() {
+    if !have_chromium() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    std::fs::write(dir.path().join("app.cca"), PROGRAM).expect("writes the program");
+    let dev = Dev::start(dir.path(), &["--data-dir", "data", "app.cca"]);
+    let shown = dev.read_until(|line, _| line.contains("/ui#token="));
+    let link = shown
+        .lines()
+        .find_map(|line| {
+            line.split_whitespace()
+                .find(|word| word.contains("/ui#token="))
+        })
+        .expect("the console's link")
+        .to_owned();
+    assert!(link.starts_with("https://127.0.0.1:"), "{link}");
+    // The dev CA is the test's own: this browser is not asked to trust it.
+    let mut browser =
+        Browser::launch_with(1280, 900, &["--ignore-certificate-errors"]).expect("chromium starts");
+    let tab = browser.open(&link).expect("a tab opens");
+    browser
+        .wait_for(
+            &tab,
+            "document.querySelector('#card-nodes .big')?.textContent === '1/1'",
+            WAIT,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    let address = browser.eval(&tab, "location.href").expect("evaluates");
+    let address = address.as_str().unwrap_or_default();
+    assert!(
+        !address.contains("token"),
+        "the token left the address bar: {address}"
+    );
+    let console = link.split('#').next().expect("the page's address");
+    let stranger = browser.open(console).expect("a second tab opens");
+    browser
+        .wait_for(&stranger, "document.getElementById('token') !== null", WAIT)
+        .unwrap_or_else(|e| panic!("a tab without the token is asked for one: {e}"));
+    let asked = browser
+        .eval(
+            &stranger,
+            "document.querySelector('form.signin p').textContent",
+        )
+        .expect("evaluates");
+    browser
+        .eval(
+            &stranger,
+            "document.getElementById('token').value = 'not-a-token'; \
+             document.querySelector('form.signin button').click()",
+        )
+        .expect("evaluates");
+    let refusal = browser
+        .wait_for(
+            &stranger,
+            &format!(
+                "document.getElementById('token') && \
+                 document.querySelector('form.signin p').textContent !== {asked}"
+            ),
+            WAIT,
+        )
+        .unwrap_or_else(|e| panic!("a wrong token is refused: {e}"));
+    assert_eq!(refusal, true);
+    drop(browser);
+    dev.stop();
+}
