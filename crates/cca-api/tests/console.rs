@@ -42,11 +42,11 @@ async fn cluster(h: &Harness, program: &Program, placed: &[(&str, &str, Instance
         };
         txn = txn
             .then(Op::put(
-                &cca_model::keys::derived_instance(service, id),
+                cca_model::keys::derived_instance(service, id),
                 serde_json::to_vec(&instance).expect("encodes"),
             ))
             .then(Op::put(
-                &cca_model::keys::observed_instance(id),
+                cca_model::keys::observed_instance(id),
                 serde_json::to_vec(&report).expect("encodes"),
             ));
     }
@@ -64,7 +64,7 @@ async fn unplace(h: &Harness, service: &str, count: u32) {
     };
     h.store
         .txn(Txn::new().then(Op::put(
-            &cca_model::keys::derived_unplaced(service),
+            cca_model::keys::derived_unplaced(service),
             serde_json::to_vec(&unplaced).expect("encodes"),
         )))
         .await

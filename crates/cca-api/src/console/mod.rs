@@ -188,17 +188,8 @@ pub(crate) async fn service(
     Path(name): Path<String>,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> ApiResult<Response> {
-    let events = feed(
-        format!("service/{name}"),
-        PAGE_EVENTS,
-        event_lens(&state, caller.as_deref()),
-    );
-    let page = query.page;
-    let build: Build<views::ServicePage> = Arc::new(move |view| {
-        views::service(view, &name, page)
-            .ok_or_else(|| ApiError::not_found(format!("no service named `{name}`")))
-    });
-    answer(&state, query.live, events, build).await
+    let object = Named::new("service", name, "no service named");
+    object_page(&state, caller, object, query, views::service).await
 }
 
 /// `GET /v1/console/nodes`.
@@ -221,17 +212,8 @@ pub(crate) async fn node(
     Path(name): Path<String>,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> ApiResult<Response> {
-    let events = feed(
-        format!("node/{name}"),
-        PAGE_EVENTS,
-        event_lens(&state, caller.as_deref()),
-    );
-    let page = query.page;
-    let build: Build<views::NodePage> = Arc::new(move |view| {
-        views::node(view, &name, page)
-            .ok_or_else(|| ApiError::not_found(format!("no node named `{name}`")))
-    });
-    answer(&state, query.live, events, build).await
+    let object = Named::new("node", name, "no node named");
+    object_page(&state, caller, object, query, views::node).await
 }
 
 /// `GET /v1/console/instances/{id}`.
@@ -241,15 +223,52 @@ pub(crate) async fn instance(
     Path(id): Path<String>,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> ApiResult<Response> {
+    let object = Named::new("instance", id, "no instance");
+    object_page(&state, caller, object, query, |view, id, _| {
+        views::instance(view, id)
+    })
+    .await
+}
+
+/// One named object a page is about.
+struct Named {
+    /// `service`, `node`, `instance`: its events' subjects start so.
+    kind: &'static str,
+    name: String,
+    /// What a 404 says before the name.
+    missing: &'static str,
+}
+
+impl Named {
+    fn new(kind: &'static str, name: String, missing: &'static str) -> Self {
+        Named {
+            kind,
+            name,
+            missing,
+        }
+    }
+}
+
+/// The page of one named object (404 naming it when there is none) with
+/// the events about it.
+async fn object_page<T: Serialize + Send + 'static>(
+    state: &ApiState,
+    caller: CallerExtension,
+    object: Named,
+    query: PageQuery,
+    build: fn(&View, &str, usize) -> Option<T>,
+) -> ApiResult<Response> {
     let events = feed(
-        format!("instance/{id}"),
+        format!("{}/{}", object.kind, object.name),
         PAGE_EVENTS,
-        event_lens(&state, caller.as_deref()),
+        event_lens(state, caller.as_deref()),
     );
-    let build: Build<views::InstancePage> = Arc::new(move |view| {
-        views::instance(view, &id).ok_or_else(|| ApiError::not_found(format!("no instance `{id}`")))
+    let page = query.page;
+    let build: Build<T> = Arc::new(move |view| {
+        build(view, &object.name, page)
+            .ok_or_else(|| ApiError::not_found(format!("{} `{}`", object.missing, object.name)))
     });
-    answer(&state, query.live, events, build).await
+    answer(state, query.live, events, build).await
 }
 
 /// `GET /v1/console/events`: the newest events, whose subject contains
