@@ -2,7 +2,7 @@
 //! details of `describe`, the cluster `status`. Pure functions of a
 //! snapshot, so every answer is consistent with itself.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use cca_control::View;
 use cca_model::cluster::{Instance, InstanceState};
@@ -215,10 +215,7 @@ pub(crate) fn service_summary(view: &View, name: &str, spec: &ServiceSpec) -> Se
         .count();
     ServiceSummary {
         name: name.to_owned(),
-        workload: match spec.workload {
-            Workload::Image { .. } => "image".into(),
-            Workload::Process { .. } => "process".into(),
-        },
+        workload: workload_kind(&spec.workload).to_owned(),
         // The autoscaler's count for an autoscaled service.
         replicas: view.wanted_replicas(name).unwrap_or(spec.replicas),
         instances: mine().filter(|i| !i.stopping).count(),
@@ -244,6 +241,14 @@ pub(crate) fn service_summary(view: &View, name: &str, spec: &ServiceSpec) -> Se
             .get(name)
             .filter(|_| spec.scale_to_zero.is_some())
             .map(|state| (*state.value).clone()),
+    }
+}
+
+/// `process` or `image`, as lists show a workload.
+pub(crate) fn workload_kind(workload: &Workload) -> &'static str {
+    match workload {
+        Workload::Image { .. } => "image",
+        Workload::Process { .. } => "process",
     }
 }
 
@@ -364,8 +369,27 @@ pub(crate) fn nodes(view: &View) -> Vec<NodeSummary> {
 }
 
 pub(crate) fn node_summary(view: &View, name: &str) -> Option<NodeSummary> {
-    let on_node = placed_by_node(view).get(name).copied().unwrap_or_default();
-    summary_of_node(view, name, on_node)
+    node_summaries(view, &[name]).pop()
+}
+
+/// The rows of the nodes named (those registered, in the order given),
+/// summing only their instances.
+pub(crate) fn node_summaries(view: &View, names: &[&str]) -> Vec<NodeSummary> {
+    let mut placed: HashMap<&str, Placed> = names
+        .iter()
+        .map(|name| (*name, Placed::default()))
+        .collect();
+    for instance in view.instances.values() {
+        if let Some(sums) = placed.get_mut(instance.node.as_str()) {
+            sums.add(instance);
+        }
+    }
+    names
+        .iter()
+        .filter_map(|name| {
+            summary_of_node(view, name, placed.get(name).copied().unwrap_or_default())
+        })
+        .collect()
 }
 
 /// What the instances placed on a node reserve, and how many they are.
@@ -376,14 +400,22 @@ struct Placed {
     count: usize,
 }
 
+impl Placed {
+    fn add(&mut self, instance: &Instance) {
+        self.cpu += instance.cpu.0;
+        self.memory += instance.memory.0;
+        self.count += 1;
+    }
+}
+
 /// Every node's placed instances summed, in one pass over them.
-fn placed_by_node(view: &View) -> BTreeMap<&str, Placed> {
-    let mut placed: BTreeMap<&str, Placed> = BTreeMap::new();
+fn placed_by_node(view: &View) -> HashMap<&str, Placed> {
+    let mut placed: HashMap<&str, Placed> = HashMap::new();
     for instance in view.instances.values() {
-        let sums = placed.entry(instance.node.as_str()).or_default();
-        sums.cpu += instance.cpu.0;
-        sums.memory += instance.memory.0;
-        sums.count += 1;
+        placed
+            .entry(instance.node.as_str())
+            .or_default()
+            .add(instance);
     }
     placed
 }
@@ -433,7 +465,7 @@ pub(crate) fn drain_held_by(view: &View, node: &str) -> Vec<String> {
 
 /// The node controller's verdict when it has one; until then a live
 /// heartbeat lease means ready.
-fn node_condition(view: &View, name: &str) -> &'static str {
+pub(crate) fn node_condition(view: &View, name: &str) -> &'static str {
     use cca_model::cluster::NodeCondition;
     match view.node_statuses.get(name).map(|s| s.condition) {
         Some(NodeCondition::Ready) => "ready",

@@ -99,6 +99,7 @@ struct Inner {
     tokens: RwLock<Option<Arc<crate::auth::TokenAuthority>>>,
     agent_tls: RwLock<Option<Arc<AgentTls>>>,
     compiler: RwLock<Option<Arc<dyn crate::console::Compiler>>>,
+    console_views: crate::console::BuiltViews,
     audit: crate::audit::AuditLog,
     /// Taken by the first `serve`, which runs it.
     audit_writer: std::sync::Mutex<Option<crate::audit::AuditWriter>>,
@@ -145,6 +146,7 @@ impl ApiState {
             tokens: RwLock::new(None),
             agent_tls: RwLock::new(None),
             compiler: RwLock::new(None),
+            console_views: crate::console::BuiltViews::default(),
         };
         Self {
             inner: Arc::new(inner),
@@ -247,6 +249,11 @@ impl ApiState {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
+    }
+
+    /// The console's views built at the newest revisions.
+    pub(crate) fn console_views(&self) -> &crate::console::BuiltViews {
+        &self.inner.console_views
     }
 
     /// The roles in force.

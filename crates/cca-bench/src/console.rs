@@ -105,6 +105,11 @@ struct Session {
 impl Session {
     fn open(base: &str, figures: &mut ConsoleFigures) -> Result<Self, BenchError> {
         let mut browser = Browser::launch(1280, 900)?;
+        // The floor: a tab showing nothing, measured as the console's tab
+        // will be (its renderer, once it has settled).
+        let blank = browser.open("about:blank")?;
+        browser.wait_for(&blank, "document.readyState === 'complete'", PAGE_WAIT)?;
+        std::thread::sleep(Duration::from_secs(2));
         figures.blank_tab_private_mib = mib(heaviest(&browser.renderers()?).private);
         let tab = browser.open(&format!("{base}/ui"))?;
         browser.wait_for(

@@ -16,6 +16,7 @@ use std::time::Duration;
 use cca_bench::browser::{Browser, Tab, chromium};
 use serde_json::Value;
 use support::dev::Dev;
+use support::tenants::TwoTenants;
 
 const PROGRAM: &str = r#"
 service web {
@@ -293,4 +294,55 @@ fn the_console_of_a_secure_cluster_signs_in_with_the_link_dev_prints() {
     assert_eq!(refusal, true);
     drop(browser);
     dev.stop();
+}
+
+/// The console's views read as their caller: alice (tenant `a`) sees her
+/// tenant's service and none of bob's, is refused the overview (it counts
+/// the whole cluster, as `status` does), and the local admin sees both.
+#[test]
+fn a_tenants_user_sees_only_their_tenant_in_the_console() {
+    let (cluster, alice, _bob) = TwoTenants::with_two_tenants();
+    let ca = cluster.config.join("ca.pem");
+    let get = |token: Option<&str>, path: &str| -> (String, Value) {
+        let mut curl = std::process::Command::new("curl");
+        curl.args(["-s", "--max-time", "10", "-w", "\n%{http_code}"])
+            .arg("--cacert")
+            .arg(&ca);
+        match token {
+            Some(token) => curl.args(["-H", &format!("authorization: Bearer {token}")]),
+            None => curl
+                .arg("--cert")
+                .arg(cluster.config.join("admin.pem"))
+                .arg("--key")
+                .arg(cluster.config.join("admin.key")),
+        };
+        let output = curl
+            .arg(format!("{}{path}", cluster.server.url))
+            .output()
+            .expect("curl runs");
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        let (body, status) = text.rsplit_once('\n').expect("a status line");
+        (
+            status.to_owned(),
+            serde_json::from_str(body).unwrap_or(Value::Null),
+        )
+    };
+    let names = |page: &Value| -> Vec<String> {
+        page["view"]["rows"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|row| row["name"].as_str().map(str::to_owned))
+            .collect()
+    };
+    let (status, page) = get(Some(&alice), "/v1/console/services");
+    assert_eq!(status, "200", "{page}");
+    assert_eq!(names(&page), ["web-a"]);
+    let (status, page) = get(Some(&alice), "/v1/console/services/web-b");
+    assert_eq!(status, "403", "{page}");
+    let (status, _) = get(Some(&alice), "/v1/console/overview");
+    assert_eq!(status, "403");
+    let (status, page) = get(None, "/v1/console/services");
+    assert_eq!(status, "200", "{page}");
+    assert_eq!(names(&page), ["web-a", "web-b"]);
 }

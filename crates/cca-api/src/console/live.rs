@@ -13,7 +13,7 @@ use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
-use super::{Build, EventFeed, render};
+use super::{Builder, EventFeed, render};
 use crate::error::ApiResult;
 use crate::routes::watch::{LineSender, streamed};
 use crate::state::ApiState;
@@ -28,7 +28,7 @@ const KEEP_ALIVE: Duration = Duration::from_secs(15);
 pub(super) fn stream<T: Serialize + Send + 'static>(
     state: &ApiState,
     feed: EventFeed,
-    build: Build<T>,
+    build: Builder<T>,
 ) -> ApiResult<Response> {
     let permit = state.stream_permit()?;
     let producer_state = state.clone();
@@ -41,14 +41,14 @@ pub(super) fn stream<T: Serialize + Send + 'static>(
 async fn follow<T: Serialize + Send + 'static>(
     state: ApiState,
     feed: EventFeed,
-    build: Build<T>,
+    build: Builder<T>,
     lines: LineSender,
 ) {
     let mut views = state.cache().views();
     let mut last: Option<Vec<u8>> = None;
     loop {
         let view = views.borrow_and_update().clone();
-        let (name, content) = match render(&state, &view, &feed, Arc::clone(&build)).await {
+        let (name, content) = match render(&state, &view, &feed, build.clone()).await {
             Ok(content) => ("view", content),
             Err(error) => ("problem", error.to_json()),
         };

@@ -11,14 +11,16 @@ mod assets;
 mod live;
 pub mod views;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
+use std::sync::PoisonError;
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use cca_control::View;
+use cca_model::Revision;
 use cca_model::access::{Action, Resource};
 use cca_model::spec::Program;
 use serde::{Deserialize, Serialize};
@@ -29,7 +31,7 @@ use crate::authz::{Lens, filter_by_service};
 use crate::error::{ApiError, ApiResult, JsonBody, QueryArgs};
 use crate::routes::reads::fresh_view;
 use crate::state::ApiState;
-use crate::types::{ApplyReport, EventRecord};
+use crate::types::ApplyReport;
 
 /// Events a page shows under its view (the newest).
 const PAGE_EVENTS: usize = 20;
@@ -60,11 +62,38 @@ pub(crate) struct PageQuery {
     live: bool,
 }
 
-/// What one answer holds: the view and the events under it.
-#[derive(Serialize)]
-struct Content<'a, T> {
-    view: T,
-    events: &'a [EventRecord],
+/// Views already built, by what they show and the revision they show it
+/// at: the feeds of many tabs on one page build it once per change.
+#[derive(Debug, Default)]
+pub(crate) struct BuiltViews {
+    views: std::sync::Mutex<HashMap<String, BuiltView>>,
+}
+
+/// One view's JSON and the revision it was built at.
+type BuiltView = (Revision, Arc<Vec<u8>>);
+
+/// Views kept at most; past it, only those of the newest revision stay.
+const MAX_BUILT_VIEWS: usize = 1_024;
+
+impl BuiltViews {
+    fn get(&self, key: &str, revision: Revision) -> Option<Arc<Vec<u8>>> {
+        let views = self.views.lock().unwrap_or_else(PoisonError::into_inner);
+        views
+            .get(key)
+            .filter(|(built_at, _)| *built_at == revision)
+            .map(|(_, json)| Arc::clone(json))
+    }
+
+    fn put(&self, key: &str, revision: Revision, json: Arc<Vec<u8>>) {
+        let mut views = self.views.lock().unwrap_or_else(PoisonError::into_inner);
+        if views.len() >= MAX_BUILT_VIEWS && !views.contains_key(key) {
+            views.retain(|_, (built_at, _)| *built_at >= revision);
+            if views.len() >= MAX_BUILT_VIEWS {
+                views.clear();
+            }
+        }
+        views.insert(key.to_owned(), (revision, json));
+    }
 }
 
 /// Which events a page shows, and whom for.
@@ -77,12 +106,38 @@ pub(crate) struct EventFeed {
 
 type Build<T> = Arc<dyn Fn(&View) -> ApiResult<T> + Send + Sync>;
 
+/// What a page's view is built from: the key it is kept under (what it
+/// shows, and for whom when a lens filters it) and how to build it.
+pub(crate) struct Builder<T> {
+    key: String,
+    build: Build<T>,
+}
+
+impl<T> Clone for Builder<T> {
+    fn clone(&self) -> Self {
+        Builder {
+            key: self.key.clone(),
+            build: Arc::clone(&self.build),
+        }
+    }
+}
+
+fn builder<T>(
+    key: String,
+    build: impl Fn(&View) -> ApiResult<T> + Send + Sync + 'static,
+) -> Builder<T> {
+    Builder {
+        key,
+        build: Arc::new(build),
+    }
+}
+
 /// Answers with the view `build` makes and its events: once, or live.
 async fn answer<T: Serialize + Send + 'static>(
     state: &ApiState,
     live: bool,
     feed: EventFeed,
-    build: Build<T>,
+    build: Builder<T>,
 ) -> ApiResult<Response> {
     if live {
         return live::stream(state, feed, build);
@@ -96,26 +151,55 @@ async fn answer<T: Serialize + Send + 'static>(
     Ok(response)
 }
 
-/// The JSON of `build`'s view of `view` and the feed's events. The view
-/// is built off the async threads: at 100,000 instances it takes
-/// milliseconds.
+/// The JSON of `builder`'s view of `view` and the feed's events: the
+/// view as built for another feed at this revision, or built now, off
+/// the async threads (at 100,000 instances an overview takes tens of
+/// milliseconds).
 async fn render<T: Serialize + Send + 'static>(
     state: &ApiState,
     view: &Arc<View>,
     feed: &EventFeed,
-    build: Build<T>,
+    builder: Builder<T>,
 ) -> ApiResult<Vec<u8>> {
-    let snapshot = Arc::clone(view);
-    let built = tokio::task::spawn_blocking(move || build(&snapshot))
-        .await
-        .map_err(|_| ApiError::internal("building the console's view failed unexpectedly"))??;
+    let built = state.console_views();
+    let json = match built.get(&builder.key, view.revision) {
+        Some(json) => json,
+        None => {
+            let snapshot = Arc::clone(view);
+            let build = Arc::clone(&builder.build);
+            let json = tokio::task::spawn_blocking(move || {
+                build(&snapshot).and_then(|view| encode(&view))
+            })
+            .await
+            .map_err(|_| ApiError::internal("building the console's view failed unexpectedly"))??;
+            let json = Arc::new(json);
+            built.put(&builder.key, view.revision, Arc::clone(&json));
+            json
+        }
+    };
     let mut events = crate::routes::events::recent_about(state, &feed.subject, feed.limit).await?;
     crate::routes::events::keep_visible(state, feed.lens.as_ref(), &mut events);
-    serde_json::to_vec(&Content {
-        view: built,
-        events: &events,
-    })
-    .map_err(|error| ApiError::internal(format!("encoding the console's view: {error}")))
+    let mut content = Vec::with_capacity(json.len() + 256);
+    content.extend_from_slice(b"{\"view\":");
+    content.extend_from_slice(&json);
+    content.extend_from_slice(b",\"events\":");
+    content.extend_from_slice(&encode(&events)?);
+    content.push(b'}');
+    Ok(content)
+}
+
+fn encode(value: &impl Serialize) -> ApiResult<Vec<u8>> {
+    serde_json::to_vec(value)
+        .map_err(|error| ApiError::internal(format!("encoding the console's view: {error}")))
+}
+
+/// Whom a view filtered by a lens is built for (`*`: everyone sees the
+/// same).
+fn viewer(caller: Option<&crate::auth::Caller>, lens: Option<&Lens>) -> String {
+    match (caller, lens) {
+        (Some(caller), Some(_)) => caller.identity.to_string(),
+        _ => "*".to_owned(),
+    }
 }
 
 fn feed(subject: impl Into<String>, limit: usize, lens: Option<Lens>) -> EventFeed {
@@ -150,10 +234,11 @@ pub(crate) async fn overview(
     caller: CallerExtension,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> ApiResult<Response> {
-    let lens = Arc::new(Lens::of(&state, caller.as_deref(), Resource::Service));
+    let lens = Lens::of(&state, caller.as_deref(), Resource::Service);
+    let key = format!("overview|{}", viewer(caller.as_deref(), lens.as_ref()));
     let events = feed("", PAGE_EVENTS, event_lens(&state, caller.as_deref()));
-    let build: Build<views::Overview> = Arc::new(move |view| {
-        let shown = shown_services(lens.as_ref().as_ref(), view);
+    let build = builder(key, move |view| {
+        let shown = shown_services(lens.as_ref(), view);
         Ok(views::overview(view, |name| shows(shown.as_ref(), name)))
     });
     answer(&state, query.live, events, build).await
@@ -165,15 +250,19 @@ pub(crate) async fn services(
     caller: CallerExtension,
     QueryArgs(query): QueryArgs<PageQuery>,
 ) -> ApiResult<Response> {
-    let lens = Arc::new(Lens::of(&state, caller.as_deref(), Resource::Service));
+    let lens = Lens::of(&state, caller.as_deref(), Resource::Service);
     let events = feed(
         "service/",
         PAGE_EVENTS,
         event_lens(&state, caller.as_deref()),
     );
     let PageQuery { page, q, live } = query;
-    let build: Build<views::Page<views::ServiceRow>> = Arc::new(move |view| {
-        let shown = shown_services(lens.as_ref().as_ref(), view);
+    let key = format!(
+        "services|{page}|{q}|{}",
+        viewer(caller.as_deref(), lens.as_ref())
+    );
+    let build = builder(key, move |view| {
+        let shown = shown_services(lens.as_ref(), view);
         Ok(views::services(view, &q, page, |name| {
             shows(shown.as_ref(), name)
         }))
@@ -200,8 +289,8 @@ pub(crate) async fn nodes(
 ) -> ApiResult<Response> {
     let events = feed("node/", PAGE_EVENTS, event_lens(&state, caller.as_deref()));
     let PageQuery { page, q, live } = query;
-    let build: Build<views::Page<views::NodeRow>> =
-        Arc::new(move |view| Ok(views::nodes(view, &q, page)));
+    let key = format!("nodes|{page}|{q}");
+    let build = builder(key, move |view| Ok(views::nodes(view, &q, page)));
     answer(&state, live, events, build).await
 }
 
@@ -264,7 +353,8 @@ async fn object_page<T: Serialize + Send + 'static>(
         event_lens(state, caller.as_deref()),
     );
     let page = query.page;
-    let build: Build<T> = Arc::new(move |view| {
+    let key = format!("{}/{}|{page}", object.kind, object.name);
+    let build = builder(key, move |view| {
         build(view, &object.name, page)
             .ok_or_else(|| ApiError::not_found(format!("{} `{}`", object.missing, object.name)))
     });
@@ -283,7 +373,7 @@ pub(crate) async fn events(
         STREAM_EVENTS,
         event_lens(&state, caller.as_deref()),
     );
-    let build: Build<()> = Arc::new(|_| Ok(()));
+    let build = builder("events".to_owned(), |_| Ok(()));
     answer(&state, query.live, events, build).await
 }
 
@@ -341,4 +431,50 @@ async fn plan(
     crate::apply::apply_program(state, &program, pasted.prune, dry_run)
         .await
         .map(Json)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json(text: &str) -> Arc<Vec<u8>> {
+        Arc::new(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn a_built_view_serves_its_revision_only() {
+        let built = BuiltViews::default();
+        built.put("overview|*", 7, json("seven"));
+        assert_eq!(built.get("overview|*", 7), Some(json("seven")));
+        assert_eq!(
+            built.get("overview|*", 8),
+            None,
+            "a newer revision builds again"
+        );
+        assert_eq!(
+            built.get("overview|user:alice", 7),
+            None,
+            "another viewer's"
+        );
+        built.put("overview|*", 8, json("eight"));
+        assert_eq!(built.get("overview|*", 7), None, "replaced");
+        assert_eq!(built.get("overview|*", 8), Some(json("eight")));
+    }
+
+    #[test]
+    fn built_views_stay_bounded_keeping_the_newest() {
+        let built = BuiltViews::default();
+        for n in 0..MAX_BUILT_VIEWS {
+            built.put(&format!("old/{n}"), 1, json("old"));
+        }
+        built.put("new", 2, json("new"));
+        assert_eq!(built.get("new", 2), Some(json("new")));
+        assert_eq!(built.get("old/0", 1), None, "older views made room");
+        let kept = built
+            .views
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len();
+        assert!(kept <= MAX_BUILT_VIEWS, "{kept}");
+    }
 }

@@ -4,7 +4,7 @@
 //! (at most [`MAX_PROBLEMS`]) and one page of rows ([`PAGE_SIZE`]). Every
 //! view opens with its [`Verdict`]: is it healthy, and if not, why.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use cca_control::View;
 use cca_model::cluster::{Instance, InstanceState, InstanceStatus, Unplaced};
@@ -186,26 +186,28 @@ fn matches(name: &str, query: &str) -> bool {
 
 /// The overview of `view`, counting only the services `visible` keeps.
 pub fn overview(view: &View, visible: impl Fn(&str) -> bool) -> Overview {
-    let tallies = tally(view);
-    let service_rows: Vec<ServiceRow> = read::services(view, &[])
-        .into_iter()
-        .filter(|summary| visible(&summary.name))
-        .map(|summary| service_row(view, &summary, &tallies))
-        .collect();
-    let node_rows = node_rows(view);
+    let census = census(view);
+    let service_rows = service_rows(view, &census, &visible);
+    let node_states = node_states(view);
     let mut services = BTreeMap::new();
+    let mut instances = BTreeMap::new();
     for row in &service_rows {
         *services.entry(row.verdict.health).or_insert(0) += 1;
+        if let Some(tally) = census.get(row.name.as_str()) {
+            for (state, count) in &tally.by_state {
+                *instances.entry((*state).to_owned()).or_insert(0) += count;
+            }
+        }
     }
     let mut problems: Vec<Problem> = service_rows
         .iter()
         .filter(|row| row.verdict.health < Health::Asleep)
         .map(|row| problem("service", &row.name, &row.verdict))
         .chain(
-            node_rows
+            node_states
                 .iter()
-                .filter(|row| row.verdict.health < Health::Asleep)
-                .map(|row| problem("node", &row.summary.name, &row.verdict)),
+                .filter(|node| node.verdict.health < Health::Asleep)
+                .map(|node| problem("node", node.name, &node.verdict)),
         )
         .collect();
     problems.sort_by(|a, b| (a.health, &a.subject).cmp(&(b.health, &b.subject)));
@@ -220,12 +222,12 @@ pub fn overview(view: &View, visible: impl Fn(&str) -> bool) -> Overview {
     unplaced.sort_by(|a, b| b.count.cmp(&a.count).then(a.service.cmp(&b.service)));
     let unplaced_services = unplaced.len();
     unplaced.truncate(MAX_UNPLACED);
-    let nodes = node_counts(&node_rows);
+    let nodes = node_counts(&node_states);
     Overview {
         verdict: cluster_verdict(view, &nodes, &services, unplaced_services),
         nodes,
         services,
-        instances: instance_counts(view, &visible),
+        instances,
         unplaced,
         unplaced_services,
         problems,
@@ -241,29 +243,15 @@ fn problem(kind: &str, name: &str, verdict: &Verdict) -> Problem {
     }
 }
 
-fn node_counts(rows: &[NodeRow]) -> NodeCounts {
-    let count = |keep: fn(&NodeRow) -> bool| rows.iter().filter(|row| keep(row)).count();
+fn node_counts(nodes: &[NodeState]) -> NodeCounts {
+    let count = |keep: fn(&NodeState) -> bool| nodes.iter().filter(|node| keep(node)).count();
     NodeCounts {
-        total: rows.len(),
-        ready: count(|row| row.summary.status == "ready"),
-        unreachable: count(|row| row.summary.status == "unreachable"),
-        draining: count(|row| row.summary.draining),
-        disabled: count(|row| row.summary.disabled),
+        total: nodes.len(),
+        ready: count(|node| node.status == "ready"),
+        unreachable: count(|node| node.status == "unreachable"),
+        draining: count(|node| node.draining),
+        disabled: count(|node| node.disabled),
     }
-}
-
-fn instance_counts(view: &View, visible: &impl Fn(&str) -> bool) -> BTreeMap<String, usize> {
-    let mut counts = BTreeMap::new();
-    for instance in view.instances.values().map(|held| &held.value) {
-        if visible(&instance.service) {
-            let state = view
-                .statuses
-                .get(&instance.id)
-                .map_or("assigned", |status| status.state.as_str());
-            *counts.entry(state.to_owned()).or_insert(0) += 1;
-        }
-    }
-    counts
 }
 
 /// The cluster's verdict: down when no node is ready, degraded when
@@ -335,44 +323,87 @@ fn plural(n: usize, word: &str) -> String {
     }
 }
 
-/// What a service's placed instances are doing, counted in one pass.
+/// What a service's placed instances are doing.
 #[derive(Default)]
 struct Tally {
+    /// Reported running (ready or not), as `get services` counts them.
+    running: usize,
     ready: usize,
     starting: usize,
     unhealthy: usize,
     restarting: usize,
     failed: usize,
+    /// Placed instances by state (`assigned` before their first report).
+    by_state: BTreeMap<&'static str, usize>,
     /// The message of one failed or restarting instance: what to look at.
     example: Option<String>,
 }
 
-fn tally(view: &View) -> BTreeMap<&str, Tally> {
-    let mut tallies: BTreeMap<&str, Tally> = BTreeMap::new();
-    for instance in view.instances.values().map(|held| &held.value) {
+impl Tally {
+    fn count(&mut self, instance: &Instance, status: Option<&InstanceStatus>) {
+        let state = status.map_or("assigned", |status| status.state.as_str());
+        *self.by_state.entry(state).or_insert(0) += 1;
         if instance.stopping {
-            continue;
+            return;
         }
-        let tally = tallies.entry(instance.service.as_str()).or_default();
-        let status = view.statuses.get(&instance.id).map(|held| &held.value);
         match status.map(|status| (status.state, status.healthy)) {
-            Some((InstanceState::Running, Some(false))) => tally.unhealthy += 1,
-            Some((InstanceState::Running, _)) => tally.ready += 1,
-            Some((InstanceState::Restarting, _)) => tally.restarting += 1,
-            Some((InstanceState::Failed, _)) => tally.failed += 1,
+            Some((InstanceState::Running, healthy)) => {
+                self.running += 1;
+                if healthy == Some(false) {
+                    self.unhealthy += 1;
+                } else {
+                    self.ready += 1;
+                }
+            }
+            Some((InstanceState::Restarting, _)) => self.restarting += 1,
+            Some((InstanceState::Failed, _)) => self.failed += 1,
             Some((InstanceState::Stopping | InstanceState::Stopped, _)) => {}
             Some((InstanceState::Pending | InstanceState::Starting, _)) | None => {
-                tally.starting += 1;
+                self.starting += 1;
             }
         }
         if let Some(status) =
             status.filter(|s| matches!(s.state, InstanceState::Failed | InstanceState::Restarting))
-            && tally.example.is_none()
+            && self.example.is_none()
         {
-            tally.example = Some(format!("{}: {}", instance.id, status_words(status)));
+            self.example = Some(format!("{}: {}", instance.id, status_words(status)));
         }
     }
+}
+
+/// Every service's [`Tally`], in one pass that walks the placements and
+/// the reports side by side: both tables are ordered by instance id, so
+/// no report is looked up (at 100,000 instances the lookups were most of
+/// an overview's cost).
+fn census(view: &View) -> HashMap<&str, Tally> {
+    let mut tallies: HashMap<&str, Tally> = HashMap::new();
+    let mut reports = view.statuses.iter().peekable();
+    for (id, held) in &view.instances {
+        while reports
+            .next_if(|(report, _)| report.as_str() < id.as_str())
+            .is_some()
+        {}
+        let status = reports
+            .peek()
+            .filter(|(report, _)| *report == id)
+            .map(|(_, held)| &*held.value);
+        let instance = &*held.value;
+        tallies
+            .entry(instance.service.as_str())
+            .or_default()
+            .count(instance, status);
+    }
     tallies
+}
+
+/// The tally of one service's instances, alone.
+fn census_of<'v>(view: &'v View, service: &'v str) -> HashMap<&'v str, Tally> {
+    let mut tally = Tally::default();
+    for held in view.instances_of(service) {
+        let status = view.statuses.get(&held.value.id).map(|held| &*held.value);
+        tally.count(&held.value, status);
+    }
+    HashMap::from([(service, tally)])
 }
 
 /// What an instance's report says went wrong, in a few words.
@@ -389,33 +420,58 @@ fn status_words(status: &InstanceStatus) -> String {
     }
 }
 
+/// The rows of the services `visible` keeps, by name.
+fn service_rows(
+    view: &View,
+    census: &HashMap<&str, Tally>,
+    visible: impl Fn(&str) -> bool,
+) -> Vec<ServiceRow> {
+    view.services
+        .iter()
+        .filter(|(name, _)| visible(name))
+        .map(|(name, spec)| service_row(view, name, &spec.value, census))
+        .collect()
+}
+
 fn service_row(
     view: &View,
-    summary: &ServiceSummary,
-    tallies: &BTreeMap<&str, Tally>,
+    name: &str,
+    spec: &ServiceSpec,
+    census: &HashMap<&str, Tally>,
 ) -> ServiceRow {
     let empty = Tally::default();
-    let tally = tallies.get(summary.name.as_str()).unwrap_or(&empty);
+    let tally = census.get(name).unwrap_or(&empty);
+    let replicas = view.wanted_replicas(name).unwrap_or(spec.replicas);
     ServiceRow {
-        name: summary.name.clone(),
-        workload: summary.workload.clone(),
-        verdict: service_verdict(view, summary, tally),
-        replicas: summary.replicas,
-        running: summary.running,
-        unplaced: summary.unplaced,
+        name: name.to_owned(),
+        workload: read::workload_kind(&spec.workload).to_owned(),
+        verdict: service_verdict(view, name, spec, replicas, tally),
+        replicas,
+        running: tally.running,
+        unplaced: view.unplaced.get(name).map_or(0, |u| u.count),
     }
 }
 
-fn service_verdict(view: &View, summary: &ServiceSummary, tally: &Tally) -> Verdict {
+fn service_verdict(
+    view: &View,
+    name: &str,
+    spec: &ServiceSpec,
+    replicas: u32,
+    tally: &Tally,
+) -> Verdict {
     let mut verdict = Verdict::healthy();
-    if let Some(scale) = summary.scale.as_ref().filter(|scale| scale.asleep) {
+    let asleep = view
+        .scale
+        .get(name)
+        .filter(|held| spec.scale_to_zero.is_some() && held.value.asleep);
+    if asleep.is_some() {
         verdict.flag(
             Health::Asleep,
-            format!("asleep since {} until its next request", scale.since),
+            "asleep (scale to zero): the next request wakes it".into(),
         );
         return verdict;
     }
-    let wanted = summary.replicas as usize;
+    let wanted = replicas as usize;
     if wanted > 0 && tally.ready == 0 {
         verdict.flag(
             Health::Down,
@@ -447,10 +503,10 @@ fn service_verdict(view: &View, summary: &ServiceSummary, tally: &Tally) -> Verd
     if let Some(example) = &tally.example {
         verdict.reasons.push(example.clone());
     }
-    if let Some(unplaced) = view.unplaced.get(&summary.name) {
+    if let Some(unplaced) = view.unplaced.get(name) {
         verdict.flag(Health::Degraded, unplaced_words(&unplaced.value));
     }
-    if let Some(rollout) = view.rollouts.get(&summary.name) {
+    if let Some(rollout) = view.rollouts.get(name) {
         rollout_reason(&mut verdict, &rollout.value);
     }
     verdict
@@ -500,28 +556,48 @@ fn short(version: &str) -> &str {
     version.get(..12).unwrap_or(version)
 }
 
-fn node_rows(view: &View) -> Vec<NodeRow> {
-    read::nodes(view)
-        .into_iter()
-        .map(|summary| NodeRow {
-            verdict: node_verdict(&summary),
-            summary,
+/// What a node's verdict needs, without what is placed on it (which
+/// costs a pass over every instance): the overview counts these, the
+/// nodes list sorts them and sums the instances of one page only.
+struct NodeState<'v> {
+    name: &'v str,
+    status: &'static str,
+    draining: bool,
+    disabled: bool,
+    verdict: Verdict,
+}
+
+fn node_states(view: &View) -> Vec<NodeState<'_>> {
+    view.nodes
+        .keys()
+        .map(|name| {
+            let status = read::node_condition(view, name);
+            let control = view.node_controls.get(name);
+            let draining = control.is_some_and(|c| c.drain);
+            let disabled = control.is_some_and(|c| c.disabled);
+            NodeState {
+                name,
+                status,
+                draining,
+                disabled,
+                verdict: node_verdict(status, draining, disabled),
+            }
         })
         .collect()
 }
 
-fn node_verdict(node: &NodeSummary) -> Verdict {
+fn node_verdict(status: &str, draining: bool, disabled: bool) -> Verdict {
     let mut verdict = Verdict::healthy();
-    if node.status != "ready" {
+    if status != "ready" {
         verdict.flag(
             Health::Down,
             "unreachable: its heartbeats stopped; its instances are replaced elsewhere".into(),
         );
     }
-    if node.draining {
+    if draining {
         verdict.flag(Health::Progressing, "draining".into());
     }
-    if node.disabled {
+    if disabled {
         verdict
             .reasons
             .push("disabled: takes no new instances (cca node enable)".into());
@@ -537,26 +613,38 @@ pub fn services(
     page: usize,
     visible: impl Fn(&str) -> bool,
 ) -> Page<ServiceRow> {
-    let tallies = tally(view);
-    let mut rows: Vec<ServiceRow> = read::services(view, &[])
-        .into_iter()
-        .filter(|summary| matches(&summary.name, query) && visible(&summary.name))
-        .map(|summary| service_row(view, &summary, &tallies))
-        .collect();
+    let census = census(view);
+    let mut rows = service_rows(view, &census, |name| matches(name, query) && visible(name));
     rows.sort_by(|a, b| (a.verdict.health, &a.name).cmp(&(b.verdict.health, &b.name)));
     Page::of(rows, page)
 }
 
 /// Page `page` of the nodes whose names contain `query`, worst first.
 pub fn nodes(view: &View, query: &str, page: usize) -> Page<NodeRow> {
-    let mut rows: Vec<NodeRow> = node_rows(view)
+    let mut states: Vec<NodeState> = node_states(view)
         .into_iter()
-        .filter(|row| matches(&row.summary.name, query))
+        .filter(|node| matches(node.name, query))
         .collect();
-    rows.sort_by(|a, b| {
-        (a.verdict.health, &a.summary.name).cmp(&(b.verdict.health, &b.summary.name))
-    });
-    Page::of(rows, page)
+    states.sort_by(|a, b| (a.verdict.health, a.name).cmp(&(b.verdict.health, b.name)));
+    let page = Page::of(states, page);
+    let names: Vec<&str> = page.rows.iter().map(|node| node.name).collect();
+    let mut summaries = read::node_summaries(view, &names).into_iter();
+    let rows = page
+        .rows
+        .into_iter()
+        .filter_map(|node| {
+            summaries.next().map(|summary| NodeRow {
+                verdict: node.verdict,
+                summary,
+            })
+        })
+        .collect();
+    Page {
+        rows,
+        total: page.total,
+        page: page.page,
+        pages: page.pages,
+    }
 }
 
 /// A service's page, with page `page` of its instances; `None` when
@@ -564,13 +652,13 @@ pub fn nodes(view: &View, query: &str, page: usize) -> Page<NodeRow> {
 pub fn service(view: &View, name: &str, page: usize) -> Option<ServicePage> {
     let spec = view.services.get(name)?;
     let summary = read::service_summary(view, name, &spec.value);
-    let tallies = tally(view);
+    let census = census_of(view, name);
     let ids: Vec<&str> = view
         .instances_of(name)
         .map(|held| held.value.id.as_str())
         .collect();
     Some(ServicePage {
-        row: service_row(view, &summary, &tallies),
+        row: service_row(view, name, &spec.value, &census),
         summary,
         spec: (*spec.value).clone(),
         instances: instance_page(view, ids, page),
@@ -600,7 +688,7 @@ pub fn node(view: &View, name: &str, page: usize) -> Option<NodePage> {
         .collect();
     Some(NodePage {
         row: NodeRow {
-            verdict: node_verdict(&summary),
+            verdict: node_verdict(&summary.status, summary.draining, summary.disabled),
             summary,
         },
         instances: instance_page(view, ids, page),

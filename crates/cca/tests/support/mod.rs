@@ -7,6 +7,7 @@
 
 pub(crate) mod cluster;
 pub(crate) mod dev;
+pub(crate) mod tenants;
 
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
