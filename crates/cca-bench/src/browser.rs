@@ -56,6 +56,7 @@ pub type BrowserResult<T> = Result<T, BrowserError>;
 /// One tab, attached on the browser's connection.
 #[derive(Clone, Debug)]
 pub struct Tab {
+    target: String,
     session: String,
 }
 
@@ -155,7 +156,7 @@ impl Browser {
     /// Opens `url` in a new tab.
     pub fn open(&mut self, url: &str) -> BrowserResult<Tab> {
         let target = self.call(None, "Target.createTarget", json!({ "url": url }))?;
-        let target_id = target["targetId"].clone();
+        let target_id = target["targetId"].as_str().unwrap_or_default().to_owned();
         let attached = self.call(
             None,
             "Target.attachToTarget",
@@ -165,7 +166,44 @@ impl Browser {
             .as_str()
             .ok_or_else(|| BrowserError::Connection("attaching gave no session".into()))?
             .to_owned();
-        Ok(Tab { session })
+        Ok(Tab {
+            target: target_id,
+            session,
+        })
+    }
+
+    /// Closes `tab`.
+    pub fn close(&mut self, tab: Tab) -> BrowserResult<()> {
+        self.call(
+            None,
+            "Target.closeTarget",
+            json!({ "targetId": tab.target }),
+        )?;
+        Ok(())
+    }
+
+    /// The memory of `tab`'s renderer: the renderer that goes when the
+    /// tab is closed (closed here, and waited for up to `wait`), read just
+    /// before. `None` when no renderer went (the tab shared one).
+    pub fn close_measuring(
+        &mut self,
+        tab: Tab,
+        wait: Duration,
+    ) -> BrowserResult<Option<ProcessMemory>> {
+        let before = self.renderers()?;
+        self.close(tab)?;
+        let started = Instant::now();
+        while started.elapsed() < wait {
+            let after = self.renderers()?;
+            if let Some(gone) = before
+                .iter()
+                .find(|process| after.iter().all(|left| left.pid != process.pid))
+            {
+                return Ok(Some(*gone));
+            }
+            std::thread::sleep(POLL);
+        }
+        Ok(None)
     }
 
     /// Evaluates `expression` in `tab` (awaiting a promise) and returns

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio::runtime::Handle;
 
-use crate::browser::{Browser, BrowserError, ProcessMemory, Tab};
+use crate::browser::{Browser, BrowserError, Tab};
 use crate::cluster::Cluster;
 use crate::error::BenchError;
 use crate::scenario::{Outcome, Progress};
@@ -23,6 +23,9 @@ use crate::workload::Workload;
 
 /// Live updates timed on a service's page.
 const UPDATES: usize = 10;
+/// The quiet before each timed update (a feed sends at most once a
+/// second).
+const QUIET: Duration = Duration::from_millis(1_500);
 /// How long the overview stays open while services are scaled.
 const CHURN: Duration = Duration::from_secs(60);
 /// How often a service is scaled meanwhile.
@@ -38,9 +41,9 @@ pub struct ConsoleFigures {
     pub first_view_ms: BTreeMap<String, f64>,
     /// Bytes of each page's view (JSON) as the live feed sent it.
     pub view_bytes: BTreeMap<String, u64>,
-    /// Seconds from a scale's answer to the service's page showing it
-    /// (the feed waits a second after a change, so that a burst is one
-    /// message).
+    /// Seconds from a scale's answer to the service's page showing it,
+    /// each after a quiet spell (within a burst a feed sends at most one
+    /// message a second).
     pub update_seconds: Summary,
     /// Characters the overview's live feed carried a minute while a
     /// service was scaled every two seconds.
@@ -51,8 +54,8 @@ pub struct ConsoleFigures {
     pub tab_private_mib: f64,
     pub tab_pss_mib: f64,
     pub js_heap_mib: f64,
-    /// The private memory of an empty tab's renderer in the same browser:
-    /// the floor the console's figure stands on.
+    /// The private memory of an empty tab's renderer in the same browser,
+    /// measured the same way: the floor the console's figure stands on.
     pub blank_tab_private_mib: f64,
 }
 
@@ -79,10 +82,11 @@ pub(crate) async fn console(
     let handle = Handle::current();
     let figures = tokio::task::spawn_blocking(move || {
         let mut figures = ConsoleFigures::default();
-        let mut session = Session::open(client.base_url(), &mut figures)?;
+        let mut session = Session::open(client.base_url())?;
         session.first_views(&services, &node, &mut figures)?;
         figures.update_seconds = session.live_updates(&handle, &client, &services)?;
         session.churn(&handle, &client, &services, &mut figures)?;
+        session.close(&mut figures)?;
         Ok::<_, BenchError>(figures)
     })
     .await
@@ -103,14 +107,8 @@ struct Session {
 }
 
 impl Session {
-    fn open(base: &str, figures: &mut ConsoleFigures) -> Result<Self, BenchError> {
+    fn open(base: &str) -> Result<Self, BenchError> {
         let mut browser = Browser::launch(1280, 900)?;
-        // The floor: a tab showing nothing, measured as the console's tab
-        // will be (its renderer, once it has settled).
-        let blank = browser.open("about:blank")?;
-        browser.wait_for(&blank, "document.readyState === 'complete'", PAGE_WAIT)?;
-        std::thread::sleep(Duration::from_secs(2));
-        figures.blank_tab_private_mib = mib(heaviest(&browser.renderers()?).private);
         let tab = browser.open(&format!("{base}/ui"))?;
         browser.wait_for(
             &tab,
@@ -175,8 +173,9 @@ impl Session {
         Ok(())
     }
 
-    /// Scales a service up and down [`UPDATES`] times with its page open;
-    /// each time, from the API's answer to the page showing the count.
+    /// Scales a service up and down [`UPDATES`] times with its page open,
+    /// each after [`QUIET`]; each time, from the API's answer to the page
+    /// showing the count.
     fn live_updates(
         &mut self,
         handle: &Handle,
@@ -189,6 +188,9 @@ impl Session {
         self.visit(&format!("#/services/{service}"))?;
         let mut took = Vec::with_capacity(UPDATES);
         for round in 0..UPDATES {
+            // After a quiet spell longer than a feed's spacing: the time a
+            // change takes to show, not the spacing of a burst.
+            std::thread::sleep(QUIET);
             let wanted = if round % 2 == 0 {
                 replicas + 1
             } else {
@@ -236,23 +238,34 @@ impl Session {
             .as_f64()
             .unwrap_or(0.0);
         figures.feed_bytes_per_minute = (after - before) * 60.0 / started.elapsed().as_secs_f64();
-        // The console's renderer is the heaviest: the others are the
-        // empty first tab's and spares.
-        let tab = heaviest(&self.browser.renderers()?);
-        figures.tab_private_mib = mib(tab.private);
-        figures.tab_pss_mib = mib(tab.proportional);
         figures.js_heap_mib = mib(self.browser.js_heap(&self.tab)?);
+        Ok(())
+    }
+
+    /// Closes the console's tab and an empty tab opened beside it, each
+    /// measured as its renderer goes: the console's cost, and its floor.
+    fn close(mut self, figures: &mut ConsoleFigures) -> Result<(), BenchError> {
+        let blank = self.browser.open("about:blank")?;
+        self.browser
+            .wait_for(&blank, "document.readyState === 'complete'", PAGE_WAIT)?;
+        let console = self
+            .browser
+            .close_measuring(self.tab.clone(), RENDERER_EXIT)?;
+        let console = console.ok_or_else(|| BenchError::Task {
+            what: "console".into(),
+            problem: "closing the console's tab ended no renderer: its memory is not its own"
+                .into(),
+        })?;
+        figures.tab_private_mib = mib(console.private);
+        figures.tab_pss_mib = mib(console.proportional);
+        let empty = self.browser.close_measuring(blank, RENDERER_EXIT)?;
+        figures.blank_tab_private_mib = empty.map_or(0.0, |empty| mib(empty.private));
         Ok(())
     }
 }
 
-fn heaviest(renderers: &[ProcessMemory]) -> ProcessMemory {
-    renderers
-        .iter()
-        .copied()
-        .max_by_key(|process| process.private)
-        .unwrap_or_default()
-}
+/// How long a closed tab's renderer may take to exit.
+const RENDERER_EXIT: Duration = Duration::from_secs(10);
 
 fn mib(bytes: u64) -> f64 {
     bytes as f64 / f64::from(1 << 20)

@@ -1,13 +1,14 @@
 //! A console page's live feed: server-sent events of the page's view,
 //! sent again only when it changed. The feed follows the cache's views
-//! (no store watch of its own), waits [`COALESCE`] after a change so that
-//! a burst of changes is one message, and sends a comment every
-//! [`KEEP_ALIVE`] so that proxies keep the connection. A view that cannot
+//! (no store watch of its own), sends a change at once but at most one
+//! message per [`COALESCE`] (a burst of changes is one message), and a
+//! comment after [`KEEP_ALIVE`] of quiet so that proxies keep the
+//! connection. A view that cannot
 //! be built (its object is gone) is a `problem` event, and the feed goes
 //! on: the page shows the object again if it comes back.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
 use axum::response::{IntoResponse, Response};
@@ -18,8 +19,8 @@ use crate::error::ApiResult;
 use crate::routes::watch::{LineSender, streamed};
 use crate::state::ApiState;
 
-/// How long a feed waits after a change before building the view: at
-/// most one message a second per page, whatever the rate of changes.
+/// The least time between two messages of a feed: at most one a second
+/// per page, whatever the rate of changes.
 pub(crate) const COALESCE: Duration = Duration::from_secs(1);
 /// How often an idle feed sends a comment.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -46,34 +47,43 @@ async fn follow<T: Serialize + Send + 'static>(
 ) {
     let mut views = state.cache().views();
     let mut last: Option<Vec<u8>> = None;
+    let mut sent_at = Instant::now();
     loop {
         let view = views.borrow_and_update().clone();
         let (name, content) = match render(&state, &view, &feed, build.clone()).await {
             Ok(content) => ("view", content),
             Err(error) => ("problem", error.to_json()),
         };
-        let sent = if last.as_ref() == Some(&content) {
-            // Nothing changed (a quiet spell): a comment keeps the line.
-            Bytes::from_static(b": keep-alive\n\n")
+        let sent = if last.as_ref() != Some(&content) {
+            Some(message(name, view.revision, &content))
+        } else if sent_at.elapsed() >= KEEP_ALIVE {
+            // A quiet spell: a comment keeps the line open.
+            Some(Bytes::from_static(b": keep-alive\n\n"))
         } else {
-            message(name, view.revision, &content)
+            None
         };
-        if !lines.send_encoded(sent).await {
-            return;
+        if let Some(sent) = sent {
+            if !lines.send_encoded(sent).await {
+                return;
+            }
+            sent_at = Instant::now();
         }
         last = Some(content);
-        if !next_change(&mut views, &lines).await {
+        if !next_change(&mut views, &lines, sent_at).await {
             return;
         }
     }
 }
 
 /// Waits for the next change, or [`KEEP_ALIVE`] (events are read again
-/// then too: they are not in the cache's view), then [`COALESCE`]; false
-/// when the client is gone or the server stops.
+/// then too: they are not in the cache's view), and then until
+/// [`COALESCE`] has passed since the last message (a change after a quiet
+/// spell goes at once; a burst, once a second); false when the client is
+/// gone or the server stops.
 async fn next_change(
     views: &mut tokio::sync::watch::Receiver<Arc<cca_control::View>>,
     lines: &LineSender,
+    sent_at: Instant,
 ) -> bool {
     tokio::select! {
         changed = views.changed() => {
@@ -85,7 +95,7 @@ async fn next_change(
         () = lines.stopped() => return false,
     }
     tokio::select! {
-        () = tokio::time::sleep(COALESCE) => true,
+        () = tokio::time::sleep_until((sent_at + COALESCE).into()) => true,
         () = lines.stopped() => false,
     }
 }
