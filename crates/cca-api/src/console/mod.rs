@@ -257,8 +257,9 @@ pub(crate) async fn services(
         event_lens(&state, caller.as_deref()),
     );
     let PageQuery { page, q, live } = query;
+    // The filter quoted, so that no text in it reads as another key's.
     let key = format!(
-        "services|{page}|{q}|{}",
+        "services|{}|{page}|{q:?}",
         viewer(caller.as_deref(), lens.as_ref())
     );
     let build = builder(key, move |view| {
@@ -289,7 +290,7 @@ pub(crate) async fn nodes(
 ) -> ApiResult<Response> {
     let events = feed("node/", PAGE_EVENTS, event_lens(&state, caller.as_deref()));
     let PageQuery { page, q, live } = query;
-    let key = format!("nodes|{page}|{q}");
+    let key = format!("nodes|{page}|{q:?}");
     let build = builder(key, move |view| Ok(views::nodes(view, &q, page)));
     answer(&state, live, events, build).await
 }
