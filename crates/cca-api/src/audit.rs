@@ -190,9 +190,13 @@ pub(crate) async fn record(
         .extensions()
         .get::<ConnectInfo<Peer>>()
         .map(|ConnectInfo(peer)| peer.clone());
+    let reads_for = reads_audited_for(&request);
     let response = next.run(request).await;
     let status = response.status().as_u16();
-    if audited(&method, &route, status) {
+    let changed_or_refused = audited(&method, &route, status);
+    let read_on_record =
+        reads_for.is_some() && AuditOutcome::of_status(status) == AuditOutcome::Done;
+    if changed_or_refused || read_on_record {
         let record = AuditRecord {
             at: now_millis(),
             // The caller `auth` established (a token's user too), else
@@ -211,14 +215,35 @@ pub(crate) async fn record(
             detail: response
                 .extensions()
                 .get::<AuditDetail>()
-                .map(|AuditDetail(detail)| detail.clone()),
+                .map(|AuditDetail(detail)| detail.clone())
+                .or_else(|| reads_for.map(|client| format!("via {client}"))),
         };
+        // A change is on record before its answer; a refusal, or a read a
+        // client asked to have audited, goes through the batching writer.
         match record.outcome {
-            AuditOutcome::Done => state.audit().commit(record, state.store()).await,
+            AuditOutcome::Done if changed_or_refused => {
+                state.audit().commit(record, state.store()).await;
+            }
             _ => state.audit().queue(record),
         }
     }
     response
+}
+
+/// The client a request names in [`cca_wire::client::AUDIT_READS`]
+/// (letters, digits and `-`, at most 32): its reads are audited too.
+fn reads_audited_for(request: &Request) -> Option<String> {
+    let client = request
+        .headers()
+        .get(cca_wire::client::AUDIT_READS)?
+        .to_str()
+        .ok()?;
+    let plain = !client.is_empty()
+        && client.len() <= 32
+        && client
+            .bytes()
+            .all(|byte| byte.is_ascii_alphanumeric() || byte == b'-');
+    plain.then(|| client.to_owned())
 }
 
 /// How long a stopping server waits for the writer to empty its queue.
@@ -227,6 +252,29 @@ pub(crate) const FLUSH_DEADLINE: Duration = Duration::from_secs(2);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn asking(value: &str) -> Request {
+        Request::builder()
+            .header(cca_wire::client::AUDIT_READS, value)
+            .body(axum::body::Body::empty())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn a_client_named_plainly_has_its_reads_audited() {
+        assert_eq!(reads_audited_for(&asking("mcp")), Some("mcp".to_owned()));
+        assert_eq!(
+            reads_audited_for(&asking("my-console-2")),
+            Some("my-console-2".into())
+        );
+        for odd in ["", "a b", "mcp;drop", &"x".repeat(33)] {
+            assert_eq!(reads_audited_for(&asking(odd)), None, "{odd:?}");
+        }
+        let plain = Request::builder()
+            .body(axum::body::Body::empty())
+            .unwrap_or_default();
+        assert_eq!(reads_audited_for(&plain), None);
+    }
 
     #[test]
     fn changes_and_refusals_are_audited_reads_and_agent_work_are_not() {

@@ -139,7 +139,8 @@ impl CcaMcp {
     /// about `budget` tokens (at least [`budget::MIN_TOKEN_BUDGET`]).
     pub fn new(client: Client, budget: usize) -> Self {
         Self {
-            client: Arc::new(client),
+            // Every call is on record as its caller's, reads too.
+            client: Arc::new(client.auditing_reads(AUDITED_AS)),
             budget: budget.max(budget::MIN_TOKEN_BUDGET),
             confirmer: None,
             caller: None,
@@ -468,6 +469,9 @@ impl CcaMcp {
         self.answer(json!({"source": source, "lines": kept.0, "older_lines_omitted": kept.1}))
     }
 }
+
+/// The name the API's audit log gives this server's reads (`via mcp`).
+const AUDITED_AS: &str = "mcp";
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for CcaMcp {

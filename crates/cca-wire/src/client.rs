@@ -154,7 +154,16 @@ pub struct Client {
     base: String,
     /// A user's token, sent as `Authorization: Bearer` on every request.
     bearer: Option<Bearer>,
+    /// The client's name in [`AUDIT_READS`]: the server then audits its
+    /// reads too.
+    audit_reads: Option<&'static str>,
 }
+
+/// The request header asking the server to audit a read as well as the
+/// writes and refusals it always audits; its value names the client
+/// (`mcp`), recorded with the read. Clients that act for someone else (an
+/// assistant's MCP server) send it, so that every call is on record.
+pub const AUDIT_READS: &str = "x-cca-audit-reads";
 
 /// A bearer token that `Debug` does not print.
 #[derive(Clone)]
@@ -216,6 +225,7 @@ impl Client {
             http,
             base: base.trim_end_matches('/').to_owned(),
             bearer: None,
+            audit_reads: None,
         }
     }
 
@@ -223,6 +233,14 @@ impl Client {
     #[must_use]
     pub fn with_bearer(mut self, token: &str) -> Self {
         self.bearer = Some(Bearer(token.into()));
+        self
+    }
+
+    /// Asks the server to audit this client's reads too, as `client`'s
+    /// ([`AUDIT_READS`]).
+    #[must_use]
+    pub fn auditing_reads(mut self, client: &'static str) -> Self {
+        self.audit_reads = Some(client);
         self
     }
 
@@ -861,7 +879,10 @@ impl Client {
     }
 
     fn request(&self, method: Method, path: &str) -> RequestBuilder {
-        let request = self.http.request(method, format!("{}{path}", self.base));
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(client) = self.audit_reads {
+            request = request.header(AUDIT_READS, client);
+        }
         match &self.bearer {
             Some(Bearer(token)) => request.bearer_auth(&**token),
             None => request,

@@ -2,7 +2,8 @@
 //! speaking MCP (JSON-RPC, one message a line) on its standard input and
 //! output, against a server with a CA and two tenants' users. It reads as
 //! the caller: alice's token sees tenant `a`'s service only, a read of
-//! tenant `b`'s is refused by the API (and audited as alice's refusal),
+//! tenant `b`'s is refused by the API (and audited as alice's refusal;
+//! her reads are audited too, `via mcp`),
 //! the local admin sees both; a bad argument is an error, not an exit.
 //! Over HTTP (`cca mcp --listen`, driven with curl), each request acts as
 //! its own bearer token's user and never as the account that started the
@@ -152,19 +153,27 @@ fn cca_mcp_reads_as_its_caller_and_the_api_refuses_and_audits_what_they_may_not_
     let all = as_admin.call("list_services", json!({})).expect("a page");
     assert_eq!(service_names(&all), ["web-a", "web-b"], "{all}");
 
-    // The audit log is written behind the answer: a moment later.
+    // The audit log is written behind the answer: a moment later. Her
+    // refused read is there, and her reads too, as hers, via MCP.
     let refusal = |line: &str| {
         line.contains("user:alice") && line.contains("/v1/services/web-b") && line.contains("403")
     };
+    let read = |line: &str| {
+        line.contains("user:alice")
+            && line.contains("GET")
+            && line.contains("/v1/services ")
+            && line.contains("200")
+            && line.contains("via mcp")
+    };
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
-        let audit = cluster.ok(&["audit", "--denied"]);
-        if audit.lines().any(refusal) {
+        let audit = cluster.ok(&["audit", "--who", "user:alice"]);
+        if audit.lines().any(refusal) && audit.lines().any(read) {
             break;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "alice's refused read is not in the audit log:\n{audit}"
+            "alice's refused read and her reads are not in the audit log:\n{audit}"
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
