@@ -362,7 +362,7 @@ async fn object_page<T: Serialize + Send + 'static>(
     answer(state, query.live, events, build).await
 }
 
-/// `GET /v1/console/events`: the newest events, whose subject contains
+/// `GET /v1/console/events`: the newest events, whose subject starts with
 /// `q` when given.
 pub(crate) async fn events(
     State(state): State<ApiState>,

@@ -1,5 +1,5 @@
 //! What each page of the web console shows, built from one cache snapshot
-//! (pure: no IO, no clock but the `now` it is given). A view is a summary
+//! (pure: no IO, no clock). A view is a summary
 //! whose size does not grow with the cluster: counts, the problems first
 //! (at most [`MAX_PROBLEMS`]) and one page of rows ([`PAGE_SIZE`]). Every
 //! view opens with its [`Verdict`]: is it healthy, and if not, why.
@@ -397,13 +397,13 @@ fn census(view: &View) -> HashMap<&str, Tally> {
 }
 
 /// The tally of one service's instances, alone.
-fn census_of<'v>(view: &'v View, service: &'v str) -> HashMap<&'v str, Tally> {
+fn tally_of(view: &View, service: &str) -> Tally {
     let mut tally = Tally::default();
     for held in view.instances_of(service) {
         let status = view.statuses.get(&held.value.id).map(|held| &*held.value);
         tally.count(&held.value, status);
     }
-    HashMap::from([(service, tally)])
+    tally
 }
 
 /// What an instance's report says went wrong, in a few words.
@@ -429,18 +429,14 @@ fn service_rows(
     view.services
         .iter()
         .filter(|(name, _)| visible(name))
-        .map(|(name, spec)| service_row(view, name, &spec.value, census))
+        .map(|(name, spec)| {
+            let tally = census.get(name.as_str());
+            service_row(view, name, &spec.value, tally.unwrap_or(&Tally::default()))
+        })
         .collect()
 }
 
-fn service_row(
-    view: &View,
-    name: &str,
-    spec: &ServiceSpec,
-    census: &HashMap<&str, Tally>,
-) -> ServiceRow {
-    let empty = Tally::default();
-    let tally = census.get(name).unwrap_or(&empty);
+fn service_row(view: &View, name: &str, spec: &ServiceSpec, tally: &Tally) -> ServiceRow {
     let replicas = view.wanted_replicas(name).unwrap_or(spec.replicas);
     ServiceRow {
         name: name.to_owned(),
@@ -628,19 +624,18 @@ pub fn nodes(view: &View, query: &str, page: usize) -> Page<NodeRow> {
     states.sort_by(|a, b| (a.verdict.health, a.name).cmp(&(b.verdict.health, b.name)));
     let page = Page::of(states, page);
     let names: Vec<&str> = page.rows.iter().map(|node| node.name).collect();
-    let mut summaries = read::node_summaries(view, &names).into_iter();
-    let rows = page
-        .rows
-        .into_iter()
-        .filter_map(|node| {
-            summaries.next().map(|summary| NodeRow {
+    // Every listed node is registered: one summary each, in order.
+    let summaries = read::node_summaries(view, &names);
+    Page {
+        rows: page
+            .rows
+            .into_iter()
+            .zip(summaries)
+            .map(|(node, summary)| NodeRow {
                 verdict: node.verdict,
                 summary,
             })
-        })
-        .collect();
-    Page {
-        rows,
+            .collect(),
         total: page.total,
         page: page.page,
         pages: page.pages,
@@ -652,13 +647,13 @@ pub fn nodes(view: &View, query: &str, page: usize) -> Page<NodeRow> {
 pub fn service(view: &View, name: &str, page: usize) -> Option<ServicePage> {
     let spec = view.services.get(name)?;
     let summary = read::service_summary(view, name, &spec.value);
-    let census = census_of(view, name);
+    let tally = tally_of(view, name);
     let ids: Vec<&str> = view
         .instances_of(name)
         .map(|held| held.value.id.as_str())
         .collect();
     Some(ServicePage {
-        row: service_row(view, name, &spec.value, &census),
+        row: service_row(view, name, &spec.value, &tally),
         summary,
         spec: (*spec.value).clone(),
         instances: instance_page(view, ids, page),
