@@ -73,6 +73,9 @@ pub struct ServerOptions {
     pub drain: Duration,
     /// Worker threads serving the connections (see [`crate::workers`]).
     pub workers: usize,
+    /// Keep each worker to a CPU of its own, when the process may use as
+    /// many CPUs as there are workers (see [`crate::workers`]).
+    pub pin_workers: bool,
 }
 
 impl Default for ServerOptions {
@@ -84,6 +87,7 @@ impl Default for ServerOptions {
             max_streams: 256,
             drain: Duration::from_secs(30),
             workers: std::thread::available_parallelism().map_or(1, usize::from),
+            pin_workers: true,
         }
     }
 }
@@ -362,7 +366,7 @@ pub async fn serve(
     options: ServerOptions,
     stop: watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let workers = Arc::new(Workers::start(options.workers)?);
+    let workers = Arc::new(Workers::start(options.workers, options.pin_workers)?);
     let permits = Arc::new(Semaphore::new(options.max_connections));
     let mut accepting = JoinSet::new();
     for listener in listeners {

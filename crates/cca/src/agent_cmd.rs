@@ -154,6 +154,10 @@ pub(crate) struct AgentArgs {
     /// per core).
     #[arg(long, value_name = "N", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024))]
     gate_workers: Option<usize>,
+    /// Keep each gate worker to a CPU of its own, when the agent may use
+    /// as many CPUs as there are workers (docs/gates.md, "Worker threads").
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    gate_pin_workers: bool,
     /// How often the node reports what it and its instances used (read
     /// every 5 s, or a third of this when shorter; at least 1s).
     #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::flags::duration)]
@@ -196,6 +200,7 @@ impl AgentArgs {
             gate_idle_timeout: Duration::from_secs(60),
             gate_drain: Duration::from_secs(30),
             gate_workers: None,
+            gate_pin_workers: true,
             usage_every: Duration::from_secs(30),
         }
     }
@@ -218,6 +223,7 @@ impl AgentArgs {
                 workers: self
                     .gate_workers
                     .unwrap_or(cca_gate::ServerOptions::default().workers),
+                pin_workers: self.gate_pin_workers,
                 ..cca_gate::ServerOptions::default()
             },
             access_log: self.gate_access_log,
@@ -669,6 +675,18 @@ mod tests {
         assert_eq!(three.server.workers, 3);
         let error = gate_of(&["--gate-workers", "0"]).expect_err("zero workers");
         assert!(error.to_string().contains("--gate-workers <N>"), "{error}");
+    }
+
+    #[test]
+    fn gate_workers_are_kept_to_cpus_unless_asked_not_to() {
+        let default = gate_of(&[]).expect("parses").expect("a gate node");
+        assert!(default.server.pin_workers);
+        let unpinned = gate_of(&["--gate-pin-workers", "false"])
+            .expect("parses")
+            .expect("a gate node");
+        assert!(!unpinned.server.pin_workers);
+        let error = gate_of(&["--gate-pin-workers", "maybe"]).expect_err("not a bool");
+        assert!(error.to_string().contains("--gate-pin-workers"), "{error}");
     }
 
     #[test]

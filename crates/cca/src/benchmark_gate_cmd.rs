@@ -39,7 +39,7 @@ pub(crate) struct GateArgs {
     /// Send this many requests per run instead of --duration (short runs).
     #[arg(long)]
     requests: Option<u64>,
-    /// Runs of each target (gate, nginx, direct), alternating.
+    /// Runs of each target (gate, nginx, nginx-tuned, direct), alternating.
     #[arg(long, default_value_t = 7)]
     rounds: usize,
     /// HTTP/1.1 only (no HTTP/2 runs).
@@ -48,6 +48,10 @@ pub(crate) struct GateArgs {
     /// Idle keep-alive connections held for the memory figure.
     #[arg(long, default_value_t = 10_000)]
     idle_connections: usize,
+    /// Keep each of the gate's workers to a CPU of its own (the gate's
+    /// default, `cca agent --gate-pin-workers`).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pin_workers: bool,
     /// One JSON object instead of tables.
     #[arg(long)]
     json: bool,
@@ -62,7 +66,12 @@ pub(crate) struct GateArgs {
 
 pub(crate) fn run(args: GateArgs) -> Result<ExitCode> {
     if let Some(listen) = args.serve_gate {
-        return serve_gate(listen, &args.backend_addresses, args.workers);
+        return serve_gate(
+            listen,
+            &args.backend_addresses,
+            args.workers,
+            args.pin_workers,
+        );
     }
     let cca = std::env::current_exe().context("finding this cca binary (it serves the gate)")?;
     let mut config = GateBenchConfig::new(cca);
@@ -81,6 +90,7 @@ pub(crate) fn run(args: GateArgs) -> Result<ExitCode> {
     config.rounds = args.rounds;
     config.http2 = !args.no_http2;
     config.idle_connections = args.idle_connections;
+    config.pin_workers = args.pin_workers;
     let runtime = tokio::runtime::Runtime::new().context("starting the async runtime")?;
     let bar = Bar::new(args.json);
     let report = runtime
@@ -109,6 +119,7 @@ fn serve_gate(
     listen: SocketAddr,
     backends: &[SocketAddr],
     workers: Option<usize>,
+    pin_workers: bool,
 ) -> Result<ExitCode> {
     if backends.is_empty() {
         bail!("--serve-gate needs at least one --backend ADDRESS");
@@ -121,20 +132,30 @@ fn serve_gate(
     runtime.block_on(async {
         let gate = BenchGate::bind(listen, backends).await?;
         output::line(&format!("{GATE_LISTENING}{}", gate.address()?));
-        gate.serve(workers.max(1), crate::server_cmd::shutdown_signal())
-            .await?;
+        gate.serve(
+            workers.max(1),
+            pin_workers,
+            crate::server_cmd::shutdown_signal(),
+        )
+        .await?;
         Ok(ExitCode::SUCCESS)
     })
 }
 
 fn print_report(report: &GateReport) {
     output::line(&format!(
-        "{} cores; {}; {}; {} backends; {} workers per proxy; {} connections; access logs off",
+        "{} cores; {}; {}; {} backends; {} workers per proxy (the gate's {}); {} connections; \
+         access logs off",
         report.cores,
         report.nginx,
         report.h2load,
         report.backends,
         report.workers,
+        if report.gate_pinned {
+            "each kept to a CPU"
+        } else {
+            "not kept to CPUs"
+        },
         report.connections
     ));
     let rows = report
@@ -237,11 +258,12 @@ fn print_report(report: &GateReport) {
     for compared in &report.compared {
         let paired = &compared.paired;
         output::line(&format!(
-            "{}: the gate's median req/s is {:.2}x nginx's, its median p99 {:.2}x nginx's; \
-             round by round ({} rounds) req/s {:.2}/{:.2}/{:.2}x (at least nginx's in {}), \
-             p99 {:.2}/{:.2}/{:.2}x (at most nginx's in {}); CPU a request: gate {:.1} µs, \
-             nginx {:.1} µs",
+            "{} against {}: the gate's median req/s is {:.2}x its, the gate's median p99 {:.2}x \
+             its; round by round ({} rounds) req/s {:.2}/{:.2}/{:.2}x (at least its in {}), \
+             p99 {:.2}/{:.2}/{:.2}x (at most its in {}); CPU a request: gate {:.1} µs, \
+             {} {:.1} µs",
             compared.protocol,
+            compared.peer,
             compared.rps_ratio,
             compared.p99_ratio,
             paired.rounds,
@@ -254,6 +276,7 @@ fn print_report(report: &GateReport) {
             paired.p99.max,
             paired.p99_at_most_nginx,
             paired.gate_cpu_us_per_request,
+            compared.peer,
             paired.nginx_cpu_us_per_request,
         ));
     }

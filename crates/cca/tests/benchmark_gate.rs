@@ -68,6 +68,7 @@ fn a_tiny_gate_benchmark_reports_every_figure_and_only_2xx() {
         "{report}"
     );
     assert_eq!(report["access_log"], false);
+    assert_eq!(report["gate_pinned"], true, "the gate's default");
 
     let load = report["load"].as_array().expect("load figures");
     let measured: Vec<(&str, &str)> = load
@@ -84,9 +85,11 @@ fn a_tiny_gate_benchmark_reports_every_figure_and_only_2xx() {
         vec![
             ("http/1.1", "gate"),
             ("http/1.1", "nginx"),
+            ("http/1.1", "nginx-tuned"),
             ("http/1.1", "direct"),
             ("h2c", "gate"),
             ("h2c", "nginx"),
+            ("h2c", "nginx-tuned"),
         ]
     );
     for figures in load {
@@ -129,7 +132,25 @@ fn a_tiny_gate_benchmark_reports_every_figure_and_only_2xx() {
         assert!(before > 0 && after > 0, "{figures}");
     }
     let compared = report["compared"].as_array().expect("comparisons");
-    assert_eq!(compared.len(), 2, "{report}");
+    let peers: Vec<(&str, &str)> = compared
+        .iter()
+        .map(|c| {
+            (
+                c["protocol"].as_str().expect("protocol"),
+                c["peer"].as_str().expect("peer"),
+            )
+        })
+        .collect();
+    assert_eq!(
+        peers,
+        [
+            ("http/1.1", "nginx"),
+            ("http/1.1", "nginx-tuned"),
+            ("h2c", "nginx"),
+            ("h2c", "nginx-tuned")
+        ],
+        "{report}"
+    );
     for c in compared {
         assert!(c["rps_ratio"].as_f64().is_some_and(|r| r > 0.0), "{c}");
         let paired = &c["paired"];

@@ -10,11 +10,14 @@
 //!   same `cca_gate::Gate::serve` a gate node runs, access log off, with
 //!   as many tokio worker threads as nginx has worker processes;
 //! - the peer: nginx with an upstream of those backends kept alive, the
-//!   forwarding headers the gate adds, access log off;
+//!   forwarding headers the gate adds, access log off; once as Debian's
+//!   nginx runs by default (`nginx`, the figure the gate is held to) and
+//!   once tuned for many cores (`nginx-tuned`: `reuseport` and
+//!   `worker_cpu_affinity auto`, see [`nginx::Tuning`]);
 //! - the load: h2load with 64 keep-alive connections, HTTP/1.1 and (with
-//!   `http2`) HTTP/2 without TLS, alternating gate, nginx and direct
-//!   runs round after round (each round starting one further along), so
-//!   drift in the machine's load spreads over all three; a run during
+//!   `http2`) HTTP/2 without TLS, alternating gate, nginx, tuned nginx
+//!   and direct runs round after round (each round starting one further
+//!   along), so drift in the machine's load spreads over all; a run during
 //!   which processes outside the benchmark kept more than
 //!   [`DISTURBED_CORES`] busy (a neighbour on a shared machine) is kept
 //!   in the report but left out of the figures;
@@ -44,6 +47,7 @@ pub use serve::BenchGate;
 use crate::BenchError;
 use crate::scenario::Progress;
 use h2load::Protocol;
+use nginx::{ProxyAt, Tuning};
 use procs::{Memory, Process};
 
 /// What the gate process prints on stdout once it listens.
@@ -73,6 +77,8 @@ pub struct GateBenchConfig {
     pub http2: bool,
     /// Idle keep-alive connections held for the memory figure.
     pub idle_connections: usize,
+    /// The gate keeps each worker to a CPU of its own (its default).
+    pub pin_workers: bool,
 }
 
 impl GateBenchConfig {
@@ -92,6 +98,7 @@ impl GateBenchConfig {
             rounds: 7,
             http2: true,
             idle_connections: 10_000,
+            pin_workers: true,
         }
     }
 }
@@ -109,13 +116,15 @@ pub struct GateReport {
     pub h2load: String,
     pub backends: usize,
     pub workers: usize,
+    /// The gate's workers were each kept to a CPU of their own.
+    pub gate_pinned: bool,
     pub connections: usize,
     pub rounds: usize,
     /// Neither proxy writes an access log.
     pub access_log: bool,
     pub load: Vec<LoadFigures>,
     pub idle: Vec<IdleFigures>,
-    /// The gate's medians over nginx's, per protocol.
+    /// The gate's medians over each nginx's, per protocol.
     pub compared: Vec<Comparison>,
 }
 
@@ -123,7 +132,8 @@ pub struct GateReport {
 #[derive(Clone, Debug, Serialize)]
 pub struct LoadFigures {
     pub protocol: String,
-    /// `gate`, `nginx` or `direct` (the first backend, no proxy).
+    /// `gate`, `nginx`, `nginx-tuned` or `direct` (the first backend, no
+    /// proxy).
     pub target: String,
     /// Over the runs counted (see [`counted`]).
     pub rps: Spread,
@@ -260,10 +270,12 @@ pub struct IdleFigures {
     pub pss_per_connection: Option<f64>,
 }
 
-/// The gate against nginx under one protocol.
+/// The gate against one nginx under one protocol.
 #[derive(Clone, Debug, Serialize)]
 pub struct Comparison {
     pub protocol: String,
+    /// `nginx` (Debian's defaults) or `nginx-tuned`.
+    pub peer: String,
     /// The gate's median requests per second over nginx's (≥ 1: the gate
     /// is at least as fast).
     pub rps_ratio: f64,
@@ -299,10 +311,11 @@ pub struct PairedRatios {
 }
 
 impl Comparison {
-    /// The gate's runs against nginx's under one protocol.
+    /// The gate's runs against an nginx's under one protocol.
     pub fn of(protocol: &str, gate: &LoadFigures, nginx: &LoadFigures) -> Self {
         Self {
             protocol: protocol.into(),
+            peer: nginx.target.clone(),
             rps_ratio: gate.rps.median / nginx.rps.median.max(f64::MIN_POSITIVE),
             p99_ratio: gate.p99_ms.median / nginx.p99_ms.median.max(f64::MIN_POSITIVE),
             paired: PairedRatios::of(&counted(&gate.runs), &counted(&nginx.runs)),
@@ -372,36 +385,53 @@ struct Parties {
     backend_addresses: Vec<SocketAddr>,
     gate: Process,
     gate_address: SocketAddr,
-    nginx: Process,
-    nginx_http1: SocketAddr,
-    nginx_http2: Option<SocketAddr>,
+    nginx: PeerProxy,
+    tuned: PeerProxy,
+}
+
+/// One nginx in front of the backends.
+struct PeerProxy {
+    process: Process,
+    at: ProxyAt,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Target {
     Gate,
-    Nginx,
+    Nginx(Tuning),
     Direct,
 }
 
 impl Target {
-    const ALL: [Target; 3] = [Target::Gate, Target::Nginx, Target::Direct];
+    const ALL: [Target; 4] = [
+        Target::Gate,
+        Target::Nginx(Tuning::Defaults),
+        Target::Nginx(Tuning::ManyCores),
+        Target::Direct,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Target::Gate => "gate",
-            Target::Nginx => "nginx",
+            Target::Nginx(tuning) => tuning.name(),
             Target::Direct => "direct",
         }
     }
 }
 
 impl Parties {
+    fn peer(&self, tuning: Tuning) -> &PeerProxy {
+        match tuning {
+            Tuning::Defaults => &self.nginx,
+            Tuning::ManyCores => &self.tuned,
+        }
+    }
+
     fn address(&self, target: Target, protocol: Protocol) -> Option<SocketAddr> {
         match (target, protocol) {
             (Target::Gate, _) => Some(self.gate_address),
-            (Target::Nginx, Protocol::Http1) => Some(self.nginx_http1),
-            (Target::Nginx, Protocol::Http2) => self.nginx_http2,
+            (Target::Nginx(tuning), Protocol::Http1) => Some(self.peer(tuning).at.http1),
+            (Target::Nginx(tuning), Protocol::Http2) => self.peer(tuning).at.http2,
             // The backends speak HTTP/1.1 only, as the proxies talk to them.
             (Target::Direct, Protocol::Http1) => self.backend_addresses.first().copied(),
             (Target::Direct, Protocol::Http2) => None,
@@ -412,7 +442,7 @@ impl Parties {
     fn workers(&self, target: Target) -> Vec<u32> {
         match target {
             Target::Gate => vec![self.gate.id()],
-            Target::Nginx => procs::children(self.nginx.id()),
+            Target::Nginx(tuning) => procs::children(self.peer(tuning).process.id()),
             Target::Direct => Vec::new(),
         }
     }
@@ -448,7 +478,10 @@ pub async fn run_gate_bench(
     let parties = start(config, &nginx, limit).await?;
     progress.phase("idle connections", 2);
     let mut idle = Vec::new();
-    for (done, target) in [Target::Gate, Target::Nginx].into_iter().enumerate() {
+    for (done, target) in [Target::Gate, Target::Nginx(Tuning::Defaults)]
+        .into_iter()
+        .enumerate()
+    {
         idle.push(idle_figures(&parties, target, config.idle_connections).await);
         progress.advance(done as u64 + 1);
     }
@@ -490,7 +523,8 @@ pub async fn run_gate_bench(
         .collect();
     let compared = protocols
         .iter()
-        .filter_map(|protocol| {
+        .flat_map(|&protocol| [Tuning::Defaults, Tuning::ManyCores].map(|t| (protocol, t)))
+        .filter_map(|(protocol, tuning)| {
             let find = |target: Target| {
                 load.iter()
                     .find(|f| f.protocol == protocol.name() && f.target == target.name())
@@ -498,7 +532,7 @@ pub async fn run_gate_bench(
             Some(Comparison::of(
                 protocol.name(),
                 find(Target::Gate)?,
-                find(Target::Nginx)?,
+                find(Target::Nginx(tuning))?,
             ))
         })
         .collect();
@@ -509,6 +543,7 @@ pub async fn run_gate_bench(
         h2load: versions.1,
         backends: config.backends,
         workers: config.workers,
+        gate_pinned: config.pin_workers,
         connections: config.connections,
         rounds: config.rounds,
         access_log: false,
@@ -603,21 +638,17 @@ async fn start(
     let gate_address = gate_address(&mut gate)?;
     wait_ready(&mut gate, gate_address, &dir.path().join("gate-stderr.log")).await?;
 
-    let mut front = free_addresses(if config.http2 { 2 } else { 1 })?;
-    let nginx_http2 = config.http2.then(|| front.pop()).flatten();
-    let nginx_http1 = front
-        .pop()
-        .ok_or_else(|| BenchError::Config("no free port for nginx".into()))?;
-    let proxy_text = nginx::proxy(
-        dir.path(),
-        config.workers,
-        worker_connections,
-        nginx_http1,
-        nginx_http2,
-        &backend_addresses,
-    );
-    let mut nginx = start_nginx(nginx_program, dir.path(), "proxy", &proxy_text)?;
-    wait_ready(&mut nginx, nginx_http1, &dir.path().join("proxy-error.log")).await?;
+    let peer = |tuning| {
+        let started = PeerStart {
+            program: nginx_program,
+            dir: dir.path(),
+            worker_connections,
+            backends: &backend_addresses,
+        };
+        started.start(config, tuning)
+    };
+    let nginx = peer(Tuning::Defaults).await?;
+    let tuned = peer(Tuning::ManyCores).await?;
     Ok(Parties {
         dir,
         backends,
@@ -625,9 +656,45 @@ async fn start(
         gate,
         gate_address,
         nginx,
-        nginx_http1,
-        nginx_http2,
+        tuned,
     })
+}
+
+/// What starting a peer proxy needs.
+struct PeerStart<'a> {
+    program: &'a Path,
+    dir: &'a Path,
+    worker_connections: usize,
+    backends: &'a [SocketAddr],
+}
+
+impl PeerStart<'_> {
+    /// Starts nginx set up as `tuning` says on free ports, once it answers.
+    async fn start(
+        self,
+        config: &GateBenchConfig,
+        tuning: Tuning,
+    ) -> Result<PeerProxy, BenchError> {
+        let mut front = free_addresses(if config.http2 { 2 } else { 1 })?;
+        let at = ProxyAt {
+            http2: config.http2.then(|| front.pop()).flatten(),
+            http1: front
+                .pop()
+                .ok_or_else(|| BenchError::Config("no free port for nginx".into()))?,
+        };
+        let text = nginx::proxy(
+            self.dir,
+            config.workers,
+            self.worker_connections,
+            (at, tuning),
+            self.backends,
+        );
+        let name = tuning.name();
+        let mut process = start_nginx(self.program, self.dir, name, &text)?;
+        let log = self.dir.join(format!("{name}-error.log"));
+        wait_ready(&mut process, at.http1, &log).await?;
+        Ok(PeerProxy { process, at })
+    }
 }
 
 fn start_nginx(
@@ -665,7 +732,8 @@ fn start_gate(
     let mut command = Command::new(&config.cca);
     command
         .args(["benchmark", "gate", "--serve-gate", "127.0.0.1:0"])
-        .args(["--workers", &config.workers.to_string()]);
+        .args(["--workers", &config.workers.to_string()])
+        .args(["--pin-workers", &config.pin_workers.to_string()]);
     for backend in backends {
         command.args(["--backend", &backend.to_string()]);
     }
@@ -733,7 +801,7 @@ async fn wait_ready(process: &mut Process, at: SocketAddr, log: &Path) -> Result
 
 async fn idle_figures(parties: &Parties, target: Target, count: usize) -> IdleFigures {
     let at = match target {
-        Target::Nginx => parties.nginx_http1,
+        Target::Nginx(tuning) => parties.peer(tuning).at.http1,
         _ => parties.gate_address,
     };
     let pids = parties.workers(target);

@@ -58,11 +58,13 @@ impl BenchGate {
             .map_err(BenchError::io("reading the gate's address"))
     }
 
-    /// Serves on `workers` worker threads until `stop` resolves, then
-    /// drains as a gate node does.
+    /// Serves on `workers` worker threads (each kept to a CPU of its own
+    /// when `pin_workers`) until `stop` resolves, then drains as a gate
+    /// node does.
     pub async fn serve(
         self,
         workers: usize,
+        pin_workers: bool,
         stop: impl std::future::Future<Output = ()>,
     ) -> Result<(), BenchError> {
         let (stopping, stopped) = watch::channel(false);
@@ -73,6 +75,7 @@ impl BenchGate {
         let options = ServerOptions {
             drain: Duration::from_secs(2),
             workers,
+            pin_workers,
             ..ServerOptions::default()
         };
         let served = self.gate.serve(listeners, options, stopped);
@@ -267,7 +270,7 @@ mod tests {
             .expect("bind the gate");
         let address = gate.address().expect("address");
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let serving = tokio::spawn(gate.serve(2, async {
+        let serving = tokio::spawn(gate.serve(2, true, async {
             let _ = stopped.await;
         }));
         let held = hold(address, 20).await;
