@@ -639,13 +639,14 @@ async fn start(
     wait_ready(&mut gate, gate_address, &dir.path().join("gate-stderr.log")).await?;
 
     let peer = |tuning| {
-        let started = PeerStart {
-            program: nginx_program,
-            dir: dir.path(),
+        start_peer(
+            config,
+            nginx_program,
+            dir.path(),
             worker_connections,
-            backends: &backend_addresses,
-        };
-        started.start(config, tuning)
+            &backend_addresses,
+            tuning,
+        )
     };
     let nginx = peer(Tuning::Defaults).await?;
     let tuned = peer(Tuning::ManyCores).await?;
@@ -660,41 +661,40 @@ async fn start(
     })
 }
 
-/// What starting a peer proxy needs.
-struct PeerStart<'a> {
-    program: &'a Path,
-    dir: &'a Path,
+/// Starts nginx (`program`, its files in `dir`) set up as `tuning` says
+/// on free ports, in front of `backends`, once it answers.
+async fn start_peer(
+    config: &GateBenchConfig,
+    program: &Path,
+    dir: &Path,
     worker_connections: usize,
-    backends: &'a [SocketAddr],
-}
-
-impl PeerStart<'_> {
-    /// Starts nginx set up as `tuning` says on free ports, once it answers.
-    async fn start(
-        self,
-        config: &GateBenchConfig,
-        tuning: Tuning,
-    ) -> Result<PeerProxy, BenchError> {
-        let mut front = free_addresses(if config.http2 { 2 } else { 1 })?;
-        let at = ProxyAt {
-            http2: config.http2.then(|| front.pop()).flatten(),
-            http1: front
-                .pop()
-                .ok_or_else(|| BenchError::Config("no free port for nginx".into()))?,
-        };
-        let text = nginx::proxy(
-            self.dir,
-            config.workers,
-            self.worker_connections,
-            (at, tuning),
-            self.backends,
-        );
-        let name = tuning.name();
-        let mut process = start_nginx(self.program, self.dir, name, &text)?;
-        let log = self.dir.join(format!("{name}-error.log"));
-        wait_ready(&mut process, at.http1, &log).await?;
-        Ok(PeerProxy { process, at })
-    }
+    backends: &[SocketAddr],
+    tuning: Tuning,
+) -> Result<PeerProxy, BenchError> {
+    let mut front = free_addresses(if config.http2 { 2 } else { 1 })?;
+    let at = ProxyAt {
+        http2: config.http2.then(|| front.pop()).flatten(),
+        http1: front
+            .pop()
+            .ok_or_else(|| BenchError::Config("no free port for nginx".into()))?,
+    };
+    let text = nginx::proxy(
+        dir,
+        config.workers,
+        worker_connections,
+        at,
+        tuning,
+        backends,
+    );
+    let name = tuning.name();
+    let mut process = start_nginx(program, dir, name, &text)?;
+    wait_ready(
+        &mut process,
+        at.http1,
+        &dir.join(format!("{name}-error.log")),
+    )
+    .await?;
+    Ok(PeerProxy { process, at })
 }
 
 fn start_nginx(

@@ -107,7 +107,8 @@ pub(crate) fn proxy(
     dir: &Path,
     workers: usize,
     connections: usize,
-    (at, tuning): (ProxyAt, Tuning),
+    at: ProxyAt,
+    tuning: Tuning,
     backends: &[SocketAddr],
 ) -> String {
     let ProxyAt { http1, http2 } = at;
@@ -157,7 +158,7 @@ mod tests {
             http1: front,
             http2: Some(h2),
         };
-        let text = proxy(Path::new("/tmp/x"), 2, 500, (at, Tuning::Defaults), &[a, b]);
+        let text = proxy(Path::new("/tmp/x"), 2, 500, at, Tuning::Defaults, &[a, b]);
         for wanted in [
             "daemon off;",
             "worker_processes 2;",
@@ -179,13 +180,7 @@ mod tests {
         }
         assert_eq!(text.matches('{').count(), text.matches('}').count());
         assert!(!text.contains("reuseport") && !text.contains("affinity"));
-        let tuned = proxy(
-            Path::new("/tmp/x"),
-            2,
-            500,
-            (at, Tuning::ManyCores),
-            &[a, b],
-        );
+        let tuned = proxy(Path::new("/tmp/x"), 2, 500, at, Tuning::ManyCores, &[a, b]);
         for wanted in [
             "worker_cpu_affinity auto;",
             "listen 127.0.0.1:2000 reuseport;",
