@@ -131,17 +131,30 @@ fn remove_listed(headers: &mut HeaderMap, connection: &HeaderValue) {
         return;
     };
     for token in connection.split(',').map(str::trim) {
-        let settled = token.is_empty()
-            || token.eq_ignore_ascii_case("close")
-            || token.eq_ignore_ascii_case(header::UPGRADE.as_str())
-            || HOP_BY_HOP
-                .iter()
-                .any(|name| token.eq_ignore_ascii_case(name.as_str()));
-        if !settled {
+        if names_a_field(token.as_bytes()) {
             // By `&str`: looked up without allocating a name.
             headers.remove(token);
         }
     }
+}
+
+/// Whether a `Connection` token names a field the message loses on its
+/// way: not `close`, nor `Upgrade` (an upgrade settles it), nor a field
+/// every message loses anyway.
+pub(crate) fn names_a_field(token: &[u8]) -> bool {
+    !(token.is_empty()
+        || token.eq_ignore_ascii_case(b"close")
+        || token.eq_ignore_ascii_case(header::UPGRADE.as_str().as_bytes())
+        || is_hop_by_hop(token))
+}
+
+/// Whether `name` (in any case) is a hop-by-hop field's, `Upgrade` but
+/// one.
+pub(crate) fn is_hop_by_hop(name: &[u8]) -> bool {
+    HOP_BY_HOP.iter().any(|listed| {
+        let listed = listed.as_str().as_bytes();
+        listed.len() == name.len() && listed.eq_ignore_ascii_case(name)
+    })
 }
 
 /// A client's address as the forwarding headers write it, worked out once

@@ -21,6 +21,8 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use hyper::header::{self, HeaderMap, HeaderName, HeaderValue};
 use hyper::{Method, StatusCode, Uri, Version};
 
+use crate::passed::{Keep, PassedFields};
+
 /// Longest response head the gate reads.
 pub const MAX_HEAD: usize = 64 * 1024;
 /// Most header fields in one response head.
@@ -71,7 +73,8 @@ pub enum Framing {
 pub struct ResponseHead {
     pub status: StatusCode,
     pub version: Version,
-    pub headers: HeaderMap,
+    /// The fields the gate passes on (see [`crate::passed`]).
+    pub fields: PassedFields,
     pub framing: Framing,
     /// The connection may carry another request once the body is read.
     pub keep_alive: bool,
@@ -116,18 +119,76 @@ pub fn parse_response(
         _ => Version::HTTP_11,
     };
     let spans = FieldSpans::of(buf, parsed.headers);
-    let head = buf.split_to(length).freeze();
-    let headers = spans.header_map(&head, 1).map_err(FramingError::Head)?;
-    let (framing, framed_twice) = response_framing(status, method, &headers)?;
+    let head = buf.split_to(length);
+    let fields = SpannedFields {
+        spans: spans.spans(),
+        head: &head,
+    };
+    let (framing, framed_twice) = response_framing(status, method, &fields)?;
     let keep_alive =
-        !framed_twice && framing != Framing::UntilClose && connection_persists(version, &headers);
+        !framed_twice && framing != Framing::UntilClose && connection_persists(version, &fields);
+    let keep = Keep {
+        upgrade: status == StatusCode::SWITCHING_PROTOCOLS,
+        length: framing == Framing::Empty,
+    };
     Ok(Some(ResponseHead {
         status,
         version,
-        headers,
+        fields: PassedFields::of(fields.iter(), keep),
         framing,
         keep_alive,
     }))
+}
+
+/// The header fields of a head, however they are held.
+pub(crate) trait FieldValues {
+    /// The values of the fields named `name`, in order.
+    fn values<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a;
+
+    fn has(&self, name: &HeaderName) -> bool {
+        self.values(name).next().is_some()
+    }
+}
+
+impl FieldValues for HeaderMap {
+    fn values<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
+        self.get_all(name).iter().map(HeaderValue::as_bytes)
+    }
+
+    fn has(&self, name: &HeaderName) -> bool {
+        self.contains_key(name)
+    }
+}
+
+/// A head's fields where httparse found them, read without a map.
+struct SpannedFields<'a> {
+    spans: &'a [FieldSpan],
+    head: &'a [u8],
+}
+
+impl<'a> SpannedFields<'a> {
+    /// Each field's name (as it came) and value.
+    fn iter(&self) -> impl Iterator<Item = (&'a [u8], &'a [u8])> + Clone + use<'a> {
+        let head = self.head;
+        self.spans.iter().map(move |field| {
+            let (name, value) = (field.name, field.value);
+            (
+                &head[name.0 as usize..name.1 as usize],
+                &head[value.0 as usize..value.1 as usize],
+            )
+        })
+    }
+}
+
+impl FieldValues for SpannedFields<'_> {
+    fn values<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
+        let wanted = name.as_str().as_bytes();
+        self.iter()
+            .filter(move |(name, _)| {
+                name.len() == wanted.len() && name.eq_ignore_ascii_case(wanted)
+            })
+            .map(|(_, value)| value)
+    }
 }
 
 fn parse_error(error: httparse::Error) -> &'static str {
@@ -147,7 +208,7 @@ fn parse_error(error: httparse::Error) -> &'static str {
 fn response_framing(
     status: StatusCode,
     method: &Method,
-    headers: &HeaderMap,
+    headers: &impl FieldValues,
 ) -> Result<(Framing, bool), FramingError> {
     if *method == Method::HEAD
         || status.is_informational()
@@ -160,8 +221,8 @@ fn response_framing(
         // A tunnel: what follows is not HTTP.
         return Ok((Framing::UntilClose, false));
     }
-    let has_length = headers.contains_key(header::CONTENT_LENGTH);
-    if headers.contains_key(header::TRANSFER_ENCODING) {
+    let has_length = headers.has(&header::CONTENT_LENGTH);
+    if headers.has(&header::TRANSFER_ENCODING) {
         let framing = if last_coding_is_chunked(headers) {
             Framing::Chunked
         } else {
@@ -176,22 +237,22 @@ fn response_framing(
 }
 
 /// Whether the final transfer coding is `chunked`.
-fn last_coding_is_chunked(headers: &HeaderMap) -> bool {
+fn last_coding_is_chunked(headers: &impl FieldValues) -> bool {
     let last = headers
-        .get_all(header::TRANSFER_ENCODING)
-        .iter()
-        .flat_map(|value| value.as_bytes().split(|b| *b == b','))
+        .values(&header::TRANSFER_ENCODING)
+        .flat_map(|value| value.split(|b| *b == b','))
         .map(<[u8]>::trim_ascii)
-        .rfind(|coding| !coding.is_empty());
+        .filter(|coding| !coding.is_empty())
+        .last();
     last.is_some_and(|coding| coding.eq_ignore_ascii_case(b"chunked"))
 }
 
 /// The body length `Content-Length` gives: every value (of every line,
 /// comma-separated lists included) plain digits and the same.
-pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, FramingError> {
+pub(crate) fn content_length(headers: &impl FieldValues) -> Result<Option<u64>, FramingError> {
     let mut length = None;
-    for value in headers.get_all(header::CONTENT_LENGTH) {
-        for item in value.as_bytes().split(|b| *b == b',') {
+    for value in headers.values(&header::CONTENT_LENGTH) {
+        for item in value.split(|b| *b == b',') {
             let item = item.trim_ascii();
             let parsed = std::str::from_utf8(item)
                 .ok()
@@ -211,12 +272,11 @@ pub fn content_length(headers: &HeaderMap) -> Result<Option<u64>, FramingError> 
 
 /// Whether a message's connection stays open after it: HTTP/1.1 unless
 /// `Connection: close`, HTTP/1.0 only with `Connection: keep-alive`.
-pub fn connection_persists(version: Version, headers: &HeaderMap) -> bool {
+pub(crate) fn connection_persists(version: Version, headers: &impl FieldValues) -> bool {
     let listed = |token: &str| {
         headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .flat_map(|value| value.as_bytes().split(|b| *b == b','))
+            .values(&header::CONNECTION)
+            .flat_map(|value| value.split(|b| *b == b','))
             .any(|item| item.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
     };
     if version == Version::HTTP_10 {
@@ -698,22 +758,25 @@ pub enum ResponseBody {
     UntilClose,
 }
 
-/// Writes a response head to a client: the status line, `headers` (but
-/// any framing of their own, unless `body` is `None`), the framing of
-/// `body`, `Connection` as `persistence` says, and `Date` when missing.
+/// Writes a response head to a client: the status line, the backend's
+/// `passed` fields, `headers` (but any framing of their own, unless `body`
+/// is `None`), the framing of `body`, `Connection` as `persistence` says,
+/// and `Date` when neither has one.
 pub fn write_response_head(
     out: &mut BytesMut,
     status: StatusCode,
+    passed: &PassedFields,
     headers: &HeaderMap,
     body: ResponseBody,
     persistence: Persistence,
 ) {
-    out.reserve(128 + headers.len() * 48);
+    out.reserve(128 + passed.lines().len() + headers.len() * 48);
     out.put_slice(b"HTTP/1.1 ");
     out.put_slice(status.as_str().as_bytes());
     out.put_u8(b' ');
     out.put_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.put_slice(b"\r\n");
+    out.put_slice(passed.lines());
     let framed = body != ResponseBody::None;
     for (name, value) in headers {
         if framed && (name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING) {
@@ -733,7 +796,7 @@ pub fn write_response_head(
         Persistence::KeepAlive => out.put_slice(b"connection: keep-alive\r\n"),
         Persistence::Default | Persistence::AsIs => {}
     }
-    if !headers.contains_key(header::DATE) {
+    if !passed.has_date() && !headers.contains_key(header::DATE) {
         out.put_slice(b"date: ");
         put_date(out);
         out.put_slice(b"\r\n");
@@ -795,7 +858,7 @@ mod tests {
         assert_eq!(head.status, StatusCode::OK);
         assert_eq!(head.framing, Framing::Length(5));
         assert!(head.keep_alive);
-        assert_eq!(head.headers.get_all("x-a").iter().count(), 2);
+        assert_eq!(head.fields.lines(), b"X-A: 1\r\nX-A: 2\r\n");
         assert_eq!(&buf[..], b"hello");
         let mut partial = BytesMut::from("HTTP/1.1 200 OK\r\nContent-Le");
         assert!(
@@ -1121,6 +1184,7 @@ mod tests {
         write_response_head(
             &mut out,
             StatusCode::OK,
+            &PassedFields::default(),
             &headers,
             ResponseBody::Length(2),
             Persistence::KeepAlive,
@@ -1141,6 +1205,7 @@ mod tests {
         write_response_head(
             &mut out,
             StatusCode::NOT_MODIFIED,
+            &PassedFields::default(),
             &headers,
             ResponseBody::None,
             Persistence::Close,
@@ -1155,6 +1220,31 @@ mod tests {
     }
 
     #[test]
+    fn a_backends_fields_go_first_as_they_came_and_its_date_stands() {
+        let passed = head(
+            "HTTP/1.1 200 OK\r\nX-Backend: 1\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
+             Content-Length: 5\r\nConnection: keep-alive\r\n\r\n",
+        )
+        .fields;
+        let mut headers = HeaderMap::new();
+        headers.insert(header::SET_COOKIE, HeaderValue::from_static("s=1"));
+        let mut out = BytesMut::new();
+        write_response_head(
+            &mut out,
+            StatusCode::OK,
+            &passed,
+            &headers,
+            ResponseBody::Length(5),
+            Persistence::Default,
+        );
+        assert_eq!(
+            String::from_utf8(out.to_vec()).expect("text"),
+            "HTTP/1.1 200 OK\r\nX-Backend: 1\r\nDate: Sun, 06 Nov 1994 08:49:37 GMT\r\n\
+             set-cookie: s=1\r\ncontent-length: 5\r\n\r\n"
+        );
+    }
+
+    #[test]
     fn heads_with_many_fields_keep_every_one_and_values_share_the_head() {
         let many: String = (0..40).map(|n| format!("X-{n}: value {n}\r\n")).collect();
         let raw = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
@@ -1162,8 +1252,9 @@ mod tests {
         assert_eq!(head.headers.len(), 41);
         assert_eq!(head.headers["x-39"], "value 39");
         let few = head_of_fields(3);
-        assert_eq!(few.headers["x-2"], "value 2");
-        assert_eq!(few.headers["x-0"], "value 0");
+        let few = few.fields.header_map(0);
+        assert_eq!(few["x-2"], "value 2");
+        assert_eq!(few["x-0"], "value 0");
     }
 
     fn head_of_fields(count: usize) -> ResponseHead {

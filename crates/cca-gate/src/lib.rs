@@ -11,7 +11,8 @@
 //! rate limits, retry budget, [`cache`]); [`forward`] what the proxy changes in the
 //! messages it passes on; [`proxy`] the request path; [`h1`] HTTP/1.1
 //! framing on raw bytes, which [`serve_h1`] (clients) and [`upstream`]
-//! (backends) speak over [`transport`]; [`server`] the listeners, TLS,
+//! (backends) speak over [`transport`]; [`passed`] a backend's header
+//! fields as they pass to the client, unparsed into a map; [`server`] the listeners, TLS,
 //! HTTP/2 (hyper), idle timeouts and graceful drain; [`metrics`] what
 //! `/metrics` shows. Certificates by SNI are [`cca_tls::HostCertificates`];
 //! where they come from (the control plane) is the agent's business.
@@ -22,6 +23,7 @@ pub mod forward;
 pub mod gate_state;
 pub mod h1;
 pub mod metrics;
+pub mod passed;
 pub mod proxy;
 pub mod serve_h1;
 pub mod server;

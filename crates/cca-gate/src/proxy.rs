@@ -36,6 +36,7 @@ use crate::cache::{self, CacheKey, Collector, Stored};
 use crate::forward::{self, Forwarding, Origin};
 use crate::gate_state::GateState;
 use crate::metrics::{Metrics, class_index};
+use crate::passed::Answer;
 use crate::serve_h1::{ClientIo, OwnUpgraded, UpgradeSlot};
 use crate::server::{Activity, Busy};
 use crate::table::{GateRoutes, RouteTable};
@@ -97,15 +98,15 @@ impl Peer {
     pub fn answer(
         &self,
         request: Request<Body>,
-    ) -> impl Future<Output = (Response<Body>, Busy)> + '_ {
+    ) -> impl Future<Output = (Answer<Body>, Busy)> + '_ {
         self.proxy.serve(request, self)
     }
 
     /// Answers one request; the request counts as in flight until the
     /// response's body has been sent or dropped.
     pub async fn handle(&self, request: Request<Body>) -> Response<Body> {
-        let (response, busy) = self.answer(request).await;
-        response.map(|body| {
+        let (answer, busy) = self.answer(request).await;
+        answer.into_response().map(|body| {
             Guarded {
                 inner: body,
                 _guard: busy,
@@ -190,12 +191,12 @@ impl Proxy {
         }
     }
 
-    async fn serve(&self, request: Request<Body>, peer: &Peer) -> (Response<Body>, Busy) {
+    async fn serve(&self, request: Request<Body>, peer: &Peer) -> (Answer<Body>, Busy) {
         let busy = peer.activity.begin();
         (self.answer(request, peer).await, busy)
     }
 
-    async fn answer(&self, request: Request<Body>, peer: &Peer) -> Response<Body> {
+    async fn answer(&self, request: Request<Body>, peer: &Peer) -> Answer<Body> {
         if request.method() == Method::CONNECT {
             // A gate routes requests to services; it is no tunnel to
             // wherever a client names.
@@ -207,7 +208,7 @@ impl Proxy {
                 header::ALLOW,
                 HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
             );
-            return response;
+            return response.into();
         }
         let started = Instant::now();
         let snapshot = peer.table();
@@ -221,7 +222,8 @@ impl Proxy {
             return text(
                 StatusCode::NOT_FOUND,
                 format!("no gate serves the host \"{shown}\"\n"),
-            );
+            )
+            .into();
         };
         peer.activity
             .set_idle(Duration::from_millis(gate.spec.timeouts.idle.0));
@@ -234,8 +236,8 @@ impl Proxy {
                 request.uri().path().to_owned(),
             )
         });
-        let response = self.route(gate, request, peer).await;
-        let status = response.status().as_u16();
+        let answer = self.route(gate, request, peer).await;
+        let status = answer.response.status().as_u16();
         gate.state.metrics.by_class[class_index(Some(status))].inc();
         let elapsed = started.elapsed();
         gate.state.metrics.seconds.observe(elapsed);
@@ -249,24 +251,21 @@ impl Proxy {
                 path = %path,
                 status,
                 ms = elapsed.as_secs_f64() * 1e3,
-                backend = response
+                backend = answer
+                    .response
                     .extensions()
                     .get::<Served>()
                     .map_or("", |served| served.0.as_str()),
             );
         }
-        response
+        answer
     }
 
-    async fn route(
-        &self,
-        gate: &GateRoutes,
-        request: Request<Body>,
-        peer: &Peer,
-    ) -> Response<Body> {
+    async fn route(&self, gate: &GateRoutes, request: Request<Body>, peer: &Peer) -> Answer<Body> {
         let spec = &gate.spec;
         if !peer.tls && spec.redirect_https && spec.tls.is_some() {
-            return redirect_to_https(request.uri(), request.headers(), self.options.https_port);
+            return redirect_to_https(request.uri(), request.headers(), self.options.https_port)
+                .into();
         }
         if let Err(limited) = gate.state.admit(peer.client.ip()) {
             gate.state.metrics.rate_limited.inc();
@@ -278,7 +277,7 @@ impl Proxy {
             response
                 .headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
-            return response;
+            return response.into();
         }
         let cached = gate.state.cache.as_ref().and_then(|cache| {
             let host = forward::request_host(request.uri(), request.headers())?;
@@ -290,7 +289,7 @@ impl Proxy {
             && let Some(hit) = cache.get(key, request.headers(), Instant::now())
         {
             gate.state.metrics.cache_hits.inc();
-            return cache_hit(request.method() == Method::HEAD, hit);
+            return cache_hit(request.method() == Method::HEAD, hit).into();
         }
         let store = cached
             .filter(|_| request.method() == Method::GET)
@@ -309,21 +308,24 @@ impl Proxy {
                     pool = &woken;
                     waited = Some(took);
                 }
-                Err(refused) => return refused,
+                Err(refused) => return refused.into(),
             }
         }
         gate.state.count_request();
-        let mut response = self.forward(gate, pool, request, peer).await;
+        let mut answer = self.forward(gate, pool, request, peer).await;
         if let Some(took) = waited {
-            response
+            answer
+                .response
                 .headers_mut()
                 .insert("cca-cold-start", HeaderValue::from(took.as_millis() as u64));
         }
         match store {
             Some((key, request_headers)) => {
-                store_when_complete(&gate.state, key, request_headers, response)
+                // The cache reads the fields: all of them in the map.
+                let response = answer.into_response();
+                store_when_complete(&gate.state, key, request_headers, response).into()
             }
-            None => response,
+            None => answer,
         }
     }
 
@@ -409,7 +411,7 @@ impl Proxy {
         pool: &Pool,
         mut request: Request<Body>,
         peer: &Peer,
-    ) -> Response<Body> {
+    ) -> Answer<Body> {
         let spec = &gate.spec;
         let upgrade =
             request.version() == Version::HTTP_11 && forward::is_upgrade(request.headers());
@@ -455,12 +457,12 @@ impl Proxy {
             forwarding: &forwarding,
         };
         let mut tried = Vec::new();
-        let mut last_failure: Option<Response<Body>> = None;
+        let mut last_failure: Option<Answer<Body>> = None;
         loop {
             // One reading of the clock for the choice and the latency.
             let sent = Instant::now();
             let Some(lease) = pool.choose(spec.balance, preference, &tried, sent) else {
-                return last_failure.unwrap_or_else(|| no_backend(spec.name.as_str(), pool));
+                return last_failure.unwrap_or_else(|| no_backend(spec.name.as_str(), pool).into());
             };
             let backend = Arc::clone(&lease.backend);
             let timeout = Duration::from_millis(spec.timeouts.response.0);
@@ -473,8 +475,8 @@ impl Proxy {
             let answered = Instant::now();
             backend.metrics.seconds.observe(answered - sent);
             let failure = match result {
-                Some(Ok(response)) => {
-                    let status = response.status();
+                Some(Ok(answer)) => {
+                    let status = answer.response.status();
                     backend.metrics.by_class[class_index(Some(status.as_u16()))].inc();
                     let failed = matches!(status.as_u16(), 502..=504);
                     let outcome = if failed {
@@ -487,12 +489,12 @@ impl Proxy {
                         return self.respond(
                             gate,
                             lease,
-                            response,
+                            answer,
                             cookie.as_deref(),
                             client_upgrade,
                         );
                     }
-                    pass_through(response)
+                    answer.map(BodyExt::boxed_unsync)
                 }
                 Some(Err(UpstreamError::RequestBody(error))) => {
                     // The client's fault, not the backend's.
@@ -502,7 +504,8 @@ impl Proxy {
                             "gate \"{}\": the request's body could not be read: {error}\n",
                             spec.name
                         ),
-                    );
+                    )
+                    .into();
                 }
                 Some(Err(error)) => {
                     backend.metrics.by_class[class_index(None)].inc();
@@ -515,6 +518,7 @@ impl Proxy {
                             spec.name, pool.service, error
                         ),
                     )
+                    .into()
                 }
                 None => {
                     backend.metrics.by_class[class_index(None)].inc();
@@ -528,6 +532,7 @@ impl Proxy {
                             humanize(timeout)
                         ),
                     )
+                    .into()
                 }
             };
             drop(lease);
@@ -544,13 +549,23 @@ impl Proxy {
         &self,
         gate: &GateRoutes,
         lease: Lease,
-        mut response: Response<UpstreamBody>,
+        answer: Answer<UpstreamBody>,
         cookie: Option<&str>,
         client_upgrade: Option<ClientSide>,
-    ) -> Response<Body> {
+    ) -> Answer<Body> {
         let backend = Arc::clone(&lease.backend);
+        let Answer {
+            mut response,
+            passed,
+        } = answer;
+        // The backend's hop-by-hop fields were left behind as its head was
+        // read; a switch of protocols says so to the client.
         let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
-        forward::strip_hop_by_hop(response.headers_mut(), switching);
+        if switching {
+            response
+                .headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        }
         if let Some(sticky) = &gate.spec.sticky
             && cookie != Some(backend.token.as_str())
             && let Some(set) = forward::sticky_cookie(sticky, &backend.token)
@@ -570,7 +585,10 @@ impl Proxy {
             if let Some(served) = served {
                 parts.extensions.insert(served);
             }
-            return Response::from_parts(parts, empty());
+            return Answer {
+                response: Response::from_parts(parts, empty()),
+                passed,
+            };
         }
         let (mut parts, body) = response.into_parts();
         if let Some(served) = served {
@@ -580,7 +598,10 @@ impl Proxy {
             inner: body,
             _guard: lease,
         };
-        Response::from_parts(parts, body.boxed_unsync())
+        Answer {
+            response: Response::from_parts(parts, body.boxed_unsync()),
+            passed,
+        }
     }
 }
 
@@ -796,10 +817,6 @@ where
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
     }
-}
-
-fn pass_through(response: Response<UpstreamBody>) -> Response<Body> {
-    response.map(BodyExt::boxed_unsync)
 }
 
 pub(crate) fn empty() -> Body {

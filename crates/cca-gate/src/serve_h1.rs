@@ -30,13 +30,14 @@ use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::{Body as _, Frame, SizeHint};
 use hyper::header::{self, HeaderMap, HeaderValue};
-use hyper::{Method, Request, Response, StatusCode, Version};
+use hyper::{Method, Request, StatusCode, Version};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::h1::{
     self, ChunkedDecoder, Decoded, Framing, Persistence, RequestError, RequestHead, ResponseBody,
 };
+use crate::passed::{Answer, PassedFields};
 use crate::proxy::{Body, BodyError, Peer};
 use crate::server::Activity;
 use crate::transport::Transport;
@@ -163,6 +164,7 @@ async fn answer_refusal<T: Transport>(io: &mut T, refused: &RequestError) -> io:
     h1::write_response_head(
         &mut out,
         refused.status(),
+        &PassedFields::default(),
         &headers,
         ResponseBody::Length(body.len() as u64),
         Persistence::Close,
@@ -206,7 +208,7 @@ async fn exchange<T: Transport>(
         });
     // In a block of its own: the answer's future (kilobytes) is dead
     // before the response is written, so the two share their room.
-    let ((response, busy), body_read) = {
+    let ((answer, busy), body_read) = {
         let mut answer = std::pin::pin!(peer.answer(request));
         match feed {
             None => (answer.await, true),
@@ -215,7 +217,7 @@ async fn exchange<T: Transport>(
     };
     let persists = keep_alive && body_read && !peer.activity.asked_to_close();
     let mut out = crate::transport::spare_buffer();
-    let written = write_response(io, &mut out, response, head_request, version, persists).await;
+    let written = write_response(io, &mut out, answer, head_request, version, persists).await;
     crate::transport::put_aside(out);
     drop(busy);
     match (written, upgrade) {
@@ -424,18 +426,18 @@ enum Written {
     Switched,
 }
 
-/// Writes `response` through `out`: its head and, when it is at hand and
+/// Writes `answer` through `out`: its head and, when it is at hand and
 /// small, the start of its body in one write; then the rest as it
 /// arrives.
 async fn write_response<T: Transport>(
     io: &mut T,
     out: &mut BytesMut,
-    response: Response<Body>,
+    answer: Answer<Body>,
     head_request: bool,
     version: Version,
     persists: bool,
 ) -> io::Result<Written> {
-    let (parts, mut body) = response.into_parts();
+    let (parts, mut body) = answer.response.into_parts();
     let status = parts.status;
     let switching = status == StatusCode::SWITCHING_PROTOCOLS;
     let framing = if head_request
@@ -463,7 +465,14 @@ async fn write_response<T: Transport>(
     } else {
         Written::Closes
     };
-    h1::write_response_head(out, status, &parts.headers, framing, persistence);
+    h1::write_response_head(
+        out,
+        status,
+        &answer.passed,
+        &parts.headers,
+        framing,
+        persistence,
+    );
     if framing == ResponseBody::None {
         drop(body);
         io.write_all(out).await?;

@@ -42,6 +42,7 @@ use tokio::time::Instant;
 
 use crate::forward::Forwarding;
 use crate::h1::{self, BodyLength, ChunkedDecoder, Decoded, Framing, FramingError};
+use crate::passed::Answer;
 use crate::proxy::{Body, BodyError};
 use crate::sharded::Shards;
 use crate::transport::poll_fill;
@@ -333,7 +334,7 @@ impl Upstream {
         head: RequestLine<'_>,
         body: Body,
         settings: UpstreamSettings,
-    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+    ) -> Result<Answer<UpstreamBody>, UpstreamError> {
         let length = body_length(head.method, &body);
         let body = (!body.is_end_stream()).then_some(body);
         // Sent again on a new connection if a reused one turns out closed
@@ -374,7 +375,7 @@ impl Upstream {
         body: Option<Body>,
         length: BodyLength,
         settings: UpstreamSettings,
-    ) -> Result<Response<UpstreamBody>, UpstreamError> {
+    ) -> Result<Answer<UpstreamBody>, UpstreamError> {
         let mut connection = self.connect(settings.connect).await?;
         head.write(&mut connection.write, length);
         let (response, sent) = connection
@@ -454,10 +455,9 @@ impl Upstream {
         connection: Connection,
         sent: bool,
         settings: UpstreamSettings,
-    ) -> Response<UpstreamBody> {
+    ) -> Answer<UpstreamBody> {
         let mut response = Response::new(());
         *response.status_mut() = head.status;
-        *response.headers_mut() = head.headers;
         let switching = head.status == StatusCode::SWITCHING_PROTOCOLS;
         let left = match head.framing {
             Framing::Empty => Left::Nothing,
@@ -480,7 +480,10 @@ impl Upstream {
         if !switching && body.is_end_stream() {
             body.finish();
         }
-        response.map(|()| body)
+        Answer {
+            response: response.map(|()| body),
+            passed: head.fields,
+        }
     }
 }
 
@@ -712,7 +715,8 @@ mod tests {
         (address, accepted)
     }
 
-    /// Sends `request` as the proxy does.
+    /// Sends `request` as the proxy does; the response with all its
+    /// fields in its map.
     async fn send(
         upstream: &Arc<Upstream>,
         request: Request<Body>,
@@ -732,7 +736,10 @@ mod tests {
             headers: &parts.headers,
             forwarding: &forwarding,
         };
-        upstream.send(line, body, SETTINGS).await
+        upstream
+            .send(line, body, SETTINGS)
+            .await
+            .map(Answer::into_response)
     }
 
     fn get() -> Request<Body> {
