@@ -102,6 +102,11 @@ pub(crate) fn run(args: GateArgs) -> Result<ExitCode> {
     } else {
         print_report(&report);
     }
+    for error in report.peer_errors() {
+        output::line(&format!(
+            "note (a peer's errors, counted in its figures): {error}"
+        ));
+    }
     let problems = report.problems();
     for problem in &problems {
         output::line(&format!("FAILED: {problem}"));
