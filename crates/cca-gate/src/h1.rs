@@ -776,8 +776,8 @@ pub fn write_response_head(
     out.put_u8(b' ');
     out.put_slice(status.canonical_reason().unwrap_or("").as_bytes());
     out.put_slice(b"\r\n");
-    out.put_slice(passed.lines());
     let framed = body != ResponseBody::None;
+    passed.put(out, framed);
     for (name, value) in headers {
         if framed && (name == header::CONTENT_LENGTH || name == header::TRANSFER_ENCODING) {
             continue;

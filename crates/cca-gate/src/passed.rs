@@ -24,6 +24,8 @@ use crate::forward;
 pub struct PassedFields {
     lines: Bytes,
     has_date: bool,
+    /// A `Content-Length` line is among them (a response without a body).
+    has_length: bool,
 }
 
 /// What a response keeps beyond what every response keeps.
@@ -51,10 +53,11 @@ impl PassedFields {
             .any(|(_, value)| tokens(value).any(forward::names_a_field));
         let listed = |name: &[u8]| {
             names_fields
-                && fields
-                    .clone()
-                    .filter(connection)
-                    .any(|(_, value)| tokens(value).any(|token| token.eq_ignore_ascii_case(name)))
+                && fields.clone().filter(connection).any(|(_, value)| {
+                    tokens(value).any(|token| {
+                        forward::names_a_field(token) && token.eq_ignore_ascii_case(name)
+                    })
+                })
         };
         let room = fields
             .clone()
@@ -62,11 +65,13 @@ impl PassedFields {
             .sum();
         let mut lines = BytesMut::with_capacity(room);
         let mut has_date = false;
+        let mut has_length = false;
         for (name, value) in fields.clone() {
             if !passes(name, keep) || listed(name) {
                 continue;
             }
             has_date |= name.eq_ignore_ascii_case(b"date");
+            has_length |= is_length(name);
             lines.put_slice(name);
             lines.put_slice(b": ");
             lines.put_slice(value);
@@ -75,12 +80,29 @@ impl PassedFields {
         Self {
             lines: lines.freeze(),
             has_date,
+            has_length,
         }
     }
 
     /// The fields as lines ready to write in a head.
     pub fn lines(&self) -> &[u8] {
         &self.lines
+    }
+
+    /// Writes the lines into `out`; with `framed`, but any
+    /// `Content-Length` (the gate frames the body it writes; only a
+    /// response without one keeps the backend's).
+    pub fn put(&self, out: &mut BytesMut, framed: bool) {
+        if !(framed && self.has_length) {
+            out.put_slice(&self.lines);
+            return;
+        }
+        for line in self.lines.split_inclusive(|b| *b == b'\n') {
+            let name = line.split(|b| *b == b':').next().unwrap_or_default();
+            if !is_length(name) {
+                out.put_slice(line);
+            }
+        }
     }
 
     /// Whether the backend gave the response a `Date`.
@@ -149,9 +171,13 @@ fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
         .filter(|token| !token.is_empty())
 }
 
+fn is_length(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"content-length")
+}
+
 /// Whether a field of this name passes to the client.
 fn passes(name: &[u8], keep: Keep) -> bool {
-    if name.eq_ignore_ascii_case(b"content-length") {
+    if is_length(name) {
         return keep.length;
     }
     if name.eq_ignore_ascii_case(b"upgrade") {
@@ -227,14 +253,16 @@ mod tests {
     #[test]
     fn hop_by_hop_fields_and_those_connection_names_stay_behind() {
         let fields = passed(
-            "HTTP/1.1 200 OK\r\nServer: b\r\nConnection: keep-alive, X-Private\r\n\
+            "HTTP/1.1 200 OK\r\nServer: b\r\nConnection: keep-alive, x-private\r\n\
              Keep-Alive: timeout=5\r\nX-Private: secret\r\nTransfer-Encoding: chunked\r\n\
-             Set-Cookie: a=1\r\nSet-Cookie: b=2\r\nUpgrade: h2c\r\nx-empty:\r\n\r\n",
+             CONNECTION: X-Other\r\nx-other: 1\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\n\
+             Upgrade: h2c\r\nx-empty:\r\n\r\n",
             Method::GET,
         );
         assert_eq!(
             std::str::from_utf8(fields.lines()).expect("text"),
-            "Server: b\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nx-empty: \r\n"
+            "Server: b\r\nSet-Cookie: a=1\r\nSet-Cookie: b=2\r\nx-empty: \r\n",
+            "names in any case, from every Connection line"
         );
         assert!(!fields.has_date());
         let map = fields.header_map(0);
@@ -260,11 +288,35 @@ mod tests {
 
     #[test]
     fn a_switch_of_protocols_keeps_its_upgrade() {
-        let fields = passed(
-            "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
-            Method::GET,
+        for connection in ["Upgrade", "Upgrade, X-Foo"] {
+            let fields = passed(
+                &format!(
+                    "HTTP/1.1 101 Switching Protocols\r\nConnection: {connection}\r\n\
+                     Upgrade: websocket\r\nX-Foo: 1\r\nX-Bar: 2\r\n\r\n"
+                ),
+                Method::GET,
+            );
+            let expected: &[u8] = if connection.contains("X-Foo") {
+                b"Upgrade: websocket\r\nX-Bar: 2\r\n"
+            } else {
+                b"Upgrade: websocket\r\nX-Foo: 1\r\nX-Bar: 2\r\n"
+            };
+            assert_eq!(fields.lines(), expected, "Connection: {connection}");
+        }
+    }
+
+    #[test]
+    fn a_kept_length_never_goes_out_beside_the_gates_framing() {
+        let bodiless = passed(
+            "HTTP/1.1 200 OK\r\nX-A: 1\r\ncontent-length: 7\r\nX-B: 2\r\n\r\n",
+            Method::HEAD,
         );
-        assert_eq!(fields.lines(), b"Upgrade: websocket\r\n");
+        let mut out = BytesMut::new();
+        bodiless.put(&mut out, false);
+        assert_eq!(&out[..], b"X-A: 1\r\ncontent-length: 7\r\nX-B: 2\r\n");
+        out.clear();
+        bodiless.put(&mut out, true);
+        assert_eq!(&out[..], b"X-A: 1\r\nX-B: 2\r\n");
     }
 
     #[test]

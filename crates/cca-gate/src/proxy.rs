@@ -607,6 +607,7 @@ impl Proxy {
 
 /// A response from the cache, marked `cca-cache: hit`.
 fn cache_hit(head: bool, hit: Stored) -> Response<Body> {
+    let length = hit.body.len();
     let body = if head {
         empty()
     } else {
@@ -617,6 +618,12 @@ fn cache_hit(head: bool, hit: Stored) -> Response<Body> {
     let mut response = Response::new(body);
     *response.status_mut() = hit.status;
     *response.headers_mut() = hit.headers;
+    if head {
+        // What a GET would get; the stored fields carry no framing.
+        response
+            .headers_mut()
+            .insert(header::CONTENT_LENGTH, HeaderValue::from(length));
+    }
     response
         .headers_mut()
         .insert("cca-cache", HeaderValue::from_static("hit"));

@@ -645,6 +645,19 @@ async fn a_cacheable_get_is_answered_from_the_cache() {
             (true, "served 1\n".to_owned()),
         ]
     );
+    // HEAD is answered from the GET's entry, with the GET's length.
+    let head = client
+        .head(&url)
+        .header("host", "shop.example.com")
+        .send()
+        .await
+        .expect("request");
+    assert!(head.headers().get("cca-cache").is_some(), "{head:?}");
+    assert_eq!(
+        head.headers().get("content-length").map(|v| v.as_bytes()),
+        Some(&b"9"[..]),
+        "{head:?}"
+    );
     // A request that refuses cached answers reaches the backend.
     let fresh = client
         .get(&url)
@@ -656,7 +669,7 @@ async fn a_cacheable_get_is_answered_from_the_cache() {
     assert_eq!(fresh.text().await.expect("body"), "served 2\n");
     let metrics = running.gate.metrics().render();
     assert!(
-        metrics.contains("cca_gate_cache_hits_total{gate=\"shop\"} 2"),
+        metrics.contains("cca_gate_cache_hits_total{gate=\"shop\"} 3"),
         "{metrics}"
     );
 }
