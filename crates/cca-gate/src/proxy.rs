@@ -314,10 +314,13 @@ impl Proxy {
         gate.state.count_request();
         let mut answer = self.forward(gate, pool, request, peer).await;
         if let Some(took) = waited {
-            answer
-                .response
+            // In the map with the backend's fields, so that the gate's
+            // value replaces any the backend sent (a cold start is rare).
+            let mut response = answer.into_response();
+            response
                 .headers_mut()
                 .insert("cca-cold-start", HeaderValue::from(took.as_millis() as u64));
+            answer = response.into();
         }
         match store {
             Some((key, request_headers)) => {
