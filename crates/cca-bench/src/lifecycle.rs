@@ -24,6 +24,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use cca_model::autoscale::TOLERANCE_PERCENT;
 use cca_model::rollout::{RolloutCause, RolloutPhase};
 use cca_model::spec::spec_hash;
 use cca_runtime::sim::SimLoads;
@@ -395,8 +396,9 @@ impl Counts {
     }
 }
 
-/// Waits until every service runs `factor` times its base count, every
-/// instance ready; when each got there.
+/// Waits until every service runs `factor` times its base count, or a
+/// count the autoscaler holds there (see [`settled`]), every instance
+/// ready; when each got there.
 async fn until_counts(
     client: &Client,
     base: &BTreeMap<String, u32>,
@@ -414,10 +416,10 @@ async fn until_counts(
             }
             let scale = client.scale_status(service).await?;
             counts.saw(service, scale.replicas);
-            let wanted = replicas * factor;
+            let count = scale.replicas;
             let status = client.rollout(service).await?;
             let p = status.progress;
-            if scale.replicas == wanted && p.ready == wanted && p.updated + p.old == wanted {
+            if settled(count, replicas * factor) && p.ready == count && p.updated + p.old == count {
                 reached.insert(service.clone(), Instant::now());
             }
         }
@@ -433,6 +435,15 @@ async fn until_counts(
         }
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// Whether the autoscaler holds `count` for a load that asks `wanted`:
+/// the instances' mean use, `wanted / count` of the target, is within
+/// the autoscaler's tolerance of it. A count that approached `wanted` in
+/// steps (reports arrive one node at a time, a report's period may
+/// straddle the load's step) may stop just short of it, as it should.
+fn settled(count: u32, wanted: u32) -> bool {
+    u64::from(count.abs_diff(wanted)) * 100 <= u64::from(count) * TOLERANCE_PERCENT
 }
 
 /// Applies `workload`; each service's version (spec hash).
@@ -526,7 +537,20 @@ async fn until_all(
 
 #[cfg(test)]
 mod tests {
-    use super::Counts;
+    use super::{Counts, settled};
+
+    #[test]
+    fn a_settled_count_is_one_the_autoscaler_holds() {
+        // Instances of 100m at a 70% target; the load asks `wanted`.
+        for wanted in [20u32, 40] {
+            let used = u64::from(wanted) * 70;
+            for count in 1..=2 * wanted {
+                let held = cca_model::autoscale::recommend(count, count, used, 100, 70) == count;
+                assert_eq!(settled(count, wanted), held, "{count} for {wanted}");
+            }
+        }
+        assert!(settled(37, 40) && !settled(36, 40) && settled(22, 20));
+    }
 
     #[test]
     fn catching_up_is_not_flapping_and_turning_back_is() {

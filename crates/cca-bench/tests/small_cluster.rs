@@ -3,7 +3,8 @@
 //! times, checking correctness — placement verified, nothing moved across
 //! a controller restart, every service's bad version rolled back and its
 //! previous one serving again, every autoscaled service reaching its new
-//! count without flapping, success rate 1.0, no false lease expiry — never
+//! count (or one the autoscaler holds, within its tolerance) without
+//! flapping, success rate 1.0, no false lease expiry — never
 //! timings. The overload scenarios need a cluster large enough to load
 //! the control plane: `tests/overload.rs` runs them.
 
