@@ -151,10 +151,9 @@ pub(crate) fn names_a_field(token: &[u8]) -> bool {
 /// Whether `name` (in any case) is a hop-by-hop field's, `Upgrade` but
 /// one.
 pub(crate) fn is_hop_by_hop(name: &[u8]) -> bool {
-    HOP_BY_HOP.iter().any(|listed| {
-        let listed = listed.as_str().as_bytes();
-        listed.len() == name.len() && listed.eq_ignore_ascii_case(name)
-    })
+    HOP_BY_HOP
+        .iter()
+        .any(|listed| listed.as_str().as_bytes().eq_ignore_ascii_case(name))
 }
 
 /// A client's address as the forwarding headers write it, worked out once

@@ -1,6 +1,7 @@
 //! HTTP/1.1 framing as the gate reads and writes it (RFC 9112): request
-//! heads from clients and response heads from backends parsed with
-//! httparse into `http` types, how long each body is (§6.3), a decoder
+//! heads from clients parsed with httparse into `http` types, response
+//! heads from backends read with httparse into the fields the gate passes
+//! on as they came ([`crate::passed`]), how long each body is (§6.3), a decoder
 //! for the chunked coding that hands out data as it arrives, and the heads
 //! the gate writes. Pure: bytes in, decisions out; the connections that
 //! read and write are [`crate::upstream`]'s (backends) and
@@ -184,9 +185,7 @@ impl FieldValues for SpannedFields<'_> {
     fn values<'a>(&'a self, name: &'a HeaderName) -> impl Iterator<Item = &'a [u8]> + 'a {
         let wanted = name.as_str().as_bytes();
         self.iter()
-            .filter(move |(name, _)| {
-                name.len() == wanted.len() && name.eq_ignore_ascii_case(wanted)
-            })
+            .filter(move |(name, _)| name.eq_ignore_ascii_case(wanted))
             .map(|(_, value)| value)
     }
 }
@@ -240,11 +239,18 @@ fn response_framing(
 fn last_coding_is_chunked(headers: &impl FieldValues) -> bool {
     let last = headers
         .values(&header::TRANSFER_ENCODING)
-        .flat_map(|value| value.split(|b| *b == b','))
-        .map(<[u8]>::trim_ascii)
-        .filter(|coding| !coding.is_empty())
+        .flat_map(list_items)
         .last();
     last.is_some_and(|coding| coding.eq_ignore_ascii_case(b"chunked"))
+}
+
+/// The items of a comma-separated field value, trimmed, empty ones left
+/// out (RFC 9110 §5.6.1).
+pub(crate) fn list_items(value: &[u8]) -> impl Iterator<Item = &[u8]> {
+    value
+        .split(|b| *b == b',')
+        .map(<[u8]>::trim_ascii)
+        .filter(|item| !item.is_empty())
 }
 
 /// The body length `Content-Length` gives: every value (of every line,
@@ -276,8 +282,8 @@ pub(crate) fn connection_persists(version: Version, headers: &impl FieldValues) 
     let listed = |token: &str| {
         headers
             .values(&header::CONNECTION)
-            .flat_map(|value| value.split(|b| *b == b','))
-            .any(|item| item.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+            .flat_map(list_items)
+            .any(|item| item.eq_ignore_ascii_case(token.as_bytes()))
     };
     if version == Version::HTTP_10 {
         listed("keep-alive")
@@ -726,9 +732,7 @@ fn request_framing(version: Version, headers: &HeaderMap) -> Result<Framing, Req
         let mut codings = headers
             .get_all(header::TRANSFER_ENCODING)
             .iter()
-            .flat_map(|value| value.as_bytes().split(|b| *b == b','))
-            .map(<[u8]>::trim_ascii)
-            .filter(|coding| !coding.is_empty());
+            .flat_map(|value| list_items(value.as_bytes()));
         let lone_chunked = codings
             .next()
             .is_some_and(|coding| coding.eq_ignore_ascii_case(b"chunked"))

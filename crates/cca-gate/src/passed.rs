@@ -16,6 +16,7 @@ use hyper::Response;
 use hyper::header::{HeaderMap, HeaderName, HeaderValue};
 
 use crate::forward;
+use crate::h1::list_items;
 
 /// A backend's header fields as the gate passes them on: `name: value`
 /// lines, names as the backend wrote them. Empty for a response the gate
@@ -50,11 +51,11 @@ impl PassedFields {
         let names_fields = fields
             .clone()
             .filter(connection)
-            .any(|(_, value)| tokens(value).any(forward::names_a_field));
+            .any(|(_, value)| list_items(value).any(forward::names_a_field));
         let listed = |name: &[u8]| {
             names_fields
                 && fields.clone().filter(connection).any(|(_, value)| {
-                    tokens(value).any(|token| {
+                    list_items(value).any(|token| {
                         forward::names_a_field(token) && token.eq_ignore_ascii_case(name)
                     })
                 })
@@ -161,14 +162,6 @@ impl PassedFields {
             }
         })
     }
-}
-
-/// The comma-separated tokens of a field value.
-fn tokens(value: &[u8]) -> impl Iterator<Item = &[u8]> {
-    value
-        .split(|b| *b == b',')
-        .map(<[u8]>::trim_ascii)
-        .filter(|token| !token.is_empty())
 }
 
 fn is_length(name: &[u8]) -> bool {
